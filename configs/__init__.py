@@ -1,0 +1,170 @@
+"""Validated configuration: the model catalog and cluster profiles.
+
+The YAML files beside this module are the shipped catalog and profiles. Every
+part of Shoal (client, scheduler plugin, workers) reads them through these
+pydantic models, so a typo is a clear error naming the file and the field
+rather than a surprise deep inside a worker. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+CONFIG_DIR = Path(__file__).resolve().parent
+DEFAULT_PROFILE = "cpu-local"
+
+
+class ConfigError(ValueError):
+    """A catalog or profile that cannot be used, with the reason."""
+
+
+class ModelSpec(BaseModel):
+    """One catalog entry: what a worker needs to load and batch a model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: Literal["embedder", "reranker", "sim"]
+    source: str = ""
+    dim: int = Field(gt=0)
+    max_seq_length: int = Field(gt=0)
+    normalize: bool = False
+    memory_bytes: int = Field(default=500_000_000, gt=0)
+    token_budget: dict[str, int] = Field(default_factory=lambda: {"cpu": 8192, "cuda": 65536})
+    max_batch_size: int = Field(default=256, gt=0)
+    requires: dict[str, float] = Field(default_factory=dict)
+    # Simulated runtime only: timings of a device that is not there.
+    load_seconds: float = 0.0
+    batch_fixed_seconds: float = 0.0
+    per_token_seconds: float = 0.0
+
+    @field_validator("token_budget")
+    @classmethod
+    def _budgets_positive(cls, budgets: dict[str, int]) -> dict[str, int]:
+        for device, budget in budgets.items():
+            if budget <= 0:
+                raise ValueError(f"token_budget.{device} must be positive, got {budget}")
+        return budgets
+
+    def budget_for(self, device_kind: str) -> int:
+        """Padded tokens per forward pass on this kind of device."""
+        return self.token_budget.get(device_kind) or self.token_budget.get("cpu") or 8192
+
+    def resolve_path(self) -> str:
+        """The local directory holding the weights; never a hub download."""
+        if self.source.startswith("package:"):
+            module_name = self.source.removeprefix("package:")
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as exc:
+                raise ConfigError(
+                    f"model {self.name!r}: package {module_name!r} is not installed ({exc})"
+                ) from exc
+            return str(module.get_model_path())
+        path = Path(self.source).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"model {self.name!r}: source directory {self.source!r} does not exist")
+        return str(path)
+
+
+class Catalog(BaseModel):
+    models: dict[str, ModelSpec]
+
+    def get(self, name: str) -> ModelSpec:
+        try:
+            return self.models[name]
+        except KeyError:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise ConfigError(f"unknown model {name!r}; the catalog has: {known}") from None
+
+
+class Profile(BaseModel):
+    """A cluster profile: worker layout and queue knobs, tuned per hardware."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    workers: int = Field(default=1, gt=0)
+    threads_per_worker: int = Field(default=0, ge=0)
+    prefetch: int = Field(default=2, gt=0)
+    rows_per_item: int = Field(default=1024, gt=0)
+    lease_seconds: float = Field(default=60.0, gt=0)
+    max_attempts: int = Field(default=3, gt=0)
+    pull_timeout_seconds: float = Field(default=2.0, gt=0)
+    memory_fraction: float = Field(default=0.5, gt=0, le=1)
+    pinned: list[str] = Field(default_factory=list)
+    token_budgets: dict[str, int] = Field(default_factory=dict)
+
+    def torch_threads(self, cores: int) -> int:
+        """Threads per worker process: the cores it owns, never oversubscribed."""
+        if self.threads_per_worker:
+            return self.threads_per_worker
+        return max(1, cores // self.workers)
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def _explain(path: Path, exc: ValidationError) -> ConfigError:
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+    )
+    return ConfigError(f"{path}: {problems}")
+
+
+def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
+    """The shipped catalog, overlaid with a user's catalog file if given.
+
+    SHOAL_CATALOG names a user catalog too, so workers started by Dask see the
+    same models as the client without extra flags.
+    """
+    paths = [CONFIG_DIR / "catalog.yaml"]
+    for user_path in (os.environ.get("SHOAL_CATALOG"), extra):
+        if user_path:
+            paths.append(Path(user_path))
+    models: dict[str, dict] = {}
+    for path in paths:
+        entries = _read_yaml(path).get("models") or {}
+        for name, entry in entries.items():
+            try:
+                models[name] = ModelSpec(**{"name": name, **(entry or {})}).model_dump()
+            except ValidationError as exc:
+                raise _explain(path, exc) from None
+            except TypeError as exc:
+                raise ConfigError(f"{path}: models.{name}: {exc}") from None
+    return Catalog(models=models)
+
+
+def load_profile(name_or_path: str | None = None) -> Profile:
+    """A profile by name (configs/NAME.yaml) or by path to a YAML file."""
+    name_or_path = name_or_path or os.environ.get("SHOAL_PROFILE") or DEFAULT_PROFILE
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = CONFIG_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            shipped = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "catalog")
+            raise ConfigError(f"unknown profile {name_or_path!r}; shipped profiles: {', '.join(shipped)}")
+    data = _read_yaml(path)
+    data.setdefault("name", path.stem)
+    try:
+        return Profile(**data)
+    except ValidationError as exc:
+        raise _explain(path, exc) from None

@@ -1,0 +1,82 @@
+"""The `shoal` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import click  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from configs import ConfigError, load_catalog, load_profile  # noqa: E402
+
+from .batch_jobs import EmbedRequest, run_embed  # noqa: E402
+from .cluster import ClusterError, connect  # noqa: E402
+from .planner import PlanError  # noqa: E402
+
+USER_ERRORS = (ConfigError, PlanError, ClusterError)
+
+
+def _columns(value: str | None) -> list[str]:
+    return [c.strip() for c in (value or "").split(",") if c.strip()]
+
+
+def _storage_options(value: str | None) -> dict:
+    if not value:
+        return {}
+    try:
+        options = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}") from exc
+    if not isinstance(options, dict):
+        raise click.BadParameter("must be a JSON object")
+    return options
+
+
+@click.group()
+@click.version_option(package_name="shoal")
+def main() -> None:
+    """Shoal: many small embedding and reranking models on one Dask cluster."""
+
+
+@main.command()
+@click.argument("input_url", metavar="INPUT")
+@click.argument("output_url", metavar="OUTPUT")
+@click.option("--model", required=True, help="Catalog name of the embedding model.")
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--id-column", default="id", show_default=True, help="Passed through unchanged; '' for none.")
+@click.option("--keep-columns", default="", help="Comma-separated input columns to copy to the output.")
+@click.option("--scheduler", default=None, help="tcp://host:port of a running cluster; default: an embedded one.")
+@click.option("--storage-options", default=None, help="JSON object passed to fsspec (credentials, endpoint).")
+@click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local).")
+@click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
+def embed(input_url, output_url, model, text_column, id_column, keep_columns, scheduler, storage_options, profile, catalog):
+    """Embed the TEXT column of every row of INPUT into Parquet parts under OUTPUT.
+
+    INPUT is a Parquet file, a directory or a glob on any fsspec filesystem
+    (local, s3://, gs://…); OUTPUT is a directory there.
+    """
+    console = Console(stderr=True)
+    try:
+        profile_config = load_profile(profile)
+        catalog_config = load_catalog(catalog)
+        catalog_config.get(model)
+        request = EmbedRequest(
+            input=input_url,
+            output=output_url,
+            model=model,
+            text_column=text_column,
+            id_column=id_column or None,
+            keep_columns=_columns(keep_columns),
+            storage_options=_storage_options(storage_options),
+        )
+        with connect(scheduler, profile_config, catalog) as client:
+            outcome = run_embed(client, request, profile_config, catalog_config, console)
+    except USER_ERRORS as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    sys.exit(outcome.exit_code)

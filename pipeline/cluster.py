@@ -1,0 +1,74 @@
+"""Reaching a cluster: a given scheduler, or an embedded LocalCluster.
+
+The embedded cluster is the Dask way with Shoal's plugins preloaded, so one
+command works on a laptop and the same code joins a real cluster started
+with ``dask scheduler --preload scheduler_plugins``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from distributed import Client, LocalCluster
+
+from configs import Profile
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def worker_environment(profile: Profile, catalog: str | None = None) -> dict[str, str]:
+    """What every worker process needs to see: profile, catalog, offline mode."""
+    env = {
+        "SHOAL_PROFILE": os.environ.get("SHOAL_PROFILE_PATH") or profile.name,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    catalog = catalog or os.environ.get("SHOAL_CATALOG")
+    if catalog:
+        env["SHOAL_CATALOG"] = os.path.abspath(catalog)
+    return env
+
+
+def start_local_cluster(
+    profile: Profile, catalog: str | None = None, n_workers: int | None = None, **kwargs
+) -> LocalCluster:
+    return LocalCluster(
+        n_workers=n_workers or profile.workers,
+        threads_per_worker=1,
+        processes=True,
+        scheduler_kwargs={"preload": ["scheduler_plugins"]},
+        preload=["workers"],
+        env=worker_environment(profile, catalog),
+        dashboard_address=kwargs.pop("dashboard_address", ":0"),
+        silence_logs=kwargs.pop("silence_logs", logging.ERROR),
+        **kwargs,
+    )
+
+
+def has_shoal_plugin(dask_scheduler) -> bool:
+    return "shoal" in dask_scheduler.extensions
+
+
+def check_plugin(client: Client) -> None:
+    if not client.run_on_scheduler(has_shoal_plugin):
+        raise ClusterError(
+            f"the scheduler at {client.scheduler.address} has no Shoal plugin; start it "
+            "with `dask scheduler --preload scheduler_plugins`"
+        )
+
+
+@contextmanager
+def connect(scheduler: str | None, profile: Profile, catalog: str | None = None) -> Iterator[Client]:
+    if scheduler:
+        with Client(scheduler, timeout="30s") as client:
+            check_plugin(client)
+            yield client
+        return
+    with start_local_cluster(profile, catalog) as cluster, Client(cluster) as client:
+        check_plugin(client)
+        yield client

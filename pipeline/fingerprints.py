@@ -1,0 +1,41 @@
+"""Model fingerprints: what must match for old outputs to stay valid."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from functools import lru_cache
+
+from configs import ModelSpec
+
+CHUNK = 1 << 20
+
+
+@lru_cache(maxsize=32)
+def _hash_directory(path: str, stamp: tuple) -> str:
+    digest = hashlib.sha256()
+    for root, dirs, files in sorted(os.walk(path)):
+        dirs.sort()
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            digest.update(os.path.relpath(full, path).encode())
+            with open(full, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _stamp(path: str) -> tuple:
+    return tuple(
+        (os.path.join(root, name), os.stat(os.path.join(root, name)).st_mtime_ns)
+        for root, _, files in sorted(os.walk(path))
+        for name in sorted(files)
+    )
+
+
+def model_fingerprint(spec: ModelSpec) -> str:
+    """sha256 over the weights and the settings that change the vectors."""
+    path = spec.resolve_path()
+    settings = f"{spec.kind}|{spec.dim}|{spec.max_seq_length}|{spec.normalize}"
+    weights = _hash_directory(path, _stamp(path))
+    return hashlib.sha256(f"{weights}|{settings}".encode()).hexdigest()

@@ -1,0 +1,68 @@
+"""Following a job: a progress bar while it runs, a summary when it ends."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from distributed import Client
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+POLL_SECONDS = 0.5
+
+
+def job_status(client: Client, job: str, results: bool = False) -> dict[str, Any]:
+    return client.sync(client.scheduler.shoal_job_status, job=job, results=results)
+
+
+def follow(client: Client, job: str, console: Console, label: str) -> dict[str, Any]:
+    """Poll the scheduler until the job completes; the final status has results."""
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} rows"),
+        TextColumn("{task.fields[rate]:,.0f} rows/s"),
+        TextColumn("{task.fields[failed]}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        status = job_status(client, job)
+        task = progress.add_task(label, total=max(status["rows_total"], 1), rate=0.0, failed="")
+        while not status["complete"]:
+            time.sleep(POLL_SECONDS)
+            status = job_status(client, job)
+            rate = status["rows_done"] / status["elapsed"] if status["elapsed"] else 0.0
+            failed = f"[red]{status['failed']} failed parts" if status["failed"] else ""
+            progress.update(task, completed=status["rows_done"], rate=rate, failed=failed)
+        final = job_status(client, job, results=True)
+        rate = final["rows_done"] / final["elapsed"] if final["elapsed"] else 0.0
+        progress.update(task, completed=final["rows_done"], total=max(final["rows_total"], final["rows_done"], 1), rate=rate)
+    return final
+
+
+def summarize(status: dict[str, Any], console: Console, output: str) -> None:
+    results = status.get("results", [])
+    seconds = status["elapsed"]
+    table = Table(title="shoal: job summary", show_header=False)
+    table.add_row("rows", f"{status['rows_done']:,}")
+    table.add_row("parts", f"{len(results):,}")
+    table.add_row("failed parts", f"{status['failed']:,}")
+    table.add_row("seconds", f"{seconds:.1f}")
+    table.add_row("rows/s", f"{status['rows_done'] / seconds:,.1f}" if seconds else "-")
+    for worker, rows in sorted(status["rows_by_worker"].items()):
+        table.add_row(f"rows on {worker}", f"{rows:,}")
+    for key, label in (("null_texts", "null texts (null embedding)"), ("empty_texts", "empty texts"), ("truncated", "texts truncated to max_seq_length")):
+        count = sum(r.get(key, 0) for r in results)
+        if count:
+            table.add_row(label, f"{count:,}")
+    table.add_row("output", output)
+    console.print(table)
+    for letter in status["dead_letters"]:
+        payload = letter["payload"]
+        where = payload["input"]
+        if payload.get("row_range") and payload.get("row_groups") is not None:
+            where += f" rows {payload['row_range'][0]}-{payload['row_range'][1]}"
+        console.print(f"[red]failed:[/red] {where} after {letter['attempts']} attempt(s): {letter['errors'][-1]}")

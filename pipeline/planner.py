@@ -1,0 +1,177 @@
+"""Planning a batch job: list the input shards, split them into work items.
+
+Shards are listed with fsspec (a file, a directory, or a glob on any store)
+and split by row groups into items of at most `rows_per_item` rows; a row
+group larger than that is split by row ranges. Each item's output part is
+named from (shard, row range), so a retried or re-run item writes the same
+object. Footers are read in parallel; a shard whose footer cannot be read
+still becomes one item, so the failure is reported by the worker that tries
+it and lands in the job's dead letters while the rest of the job runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from workers.storage import open_fs
+
+GLOB_CHARS = "*?["
+FOOTER_READERS = 8
+
+
+class PlanError(ValueError):
+    """The job cannot start: bad input location, nothing to do, bad options."""
+
+
+@dataclass
+class Shard:
+    url: str
+    size: int
+    version: str
+    row_groups: list[int] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(self.row_groups)
+
+
+@dataclass
+class Plan:
+    shards: list[Shard]
+    items: list[dict[str, Any]]
+
+    @property
+    def rows(self) -> int:
+        return sum(item["rows"] for item in self.items)
+
+
+def list_shards(input_url: str, storage_options: dict[str, Any] | None = None) -> list[Shard]:
+    """Every Parquet file INPUT names, in a stable order, with size and version."""
+    fs, path = open_fs(input_url, storage_options)
+    if any(ch in path for ch in GLOB_CHARS):
+        paths = [p for p in fs.glob(path) if fs.isfile(p)]
+    elif fs.isdir(path):
+        paths = [
+            p
+            for p in fs.find(path)
+            if p.endswith(".parquet") and not posixpath.basename(p).startswith(("_", "."))
+        ]
+    elif fs.exists(path):
+        paths = [path]
+    else:
+        raise PlanError(f"input {input_url!r} does not exist")
+    if not paths:
+        raise PlanError(f"input {input_url!r} matches no Parquet files")
+    infos = [fs.info(p) for p in sorted(paths)]
+    return [
+        Shard(url=fs.unstrip_protocol(info["name"]), size=int(info.get("size") or 0), version=_version(info))
+        for info in infos
+    ]
+
+
+def _version(info: dict[str, Any]) -> str:
+    """What changes when the object changes: etag, generation or mtime."""
+    for key in ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "last_modified"):
+        if info.get(key) not in (None, ""):
+            return f"{key}:{info[key]}".replace('"', "")
+    return f"size:{info.get('size')}"
+
+
+def read_footers(shards: list[Shard], storage_options: dict[str, Any] | None = None) -> None:
+    """Fill each shard's row-group sizes, or its error."""
+
+    def read(shard: Shard) -> None:
+        fs, path = open_fs(shard.url, storage_options)
+        try:
+            with fs.open(path, "rb") as f:
+                metadata = pq.ParquetFile(f).metadata
+            shard.row_groups = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+        except Exception as exc:  # reported per shard, never fatal to the job
+            shard.error = f"{type(exc).__name__}: {exc}"
+
+    with ThreadPoolExecutor(FOOTER_READERS) as pool:
+        list(pool.map(read, shards))
+
+
+def part_name(shard_url: str, start: int, end: int) -> str:
+    """A part's name from its shard and row range: stable across runs."""
+    stem = posixpath.splitext(posixpath.basename(shard_url))[0]
+    digest = hashlib.sha1(shard_url.encode()).hexdigest()[:8]
+    return f"part-{stem}-{digest}-{start:010d}-{end:010d}.parquet"
+
+
+def slices(row_groups: list[int], rows_per_item: int) -> list[tuple[int, int, int, int]]:
+    """(first row group, end row group, start row, end row) of each item.
+
+    Whole row groups are grouped up to `rows_per_item`; a larger row group is
+    cut into row ranges of that size. Rows are numbered within the shard.
+    """
+    out: list[tuple[int, int, int, int]] = []
+    offset = 0
+    group_start, group_rows = 0, 0
+    for index, count in enumerate(row_groups):
+        if count > rows_per_item:
+            if group_rows:
+                out.append((group_start, index, offset - group_rows, offset))
+            for lo in range(0, count, rows_per_item):
+                hi = min(lo + rows_per_item, count)
+                out.append((index, index + 1, offset + lo, offset + hi))
+            group_start, group_rows = index + 1, 0
+        elif group_rows + count > rows_per_item:
+            out.append((group_start, index, offset - group_rows, offset))
+            group_start, group_rows = index, count
+        else:
+            group_rows += count
+        offset += count
+    if group_rows:
+        out.append((group_start, len(row_groups), offset - group_rows, offset))
+    return out
+
+
+def plan_items(
+    shards: list[Shard],
+    output_url: str,
+    rows_per_item: int,
+    model: str,
+    op: str,
+    payload: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Work items for every shard; `payload` carries the op's own options."""
+    output_url = output_url.rstrip("/")
+    items = []
+    for index, shard in enumerate(shards):
+        if shard.error is not None:
+            spans = [(0, 0, 0, 0)]
+        else:
+            spans = slices(shard.row_groups, rows_per_item)
+        for first_group, end_group, start, end in spans:
+            name = part_name(shard.url, start, end)
+            group_offset = sum(shard.row_groups[:first_group])
+            whole_groups = start == group_offset and end == group_offset + sum(
+                shard.row_groups[first_group:end_group]
+            )
+            items.append(
+                {
+                    "key": f"{index:06d}-{start}-{end}",
+                    "model": model,
+                    "op": op,
+                    "rows": end - start,
+                    "payload": {
+                        **payload,
+                        "input": shard.url,
+                        "row_groups": None if shard.error else [first_group, end_group],
+                        "rows": None if whole_groups else [start - group_offset, end - group_offset],
+                        "row_range": [start, end],
+                        "part": name,
+                        "output": f"{output_url}/{name}",
+                    },
+                }
+            )
+    return items

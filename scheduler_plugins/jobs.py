@@ -1,0 +1,74 @@
+"""Job bookkeeping: what a client needs to follow a job and write its manifest."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from .work_items import ItemState, WorkItem
+
+
+class Job:
+    def __init__(self, job_id: str, items: list[WorkItem], settings: dict[str, Any]) -> None:
+        self.id = job_id
+        self.items = {item.id: item for item in items}
+        self.lease_seconds: float = float(settings.get("lease_seconds", 60.0))
+        self.max_attempts: int = int(settings.get("max_attempts", 3))
+        self.started = time.time()
+        self.finished: float | None = None
+        self.rows_total = sum(item.rows for item in items)
+        self.rows_done = 0
+        self.rows_by_worker: Counter[str] = Counter()
+        self.results: dict[str, dict[str, Any]] = {}
+        self.dead_letters: dict[str, dict[str, Any]] = {}
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) + len(self.dead_letters) == len(self.items)
+
+    def record_done(self, item: WorkItem, worker: str, result: dict[str, Any]) -> None:
+        item.state = ItemState.DONE
+        item.worker = None
+        self.results[item.id] = result
+        rows = int(result.get("rows", item.rows))
+        self.rows_done += rows
+        self.rows_by_worker[worker] += rows
+        self._maybe_finish()
+
+    def record_dead(self, item: WorkItem) -> None:
+        item.state = ItemState.DEAD
+        item.worker = None
+        self.dead_letters[item.id] = {
+            "id": item.id,
+            "model": item.model,
+            "payload": item.payload,
+            "attempts": item.attempts,
+            "errors": list(item.errors),
+            "rows": item.rows,
+        }
+        self._maybe_finish()
+
+    def _maybe_finish(self) -> None:
+        if self.complete and self.finished is None:
+            self.finished = time.time()
+
+    def status(self, with_results: bool = False) -> dict[str, Any]:
+        states = Counter(item.state.value for item in self.items.values())
+        status: dict[str, Any] = {
+            "job": self.id,
+            "items": len(self.items),
+            "queued": states.get("queued", 0),
+            "leased": states.get("leased", 0),
+            "done": len(self.results),
+            "failed": len(self.dead_letters),
+            "rows_total": self.rows_total,
+            "rows_done": self.rows_done,
+            "rows_by_worker": dict(self.rows_by_worker),
+            "complete": self.complete,
+            "elapsed": (self.finished or time.time()) - self.started,
+            "dead_letters": list(self.dead_letters.values()),
+        }
+        if with_results:
+            status["results"] = list(self.results.values())
+        return status

@@ -1,0 +1,61 @@
+"""Work items: the small descriptors that travel through the pull queue.
+
+An item names its input slice, model, operation and output; bulk data never
+passes through the scheduler. The scheduler only tracks each item's state.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+ONLINE = 0
+BATCH = 1
+
+
+class ItemState(str, Enum):
+    QUEUED = "queued"
+    LEASED = "leased"
+    DONE = "done"
+    DEAD = "dead"
+
+
+@dataclass
+class WorkItem:
+    id: str
+    job: str
+    model: str
+    op: str
+    payload: dict[str, Any]
+    priority: int = BATCH
+    rows: int = 0
+    state: ItemState = ItemState.QUEUED
+    attempts: int = 0
+    worker: str | None = None
+    deadline: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+    def lease(self, worker: str, seconds: float) -> None:
+        self.state = ItemState.LEASED
+        self.worker = worker
+        self.attempts += 1
+        self.deadline = time.monotonic() + seconds
+
+    def requeue(self) -> None:
+        self.state = ItemState.QUEUED
+        self.worker = None
+        self.enqueued_at = time.monotonic()
+
+    def to_message(self) -> dict[str, Any]:
+        """What a worker receives when it pulls this item."""
+        return {
+            "id": self.id,
+            "job": self.job,
+            "model": self.model,
+            "op": self.op,
+            "payload": self.payload,
+            "attempt": self.attempts,
+        }

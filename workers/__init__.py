@@ -1,0 +1,26 @@
+"""Shoal's worker side: load with ``dask worker tcp://… --preload workers``.
+
+Adds the ShoalWorker plugin, whose pull loop takes work items from the
+scheduler plugin's queues and runs them on models kept resident here.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import click  # noqa: E402
+
+from .worker_plugin import ShoalWorker  # noqa: E402
+
+__all__ = ["ShoalWorker", "dask_setup"]
+
+
+@click.command()
+@click.option("--shoal-profile", default=None, help="Cluster profile name or YAML path.")
+@click.option("--shoal-pin", multiple=True, help="Model to load at start and never evict.")
+async def dask_setup(worker, shoal_profile: str | None, shoal_pin: tuple[str, ...]) -> None:
+    await worker.plugin_add(ShoalWorker(profile=shoal_profile, pinned=shoal_pin), name=ShoalWorker.name)

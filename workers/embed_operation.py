@@ -1,0 +1,70 @@
+"""The `embed` operation: one input slice in, one output part out.
+
+Split in three stages so the pull loop can overlap them: `read` (storage,
+in an I/O thread), `compute` (the model, in the compute thread), `write`
+(storage again). Every input row gives exactly one output row: null texts
+get a null embedding and are counted, never dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .parquet_slices import read_slice, text_column, write_part
+
+
+@dataclass
+class EmbedInput:
+    table: pa.Table
+    texts: list[str | None]
+
+
+def read(payload: dict[str, Any]) -> EmbedInput:
+    text_col = payload["text_column"]
+    columns = [text_col]
+    for name in [payload.get("id_column"), *payload.get("keep_columns", [])]:
+        if name and name not in columns:
+            columns.append(name)
+    table = read_slice(payload, columns)
+    return EmbedInput(table, text_column(table, text_col, payload["input"]))
+
+
+def compute(runtime, data: EmbedInput) -> dict[str, Any]:
+    present = [i for i, text in enumerate(data.texts) if text is not None]
+    vectors, truncated = runtime.embed([data.texts[i] for i in present])
+    return {"present": present, "vectors": vectors, "truncated": truncated}
+
+
+def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], dim: int) -> dict[str, Any]:
+    rows = data.table.num_rows
+    flat = np.zeros((rows, dim), dtype=np.float32)
+    valid = np.zeros(rows, dtype=bool)
+    flat[computed["present"]] = computed["vectors"]
+    valid[computed["present"]] = True
+    mask = None if valid.all() else pa.array(~valid)
+    embedding = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), dim, mask=mask)
+    columns: dict[str, pa.Array] = {}
+    id_col = payload.get("id_column")
+    if id_col:
+        columns[id_col] = data.table.column(id_col)
+    columns["embedding"] = embedding
+    for name in payload.get("keep_columns", []):
+        if name != id_col and name != "embedding":
+            columns[name] = data.table.column(name)
+    size = write_part(payload["output"], pa.table(columns), payload.get("storage_options"))
+    empty = sum(1 for t in data.texts if t is not None and not t.strip())
+    return {
+        "rows": rows,
+        "part": payload["part"],
+        "input": payload["input"],
+        "row_range": payload.get("row_range"),
+        "bytes": size,
+        "null_texts": rows - len(computed["present"]),
+        "empty_texts": empty,
+        "truncated": computed["truncated"],
+    }
+

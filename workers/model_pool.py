@@ -1,0 +1,162 @@
+"""Models resident on one worker's device, under a memory budget.
+
+Pinned models load at start and stay. Others load on demand and are evicted
+least-recently-used, never while a batch is using them. Loading runs in a
+thread so the worker's event loop keeps answering the scheduler meanwhile.
+Sizes are the catalog's estimate until a model has been loaded once, then
+what the runtime measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Executor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from configs import ModelSpec
+
+logger = logging.getLogger("shoal.worker.pool")
+
+
+class ModelTooLarge(RuntimeError):
+    """A model that can never fit in this worker's budget."""
+
+
+@dataclass
+class Resident:
+    runtime: Any
+    size: int
+    pinned: bool = False
+    in_use: int = 0
+
+
+class ModelPool:
+    def __init__(
+        self,
+        budget_bytes: int,
+        load: Callable[[ModelSpec], Any],
+        executor: Executor,
+    ) -> None:
+        self.budget = budget_bytes
+        self._load = load
+        self._executor = executor
+        self._resident: OrderedDict[str, Resident] = OrderedDict()
+        self._loading: dict[str, asyncio.Future] = {}
+        self._reserved: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}
+        self._changed = asyncio.Condition()
+        self.loads = 0
+        self.evictions: list[str] = []
+
+    # -- what the scheduler is told ----------------------------------------
+
+    def resident(self) -> list[str]:
+        return list(self._resident)
+
+    def used_bytes(self) -> int:
+        return sum(entry.size for entry in self._resident.values())
+
+    def free_bytes(self) -> int:
+        return self.budget - self.used_bytes()
+
+    def can_ever_fit(self, spec: ModelSpec) -> bool:
+        pinned = sum(e.size for name, e in self._resident.items() if e.pinned and name != spec.name)
+        return self.size_of(spec) <= self.budget - pinned
+
+    def size_of(self, spec: ModelSpec) -> int:
+        return self._sizes.get(spec.name, spec.memory_bytes)
+
+    # -- use ----------------------------------------------------------------
+
+    async def pin(self, spec: ModelSpec) -> None:
+        async with self.use(spec):
+            self._resident[spec.name].pinned = True
+
+    @asynccontextmanager
+    async def use(self, spec: ModelSpec) -> AsyncIterator[Any]:
+        """The loaded runtime for `spec`, held resident while the block runs."""
+        entry = await self._acquire(spec)
+        try:
+            yield entry.runtime
+        finally:
+            entry.in_use -= 1
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _acquire(self, spec: ModelSpec) -> Resident:
+        while True:
+            entry = self._resident.get(spec.name)
+            if entry is not None:
+                self._resident.move_to_end(spec.name)
+                entry.in_use += 1
+                return entry
+            pending = self._loading.get(spec.name)
+            if pending is not None:
+                await asyncio.shield(pending)
+                continue
+            if not self.can_ever_fit(spec):
+                raise ModelTooLarge(
+                    f"model {spec.name!r} needs {self.size_of(spec) / 1e9:.2f} GB but this "
+                    f"worker's budget is {self.budget / 1e9:.2f} GB "
+                    f"({self._pinned_bytes() / 1e9:.2f} GB pinned)"
+                )
+            await self._make_room(self.size_of(spec))
+            if spec.name in self._resident or spec.name in self._loading:
+                continue
+            await self._load_now(spec)
+
+    async def _load_now(self, spec: ModelSpec) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self._loading[spec.name] = future
+        self._reserved[spec.name] = self.size_of(spec)
+        try:
+            runtime = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._load, spec
+            )
+            size = int(getattr(runtime, "memory_bytes", lambda: spec.memory_bytes)())
+            self._sizes[spec.name] = size
+            self._resident[spec.name] = Resident(runtime, size)
+            self.loads += 1
+            logger.info("loaded %s (%.1f MB)", spec.name, size / 1e6)
+            future.set_result(None)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters re-raise through their own load
+            raise
+        finally:
+            del self._loading[spec.name]
+            del self._reserved[spec.name]
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _make_room(self, needed: int) -> None:
+        """Evict idle unpinned models, oldest use first, until `needed` fits."""
+        async with self._changed:
+            while self.free_bytes() - self._loading_bytes() < needed:
+                victim = next(
+                    (n for n, e in self._resident.items() if not e.pinned and e.in_use == 0),
+                    None,
+                )
+                if victim is None:
+                    await self._changed.wait()  # everything left is busy: wait for a release
+                    continue
+                self._evict(victim)
+
+    def _evict(self, name: str) -> None:
+        entry = self._resident.pop(name)
+        close = getattr(entry.runtime, "close", None)
+        if close is not None:
+            close()
+        self.evictions.append(name)
+        logger.info("evicted %s", name)
+
+    def _pinned_bytes(self) -> int:
+        return sum(e.size for e in self._resident.values() if e.pinned)
+
+    def _loading_bytes(self) -> int:
+        return sum(self._reserved.values())

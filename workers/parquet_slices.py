@@ -1,0 +1,68 @@
+"""Reading an item's input slice and writing its output part, on any fsspec store.
+
+Inputs are read straight from storage, only the columns an item needs and
+only its row groups; parts are written atomically (see storage).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .storage import atomic_write, open_fs
+
+
+class InputError(ValueError):
+    """Bad input data: retrying cannot help, so the item goes to dead letters."""
+
+
+def read_slice(payload: dict[str, Any], columns: list[str]) -> pa.Table:
+    """The item's rows of `columns` (the first is required to be there)."""
+    url = payload["input"]
+    fs, path = open_fs(url, payload.get("storage_options"))
+    try:
+        with fs.open(path, "rb") as f:
+            parquet = pq.ParquetFile(f)
+            names = parquet.schema_arrow.names
+            missing = [c for c in columns if c not in names]
+            if missing:
+                raise InputError(
+                    f"{url}: no column {missing[0]!r} (columns are: {', '.join(names)})"
+                )
+            first, last = payload.get("row_groups") or (0, parquet.num_row_groups)
+            table = parquet.read_row_groups(list(range(first, last)), columns=columns)
+    except InputError:
+        raise
+    except FileNotFoundError as exc:
+        raise InputError(f"{url}: file not found") from exc
+    except pa.ArrowInvalid as exc:
+        raise InputError(f"{url}: not a readable Parquet file: {exc}") from exc
+    except OSError as exc:
+        # Storage trouble or a damaged file body: worth a retry; after the
+        # job's max attempts it lands in dead letters with this message.
+        raise OSError(f"{url}: cannot read: {exc}") from exc
+    rows = payload.get("rows")
+    if rows is not None:
+        table = table.slice(rows[0], rows[1] - rows[0])
+    return table
+
+
+def text_column(table: pa.Table, name: str, url: str) -> list[str | None]:
+    """The text column as Python strings (None for nulls), or a clear error."""
+    column = table.column(name)
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise InputError(f"{url}: column {name!r} has type {column.type}, expected strings")
+    return column.to_pylist()
+
+
+def write_part(url: str, table: pa.Table, storage_options: dict[str, Any] | None) -> int:
+    """Write `table` as one Parquet object at `url`, atomically; returns its size."""
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression="zstd")
+    atomic_write(url, buffer.getvalue(), storage_options)
+    return buffer.tell()

@@ -1,0 +1,134 @@
+"""A worker's pull loop: ask for work when there is room, run it, ack it.
+
+Up to `prefetch` items are held at once, so the next item's input is read
+from storage while the model computes the current one. The device is used by
+one batch at a time (the compute lock); storage reads and writes run in I/O
+threads beside it. Leases of held items are extended while they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from configs import ModelSpec, Profile
+
+from . import embed_operation
+from .model_pool import ModelPool, ModelTooLarge
+from .parquet_slices import InputError
+
+logger = logging.getLogger("shoal.worker")
+
+OPERATIONS = {"embed": embed_operation}
+PERMANENT_ERRORS = (InputError, ModelTooLarge)
+RECONNECT_SECONDS = 1.0
+
+
+class PullLoop:
+    def __init__(self, worker, profile: Profile, pool: ModelPool, compute: ThreadPoolExecutor) -> None:
+        self.worker = worker
+        self.profile = profile
+        self.pool = pool
+        self.compute_executor = compute
+        self.io_executor = ThreadPoolExecutor(2, thread_name_prefix="shoal-io")
+        self.compute_lock = asyncio.Lock()
+        self.held: dict[str, asyncio.Task] = {}
+        self.lease_seconds: dict[str, float] = {}
+        self.specs: dict[str, ModelSpec] = {}
+        self._room = asyncio.Event()
+        self.items_done = 0
+
+    async def run(self) -> None:
+        extender = asyncio.create_task(self._extend_leases())
+        try:
+            while True:
+                self._room.clear()
+                room = self.profile.prefetch - len(self.held)
+                if room <= 0:
+                    await self._room.wait()
+                    continue
+                try:
+                    reply = await self.worker.scheduler.shoal_pull(
+                        worker=self.worker.address,
+                        resident=self.pool.resident(),
+                        room=room,
+                        timeout=self.profile.pull_timeout_seconds,
+                        free_bytes=self.pool.free_bytes(),
+                    )
+                except (OSError, asyncio.TimeoutError) as exc:
+                    logger.warning("pull failed (%s); retrying", exc)
+                    await asyncio.sleep(RECONNECT_SECONDS)
+                    continue
+                if reply is None:  # a scheduler without the Shoal plugin (yet)
+                    await asyncio.sleep(RECONNECT_SECONDS)
+                    continue
+                for name, spec in reply.get("models", {}).items():
+                    self.specs[name] = ModelSpec(**spec)
+                for message in reply["items"]:
+                    self.lease_seconds[message["id"]] = message["lease_seconds"]
+                    self.held[message["id"]] = asyncio.create_task(self._process(message))
+                if not reply["items"] and reply.get("reason"):
+                    await asyncio.sleep(RECONNECT_SECONDS)
+        finally:
+            extender.cancel()
+            for task in list(self.held.values()):
+                task.cancel()
+            self.io_executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _process(self, message: dict[str, Any]) -> None:
+        item_id = message["id"]
+        loop = asyncio.get_running_loop()
+        try:
+            operation = OPERATIONS[message["op"]]
+            spec = self.specs[message["model"]]
+            payload = message["payload"]
+            data = await loop.run_in_executor(self.io_executor, operation.read, payload)
+            async with self.compute_lock:
+                async with self.pool.use(spec) as runtime:
+                    computed = await loop.run_in_executor(
+                        self.compute_executor, operation.compute, runtime, data
+                    )
+            result = await loop.run_in_executor(
+                self.io_executor, operation.write, payload, data, computed, spec.dim
+            )
+            await self.worker.scheduler.shoal_ack(worker=self.worker.address, item=item_id, result=result)
+            self.items_done += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            permanent = isinstance(exc, PERMANENT_ERRORS)
+            logger.warning("item %s failed (%s): %s", item_id, "permanent" if permanent else "will retry", exc)
+            await self._report_failure(item_id, f"{type(exc).__name__}: {exc}", permanent)
+        finally:
+            self.held.pop(item_id, None)
+            self.lease_seconds.pop(item_id, None)
+            self._room.set()
+
+    async def _report_failure(self, item_id: str, error: str, permanent: bool) -> None:
+        try:
+            await self.worker.scheduler.shoal_fail(
+                worker=self.worker.address, item=item_id, error=error, permanent=permanent
+            )
+        except OSError as exc:
+            logger.warning("could not report failure of %s (%s); its lease will expire", item_id, exc)
+
+    async def _extend_leases(self) -> None:
+        while True:
+            interval = min(self.lease_seconds.values(), default=self.profile.lease_seconds) / 3
+            await asyncio.sleep(interval)
+            if not self.held:
+                continue
+            try:
+                reply = await self.worker.scheduler.shoal_extend(
+                    worker=self.worker.address, items=list(self.held)
+                )
+            except OSError as exc:
+                logger.warning("lease extension failed (%s)", exc)
+                continue
+            for item_id in reply["lost"]:
+                task = self.held.get(item_id)
+                if task is not None:
+                    logger.warning("item %s is no longer leased here; dropping it", item_id)
+                    task.cancel()

@@ -1,0 +1,43 @@
+"""Object-store access shared by workers (parts) and the client (manifests).
+
+A file is written whole or not at all: on local disks under a temporary name,
+fsynced, then renamed; on object stores in one PUT. No reader ever sees a
+partial file under its final name, and a retried write replaces it whole.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import fsspec
+
+
+def open_fs(url: str, storage_options: dict[str, Any] | None = None):
+    """(filesystem, path) for a URL or local path."""
+    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def is_local(fs) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocols or "local" in protocols
+
+
+def atomic_write(url: str, data: bytes, storage_options: dict[str, Any] | None = None) -> None:
+    fs, path = open_fs(url, storage_options)
+    if not is_local(fs):
+        fs.pipe_file(path, data)
+        return
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    temporary = os.path.join(parent, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temporary, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)

@@ -1,0 +1,59 @@
+"""The Dask WorkerPlugin that owns a worker's model pool and pull loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from configs import load_catalog, load_profile
+
+from .devices import detect_device
+from .model_pool import ModelPool
+from .pull_loop import PullLoop
+from .runtimes import load_runtime
+
+logger = logging.getLogger("shoal.worker")
+
+
+class ShoalWorker(WorkerPlugin):
+    name = "shoal-worker"
+
+    def __init__(self, profile: str | None = None, pinned: tuple[str, ...] | list[str] = ()) -> None:
+        self.profile_name = profile
+        self.pinned = list(pinned)
+        self._task: asyncio.Task | None = None
+
+    async def setup(self, worker) -> None:
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        profile = load_profile(self.profile_name)
+        pinned = list(dict.fromkeys([*profile.pinned, *self.pinned]))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        torch.set_num_threads(profile.torch_threads(cores or 1))
+        plan = detect_device(profile, dict(worker.state.total_resources))
+        self.compute = ThreadPoolExecutor(1, thread_name_prefix="shoal-compute")
+        self.pool = ModelPool(plan.memory_budget, partial(load_runtime, plan=plan), self.compute)
+        self.loop = PullLoop(worker, profile, self.pool, self.compute)
+        self.plan = plan
+        logger.info("shoal worker on %s (%s), model budget %.1f GB", plan.device, plan.dtype, plan.memory_budget / 1e9)
+        if pinned:
+            catalog = load_catalog()
+            for name in pinned:
+                await self.pool.pin(catalog.get(name))
+        self._task = asyncio.create_task(self.loop.run())
+
+    async def teardown(self, worker) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self.compute.shutdown(wait=False, cancel_futures=True)
