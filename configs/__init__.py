@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_PROFILE = "cpu-local"
@@ -102,6 +102,19 @@ class Profile(BaseModel):
     memory_fraction: float = Field(default=0.5, gt=0, le=1)
     pinned: list[str] = Field(default_factory=list)
     token_budgets: dict[str, int] = Field(default_factory=dict)
+    _path: str = PrivateAttr(default="")
+
+    @property
+    def path(self) -> str:
+        """The YAML file this profile came from, for worker processes to load."""
+        return self._path
+
+    def tuned(self, spec: ModelSpec) -> ModelSpec:
+        """The spec with this profile's tuned token budget, on every device kind."""
+        budget = self.token_budgets.get(spec.name)
+        if budget is None:
+            return spec
+        return spec.model_copy(update={"token_budget": {kind: budget for kind in ("cpu", "cuda")}})
 
     def torch_threads(self, cores: int) -> int:
         """Threads per worker process: the cores it owns, never oversubscribed."""
@@ -165,6 +178,8 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     data = _read_yaml(path)
     data.setdefault("name", path.stem)
     try:
-        return Profile(**data)
+        profile = Profile(**data)
     except ValidationError as exc:
         raise _explain(path, exc) from None
+    profile._path = str(path.resolve())
+    return profile

@@ -56,13 +56,10 @@ def plan_embed(request: EmbedRequest, profile: Profile) -> Plan:
 def run_embed(
     client: Client, request: EmbedRequest, profile: Profile, catalog: Catalog, console: Console
 ) -> JobOutcome:
-    spec = catalog.get(request.model)
+    spec = profile.tuned(catalog.get(request.model))
     fingerprint = model_fingerprint(spec)
     plan = plan_embed(request, profile)
     job = f"embed-{uuid.uuid4().hex[:12]}"
-    spec_message = spec.model_dump()
-    if request.model in profile.token_budgets:
-        spec_message["token_budget"] = {**spec.token_budget, "cpu": profile.token_budgets[request.model]}
     client.sync(
         client.scheduler.shoal_submit,
         job=job,
@@ -70,7 +67,7 @@ def run_embed(
         settings={
             "lease_seconds": profile.lease_seconds,
             "max_attempts": profile.max_attempts,
-            "models": {request.model: spec_message},
+            "models": {request.model: spec.model_dump()},
         },
     )
     try:

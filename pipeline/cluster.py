@@ -24,7 +24,7 @@ class ClusterError(RuntimeError):
 def worker_environment(profile: Profile, catalog: str | None = None) -> dict[str, str]:
     """What every worker process needs to see: profile, catalog, offline mode."""
     env = {
-        "SHOAL_PROFILE": os.environ.get("SHOAL_PROFILE_PATH") or profile.name,
+        "SHOAL_PROFILE": profile.path or profile.name,
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }

