@@ -60,7 +60,7 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
     INPUT is a Parquet file, a directory or a glob on any fsspec filesystem
     (local, s3://, gs://…); OUTPUT is a directory there.
     """
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     try:
         profile_config = load_profile(profile)
         catalog_config = load_catalog(catalog)

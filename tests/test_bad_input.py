@@ -1,0 +1,112 @@
+"""Bad input gets a clear message naming the file, column or model; nothing else is lost."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import read_output, run_shoal, write_shards
+
+
+@pytest.fixture
+def shoal(cluster, tiny_catalog, test_profile):
+    _, client = cluster
+
+    def run(*args: str):
+        return run_shoal(
+            *args, "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address,
+            "--profile", str(test_profile),
+        )
+
+    return run
+
+
+def test_missing_text_column_names_file_and_column(shoal, tmp_path):
+    pq.write_table(pa.table({"id": [1, 2], "body": ["a", "b"]}), tmp_path / "docs.parquet")
+    result = shoal("embed", str(tmp_path / "docs.parquet"), str(tmp_path / "out"), "--model", "tiny")
+    assert result.returncode == 1
+    assert "docs.parquet" in result.stderr and "no column 'text'" in result.stderr
+    assert "body" in result.stderr  # the columns that are there
+
+
+def test_corrupt_shard_is_reported_and_the_rest_finishes(shoal, demo_texts, tmp_path):
+    ids = write_shards(tmp_path / "in", demo_texts[:600], shards=3, row_group_size=100)
+    (tmp_path / "in" / "shard-001.parquet").write_bytes(b"PAR1 this is not parquet at all" * 10)
+    kept = set(ids[:200] + ids[400:])
+    result = shoal("embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny")
+    assert result.returncode == 1
+    assert "shard-001.parquet" in result.stderr and "failed" in result.stderr
+    table = read_output(tmp_path / "out")
+    assert sorted(table.column("id").to_pylist()) == sorted(kept)
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert not manifest["complete"]
+    assert [f["input"].rsplit("/", 1)[1] for f in manifest["failed"]] == ["shard-001.parquet"]
+    assert "Parquet" in manifest["failed"][0]["errors"][-1]
+
+
+def test_truncated_shard_body_goes_to_dead_letters_after_retries(shoal, demo_texts, tmp_path):
+    write_shards(tmp_path / "in", demo_texts[:300], shards=1, row_group_size=100)
+    shard = tmp_path / "in" / "shard-000.parquet"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:200] + b"\0" * (len(data) - 400) + data[-200:])  # footer intact, pages not
+    result = shoal("embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny")
+    assert result.returncode == 1
+    assert "shard-000.parquet" in result.stderr
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert manifest["failed"] and all(f["input"].endswith("shard-000.parquet") for f in manifest["failed"])
+
+
+def test_null_and_empty_texts_keep_their_rows(shoal, tiny_model, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["a real sentence about parquet files", None, "", "   ", "another one", None]
+    pq.write_table(pa.table({"id": list(range(6)), "text": pa.array(texts, pa.string())}), tmp_path / "n.parquet")
+    result = shoal("embed", str(tmp_path / "n.parquet"), str(tmp_path / "out"), "--model", "tiny")
+    assert result.returncode == 0, result.stderr
+    assert "null texts" in result.stderr and "empty texts" in result.stderr
+    table = read_output(tmp_path / "out").sort_by("id")
+    assert table.column("id").to_pylist() == list(range(6))
+    embeddings = table.column("embedding").to_pylist()
+    assert embeddings[1] is None and embeddings[5] is None
+    direct = SentenceTransformer(str(tiny_model), device="cpu").encode(["", "another one"])
+    np.testing.assert_allclose(embeddings[2], direct[0], atol=1e-5)
+    np.testing.assert_allclose(embeddings[4], direct[1], atol=1e-5)
+
+
+def test_texts_longer_than_max_seq_length_are_truncated_and_counted(shoal, tiny_model, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    long_text = "parquet shards stream through the workers " * 200
+    texts = [long_text, "short", long_text + " tail"]
+    pq.write_table(pa.table({"id": [0, 1, 2], "text": texts}), tmp_path / "long.parquet")
+    result = shoal("embed", str(tmp_path / "long.parquet"), str(tmp_path / "out"), "--model", "tiny")
+    assert result.returncode == 0, result.stderr
+    assert "truncated" in result.stderr
+    table = read_output(tmp_path / "out").sort_by("id")
+    direct = SentenceTransformer(str(tiny_model), device="cpu").encode(texts)
+    np.testing.assert_allclose(np.stack(table.column("embedding").to_pylist()), direct, atol=1e-5)
+
+
+def test_input_that_matches_nothing(shoal, tmp_path):
+    result = shoal("embed", str(tmp_path / "nothing-*.parquet"), str(tmp_path / "out"), "--model", "tiny")
+    assert result.returncode == 2
+    assert "matches no Parquet files" in result.stderr and "nothing-*.parquet" in result.stderr
+    result = shoal("embed", str(tmp_path / "absent"), str(tmp_path / "out"), "--model", "tiny")
+    assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_unknown_model_names_the_known_ones(shoal, tmp_path):
+    pq.write_table(pa.table({"id": [1], "text": ["x"]}), tmp_path / "a.parquet")
+    result = shoal("embed", str(tmp_path / "a.parquet"), str(tmp_path / "out"), "--model", "no-such-model")
+    assert result.returncode == 2
+    assert "unknown model 'no-such-model'" in result.stderr and "tiny" in result.stderr and "minilm" in result.stderr
+
+
+def test_non_string_text_column(shoal, tmp_path):
+    pq.write_table(pa.table({"id": [1, 2], "text": [1.5, 2.5]}), tmp_path / "nums.parquet")
+    result = shoal("embed", str(tmp_path / "nums.parquet"), str(tmp_path / "out"), "--model", "tiny")
+    assert result.returncode == 1
+    assert "nums.parquet" in result.stderr and "column 'text' has type double" in result.stderr
