@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -48,6 +48,7 @@ class ShoalScheduler(SchedulerPlugin):
         self.leased_by_worker: dict[str, set[str]] = defaultdict(set)
         self.worker_models: dict[str, dict[str, Any]] = {}
         self.model_specs: dict[str, dict[str, Any]] = {}
+        self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead
         self._work_added = asyncio.Event()
         self._lease_checker: PeriodicCallback | None = None
 
@@ -134,6 +135,7 @@ class ShoalScheduler(SchedulerPlugin):
         job = self.jobs[work.job]
         job.dead_letters.pop(work.id, None)
         job.record_done(work, worker, result)
+        self.events["acked"] += 1
         return {"accepted": True}
 
     def fail(self, worker: str, item: str, error: str, permanent: bool = False) -> dict[str, Any]:
@@ -143,6 +145,7 @@ class ShoalScheduler(SchedulerPlugin):
         if work.worker != worker:
             return {"accepted": False}
         work.errors.append(f"attempt {work.attempts} on {worker}: {error}")
+        self.events["failed"] += 1
         self._unlease(work)
         self._retry_or_bury(work, permanent)
         return {"accepted": True}
@@ -185,6 +188,7 @@ class ShoalScheduler(SchedulerPlugin):
             "leased": {w: len(ids) for w, ids in self.leased_by_worker.items() if ids},
             "workers": dict(self.worker_models),
             "jobs": {job_id: job.status() for job_id, job in self.jobs.items()},
+            "events": dict(self.events),
         }
 
     # -- scheduler events ---------------------------------------------------
@@ -197,6 +201,7 @@ class ShoalScheduler(SchedulerPlugin):
             work = self.items.get(item_id)
             if work is not None and work.state is ItemState.LEASED:
                 work.errors.append(f"attempt {work.attempts}: worker {worker} was lost")
+                self.events["lost"] += 1
                 self._retry_or_bury(work, permanent=False, front=True)
         if item_ids:
             logger.warning("worker %s lost; %d leased items put back", worker, len(item_ids))
@@ -211,6 +216,7 @@ class ShoalScheduler(SchedulerPlugin):
                 elif work.deadline < now:
                     item_ids.discard(item_id)
                     work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
+                    self.events["expired"] += 1
                     self._retry_or_bury(work, permanent=False, front=True)
 
     # -- internals ----------------------------------------------------------
@@ -224,6 +230,7 @@ class ShoalScheduler(SchedulerPlugin):
         model, priority = choice
         limit = MAX_ONLINE_BATCH if priority == ONLINE else room
         items = self.queues.take(model, priority, limit)
+        self.events["leased"] += len(items)
         for work in items:
             work.lease(worker, self.jobs[work.job].lease_seconds)
             self.leased_by_worker[worker].add(work.id)
@@ -246,6 +253,7 @@ class ShoalScheduler(SchedulerPlugin):
         job = self.jobs[work.job]
         if permanent or work.attempts >= job.max_attempts:
             job.record_dead(work)
+            self.events["dead"] += 1
             return
         work.requeue()
         self.queues.push(work, front=front)

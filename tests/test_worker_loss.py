@@ -1,0 +1,42 @@
+"""A worker process killed mid-job loses no rows: its leased items go back to the queue."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from conftest import SHOAL, ROOT, read_output, write_profile, write_shards
+from distributed import Client
+
+from configs import load_profile
+from pipeline.cluster import start_local_cluster
+
+
+def test_killed_worker_loses_no_rows(demo_texts, tmp_path):
+    profile = load_profile(str(write_profile(tmp_path, name="kill", rows_per_item=100, lease_seconds=30)))
+    ids = write_shards(tmp_path / "in", demo_texts[:1600], shards=4, row_group_size=50)
+    with start_local_cluster(profile) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        plugin = cluster.scheduler.extensions["shoal"]
+        job = subprocess.Popen(
+            [SHOAL, "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "minilm",
+             "--scheduler", cluster.scheduler_address, "--profile", profile.path],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        victim = None
+        deadline = time.monotonic() + 240
+        while victim is None and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+            if plugin.events["acked"] >= 1:
+                busy = [w for w, items in plugin.leased_by_worker.items() if items]
+                victim = busy[0] if busy else None
+        assert victim is not None, "the job ended before a worker could be killed"
+        nanny = next(n for n in cluster.workers.values() if n.worker_address == victim)
+        os.kill(nanny.process.process.pid, signal.SIGKILL)
+        _, stderr = job.communicate(timeout=300)
+        assert job.returncode == 0, stderr
+        assert plugin.events["lost"] >= 1
+    table = read_output(tmp_path / "out")
+    assert sorted(table.column("id").to_pylist()) == sorted(ids)  # every row exactly once
