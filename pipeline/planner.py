@@ -56,8 +56,10 @@ def list_shards(input_url: str, storage_options: dict[str, Any] | None = None) -
     """Every Parquet file INPUT names, in a stable order, with size and version."""
     fs, path = open_fs(input_url, storage_options)
     if any(ch in path for ch in GLOB_CHARS):
-        paths = [p for p in fs.glob(path) if fs.isfile(p)]
+        # Hidden names are temporary files (ours among them), never input.
+        paths = [p for p in fs.glob(path) if not posixpath.basename(p).startswith(".") and fs.isfile(p)]
     elif fs.isdir(path):
+        # As Spark and Dask do, a directory's _metadata-style and hidden files are skipped.
         paths = [
             p
             for p in fs.find(path)

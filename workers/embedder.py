@@ -26,7 +26,7 @@ class SentenceEmbedder:
             spec.resolve_path(), device=plan.device, local_files_only=True
         )
         self.model.max_seq_length = spec.max_seq_length
-        if plan.kind == "cuda" and plan.dtype != "float32":
+        if plan.dtype != "float32":
             self.model.to(getattr(torch, plan.dtype))
         self.model.eval()
         self.token_budget = spec.budget_for(plan.kind)

@@ -1,0 +1,110 @@
+"""Residency under a budget: LRU eviction, pinned models, never evicting a model in use."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from configs import ModelSpec
+from workers.model_pool import ModelPool, ModelTooLarge
+
+
+def spec(name: str, size: int) -> ModelSpec:
+    return ModelSpec(name=name, kind="sim", dim=4, max_seq_length=8, memory_bytes=size)
+
+
+class FakeRuntime:
+    def __init__(self, s: ModelSpec, closed: list[str]) -> None:
+        self.spec, self.closed = s, closed
+
+    def memory_bytes(self) -> int:
+        return self.spec.memory_bytes
+
+    def close(self) -> None:
+        self.closed.append(self.spec.name)
+
+
+def make_pool(budget: int):
+    closed: list[str] = []
+    loaded: list[str] = []
+
+    def load(s: ModelSpec):
+        loaded.append(s.name)
+        return FakeRuntime(s, closed)
+
+    return ModelPool(budget, load, ThreadPoolExecutor(1)), loaded, closed
+
+
+def test_lru_eviction_under_budget():
+    async def scenario():
+        pool, loaded, closed = make_pool(100)
+        a, b, c = spec("a", 40), spec("b", 40), spec("c", 40)
+        for s in (a, b, a, c, a, b):
+            async with pool.use(s) as runtime:
+                assert runtime.spec.name == s.name
+        return pool, loaded, closed
+
+    pool, loaded, closed = asyncio.run(scenario())
+    # c evicts b (a was used more recently); b then evicts c
+    assert loaded == ["a", "b", "c", "b"]
+    assert closed == ["b", "c"] == pool.evictions
+    assert sorted(pool.resident()) == ["a", "b"] and pool.free_bytes() == 20
+
+
+def test_pinned_model_is_never_evicted_and_too_large_is_rejected():
+    async def scenario():
+        pool, loaded, _ = make_pool(100)
+        await pool.pin(spec("p", 60))
+        for name in ("x", "y", "x"):
+            async with pool.use(spec(name, 40)):
+                pass
+        assert "p" in pool.resident()
+        with pytest.raises(ModelTooLarge, match="model 'big' needs .* budget"):
+            async with pool.use(spec("big", 50)):
+                pass
+        return pool, loaded
+
+    pool, loaded = asyncio.run(scenario())
+    assert loaded == ["p", "x", "y", "x"] and "p" not in pool.evictions
+
+
+def test_model_in_use_is_not_evicted_until_released():
+    async def scenario():
+        pool, loaded, _ = make_pool(100)
+        order = []
+        a, b = spec("a", 60), spec("b", 60)
+
+        async def hold_a():
+            async with pool.use(a):
+                order.append("a in use")
+                await asyncio.sleep(0.2)
+                order.append("a released")
+
+        async def want_b():
+            await asyncio.sleep(0.05)
+            async with pool.use(b):
+                order.append("b loaded")
+
+        await asyncio.gather(hold_a(), want_b())
+        return order, pool
+
+    order, pool = asyncio.run(scenario())
+    assert order == ["a in use", "a released", "b loaded"]
+    assert pool.resident() == ["b"]
+
+
+def test_concurrent_users_share_one_load():
+    async def scenario():
+        pool, loaded, _ = make_pool(100)
+        s = spec("a", 10)
+
+        async def use():
+            async with pool.use(s):
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(*(use() for _ in range(5)))
+        return loaded
+
+    assert asyncio.run(scenario()) == ["a"]

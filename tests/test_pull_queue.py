@@ -1,0 +1,191 @@
+"""The scheduler plugin's queue logic: leases, retries, dead letters, placement, long poll."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from scheduler_plugins.pull_queue import ShoalScheduler
+from scheduler_plugins.work_items import ONLINE
+
+
+class FakeScheduler:
+    def __init__(self, workers=("w1", "w2")) -> None:
+        self.workers = {w: object() for w in workers}
+        self.handlers: dict = {}
+        self.extensions: dict = {}
+
+
+def items(model: str, n: int, rows: int = 10) -> list[dict]:
+    return [{"key": f"{model}-{i}", "model": model, "op": "embed", "rows": rows, "payload": {"i": i}} for i in range(n)]
+
+
+SPECS = {"models": {"m": {"name": "m"}, "n": {"name": "n"}}}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def started(**settings) -> ShoalScheduler:
+    plugin = ShoalScheduler()
+    await plugin.start(FakeScheduler())
+    return plugin
+
+
+def test_handlers_declared_in_one_place():
+    async def go():
+        plugin = await started()
+        assert {"shoal_submit", "shoal_pull", "shoal_ack", "shoal_fail", "shoal_extend",
+                "shoal_job_status", "shoal_job_release", "shoal_overview"} <= set(plugin.scheduler.handlers)
+        await plugin.close()
+
+    run(go())
+
+
+def test_pull_ack_completes_job_with_rows_per_worker():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 3), SPECS)
+        reply = await plugin.pull("w1", room=2, timeout=0)
+        assert [m["id"] for m in reply["items"]] == ["j/m-0", "j/m-1"]
+        assert reply["models"] == {"m": {"name": "m"}} and reply["items"][0]["lease_seconds"] == 60
+        for m in reply["items"]:
+            plugin.ack("w1", m["id"], {"rows": 10})
+        reply = await plugin.pull("w2", room=5, timeout=0)
+        plugin.ack("w2", reply["items"][0]["id"], {"rows": 10})
+        status = plugin.job_status("j", results=True)
+        assert status["complete"] and status["rows_done"] == 30
+        assert status["rows_by_worker"] == {"w1": 20, "w2": 10} and len(status["results"]) == 3
+        await plugin.close()
+
+    run(go())
+
+
+def test_expired_lease_retries_then_dead_letters():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 1), {**SPECS, "lease_seconds": 0.05, "max_attempts": 2})
+        for attempt in (1, 2):
+            reply = await plugin.pull("w1", timeout=0)
+            assert reply["items"][0]["attempt"] == attempt
+            await asyncio.sleep(0.1)
+            plugin.expire_leases()
+        status = plugin.job_status("j")
+        assert status["complete"] and status["failed"] == 1
+        errors = status["dead_letters"][0]["errors"]
+        assert len(errors) == 2 and all("lease on w1 expired" in e for e in errors)
+        assert (await plugin.pull("w1", timeout=0))["items"] == []
+        await plugin.close()
+
+    run(go())
+
+
+def test_extended_lease_does_not_expire():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 1), {**SPECS, "lease_seconds": 0.2})
+        item = (await plugin.pull("w1", timeout=0))["items"][0]["id"]
+        for _ in range(4):
+            await asyncio.sleep(0.1)
+            assert plugin.extend("w1", [item]) == {"lost": []}
+            plugin.expire_leases()
+        assert plugin.job_status("j")["leased"] == 1
+        assert plugin.extend("w2", [item]) == {"lost": [item]}
+        await plugin.close()
+
+    run(go())
+
+
+def test_lost_worker_items_go_back_to_the_front():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 3), SPECS)
+        taken = [m["id"] for m in (await plugin.pull("w1", room=2, timeout=0))["items"]]
+        del plugin.scheduler.workers["w1"]
+        plugin.remove_worker(plugin.scheduler, "w1", stimulus_id="test")
+        again = [m["id"] for m in (await plugin.pull("w2", room=3, timeout=0))["items"]]
+        assert set(again[:2]) == set(taken) and again[2] == "j/m-2"
+        assert plugin.events["lost"] == 2
+        assert (await plugin.pull("w1", timeout=0)) == {"items": [], "reason": "unknown worker"}
+        await plugin.close()
+
+    run(go())
+
+
+def test_permanent_failure_is_dead_at_once_retryable_is_retried():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 2), SPECS)
+        first, second = [m["id"] for m in (await plugin.pull("w1", room=2, timeout=0))["items"]]
+        plugin.fail("w1", first, "InputError: no column 'text'", permanent=True)
+        plugin.fail("w1", second, "OSError: connection reset")
+        assert plugin.fail("w2", second, "not mine") == {"accepted": False}
+        status = plugin.job_status("j")
+        assert status["failed"] == 1 and status["queued"] == 1
+        assert "no column 'text'" in status["dead_letters"][0]["errors"][0]
+        await plugin.close()
+
+    run(go())
+
+
+def test_late_ack_after_requeue_counts_once():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 1), {**SPECS, "lease_seconds": 0.01})
+        item = (await plugin.pull("w1", timeout=0))["items"][0]["id"]
+        await asyncio.sleep(0.05)
+        plugin.expire_leases()
+        assert plugin.ack("w1", item, {"rows": 10}) == {"accepted": True}
+        assert plugin.ack("w1", item, {"rows": 10}) == {"accepted": False}
+        assert (await plugin.pull("w2", timeout=0))["items"] == []  # the stale queue entry is skipped
+        status = plugin.job_status("j")
+        assert status["complete"] and status["rows_done"] == 10
+        await plugin.close()
+
+    run(go())
+
+
+def test_long_poll_wakes_when_work_arrives():
+    async def go():
+        plugin = await started()
+        start = time.monotonic()
+        waiting = asyncio.create_task(plugin.pull("w1", timeout=5))
+        await asyncio.sleep(0.1)
+        plugin.submit("j", items("m", 1), SPECS)
+        reply = await waiting
+        assert reply["items"] and time.monotonic() - start < 2
+        empty = await plugin.pull("w2", timeout=0.2)
+        assert empty == {"items": []}
+        await plugin.close()
+
+    run(go())
+
+
+def test_online_before_batch_and_resident_models_first():
+    async def go():
+        plugin = await started()
+        plugin.submit("batch-m", items("m", 2), SPECS)
+        plugin.submit("batch-n", items("n", 2), SPECS)
+        # resident model first, even though m's backlog is older
+        assert (await plugin.pull("w1", resident=["n"], timeout=0))["items"][0]["model"] == "n"
+        plugin.submit("online", items("n", 3, rows=1), {**SPECS, "priority": ONLINE})
+        reply = await plugin.pull("w2", resident=["m"], room=1, timeout=0)
+        # online items come first, every waiting one in one pull
+        assert [m["model"] for m in reply["items"]] == ["n", "n", "n"]
+        await plugin.close()
+
+    run(go())
+
+
+def test_duplicate_job_rejected():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 1), SPECS)
+        with pytest.raises(ValueError, match="already exists"):
+            plugin.submit("j", items("m", 1), SPECS)
+        await plugin.close()
+
+    run(go())
