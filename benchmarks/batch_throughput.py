@@ -1,0 +1,730 @@
+#!/usr/bin/env python
+"""Batch throughput: `shoal embed` against a direct sentence-transformers loop.
+
+Same corpus, same model, same cores, one run. Measures side by side:
+
+* direct: ``SentenceTransformer(path, device="cpu").encode(texts, batch_size=B)``
+  for each B (model loaded once before timing, a warm-up encode first);
+* ours: ``shoal embed INPUT OUT --model MODEL`` as a subprocess (embedded
+  cluster), once per profile (the default profile, plus every ``--profile``),
+  each repeated ``--ours-runs`` times; the best run counts;
+* optionally (``--sweep-budgets``) our worker's compute alone, in this process:
+  ``workers.embedder.SentenceEmbedder`` item by item, for several token budgets.
+
+Runs are interleaved (direct B0, ours round 1, direct B1.., ours round 2, ...)
+so neither side always goes first. For every run the script records how much
+of the machine other processes used meanwhile, because timings on a shared
+machine are noisy.
+
+    .venv/bin/python benchmarks/batch_throughput.py            # `make bench`
+    .venv/bin/python benchmarks/batch_throughput.py --limit 1000 --ours-runs 1
+    .venv/bin/python benchmarks/batch_throughput.py --profile my-tuned.yaml --sweep-budgets
+
+Prints Markdown tables and writes everything as JSON to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import glob
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as in the workers
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from configs import load_catalog, load_profile  # noqa: E402
+from pipeline.batch_jobs import EmbedRequest, plan_embed  # noqa: E402
+from workers.parquet_slices import read_slice, text_column  # noqa: E402
+from workers.token_batching import padding_fraction, plan_batches  # noqa: E402
+
+DEFAULT_INPUT = str(ROOT / "datasets" / "demo" / "*.parquet")
+DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "batch_throughput.json")
+TARGET_RATIO = 1.10
+WARMUP_TEXTS = 64
+
+
+# -- measuring a run on a possibly shared machine ------------------------------
+
+
+def _proc_stat() -> tuple[float, float, float] | None:
+    """(busy, steal, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq = fields[:7]
+    steal = fields[7] if len(fields) > 7 else 0.0
+    busy = user + nice + system + irq + softirq + steal
+    return busy / tick, steal / tick, (busy + idle + iowait) / tick
+
+
+class Meter:
+    """Wall time, our own CPU time, and what the rest of the machine did meanwhile.
+
+    `own` is this process's CPU (direct runs, in-process sweeps) or its reaped
+    children's (a `shoal embed` subprocess and the worker processes it starts).
+    """
+
+    def __init__(self, own: str) -> None:
+        self.own = own
+
+    def _own_cpu(self) -> float:
+        if self.own == "children":
+            r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        else:
+            r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def __enter__(self) -> "Meter":
+        self.load_before = os.getloadavg()[0]
+        self._stat = _proc_stat()
+        self._cpu = self._own_cpu()
+        self._t = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._t
+        self.own_cpu = self._own_cpu() - self._cpu
+        self.load_after = os.getloadavg()[0]
+        stat = _proc_stat()
+        self.other_cpu_share = None
+        self.steal_share = None
+        if stat and self._stat:
+            busy = stat[0] - self._stat[0]
+            steal = stat[1] - self._stat[1]
+            capacity = max(stat[2] - self._stat[2], 1e-9)
+            # CPU the machine spent on something other than this run, as a share of all cores
+            self.other_cpu_share = max(0.0, busy - self.own_cpu) / capacity
+            self.steal_share = steal / capacity
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "wall_s": round(self.seconds, 3),
+            "own_cpu_s": round(self.own_cpu, 2),
+            "own_cores_used": round(self.own_cpu / self.seconds, 2) if self.seconds else None,
+            "other_cpu_share": None if self.other_cpu_share is None else round(self.other_cpu_share, 3),
+            "steal_share": None if self.steal_share is None else round(self.steal_share, 3),
+            "loadavg_1m_before": round(self.load_before, 2),
+            "loadavg_1m_after": round(self.load_after, 2),
+        }
+
+
+# -- the corpus ----------------------------------------------------------------
+
+
+def expand_input(value: str) -> str:
+    """Relative local paths are taken from the current directory, made absolute."""
+    if "://" in value:
+        return value
+    return str(Path(value).expanduser().resolve()) if not glob.has_magic(value) else os.path.abspath(value)
+
+
+def read_items(input_url: str, text_col: str, profile) -> tuple[list, list[dict]]:
+    """The plan `shoal embed` would make, and each item's texts, read as a worker reads them."""
+    request = EmbedRequest(input=input_url, output="/unused", model="-", text_column=text_col, id_column=None)
+    plan = plan_embed(request, profile)
+    bad = [s for s in plan.shards if s.error]
+    if bad:
+        raise SystemExit(f"unreadable input shard {bad[0].url}: {bad[0].error}")
+    items = []
+    for item in plan.items:
+        payload = item["payload"]
+        table = read_slice(payload, [text_col])
+        texts = text_column(table, text_col, payload["input"])
+        items.append({"input": payload["input"], "row_range": payload["row_range"], "texts": texts})
+    return plan.shards, items
+
+
+def write_limited(items: list[dict], text_col: str, limit: int, folder: Path) -> str:
+    """The first `limit` rows as Parquet files of 1,000 rows (row groups of 500), like the demo."""
+    texts = [t for item in items for t in item["texts"]][:limit]
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, start in enumerate(range(0, len(texts), 1000)):
+        chunk = texts[start : start + 1000]
+        ids = [f"row-{start + i + 1:07d}" for i in range(len(chunk))]
+        table = pa.table({"id": pa.array(ids), text_col: pa.array(chunk, pa.string())})
+        pq.write_table(table, folder / f"part-{index:04d}.parquet", row_group_size=500)
+    return str(folder / "*.parquet")
+
+
+def has_column(shards, name: str) -> bool:
+    from workers.storage import open_fs
+
+    fs, path = open_fs(shards[0].url, None)
+    with fs.open(path, "rb") as f:
+        return name in pq.ParquetFile(f).schema_arrow.names
+
+
+# -- padding -------------------------------------------------------------------
+
+
+def st_batches(model, texts: list[str], batch_size: int) -> list[np.ndarray]:
+    """The batches SentenceTransformer.encode forms: longest characters first (its own sort)."""
+    order = np.argsort([-model._input_length(t) for t in texts]) if hasattr(model, "_input_length") else np.argsort(
+        [-len(t) for t in texts]
+    )
+    can_flatten = getattr(model, "_can_flatten_inputs", lambda: False)()
+    if can_flatten:  # flattened (padding-free) attention: ST interleaves long and short
+        order = model._interleave_sorted_indices(order)
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def computed_tokens(lengths: np.ndarray, batches: list[np.ndarray]) -> int:
+    return int(sum(len(b) * int(lengths[b].max()) for b in batches if len(b)))
+
+
+def ours_padding(items: list[dict], item_lengths: list[np.ndarray], budget: int, max_batch: int) -> tuple[float, int]:
+    """Padding of our worker's batches: plan_batches per work item, as SentenceEmbedder.embed does."""
+    computed = 0
+    real = 0
+    for lengths in item_lengths:
+        batches = plan_batches(lengths, budget, max_batch)
+        computed += computed_tokens(lengths, batches)
+        real += int(lengths.sum())
+    return (computed - real) / computed if computed else 0.0, computed
+
+
+# -- the runs ------------------------------------------------------------------
+
+
+SUMMARY_ROW = re.compile(r"^[│|┃]\s*(?P<key>[^│|┃]+?)\s*[│|┃]\s*(?P<value>[^│|┃]*?)\s*[│|┃]\s*$")
+
+
+def parse_summary(stderr: str) -> dict[str, str]:
+    rows = {}
+    for line in stderr.splitlines():
+        m = SUMMARY_ROW.match(line.strip())
+        if m:
+            rows[m.group("key")] = m.group("value")
+    return rows
+
+
+def number(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def shoal_command() -> list[str]:
+    exe = Path(sys.executable).parent / "shoal"
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("shoal")
+    if found:
+        return [found]
+    raise SystemExit("no `shoal` command next to this Python or on PATH; run `make install`")
+
+
+def check_output(out_dir: Path, keys: list[tuple[str, int]], reference: np.ndarray | None) -> dict[str, Any]:
+    """Row counts from the manifest and from the parts themselves; vectors against the direct run."""
+    manifest = json.loads((out_dir / "_manifest.json").read_text())
+    rows_in_parts = 0
+    position = {key: i for i, key in enumerate(keys)}
+    min_cos = None
+    max_abs = None
+    for part in manifest["parts"]:
+        table = pq.read_table(out_dir / part["name"], columns=["embedding"])
+        rows_in_parts += table.num_rows
+        if reference is None:
+            continue
+        column = table.column("embedding").combine_chunks()
+        vectors = column.values.to_numpy(zero_copy_only=False).reshape(table.num_rows, -1)
+        valid = ~np.asarray(column.is_null().to_numpy(zero_copy_only=False))
+        start = part["row_range"][0]
+        idx = [position.get((part["input"], start + i)) for i in range(table.num_rows)]
+        pairs = [(i, j) for i, j in enumerate(idx) if j is not None and valid[i]]
+        if not pairs:
+            continue
+        ours = vectors[[i for i, _ in pairs]]
+        ref = reference[[j for _, j in pairs]]
+        cos = (ours * ref).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(ref, axis=1) + 1e-12)
+        min_cos = float(cos.min()) if min_cos is None else min(min_cos, float(cos.min()))
+        diff = float(np.abs(ours - ref).max())
+        max_abs = diff if max_abs is None else max(max_abs, diff)
+    return {
+        "manifest_rows": manifest["rows"],
+        "manifest_complete": manifest["complete"],
+        "part_rows": rows_in_parts,
+        "min_cosine_vs_direct": None if min_cos is None else round(min_cos, 6),
+        "max_abs_diff_vs_direct": max_abs,
+    }
+
+
+def run_ours(
+    variant: dict[str, Any],
+    input_url: str,
+    model: str,
+    text_col: str,
+    id_col: str,
+    expected_rows: int,
+    keys: list[tuple[str, int]],
+    reference: np.ndarray | None,
+    scratch: Path,
+    run_index: int,
+    timeout: float,
+    cold_load: float | None = None,
+) -> dict[str, Any]:
+    out_dir = scratch / f"ours-{variant['slug']}-{run_index}"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    cmd = [*shoal_command(), "embed", input_url, f"{out_dir}/", "--model", model, "--text-column", text_col, "--id-column", id_col]
+    if variant["profile"]:
+        cmd += ["--profile", variant["profile"]]
+    env = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with Meter("children") as meter:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    summary = parse_summary(proc.stderr)
+    record: dict[str, Any] = {
+        "kind": "ours",
+        "variant": variant["name"],
+        "run": run_index,
+        "command": " ".join(cmd),
+        "exit_code": proc.returncode,
+        **meter.record(),
+        "job_seconds": number(summary.get("seconds")),
+        "job_rows_per_s": number(summary.get("rows/s")),
+        "job_rows": number(summary.get("rows")),
+    }
+    record["end_to_end_rows_per_s"] = round(expected_rows / meter.seconds, 2)
+    if record["job_seconds"] is not None:
+        record["outside_job_s"] = round(meter.seconds - record["job_seconds"], 2)
+        if cold_load and record["job_seconds"] > cold_load:
+            # the job clock starts at submit; the worker loads the model on its first item
+            record["job_rows_per_s_excl_load_est"] = round(expected_rows / (record["job_seconds"] - cold_load), 2)
+    if proc.returncode != 0 or record["job_rows_per_s"] is None:
+        record["stderr_tail"] = proc.stderr[-3000:]
+        record["ok"] = False
+        return record
+    try:
+        record["check"] = check_output(out_dir, keys, reference)
+    except Exception as exc:  # a broken output is a result to report, not a crash
+        record["check"] = {"error": f"{type(exc).__name__}: {exc}"}
+    check = record["check"]
+    record["ok"] = (
+        check.get("manifest_rows") == expected_rows
+        and check.get("part_rows") == expected_rows
+        and (check.get("min_cosine_vs_direct") is None or check["min_cosine_vs_direct"] > 0.999)
+    )
+    return record
+
+
+def run_direct(model, texts: list[str], batch_size: int, normalize: bool) -> tuple[dict[str, Any], np.ndarray]:
+    with Meter("self") as meter:
+        vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=normalize, show_progress_bar=False)
+    record = {
+        "kind": "direct",
+        "variant": f"direct B={batch_size}",
+        "batch_size": batch_size,
+        **meter.record(),
+        "rows_per_s": round(len(texts) / meter.seconds, 2),
+        "ok": vectors.shape[0] == len(texts),
+    }
+    return record, np.asarray(vectors, dtype=np.float32)
+
+
+def cold_load_seconds(path: str) -> float | None:
+    """What a fresh worker pays on its first item: import sentence-transformers and load the model."""
+    code = (
+        "import time; t = time.perf_counter()\n"
+        "import torch\n"
+        "from sentence_transformers import SentenceTransformer\n"
+        f"m = SentenceTransformer({path!r}, device='cpu', local_files_only=True)\n"
+        "print(time.perf_counter() - t)\n"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        return round(float(proc.stdout.strip().splitlines()[-1]), 2)
+    except Exception:
+        return None
+
+
+def sweep_budgets(spec, items: list[dict], item_lengths: list[np.ndarray], budgets: list[int]) -> list[dict[str, Any]]:
+    """Our worker's compute alone, in this process: SentenceEmbedder.embed item by item."""
+    from workers.devices import DevicePlan
+    from workers.embedder import SentenceEmbedder
+
+    plan = DevicePlan("cpu", "cpu", "float32", 10**10)
+    rows = []
+    for budget in budgets:
+        tuned = spec.model_copy(update={"token_budget": {**spec.token_budget, "cpu": budget}})
+        embedder = SentenceEmbedder(tuned, plan)
+        embedder.embed([t for t in items[0]["texts"][:WARMUP_TEXTS] if t is not None])
+        batches = 0
+        with Meter("self") as meter:
+            for item in items:
+                texts = [t for t in item["texts"] if t is not None]
+                embedder.embed(texts)
+        for lengths in item_lengths:
+            batches += len(plan_batches(lengths, budget, spec.max_batch_size))
+        padding, computed = ours_padding(items, item_lengths, budget, spec.max_batch_size)
+        n = sum(len(lengths) for lengths in item_lengths)
+        rows.append(
+            {
+                "token_budget": budget,
+                "rows_per_s": round(n / meter.seconds, 2),
+                "padding": round(padding, 4),
+                "computed_tokens": computed,
+                "batches": batches,
+                **meter.record(),
+            }
+        )
+        embedder.close()
+        print(f"  sweep budget {budget}: {rows[-1]['rows_per_s']:.1f} rows/s, padding {padding:.1%}", file=sys.stderr)
+    return rows
+
+
+# -- reporting -----------------------------------------------------------------
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    c = results["conditions"]
+    lines = []
+    lines.append(
+        f"Corpus: {c['corpus_rows']:,} rows ({c['input']}), tokens/text mean {c['tokens_mean']:.1f}, "
+        f"p95 {c['tokens_p95']:.0f}, max {c['tokens_max']} (max_seq_length {c['max_seq_length']}, "
+        f"{c['truncated']} truncated). Model {c['model']} ({c['model_name']}). "
+        f"{c['cpu_count']} CPUs ({c['cpu_model']}), torch {c['torch']} with {c['torch_threads']} threads, "
+        f"sentence-transformers {c['sentence_transformers']}, dask.distributed {c['distributed']}. {c['date']}."
+    )
+    lines.append("")
+    lines.append("| variant | rows/s | padding % | ratio vs best direct | wall s | notes |")
+    lines.append("|---|---:|---:|---:|---:|---|")
+    for row in results["table"]:
+        lines.append(
+            f"| {row['variant']} | {row['rows_per_s']:.1f} | {pct(row['padding'])} | "
+            f"{row['ratio']:.2f} | {row['wall_s']:.1f} | {row['notes']} |"
+        )
+    lines.append("")
+    lines.append(results["verdict"])
+    lines.append("")
+    lines.append("Every run, in the order it ran (other CPU: share of all cores busy with other processes meanwhile):")
+    lines.append("")
+    lines.append("| # | run | wall s | rows/s | own cores used | other CPU | load 1m before→after | ok |")
+    lines.append("|---:|---|---:|---:|---:|---:|---|---|")
+    for i, r in enumerate(results["runs"], 1):
+        rate = r.get("rows_per_s") or r.get("job_rows_per_s")
+        label = r["variant"] if r["kind"] == "direct" else f"{r['variant']} #{r['run']} (in-job)"
+        lines.append(
+            f"| {i} | {label} | {r['wall_s']:.1f} | {rate if rate is not None else '-'} | "
+            f"{r['own_cores_used']} | {pct(r['other_cpu_share'])} | "
+            f"{r['loadavg_1m_before']}→{r['loadavg_1m_after']} | {'yes' if r['ok'] else 'NO'} |"
+        )
+    if results.get("sweep"):
+        lines.append("")
+        lines.append("Token-budget sweep (our worker's SentenceEmbedder in-process, item by item, no Dask):")
+        lines.append("")
+        lines.append("| token_budget | rows/s | padding % | computed tokens | batches | other CPU |")
+        lines.append("|---:|---:|---:|---:|---:|---:|")
+        for s in results["sweep"]:
+            lines.append(
+                f"| {s['token_budget']} | {s['rows_per_s']:.1f} | {pct(s['padding'])} | "
+                f"{s['computed_tokens']:,} | {s['batches']} | {pct(s['other_cpu_share'])} |"
+            )
+    return "\n".join(lines)
+
+
+# -- main ----------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", default=DEFAULT_INPUT, help="Parquet file, directory or glob (default: the demo corpus)")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--limit", type=int, default=None, help="only the first N rows (copied to a scratch folder)")
+    p.add_argument("--model", default="minilm", help="catalog name (default: minilm)")
+    p.add_argument("--batch-sizes", default="16,32,64", help="direct encode batch sizes (default: 16,32,64)")
+    p.add_argument(
+        "--profile", action="append", default=[], help="extra profile (name or YAML path) to run ours with; repeatable"
+    )
+    p.add_argument("--ours-runs", type=int, default=2, help="runs of each ours variant; the best counts (default: 2)")
+    p.add_argument("--sweep-budgets", action="store_true", help="also time SentenceEmbedder in-process per token budget")
+    p.add_argument("--budgets", default="2048,4096,8192,16384", help="token budgets for --sweep-budgets")
+    p.add_argument("--json", default=DEFAULT_JSON, help=f"where to write the results (default: {DEFAULT_JSON})")
+    p.add_argument("--markdown", default=None, help="also write the Markdown tables to this file")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per `shoal embed` run")
+    p.add_argument("--keep-output", action="store_true", help="keep ours' output folders (printed at the end)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import sentence_transformers
+    import distributed
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    budgets = [int(x) for x in args.budgets.split(",") if x.strip()]
+    scratch = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+
+    catalog = load_catalog()
+    spec = catalog.get(args.model)
+    path = spec.resolve_path()
+    default_profile = load_profile(None)
+
+    # The corpus, exactly as `shoal embed` plans and reads it.
+    input_url = expand_input(args.input)
+    shards, items = read_items(input_url, args.text_column, default_profile)
+    if args.limit is not None:
+        input_url = write_limited(items, args.text_column, args.limit, scratch / "corpus")
+        shards, items = read_items(input_url, args.text_column, default_profile)
+    id_col = "id" if has_column(shards, "id") else ""
+    keys = [(it["input"], it["row_range"][0] + i) for it in items for i, t in enumerate(it["texts"]) if t is not None]
+    texts = [t for it in items for t in it["texts"] if t is not None]
+    rows = sum(len(it["texts"]) for it in items)
+    log(f"corpus: {rows:,} rows ({len(texts):,} non-null) from {len(shards)} file(s), {len(items)} work item(s)")
+
+    # The model, loaded once; token lengths as both sides' tokenizer sees them.
+    t = time.perf_counter()
+    model = SentenceTransformer(path, device="cpu", local_files_only=True)
+    warm_load = time.perf_counter() - t
+    model.max_seq_length = spec.max_seq_length  # what the worker sets; equal to the model's own for minilm
+    model.encode(texts[:WARMUP_TEXTS], batch_size=32, show_progress_bar=False)
+    limit = spec.max_seq_length
+    raw = np.fromiter(
+        (len(x) for x in model.tokenizer(texts, truncation=True, max_length=limit + 1)["input_ids"]), dtype=np.int64
+    )
+    lengths = np.minimum(raw, limit)
+    offsets = np.cumsum([0] + [sum(t is not None for t in it["texts"]) for it in items])
+    item_lengths = [lengths[offsets[i] : offsets[i + 1]] for i in range(len(items))]
+    cold_load = cold_load_seconds(path)
+
+    conditions = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host_platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": _cpu_model(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "sentence_transformers": sentence_transformers.__version__,
+        "distributed": distributed.__version__,
+        "model": args.model,
+        "model_name": spec.source or Path(path).name,
+        "model_path": path,
+        "max_seq_length": limit,
+        "catalog_token_budget_cpu": spec.budget_for("cpu"),
+        "max_batch_size": spec.max_batch_size,
+        "input": args.input if args.limit is None else f"{args.input} (first {args.limit} rows)",
+        "corpus_rows": rows,
+        "corpus_texts": len(texts),
+        "work_items": len(items),
+        "tokens_total": int(lengths.sum()),
+        "tokens_mean": float(lengths.mean()),
+        "tokens_p95": float(np.percentile(lengths, 95)),
+        "tokens_max": int(lengths.max()),
+        "truncated": int((raw > limit).sum()),
+        "model_load_warm_s": round(warm_load, 2),
+        "model_load_cold_s": cold_load,
+        "git": _git_state(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+    variants = [{"name": f"ours {default_profile.name} (default)", "slug": "default", "profile": None}]
+    for i, prof in enumerate(args.profile):
+        loaded = load_profile(prof if not prof.endswith((".yaml", ".yml")) else str(Path(prof).resolve()))
+        variants.append(
+            {
+                "name": f"ours {loaded.name} ({prof})",
+                "slug": f"p{i + 1}",
+                "profile": prof if not prof.endswith((".yaml", ".yml")) else str(Path(prof).resolve()),
+            }
+        )
+    for v in variants:
+        prof = load_profile(v["profile"])
+        tuned = prof.tuned(spec) if hasattr(prof, "tuned") else spec
+        v["token_budget"] = tuned.budget_for("cpu")
+        if prof.rows_per_item == default_profile.rows_per_item:
+            v["padding"], v["computed_tokens"] = ours_padding(items, item_lengths, v["token_budget"], spec.max_batch_size)
+        else:  # another item size: the plan, hence the batches, differ
+            _, p_items = read_items(input_url, args.text_column, prof)
+            p_offsets = np.cumsum([0] + [sum(t is not None for t in it["texts"]) for it in p_items])
+            p_lengths = [lengths[p_offsets[i] : p_offsets[i + 1]] for i in range(len(p_items))]
+            v["padding"], v["computed_tokens"] = ours_padding(p_items, p_lengths, v["token_budget"], spec.max_batch_size)
+
+    direct_padding = {}
+    for b in batch_sizes:
+        batches = st_batches(model, texts, b)
+        direct_padding[b] = (padding_fraction(lengths, batches), computed_tokens(lengths, batches))
+
+    # Interleaved schedule: direct B0, ours round 1, the other directs, ours rounds 2..
+    schedule: list[tuple[str, Any]] = [("direct", batch_sizes[0])]
+    for r in range(max(args.ours_runs, 1)):
+        if r < args.ours_runs:
+            schedule += [("ours", (v, r + 1)) for v in variants]
+        if r == 0:
+            schedule += [("direct", b) for b in batch_sizes[1:]]
+    log("schedule: " + ", ".join(f"direct B={x}" if k == "direct" else f"{x[0]['slug']}#{x[1]}" for k, x in schedule))
+
+    runs: list[dict[str, Any]] = []
+    reference: np.ndarray | None = None
+    for kind, what in schedule:
+        if kind == "direct":
+            record, vectors = run_direct(model, texts, what, spec.normalize)
+            record["padding"], record["computed_tokens"] = direct_padding[what]
+            if reference is None:
+                reference = vectors
+            log(f"  direct B={what}: {record['rows_per_s']:.1f} rows/s in {record['wall_s']:.1f} s "
+                f"(other CPU {pct(record['other_cpu_share'])})")
+        else:
+            variant, run_index = what
+            record = run_ours(
+                variant, input_url, args.model, args.text_column, id_col, rows, keys, reference,
+                scratch, run_index, args.timeout, cold_load,
+            )
+            record["padding"] = variant["padding"]
+            record["token_budget"] = variant["token_budget"]
+            log(f"  {variant['name']} #{run_index}: in-job {record['job_rows_per_s']} rows/s, command "
+                f"{record['wall_s']:.1f} s, ok={record['ok']} (other CPU {pct(record['other_cpu_share'])})")
+            if not record["ok"] and "stderr_tail" in record:
+                log(record["stderr_tail"])
+        runs.append(record)
+
+    sweep = sweep_budgets(spec, items, item_lengths, budgets) if args.sweep_budgets else []
+
+    # The summary table: every direct batch size; for each ours variant its best run.
+    directs = [r for r in runs if r["kind"] == "direct"]
+    best_direct = max(r["rows_per_s"] for r in directs)
+    best_direct_name = max(directs, key=lambda r: r["rows_per_s"])["variant"]
+    table = []
+    for r in directs:
+        table.append(
+            {
+                "variant": r["variant"],
+                "rows_per_s": r["rows_per_s"],
+                "padding": r["padding"],
+                "ratio": r["rows_per_s"] / best_direct,
+                "wall_s": r["wall_s"],
+                "notes": "encode only; model already loaded",
+            }
+        )
+    verdict_ratio = None
+    for v in variants:
+        mine = [r for r in runs if r["kind"] == "ours" and r["variant"] == v["name"] and r["ok"]]
+        if not mine:
+            table.append({"variant": v["name"], "rows_per_s": 0.0, "padding": v["padding"], "ratio": 0.0,
+                          "wall_s": 0.0, "notes": "FAILED: see runs"})
+            continue
+        best = max(mine, key=lambda r: r["job_rows_per_s"])
+        e2e = max(mine, key=lambda r: r["end_to_end_rows_per_s"])
+        job_rate = best["job_rows_per_s"]
+        if verdict_ratio is None:
+            verdict_ratio = job_rate / best_direct
+        table.append(
+            {
+                "variant": f"{v['name']}: in-job",
+                "rows_per_s": job_rate,
+                "padding": v["padding"],
+                "ratio": job_rate / best_direct,
+                "wall_s": best["job_seconds"],
+                "notes": f"best of {len(mine)}; job clock, incl. the worker's model load "
+                f"(~{best.get('job_rows_per_s_excl_load_est', '?')} rows/s without it); token_budget {v['token_budget']}",
+            }
+        )
+        table.append(
+            {
+                "variant": f"{v['name']}: whole command",
+                "rows_per_s": e2e["end_to_end_rows_per_s"],
+                "padding": v["padding"],
+                "ratio": e2e["end_to_end_rows_per_s"] / best_direct,
+                "wall_s": e2e["wall_s"],
+                "notes": f"best of {len(mine)}; incl. {e2e.get('outside_job_s', '?')} s outside the job (start, stop)",
+            }
+        )
+    if verdict_ratio is None:
+        verdict = "Verdict: ours failed; no ratio."
+    else:
+        verdict = (
+            f"Verdict: ours (default profile, in-job) / best direct ({best_direct_name}) = {verdict_ratio:.2f}; "
+            f"target >= {TARGET_RATIO:.2f}: {'MET' if verdict_ratio >= TARGET_RATIO else 'NOT MET'}."
+        )
+    others = [r["other_cpu_share"] for r in runs + sweep if r.get("other_cpu_share") is not None]
+    if others and max(others) > 0.10:
+        verdict += (
+            f" Note: other processes used up to {max(others):.0%} of the machine during some runs "
+            "(shared machine); compare runs with low 'other CPU'."
+        )
+
+    results = {
+        "conditions": conditions,
+        "schedule": "direct B=%d, each ours variant (run 1), direct %s, each ours variant (runs 2..%d); "
+        "best ours run counts" % (batch_sizes[0], ", ".join(str(b) for b in batch_sizes[1:]) or "-", args.ours_runs),
+        "variants": variants,
+        "runs": runs,
+        "sweep": sweep,
+        "table": table,
+        "best_direct_rows_per_s": best_direct,
+        "ratio_ours_in_job_vs_best_direct": verdict_ratio,
+        "target_ratio": TARGET_RATIO,
+        "verdict": verdict,
+    }
+    text = markdown(results)
+    results["markdown"] = text
+    json_path = Path(args.json)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=1, default=float) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    print(text)
+    log(f"results: {json_path}")
+    if args.keep_output:
+        log(f"outputs kept under {scratch}")
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
+    ok = all(r["ok"] for r in runs)
+    return 0 if ok else 1
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _git_state() -> str | None:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+        return f"{head}{' (modified tracked files)' if dirty else ''}" if head else None
+    except OSError:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
