@@ -11,7 +11,8 @@ export TOKENIZERS_PARALLELISM := false
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	# torch first, pinned, so the CPU wheel is taken and nothing pulls a CUDA build
+	# torch first and pinned, so nothing later pulls another build; on this kind of
+	# machine pip's configured local wheel directory supplies the CPU wheel
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[test]'
 	touch $@

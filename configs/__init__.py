@@ -157,8 +157,12 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
     for path in paths:
         entries = _read_yaml(path).get("models") or {}
         for name, entry in entries.items():
+            entry = dict(entry or {})
+            source = str(entry.get("source", ""))
+            if source and not source.startswith("package:") and not Path(source).expanduser().is_absolute():
+                entry["source"] = str((path.parent / source).resolve())  # relative to the catalog file
             try:
-                models[name] = ModelSpec(**{"name": name, **(entry or {})}).model_dump()
+                models[name] = ModelSpec(**{"name": name, **entry}).model_dump()
             except ValidationError as exc:
                 raise _explain(path, exc) from None
             except TypeError as exc:

@@ -9,12 +9,12 @@ from typing import Any
 from distributed import Client
 from rich.console import Console
 
-from configs import Catalog, Profile
+from configs import Catalog, ConfigError, Profile
 
 from .fingerprints import model_fingerprint
 from .follower import follow, summarize
 from .manifest import build_manifest, write_manifest
-from .planner import Plan, list_shards, plan_items, read_footers
+from .planner import Plan, check_columns, list_shards, plan_items, read_footers
 
 
 @dataclass
@@ -43,11 +43,11 @@ class JobOutcome:
 def plan_embed(request: EmbedRequest, profile: Profile) -> Plan:
     shards = list_shards(request.input, request.storage_options)
     read_footers(shards, request.storage_options)
+    check_columns(shards, [request.text_column, *filter(None, [request.id_column]), *request.keep_columns])
     payload = {
         "text_column": request.text_column,
         "id_column": request.id_column,
         "keep_columns": request.keep_columns,
-        "storage_options": request.storage_options,
     }
     items = plan_items(shards, request.output, profile.rows_per_item, request.model, "embed", payload)
     return Plan(shards, items)
@@ -57,6 +57,8 @@ def run_embed(
     client: Client, request: EmbedRequest, profile: Profile, catalog: Catalog, console: Console
 ) -> JobOutcome:
     spec = profile.tuned(catalog.get(request.model))
+    if spec.kind != "embedder":
+        raise ConfigError(f"model {spec.name!r} is a {spec.kind}, not an embedder")
     fingerprint = model_fingerprint(spec)
     plan = plan_embed(request, profile)
     job = f"embed-{uuid.uuid4().hex[:12]}"
@@ -68,6 +70,8 @@ def run_embed(
             "lease_seconds": profile.lease_seconds,
             "max_attempts": profile.max_attempts,
             "models": {request.model: spec.model_dump()},
+            "context": {"storage_options": request.storage_options},
+            "client": client.id,
         },
     )
     try:

@@ -65,7 +65,11 @@ def check_plugin(client: Client) -> None:
 @contextmanager
 def connect(scheduler: str | None, profile: Profile, catalog: str | None = None) -> Iterator[Client]:
     if scheduler:
-        with Client(scheduler, timeout="30s") as client:
+        try:
+            client = Client(scheduler, timeout="20s")
+        except (OSError, TimeoutError) as exc:
+            raise ClusterError(f"cannot reach the scheduler at {scheduler}: {exc}") from exc
+        with client:
             check_plugin(client)
             yield client
         return

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 POLL_SECONDS = 0.5
+NO_WORKER_WARNING_SECONDS = 30
 
 
 def job_status(client: Client, job: str, results: bool = False) -> dict[str, Any]:
@@ -31,9 +32,16 @@ def follow(client: Client, job: str, console: Console, label: str) -> dict[str, 
     with Progress(*columns, console=console, transient=False) as progress:
         status = job_status(client, job)
         task = progress.add_task(label, total=max(status["rows_total"], 1), rate=0.0, failed="")
+        warned = False
         while not status["complete"]:
             time.sleep(POLL_SECONDS)
             status = job_status(client, job)
+            if not warned and status["elapsed"] > NO_WORKER_WARNING_SECONDS and not _pulling_workers(client):
+                progress.console.print(
+                    "[yellow]warning:[/yellow] no Shoal worker has asked for work; were the "
+                    "workers started with `--preload workers`?"
+                )
+                warned = True
             rate = status["rows_done"] / status["elapsed"] if status["elapsed"] else 0.0
             failed = f"[red]{status['failed']} failed parts" if status["failed"] else ""
             progress.update(task, completed=status["rows_done"], rate=rate, failed=failed)
@@ -41,6 +49,10 @@ def follow(client: Client, job: str, console: Console, label: str) -> dict[str, 
         rate = final["rows_done"] / final["elapsed"] if final["elapsed"] else 0.0
         progress.update(task, completed=final["rows_done"], total=max(final["rows_total"], final["rows_done"], 1), rate=rate)
     return final
+
+
+def _pulling_workers(client: Client) -> dict[str, Any]:
+    return client.sync(client.scheduler.shoal_overview)["workers"]
 
 
 def summarize(status: dict[str, Any], console: Console, output: str) -> None:

@@ -35,6 +35,7 @@ class Shard:
     size: int
     version: str
     row_groups: list[int] = field(default_factory=list)
+    columns: list[str] = field(default_factory=list)
     error: str | None = None
 
     @property
@@ -54,6 +55,15 @@ class Plan:
 
 def list_shards(input_url: str, storage_options: dict[str, Any] | None = None) -> list[Shard]:
     """Every Parquet file INPUT names, in a stable order, with size and version."""
+    try:
+        return _list_shards(input_url, storage_options)
+    except PlanError:
+        raise
+    except Exception as exc:  # credentials, endpoint, permissions: say which input
+        raise PlanError(f"cannot list input {input_url!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _list_shards(input_url: str, storage_options: dict[str, Any] | None) -> list[Shard]:
     fs, path = open_fs(input_url, storage_options)
     if any(ch in path for ch in GLOB_CHARS):
         # Hidden names are temporary files (ours among them), never input.
@@ -93,13 +103,31 @@ def read_footers(shards: list[Shard], storage_options: dict[str, Any] | None = N
         fs, path = open_fs(shard.url, storage_options)
         try:
             with fs.open(path, "rb") as f:
-                metadata = pq.ParquetFile(f).metadata
+                parquet = pq.ParquetFile(f)
+                metadata = parquet.metadata
+                shard.columns = parquet.schema_arrow.names
             shard.row_groups = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         except Exception as exc:  # reported per shard, never fatal to the job
             shard.error = f"{type(exc).__name__}: {exc}"
 
     with ThreadPoolExecutor(FOOTER_READERS) as pool:
         list(pool.map(read, shards))
+
+
+def check_columns(shards: list[Shard], required: list[str]) -> None:
+    """Fail before submitting when no readable shard has the columns the job needs.
+
+    Shards that lack them while others have them stay in the plan: their items
+    fail with the same message and land in dead letters; the rest of the job runs.
+    """
+    readable = [s for s in shards if s.error is None]
+    for column in required:
+        if readable and all(column not in s.columns for s in readable):
+            example = readable[0]
+            raise PlanError(
+                f"{example.url}: no column {column!r} (columns are: {', '.join(example.columns)})"
+                + (f"; and {len(readable) - 1} more shards lack it too" if len(readable) > 1 else "")
+            )
 
 
 def part_name(shard_url: str, start: int, end: int) -> str:

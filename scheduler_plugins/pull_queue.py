@@ -79,6 +79,9 @@ class ShoalScheduler(SchedulerPlugin):
     def submit(self, job: str, items: list[dict[str, Any]], settings: dict[str, Any] | None = None) -> dict[str, Any]:
         if job in self.jobs:
             raise ValueError(f"job {job!r} already exists")
+        unknown = {spec["model"] for spec in items} - set(self.model_specs) - set((settings or {}).get("models", {}))
+        if unknown:
+            raise ValueError(f"job {job!r}: no model spec for {sorted(unknown)}")
         settings = settings or {}
         priority = int(settings.get("priority", BATCH))
         self.model_specs.update(settings.get("models", {}))
@@ -193,6 +196,15 @@ class ShoalScheduler(SchedulerPlugin):
 
     # -- scheduler events ---------------------------------------------------
 
+    def remove_client(self, scheduler, client: str) -> None:
+        """A client that went away without releasing its jobs: drop their queued work.
+
+        Parts already written stay; a re-run of the same command picks up from them.
+        """
+        for job_id in [j for j, job in self.jobs.items() if job.client == client and not job.complete]:
+            logger.warning("client %s left; dropping its job %s", client, job_id)
+            self.job_release(job_id)
+
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str = "", **kwargs) -> None:
         """A lost worker's leased items go back to the front of their queues."""
         self.worker_models.pop(worker, None)
@@ -243,7 +255,12 @@ class ShoalScheduler(SchedulerPlugin):
             message["lease_seconds"] = self.jobs[work.job].lease_seconds
             messages.append(message)
         models = {work.model for work in items}
-        return {"items": messages, "models": {m: self.model_specs[m] for m in models}}
+        jobs = {work.job for work in items}
+        return {
+            "items": messages,
+            "models": {m: self.model_specs[m] for m in models},
+            "contexts": {j: self.jobs[j].context for j in jobs},
+        }
 
     def _unlease(self, work: WorkItem) -> None:
         if work.worker is not None:

@@ -51,6 +51,12 @@ def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], d
     id_col = payload.get("id_column")
     if id_col:
         columns[id_col] = data.table.column(id_col)
+    else:  # no id column: where each row came from identifies it
+        first = (payload.get("row_range") or [0, 0])[0]
+        columns["source_file"] = pa.DictionaryArray.from_arrays(
+            pa.array(np.zeros(rows, dtype=np.int32)), pa.array([payload["input"]])
+        )
+        columns["source_row"] = pa.array(np.arange(first, first + rows, dtype=np.int64))
     columns["embedding"] = embedding
     for name in payload.get("keep_columns", []):
         if name != id_col and name != "embedding":

@@ -37,6 +37,7 @@ class PullLoop:
         self.held: dict[str, asyncio.Task] = {}
         self.lease_seconds: dict[str, float] = {}
         self.specs: dict[str, ModelSpec] = {}
+        self.contexts: dict[str, dict[str, Any]] = {}
         self._room = asyncio.Event()
         self.items_done = 0
 
@@ -57,8 +58,10 @@ class PullLoop:
                         timeout=self.profile.pull_timeout_seconds,
                         free_bytes=self.pool.free_bytes(),
                     )
-                except (OSError, asyncio.TimeoutError) as exc:
-                    logger.warning("pull failed (%s); retrying", exc)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # scheduler gone or restarting: keep asking
+                    logger.warning("pull failed (%s: %s); retrying", type(exc).__name__, exc)
                     await asyncio.sleep(RECONNECT_SECONDS)
                     continue
                 if reply is None:  # a scheduler without the Shoal plugin (yet)
@@ -66,6 +69,7 @@ class PullLoop:
                     continue
                 for name, spec in reply.get("models", {}).items():
                     self.specs[name] = ModelSpec(**spec)
+                self.contexts.update(reply.get("contexts", {}))
                 for message in reply["items"]:
                     self.lease_seconds[message["id"]] = message["lease_seconds"]
                     self.held[message["id"]] = asyncio.create_task(self._process(message))
@@ -83,7 +87,7 @@ class PullLoop:
         try:
             operation = OPERATIONS[message["op"]]
             spec = self.specs[message["model"]]
-            payload = message["payload"]
+            payload = {**self.contexts.get(message["job"], {}), **message["payload"]}
             data = await loop.run_in_executor(self.io_executor, operation.read, payload)
             async with self.compute_lock:
                 async with self.pool.use(spec) as runtime:
@@ -104,6 +108,8 @@ class PullLoop:
         finally:
             self.held.pop(item_id, None)
             self.lease_seconds.pop(item_id, None)
+            if not any(i.startswith(f"{message['job']}/") for i in self.held):
+                self.contexts.pop(message["job"], None)  # the next pull brings it again
             self._room.set()
 
     async def _report_failure(self, item_id: str, error: str, permanent: bool) -> None:
@@ -111,7 +117,7 @@ class PullLoop:
             await self.worker.scheduler.shoal_fail(
                 worker=self.worker.address, item=item_id, error=error, permanent=permanent
             )
-        except OSError as exc:
+        except Exception as exc:
             logger.warning("could not report failure of %s (%s); its lease will expire", item_id, exc)
 
     async def _extend_leases(self) -> None:
@@ -124,8 +130,12 @@ class PullLoop:
                 reply = await self.worker.scheduler.shoal_extend(
                     worker=self.worker.address, items=list(self.held)
                 )
-            except OSError as exc:
-                logger.warning("lease extension failed (%s)", exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("lease extension failed (%s: %s)", type(exc).__name__, exc)
+                continue
+            if reply is None:
                 continue
             for item_id in reply["lost"]:
                 task = self.held.get(item_id)

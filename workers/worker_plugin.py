@@ -27,6 +27,7 @@ class ShoalWorker(WorkerPlugin):
         self.profile_name = profile
         self.pinned = list(pinned)
         self._task: asyncio.Task | None = None
+        self.compute: ThreadPoolExecutor | None = None
 
     async def setup(self, worker) -> None:
         import torch
@@ -56,4 +57,5 @@ class ShoalWorker(WorkerPlugin):
                 await self._task
             except asyncio.CancelledError:
                 pass
-        self.compute.shutdown(wait=False, cancel_futures=True)
+        if self.compute is not None:
+            self.compute.shutdown(wait=False, cancel_futures=True)
