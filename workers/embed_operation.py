@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from configs import ModelSpec
+
 from .parquet_slices import read_slice, text_column, write_part
 
 
@@ -39,8 +41,8 @@ def compute(runtime, data: EmbedInput) -> dict[str, Any]:
     return {"present": present, "vectors": vectors, "truncated": truncated}
 
 
-def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], dim: int) -> dict[str, Any]:
-    rows = data.table.num_rows
+def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+    rows, dim = data.table.num_rows, spec.dim
     flat = np.zeros((rows, dim), dtype=np.float32)
     valid = np.zeros(rows, dtype=bool)
     flat[computed["present"]] = computed["vectors"]

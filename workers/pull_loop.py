@@ -15,13 +15,12 @@ from typing import Any
 
 from configs import ModelSpec, Profile
 
-from . import embed_operation
 from .model_pool import ModelPool, ModelTooLarge
+from .operations import OPERATIONS
 from .parquet_slices import InputError
 
 logger = logging.getLogger("shoal.worker")
 
-OPERATIONS = {"embed": embed_operation}
 PERMANENT_ERRORS = (InputError, ModelTooLarge)
 RECONNECT_SECONDS = 1.0
 
@@ -95,7 +94,7 @@ class PullLoop:
                         self.compute_executor, operation.compute, runtime, data
                     )
             result = await loop.run_in_executor(
-                self.io_executor, operation.write, payload, data, computed, spec.dim
+                self.io_executor, operation.write, payload, data, computed, spec
             )
             await self.worker.scheduler.shoal_ack(worker=self.worker.address, item=item_id, result=result)
             self.items_done += 1

@@ -1,0 +1,19 @@
+"""The operations a work item may name, and the stages each one has.
+
+An operation is a module (or object) with three functions, run by the pull
+loop in this order so storage work overlaps the model:
+
+- ``read(payload) -> data``: in an I/O thread (storage reads, parsing)
+- ``compute(runtime, data) -> computed``: in the compute thread, with the
+  item's model resident
+- ``write(payload, data, computed, spec) -> result``: in an I/O thread; the
+  result dict is sent to the scheduler with the ack
+"""
+
+from __future__ import annotations
+
+from . import embed_operation
+
+OPERATIONS = {
+    "embed": embed_operation,
+}
