@@ -1,15 +1,39 @@
 """Shoal's scheduler side: load with ``dask scheduler --preload scheduler_plugins``.
 
-Runs inside the Dask scheduler process and never imports torch.
+Runs inside the Dask scheduler process and never imports torch. With
+``--shoal-gateway-port PORT`` (or the Dask config ``shoal.gateway.enabled:
+true``) it also serves the online gateway, with the catalog's models.
 """
 
 from __future__ import annotations
+
+import click
+import dask.config
+
+from configs import GatewaySettings, load_catalog, load_profile
 
 from .pull_queue import NAME, ShoalScheduler
 
 __all__ = ["ShoalScheduler", "dask_setup"]
 
 
-async def dask_setup(scheduler) -> None:
-    if NAME not in scheduler.plugins:
-        await scheduler.register_scheduler_plugin(ShoalScheduler(), name=NAME, idempotent=True)
+def gateway_settings(port: int | None, host: str | None, profile: str | None) -> GatewaySettings | None:
+    """The profile's `gateway:` section, then Dask config `shoal.gateway`, then the options; None when off."""
+    config = {str(k).replace("-", "_"): v for k, v in (dask.config.get("shoal.gateway", default=None) or {}).items()}
+    enabled = bool(config.pop("enabled", False)) or port is not None
+    if not enabled:
+        return None
+    options = {k: v for k, v in (("port", port), ("host", host)) if v is not None}
+    return GatewaySettings(**{**load_profile(profile).gateway.model_dump(), **config, **options})
+
+
+@click.command()
+@click.option("--shoal-gateway-port", type=int, default=None, help="Serve the online gateway on this port (0: any free one).")
+@click.option("--shoal-gateway-host", default=None, help="Address the gateway binds; default 127.0.0.1 (loopback only).")
+@click.option("--shoal-profile", default=None, help="Profile name or YAML path whose `gateway:` limits apply.")
+async def dask_setup(scheduler, shoal_gateway_port: int | None, shoal_gateway_host: str | None, shoal_profile: str | None) -> None:
+    if NAME in scheduler.plugins:
+        return
+    settings = gateway_settings(shoal_gateway_port, shoal_gateway_host, shoal_profile)
+    models = {n: s.model_dump() for n, s in load_catalog().models.items()} if settings else None
+    await scheduler.register_scheduler_plugin(ShoalScheduler(gateway=settings, models=models), name=NAME, idempotent=True)

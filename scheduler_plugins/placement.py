@@ -1,46 +1,117 @@
 """Which model a pulling worker should serve next.
 
-The order: online items (resident models first), then batch items of models
-already resident on the worker (oldest head first), then stealing: the model
-whose backlog most justifies loading it on this worker. Workers pull, so a
-model's work goes to whichever worker has room, not to where a router guessed.
+Workers pull, so a model's work goes to whichever worker has room, not to
+where a router guessed. A pull is answered, in order, with:
+
+1. online items, of models resident on the worker first;
+2. batch items of models resident on the worker, oldest head first;
+3. stealing: a model the worker does not hold, when its backlog is worth the
+   load: expected drain time (waiting rows over the measured rate of the
+   workers already holding it) longer than its load time on this worker
+   times `steal_factor`. A model that no worker holds is always worth it.
+
+Only models the worker may host are considered: the catalog's `requires`
+against the worker's Dask resources, and the model's size against its budget.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
 
 from .model_queues import ModelQueues
 from .work_items import BATCH, ONLINE
 
+DEFAULT_ROWS_PER_SECOND = 100.0
+DEFAULT_LOAD_SECONDS = 5.0
 
-def choose_model(
-    queues: ModelQueues,
-    resident: Iterable[str],
-    can_host: Iterable[str] | None = None,
-) -> tuple[str, int] | None:
-    """(model, priority) for the pull, or None when nothing fits this worker.
 
-    `can_host` limits stealing to models this worker may load (requirements
-    against its resources); None means any model.
-    """
-    resident = set(resident)
-    allowed = None if can_host is None else set(can_host)
-    candidates = [m for m in queues.models() if allowed is None or m in allowed or m in resident]
+@dataclass
+class WorkerView:
+    """What placement knows of one worker: reported on each pull."""
 
-    for priority in (ONLINE, BATCH):
-        heads = []
-        for model in candidates:
-            head = queues.head(model, priority)
-            if head is not None:
-                heads.append((model not in resident, head.enqueued_at, model))
-        if priority == ONLINE and heads:
-            return min(heads)[2], ONLINE
-        resident_heads = [h for h in heads if not h[0]]
-        if resident_heads:
-            return min(resident_heads)[2], priority
-        if heads:
-            # Steal: the largest waiting backlog is the load most worth paying for.
-            model = max(heads, key=lambda h: (queues.waiting_rows(h[2]), -h[1]))[2]
-            return model, priority
-    return None
+    address: str
+    resident: set[str] = field(default_factory=set)
+    resources: dict[str, float] = field(default_factory=dict)
+    budget: int | None = None
+    free_bytes: int | None = None
+    load_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class ModelStats:
+    """Measured throughput per model (rows per compute second), from acks."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, float] = defaultdict(float)
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def record(self, model: str, rows: int, seconds: float) -> None:
+        if seconds > 0:
+            self.rows[model] += rows
+            self.seconds[model] += seconds
+
+    def rows_per_second(self, model: str) -> float:
+        seconds = self.seconds.get(model, 0.0)
+        return self.rows[model] / seconds if seconds else DEFAULT_ROWS_PER_SECOND
+
+
+def can_host(spec: dict[str, Any], worker: WorkerView) -> bool:
+    for resource, amount in (spec.get("requires") or {}).items():
+        if worker.resources.get(resource, 0) < amount:
+            return False
+    return worker.budget is None or spec.get("memory_bytes", 0) <= worker.budget
+
+
+class Placement:
+    def __init__(self, steal_factor: float = 1.0) -> None:
+        self.steal_factor = steal_factor
+        self.stats = ModelStats()
+
+    def choose(
+        self,
+        queues: ModelQueues,
+        worker: WorkerView,
+        specs: dict[str, dict[str, Any]],
+        holders: dict[str, int],
+    ) -> tuple[str, int] | None:
+        """(model, priority) for this pull, or None when nothing fits the worker."""
+        hostable = [
+            m for m in queues.models() if m in worker.resident or can_host(specs.get(m, {}), worker)
+        ]
+        for priority in (ONLINE, BATCH):
+            heads = [(m, h) for m in hostable if (h := queues.head(m, priority)) is not None]
+            if not heads:
+                continue
+            resident = [(h.enqueued_at, m) for m, h in heads if m in worker.resident]
+            if resident:
+                return min(resident)[1], priority
+            if priority == ONLINE:
+                return min((h.enqueued_at, m) for m, h in heads)[1], ONLINE
+            steal = self._steal(queues, worker, specs, holders, [m for m, _ in heads])
+            if steal is not None:
+                return steal, BATCH
+        return None
+
+    def _steal(
+        self,
+        queues: ModelQueues,
+        worker: WorkerView,
+        specs: dict[str, dict[str, Any]],
+        holders: dict[str, int],
+        models: list[str],
+    ) -> str | None:
+        """Unheld models first (largest backlog), then the largest positive gain."""
+        candidates: list[tuple[int, float, str]] = []
+        for model in models:
+            waiting = queues.waiting_rows(model)
+            held_by = holders.get(model, 0)
+            if held_by == 0:
+                candidates.append((1, waiting, model))
+                continue
+            load = worker.load_seconds.get(model) or specs.get(model, {}).get("load_seconds") or DEFAULT_LOAD_SECONDS
+            drain = waiting / (self.stats.rows_per_second(model) * held_by)
+            gain = drain - self.steal_factor * load
+            if gain > 0:
+                candidates.append((0, gain, model))
+        return max(candidates)[2] if candidates else None

@@ -9,10 +9,17 @@ Routes (all declared in ``ShoalScheduler.start``):
 
 - ``shoal_submit``: register a job and enqueue its items
 - ``shoal_pull``: lease up to `room` items of one model to a worker
+- ``shoal_start``: a worker is about to compute a leased item (or learns it
+  was taken back for an idle worker)
 - ``shoal_ack`` / ``shoal_fail``: finish a leased item
 - ``shoal_extend``: extend a worker's leases; answers which it no longer holds
 - ``shoal_job_status`` / ``shoal_job_release``: follow and forget a job
 - ``shoal_overview``: queue depths and workers, for status and metrics
+- ``shoal_pull_online``: lease every waiting online request of one model
+  (continuous batching); a worker keeps one waiting beside its batch pulls
+- ``shoal_ack_many``: finish a group of online items in one message
+- ``shoal_gateway_start`` / ``shoal_gateway_stop``: the online HTTP gateway
+  (scheduler_plugins/gateway.py), on this scheduler's event loop
 """
 
 from __future__ import annotations
@@ -26,9 +33,13 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
+from configs import GatewaySettings
+
+from .gateway import Gateway
 from .jobs import Job
 from .model_queues import ModelQueues
-from .placement import choose_model
+from .online_requests import OnlineJob, leased_at
+from .placement import Placement, WorkerView, can_host
 from .work_items import BATCH, ONLINE, ItemState, WorkItem
 
 logger = logging.getLogger("shoal.scheduler")
@@ -41,13 +52,18 @@ LEASE_CHECK_MS = 500
 class ShoalScheduler(SchedulerPlugin):
     name = NAME
 
-    def __init__(self) -> None:
+    def __init__(self, gateway: GatewaySettings | None = None, models: dict[str, dict[str, Any]] | None = None) -> None:
+        """`gateway`: start the online gateway with these settings; `models`: specs it serves."""
         self.queues = ModelQueues()
         self.jobs: dict[str, Job] = {}
         self.items: dict[str, WorkItem] = {}
         self.leased_by_worker: dict[str, set[str]] = defaultdict(set)
-        self.worker_models: dict[str, dict[str, Any]] = {}
-        self.model_specs: dict[str, dict[str, Any]] = {}
+        self.worker_views: dict[str, WorkerView] = {}
+        self.placement = Placement()
+        self.model_specs: dict[str, dict[str, Any]] = dict(models or {})
+        self.online: dict[str, OnlineJob] = {}
+        self.gateway: Gateway | None = None
+        self._gateway_settings = gateway
         self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead
         self._work_added = asyncio.Event()
         self._lease_checker: PeriodicCallback | None = None
@@ -58,21 +74,29 @@ class ShoalScheduler(SchedulerPlugin):
             {
                 "shoal_submit": self.submit,
                 "shoal_pull": self.pull,
+                "shoal_start": self.start_item,
                 "shoal_ack": self.ack,
                 "shoal_fail": self.fail,
                 "shoal_extend": self.extend,
                 "shoal_job_status": self.job_status,
                 "shoal_job_release": self.job_release,
                 "shoal_overview": self.overview,
+                "shoal_pull_online": self.pull_online,
+                "shoal_ack_many": self.ack_many,
+                "shoal_gateway_start": self.gateway_start,
+                "shoal_gateway_stop": self.gateway_stop,
             }
         )
         scheduler.extensions["shoal"] = self
         self._lease_checker = PeriodicCallback(self.expire_leases, LEASE_CHECK_MS)
         self._lease_checker.start()
+        if self._gateway_settings is not None:
+            await self.gateway_start(self._gateway_settings.model_dump())
 
     async def close(self) -> None:
         if self._lease_checker is not None:
             self._lease_checker.stop()
+        await self.gateway_stop()
 
     # -- handlers -----------------------------------------------------------
 
@@ -110,15 +134,30 @@ class ShoalScheduler(SchedulerPlugin):
         resident: list[str] | None = None,
         room: int = 1,
         timeout: float = 2.0,
-        can_host: list[str] | None = None,
+        held: int = 0,
+        budget: int | None = None,
         free_bytes: int | None = None,
+        load_seconds: dict[str, float] | None = None,
     ) -> dict[str, Any]:
-        self.worker_models[worker] = {"resident": list(resident or []), "free_bytes": free_bytes}
+        """Lease work to `worker`, waiting up to `timeout` seconds for some.
+
+        The worker reports its resident models, its model budget and measured
+        load times with every pull, so placement always sees its present state.
+        """
+        view = self.worker_views.setdefault(worker, WorkerView(worker))
+        view.resident = set(resident or [])
+        view.budget = budget
+        view.free_bytes = free_bytes
+        view.load_seconds.update(load_seconds or {})
+        state = self.scheduler.workers.get(worker)
+        view.resources = dict(getattr(state, "resources", None) or {})
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             if worker not in self.scheduler.workers:
                 return {"items": [], "reason": "unknown worker"}
-            items = self._lease_next(worker, resident or [], max(1, room), can_host)
+            items = self._lease_next(view, max(1, room))
+            if not items and held == 0:
+                items = self._take_back(view)
             if items:
                 return self._pull_reply(items)
             remaining = deadline - time.monotonic()
@@ -130,11 +169,22 @@ class ShoalScheduler(SchedulerPlugin):
             except asyncio.TimeoutError:
                 pass
 
+    def start_item(self, worker: str, item: str) -> dict[str, Any]:
+        """True when `worker` still holds the lease: the item is now running there."""
+        work = self.items.get(item)
+        if work is None or work.state is not ItemState.LEASED or work.worker != worker:
+            return {"ok": False}
+        work.started = True
+        return {"ok": True}
+
     def ack(self, worker: str, item: str, result: dict[str, Any]) -> dict[str, Any]:
         work = self.items.get(item)
         if work is None or work.state is ItemState.DONE:
             return {"accepted": False}
+        if work.state is ItemState.QUEUED:
+            self.queues.forget(work)
         self._unlease(work)
+        self.placement.stats.record(work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0)))
         job = self.jobs[work.job]
         job.dead_letters.pop(work.id, None)
         job.record_done(work, worker, result)
@@ -174,6 +224,8 @@ class ShoalScheduler(SchedulerPlugin):
         if record is None:
             return {"released": False}
         for item_id, work in record.items.items():
+            if work.state is ItemState.QUEUED:
+                self.queues.forget(work)
             self._unlease(work)
             work.state = ItemState.DEAD
             self.items.pop(item_id, None)
@@ -189,10 +241,115 @@ class ShoalScheduler(SchedulerPlugin):
                 for model in self.queues.models()
             },
             "leased": {w: len(ids) for w, ids in self.leased_by_worker.items() if ids},
-            "workers": dict(self.worker_models),
-            "jobs": {job_id: job.status() for job_id, job in self.jobs.items()},
+            "workers": {
+                address: {"resident": sorted(view.resident), "budget": view.budget, "free_bytes": view.free_bytes}
+                for address, view in self.worker_views.items()
+            },
+            "jobs": {job_id: {**job.status(), "models": self._item_states(job)} for job_id, job in self.jobs.items()},
             "events": dict(self.events),
         }
+
+    @staticmethod
+    def _item_states(job: Job) -> dict[str, dict[str, int]]:
+        """Item states (queued, leased, done, dead) per model of a job, for `shoal status`."""
+        states: dict[str, Counter[str]] = defaultdict(Counter)
+        for item in job.items.values():
+            states[item.model][item.state.value] += 1
+        return {model: dict(counts) for model, counts in states.items()}
+
+    # -- online requests ------------------------------------------------------
+
+    async def gateway_start(self, settings: dict[str, Any] | None = None, models: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Start the gateway (replacing a running one) serving `models` besides those known; its URL."""
+        self.model_specs.update(models or {})
+        await self.gateway_stop()
+        gateway = Gateway(self, GatewaySettings(**(settings or {})))
+        url = await gateway.start()
+        self.gateway = gateway
+        return {"url": url}
+
+    async def gateway_stop(self) -> dict[str, Any]:
+        """Stop accepting requests, finish those in flight, close the gateway."""
+        gateway, self.gateway = self.gateway, None
+        if gateway is not None:
+            await gateway.stop()
+        return {"stopped": gateway is not None}
+
+    def submit_online(
+        self, model: str, op: str, payload: dict[str, Any], rows: int, settings: GatewaySettings
+    ) -> tuple[WorkItem, asyncio.Future]:
+        """Queue one online request, in-process (the gateway calls this); its future gets the result."""
+        job = self.online.get(model)
+        if job is None:
+            job = self.online[model] = OnlineJob(model, 0.0, 0, lambda item: self.items.pop(item.id, None))
+            self.jobs[job.id] = job
+        # A request never outlives its deadline, so that is its lease too.
+        job.lease_seconds = settings.request_timeout_seconds
+        job.max_attempts = settings.max_attempts
+        item, future = job.new_item(op, payload, rows, ONLINE)
+        self.items[item.id] = item
+        self.queues.push(item)
+        self._notify()
+        return item, future
+
+    def cancel_online(self, item: WorkItem) -> None:
+        """The request is gone (deadline, shutdown): drop its item wherever it is."""
+        if item.state is ItemState.QUEUED:
+            self.queues.forget(item)
+        elif item.state is not ItemState.LEASED:
+            return
+        self._unlease(item)
+        self.jobs[item.job].cancel(item)
+
+    async def pull_online(self, worker: str, resident: list[str] | None = None, timeout: float = 2.0) -> dict[str, Any]:
+        """Lease every waiting online request of one model to `worker`, waiting up to `timeout`.
+
+        Workers keep one of these waiting besides their batch pulls, so a
+        request is taken the moment it is queued, even while batch items fill
+        the worker. Only models resident here, or held by no worker (one has
+        to load it), so a request never waits for a load another worker spared.
+        """
+        view = self.worker_views.setdefault(worker, WorkerView(worker))
+        view.resident = set(resident or [])
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            if worker not in self.scheduler.workers:
+                return {"items": [], "reason": "unknown worker"}
+            held = {m for v in self.worker_views.values() for m in v.resident}
+            heads = [
+                (model not in view.resident, head.enqueued_at, model)
+                for model in self.queues.models()
+                if (model in view.resident or model not in held)
+                and (head := self.queues.head(model, ONLINE)) is not None
+            ]
+            if heads:
+                items = self.queues.take(min(heads)[2], ONLINE, MAX_ONLINE_BATCH)
+                for work in items:
+                    self._lease(work, worker)
+                if items:
+                    return self._pull_reply(items)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {"items": []}
+            try:
+                await asyncio.wait_for(self._work_added.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> dict[str, Any]:
+        """Finish a worker's group of online items: `results` is [[item id, result], ...].
+
+        Each result gets the stage timings the gateway reports: queue (enqueued
+        to leased, here) and compute (the group's one model call, on the worker).
+        """
+        accepted = 0
+        for item_id, result in results:
+            work = self.items.get(item_id)
+            if work is not None and work.state is ItemState.LEASED:
+                lease_seconds = self.jobs[work.job].lease_seconds
+                result["timing"] = {"queue": leased_at(work, lease_seconds) - work.enqueued_at, "compute": compute_seconds}
+            accepted += self.ack(worker, item_id, result)["accepted"]
+        return {"accepted": accepted}
 
     # -- scheduler events ---------------------------------------------------
 
@@ -207,7 +364,7 @@ class ShoalScheduler(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str = "", **kwargs) -> None:
         """A lost worker's leased items go back to the front of their queues."""
-        self.worker_models.pop(worker, None)
+        self.worker_views.pop(worker, None)
         item_ids = self.leased_by_worker.pop(worker, set())
         for item_id in item_ids:
             work = self.items.get(item_id)
@@ -233,20 +390,48 @@ class ShoalScheduler(SchedulerPlugin):
 
     # -- internals ----------------------------------------------------------
 
-    def _lease_next(
-        self, worker: str, resident: list[str], room: int, can_host: list[str] | None
-    ) -> list[WorkItem]:
-        choice = choose_model(self.queues, resident, can_host)
+    def _lease_next(self, worker: WorkerView, room: int) -> list[WorkItem]:
+        holders: dict[str, int] = defaultdict(int)
+        for view in self.worker_views.values():
+            for model in view.resident:
+                holders[model] += 1
+        choice = self.placement.choose(self.queues, worker, self.model_specs, holders)
         if choice is None:
             return []
         model, priority = choice
         limit = MAX_ONLINE_BATCH if priority == ONLINE else room
         items = self.queues.take(model, priority, limit)
-        self.events["leased"] += len(items)
         for work in items:
-            work.lease(worker, self.jobs[work.job].lease_seconds)
-            self.leased_by_worker[worker].add(work.id)
+            self._lease(work, worker.address)
         return items
+
+    def _take_back(self, worker: WorkerView) -> list[WorkItem]:
+        """An idle worker takes one item another worker leased but has not started.
+
+        Items of models resident on the idle worker first; never online items
+        (they are pulled together and start at once). The first holder learns
+        it lost the item when it asks to start it.
+        """
+        candidates = [
+            work
+            for address, item_ids in self.leased_by_worker.items()
+            if address != worker.address
+            for work in (self.items[i] for i in item_ids)
+            if not work.started and work.priority == BATCH
+            and (work.model in worker.resident or can_host(self.model_specs.get(work.model, {}), worker))
+        ]
+        if not candidates:
+            return []
+        work = min(candidates, key=lambda w: (w.model not in worker.resident, w.deadline))
+        self._unlease(work)
+        self._lease(work, worker.address, counts_as_attempt=False)
+        self.events["taken_back"] += 1
+        return [work]
+
+    def _lease(self, work: WorkItem, worker: str, counts_as_attempt: bool = True) -> None:
+        work.lease(worker, self.jobs[work.job].lease_seconds, counts_as_attempt)
+        self.leased_by_worker[worker].add(work.id)
+        self.events["leased"] += 1
 
     def _pull_reply(self, items: list[WorkItem]) -> dict[str, Any]:
         messages = []

@@ -35,18 +35,21 @@ class WorkItem:
     attempts: int = 0
     worker: str | None = None
     deadline: float = 0.0
+    started: bool = False
     errors: list[str] = field(default_factory=list)
     enqueued_at: float = field(default_factory=time.monotonic)
 
-    def lease(self, worker: str, seconds: float) -> None:
+    def lease(self, worker: str, seconds: float, counts_as_attempt: bool = True) -> None:
         self.state = ItemState.LEASED
         self.worker = worker
-        self.attempts += 1
+        self.started = False
+        self.attempts += counts_as_attempt
         self.deadline = time.monotonic() + seconds
 
     def requeue(self) -> None:
         self.state = ItemState.QUEUED
         self.worker = None
+        self.started = False
         self.enqueued_at = time.monotonic()
 
     def to_message(self) -> dict[str, Any]:

@@ -157,6 +157,7 @@ def test_long_poll_wakes_when_work_arrives():
         plugin.submit("j", items("m", 1), SPECS)
         reply = await waiting
         assert reply["items"] and time.monotonic() - start < 2
+        assert plugin.start_item("w1", reply["items"][0]["id"]) == {"ok": True}
         empty = await plugin.pull("w2", timeout=0.2)
         assert empty == {"items": []}
         await plugin.close()
@@ -186,6 +187,68 @@ def test_duplicate_job_rejected():
         plugin.submit("j", items("m", 1), SPECS)
         with pytest.raises(ValueError, match="already exists"):
             plugin.submit("j", items("m", 1), SPECS)
+        await plugin.close()
+
+    run(go())
+
+
+def test_idle_worker_takes_back_an_item_not_yet_started():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 2), SPECS)
+        first, second = [m["id"] for m in (await plugin.pull("w1", room=2, timeout=0))["items"]]
+        assert plugin.start_item("w1", first) == {"ok": True}
+        assert (await plugin.pull("w2", held=1, timeout=0))["items"] == []  # busy workers do not take back
+        taken = (await plugin.pull("w2", held=0, timeout=0))["items"]
+        assert [m["id"] for m in taken] == [second] and taken[0]["attempt"] == 1
+        assert plugin.start_item("w1", second) == {"ok": False}  # w1 drops it
+        assert plugin.start_item("w2", second) == {"ok": True}
+        assert (await plugin.pull("w1", held=0, timeout=0))["items"] == []  # started items stay put
+        await plugin.close()
+
+    run(go())
+
+
+def test_jobs_of_one_model_share_it_round_robin():
+    async def go():
+        plugin = await started()
+        plugin.submit("big", items("m", 6), SPECS)
+        plugin.submit("small", items("m", 2), SPECS)
+        reply = await plugin.pull("w1", resident=["m"], room=4, timeout=0)
+        assert [m["job"] for m in reply["items"]] == ["big", "small", "big", "small"]
+        await plugin.close()
+
+    run(go())
+
+
+def test_requirements_keep_gpu_models_off_cpu_workers():
+    async def go():
+        plugin = ShoalScheduler()
+        scheduler = FakeScheduler()
+        await plugin.start(scheduler)
+        scheduler.workers = {"cpu": type("W", (), {"resources": {}})(), "gpu": type("W", (), {"resources": {"GPU": 1}})()}
+        specs = {"models": {"g": {"name": "g", "requires": {"GPU": 1}}, "big": {"name": "big", "memory_bytes": 10**10}}}
+        plugin.submit("j", items("g", 1) + items("big", 1), specs)
+        assert (await plugin.pull("cpu", timeout=0, budget=10**9))["items"] == []
+        assert [m["model"] for m in (await plugin.pull("gpu", timeout=0, budget=10**9, held=1))["items"]] == ["g"]
+        assert (await plugin.pull("gpu", timeout=0, budget=10**9, held=1))["items"] == []  # big fits nowhere yet
+        assert [m["model"] for m in (await plugin.pull("gpu", timeout=0, budget=10**11, held=1))["items"]] == ["big"]
+        await plugin.close()
+
+    run(go())
+
+
+def test_stealing_only_when_the_backlog_outweighs_the_load():
+    async def go():
+        plugin = await started()
+        plugin.model_specs.update({"m": {"name": "m", "load_seconds": 5.0}})
+        plugin.placement.stats.record("m", 100, 1.0)  # 100 rows/s on a holder
+        plugin.submit("j", items("m", 2, rows=100), {})  # 200 rows: 2 s to drain on one holder
+        await plugin.pull("w1", resident=["m"], timeout=0, held=1)
+        # w2 does not hold m; draining the rest takes 1 s on w1, loading takes 5 s: no steal
+        assert (await plugin.pull("w2", resident=[], timeout=0, held=1))["items"] == []
+        plugin.submit("k", items("m", 20, rows=100), {})  # now 21 s of backlog: worth a 5 s load
+        assert (await plugin.pull("w2", resident=[], timeout=0, held=1))["items"][0]["model"] == "m"
         await plugin.close()
 
     run(go())

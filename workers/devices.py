@@ -18,6 +18,7 @@ class DevicePlan:
     kind: str            # "cpu" or "cuda": selects the per-model token budget
     dtype: str           # "float32", "float16" or "bfloat16"
     memory_budget: int   # bytes of model weights this worker may keep resident
+    threads: int = 1     # torch intra-op threads: the cores this worker owns
 
 
 def plan_device(
@@ -27,6 +28,7 @@ def plan_device(
     cuda_memory: int | None,
     host_memory: int,
     bf16_supported: bool = False,
+    cores: int = 1,
 ) -> DevicePlan:
     """Where this worker runs its models, in which precision, with how much room.
 
@@ -43,10 +45,10 @@ def plan_device(
         if dtype == "auto":
             dtype = "bfloat16" if bf16_supported else "float16"
         memory = resources.get("VRAM") or cuda_memory or 0
-        return DevicePlan(f"cuda:{index}", "cuda", dtype, int(memory * profile.memory_fraction))
+        return DevicePlan(f"cuda:{index}", "cuda", dtype, int(memory * profile.memory_fraction), profile.torch_threads(cores))
     dtype = "float32" if profile.dtype == "auto" else profile.dtype
     memory = resources.get("MEMORY") or host_memory
-    return DevicePlan("cpu", "cpu", dtype, int(memory * profile.memory_fraction))
+    return DevicePlan("cpu", "cpu", dtype, int(memory * profile.memory_fraction), profile.torch_threads(cores))
 
 
 def _local_gpu_index(cuda_devices: int) -> int:
@@ -59,17 +61,30 @@ def _local_gpu_index(cuda_devices: int) -> int:
 
 
 def detect_device(profile: Profile, resources: dict[str, float]) -> DevicePlan:
-    """plan_device with what this process's hardware reports."""
+    """plan_device with what this process's hardware reports.
+
+    A CPU profile never imports torch here: simulated workers stay light.
+    """
     import psutil
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cuda_devices, cuda_memory, bf16 = 0, None, False
+    if profile.device != "cpu":
+        import torch
+
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if cuda_devices:
+            index = _local_gpu_index(cuda_devices)
+            cuda_memory = torch.cuda.get_device_properties(index).total_memory
+            bf16 = torch.cuda.is_bf16_supported()
+    return plan_device(
+        profile, resources, cuda_devices, cuda_memory, psutil.virtual_memory().total, bf16, cores
+    )
+
+
+def apply_torch_threads(plan: DevicePlan) -> None:
+    """Threads multiply with worker processes: each uses only the cores it owns."""
     import torch
 
-    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    cuda_memory = None
-    bf16 = False
-    if cuda_devices:
-        index = _local_gpu_index(cuda_devices)
-        cuda_memory = torch.cuda.get_device_properties(index).total_memory
-        bf16 = torch.cuda.is_bf16_supported()
-    return plan_device(
-        profile, resources, cuda_devices, cuda_memory, psutil.virtual_memory().total, bf16
-    )
+    if torch.get_num_threads() != plan.threads:
+        torch.set_num_threads(plan.threads)

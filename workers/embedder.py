@@ -20,7 +20,9 @@ class SentenceEmbedder:
     def __init__(self, spec: ModelSpec, plan: DevicePlan) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()
         self.spec = spec
         self.model = SentenceTransformer(
             spec.resolve_path(), device=plan.device, local_files_only=True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -52,6 +53,7 @@ class ModelPool:
         self._changed = asyncio.Condition()
         self.loads = 0
         self.evictions: list[str] = []
+        self.load_seconds: dict[str, float] = {}  # measured, told to the scheduler
 
     # -- what the scheduler is told ----------------------------------------
 
@@ -115,9 +117,11 @@ class ModelPool:
         self._loading[spec.name] = future
         self._reserved[spec.name] = self.size_of(spec)
         try:
+            began = time.perf_counter()
             runtime = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._load, spec
             )
+            self.load_seconds[spec.name] = round(time.perf_counter() - began, 3)
             size = int(getattr(runtime, "memory_bytes", lambda: spec.memory_bytes)())
             self._sizes[spec.name] = size
             self._resident[spec.name] = Resident(runtime, size)

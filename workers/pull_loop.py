@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -54,8 +55,11 @@ class PullLoop:
                         worker=self.worker.address,
                         resident=self.pool.resident(),
                         room=room,
+                        held=len(self.held),
                         timeout=self.profile.pull_timeout_seconds,
+                        budget=self.pool.budget,
                         free_bytes=self.pool.free_bytes(),
+                        load_seconds=self.pool.load_seconds,
                     )
                 except asyncio.CancelledError:
                     raise
@@ -89,13 +93,19 @@ class PullLoop:
             payload = {**self.contexts.get(message["job"], {}), **message["payload"]}
             data = await loop.run_in_executor(self.io_executor, operation.read, payload)
             async with self.compute_lock:
+                started = await self.worker.scheduler.shoal_start(worker=self.worker.address, item=item_id)
+                if not started["ok"]:  # taken back for an idle worker, or lease lost
+                    return
                 async with self.pool.use(spec) as runtime:
+                    began = time.perf_counter()
                     computed = await loop.run_in_executor(
                         self.compute_executor, operation.compute, runtime, data
                     )
+                    compute_seconds = time.perf_counter() - began
             result = await loop.run_in_executor(
                 self.io_executor, operation.write, payload, data, computed, spec
             )
+            result["compute_seconds"] = compute_seconds
             await self.worker.scheduler.shoal_ack(worker=self.worker.address, item=item_id, result=result)
             self.items_done += 1
         except asyncio.CancelledError:

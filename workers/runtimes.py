@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from configs import ModelSpec
 
-from .devices import DevicePlan
+from .devices import DevicePlan, apply_torch_threads
 
 
 def load_runtime(spec: ModelSpec, plan: DevicePlan):
+    if spec.kind == "sim":
+        from .sim_runtime import SimulatedRuntime
+
+        return SimulatedRuntime(spec, plan.kind)
+    apply_torch_threads(plan)
     if spec.kind == "embedder":
         from .embedder import SentenceEmbedder
 
         return SentenceEmbedder(spec, plan)
+    if spec.kind == "reranker":
+        from .cross_encoder import CrossEncoderScorer
+
+        return CrossEncoderScorer(spec, plan)
     raise ValueError(f"model {spec.name!r}: no runtime for kind {spec.kind!r} yet")

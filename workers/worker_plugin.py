@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -30,14 +29,8 @@ class ShoalWorker(WorkerPlugin):
         self.compute: ThreadPoolExecutor | None = None
 
     async def setup(self, worker) -> None:
-        import torch
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
         profile = load_profile(self.profile_name)
         pinned = list(dict.fromkeys([*profile.pinned, *self.pinned]))
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        torch.set_num_threads(profile.torch_threads(cores or 1))
         plan = detect_device(profile, dict(worker.state.total_resources))
         self.compute = ThreadPoolExecutor(1, thread_name_prefix="shoal-compute")
         self.pool = ModelPool(plan.memory_budget, partial(load_runtime, plan=plan), self.compute)

@@ -1,0 +1,205 @@
+"""The shapes of the online API: Shoal's own, OpenAI's embeddings, Cohere's rerank.
+
+Every request becomes one of two calls, `EncodeCall` (texts to vectors) or
+`ScoreCall` (a query against documents), checked against the gateway's
+limits; every worker result is turned back into the shape the client used.
+Shoal's own shape carries vectors as raw little-endian bytes plus their shape.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from configs import GatewaySettings
+
+from .wire import MSGPACK, RequestError
+
+
+@dataclass
+class EncodeCall:
+    model: str
+    texts: list[str]
+    truncate: bool = True
+    dtype: str = "float32"
+
+    def payload(self) -> dict[str, Any]:
+        return {"texts": self.texts, "truncate": self.truncate, "dtype": self.dtype}
+
+    @property
+    def inputs(self) -> int:
+        return len(self.texts)
+
+
+@dataclass
+class ScoreCall:
+    model: str
+    query: str
+    documents: list[str]
+    truncate: bool = True
+
+    def payload(self) -> dict[str, Any]:
+        return {"query": self.query, "documents": self.documents, "truncate": self.truncate}
+
+    @property
+    def inputs(self) -> int:
+        return len(self.documents)
+
+
+# -- request bodies -------------------------------------------------------------
+
+
+class _Native(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class EncodeBody(_Native):
+    texts: list[str]
+    truncate: bool = True
+    dtype: Literal["float32", "float16"] = "float32"
+
+
+class RerankBody(_Native):
+    query: str
+    documents: list[str]
+    truncate: bool = True
+
+
+class _Compat(BaseModel):
+    # Other vendors' fields that change nothing here (user, …) are ignored.
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class OpenAIEmbeddingsBody(_Compat):
+    model: str
+    input: str | list[str]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+class CohereDocument(_Compat):
+    text: str
+
+
+class CohereRerankBody(_Compat):
+    model: str
+    query: str
+    documents: list[str | CohereDocument]
+    top_n: int | None = Field(default=None, gt=0)
+    return_documents: bool = False
+
+
+def _validate(schema: type[BaseModel], body: Any) -> Any:
+    if not isinstance(body, dict):
+        raise RequestError(400, "the body must be a map (an object)")
+    try:
+        return schema.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()[:5]
+        )
+        raise RequestError(400, f"invalid request: {problems}") from None
+
+
+def _within_limits(texts: list[str], what: str, truncate: bool, limits: GatewaySettings) -> list[str]:
+    if not texts:
+        raise RequestError(422, f"{what} is empty")
+    if len(texts) > limits.max_inputs:
+        raise RequestError(422, f"{len(texts)} {what}; at most {limits.max_inputs} per request")
+    cap = limits.max_input_chars
+    for i, text in enumerate(texts):
+        if len(text) > cap:
+            if not truncate:
+                raise RequestError(
+                    422, f"{what}[{i}] has {len(text)} characters, over the limit of {cap} (truncate is off)"
+                )
+            texts = [t[:cap] for t in texts]
+            break
+    return texts
+
+
+def encode_call(model: str, body: Any, limits: GatewaySettings) -> EncodeCall:
+    request = _validate(EncodeBody, body)
+    texts = _within_limits(request.texts, "texts", request.truncate, limits)
+    return EncodeCall(model, texts, request.truncate, request.dtype)
+
+
+def score_call(model: str, body: Any, limits: GatewaySettings) -> ScoreCall:
+    request = _validate(RerankBody, body)
+    (query,) = _within_limits([request.query], "query", request.truncate, limits)
+    documents = _within_limits(request.documents, "documents", request.truncate, limits)
+    return ScoreCall(model, query, documents, request.truncate)
+
+
+def openai_call(body: Any, limits: GatewaySettings) -> tuple[EncodeCall, OpenAIEmbeddingsBody]:
+    given = body.get("input") if isinstance(body, dict) else None
+    if isinstance(given, list) and given and not isinstance(given[0], str):
+        raise RequestError(400, "invalid request: input as token arrays is not supported; send text")
+    request = _validate(OpenAIEmbeddingsBody, body)
+    texts = [request.input] if isinstance(request.input, str) else request.input
+    return EncodeCall(request.model, _within_limits(texts, "input", True, limits)), request
+
+
+def cohere_call(body: Any, limits: GatewaySettings) -> tuple[ScoreCall, CohereRerankBody]:
+    request = _validate(CohereRerankBody, body)
+    documents = [d if isinstance(d, str) else d.text for d in request.documents]
+    (query,) = _within_limits([request.query], "query", True, limits)
+    return ScoreCall(request.model, query, _within_limits(documents, "documents", True, limits)), request
+
+
+# -- responses --------------------------------------------------------------------
+
+
+def _matrix(result: dict[str, Any]) -> np.ndarray:
+    dtype = "<f2" if result["dtype"] == "float16" else "<f4"
+    return np.frombuffer(result["embeddings"], dtype=dtype).reshape(result["shape"])
+
+
+def encode_response(call: EncodeCall, result: dict[str, Any], kind: str) -> dict[str, Any]:
+    response = {"model": call.model, "dtype": result["dtype"], "shape": result["shape"]}
+    if kind == MSGPACK:
+        response["embeddings"] = result["embeddings"]
+    else:
+        response["embeddings"] = _matrix(result).astype(np.float32).tolist()
+    response["usage"] = {"tokens": result.get("tokens", 0)}
+    return response
+
+
+def rerank_response(call: ScoreCall, result: dict[str, Any]) -> dict[str, Any]:
+    return {"model": call.model, "scores": result["scores"], "usage": {"tokens": result.get("tokens", 0)}}
+
+
+def openai_response(call: EncodeCall, request: OpenAIEmbeddingsBody, result: dict[str, Any]) -> dict[str, Any]:
+    vectors = _matrix(result).astype("<f4", copy=False)
+    if request.encoding_format == "base64":
+        data = [base64.b64encode(row.tobytes()).decode() for row in vectors]
+    else:
+        data = vectors.tolist()
+    tokens = result.get("tokens", 0)
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)],
+        "model": call.model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def cohere_response(call: ScoreCall, request: CohereRerankBody, result: dict[str, Any]) -> dict[str, Any]:
+    scores = result["scores"]
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: request.top_n or len(scores)]
+    results = []
+    for i in order:
+        entry: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+        if request.return_documents:
+            entry["document"] = {"text": call.documents[i]}
+        results.append(entry)
+    return {
+        "id": str(uuid.uuid4()),
+        "results": results,
+        "meta": {"api_version": {"version": "1"}, "billed_units": {"search_units": 1}},
+    }

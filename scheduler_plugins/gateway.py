@@ -1,0 +1,282 @@
+"""The online gateway: HTTP in the scheduler process, on the scheduler's event loop.
+
+A request is checked (auth, size, shape, limits), becomes an ONLINE item on its
+model's queue, and waits for the future a worker's ack resolves. There is no
+RPC and no thread hop between the HTTP handler and the queue: the gateway
+calls the pull-queue plugin directly. aiohttp serves it (its C parser is about
+twice tornado's speed here); it runs on the same asyncio loop as Dask.
+
+Routes: Shoal's own ``POST /v1/encode/{model}`` and ``/v1/rerank/{model}``
+(MessagePack first, JSON when asked), OpenAI's ``POST /v1/embeddings``,
+Cohere's ``POST /v1/rerank``, ``GET /v1/models``, ``/healthz``, ``/readyz``,
+``/metrics``. The protocol is in docs/PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from configs import GatewaySettings
+
+from . import api_formats as api
+from .gateway_auth import BearerAuth
+from .gateway_metrics import GatewayMetrics
+from .online_requests import OnlineFailure
+from .work_items import BATCH, ONLINE
+from .wire import JSON, MSGPACK, RequestError, decode, encode, media_type, response_type
+
+if TYPE_CHECKING:
+    from .pull_queue import ShoalScheduler
+
+logger = logging.getLogger("shoal.gateway")
+
+TIMEOUT_HEADER = "X-Shoal-Timeout"  # a client's own deadline in seconds, at most the configured one
+UNKNOWN_MODEL = "_unknown"  # metrics label for names not in the catalog (keeps label sets bounded)
+ERROR_TYPES = {
+    400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+    413: "too_large", 415: "unsupported_media_type", 422: "unprocessable", 429: "overloaded",
+    500: "internal", 501: "not_implemented", 502: "worker_error", 503: "unavailable", 504: "timeout",
+}
+EMBEDDING_KINDS = ("embedder", "sim")
+SCORING_KINDS = ("reranker",)
+
+
+class Gateway:
+    def __init__(self, queue: ShoalScheduler, settings: GatewaySettings) -> None:
+        self.queue = queue
+        self.settings = settings
+        self.auth = BearerAuth.from_settings(settings)
+        self.metrics = GatewayMetrics(self._queue_depths)
+        self.accepting = False
+        self.url = ""
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[self._answer])
+        app.add_routes(
+            [
+                web.post("/v1/encode/{model}", self.encode),
+                web.post("/v1/rerank/{model}", self.rerank),
+                web.post("/v1/embeddings", self.openai_embeddings),
+                web.post("/v1/rerank", self.cohere_rerank),
+                web.get("/v1/models", self.models),
+                web.get("/healthz", self.healthz),
+                web.get("/readyz", self.readyz),
+                web.get("/metrics", self.prometheus),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+
+    async def start(self) -> str:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.port, reuse_address=True)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+        self.accepting = True
+        logger.info("online gateway on %s (auth %s)", self.url, "on" if self.auth.enabled else "off")
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop accepting, let requests in flight finish (within their deadline), close."""
+        self.accepting = False
+        for site in list(self._runner.sites):
+            await site.stop()
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.settings.request_timeout_seconds + 1)
+        except asyncio.TimeoutError:
+            logger.warning("gateway closing with %d requests still in flight", self._in_flight)
+        await self._runner.cleanup()
+        logger.info("online gateway on %s stopped", self.url)
+
+    # -- every request ------------------------------------------------------------
+
+    @web.middleware
+    async def _answer(self, request: web.Request, handler) -> web.StreamResponse:
+        """Counts in-flight work, turns every failure into a status and a message, never a traceback."""
+        started = time.perf_counter()
+        self._in_flight += 1
+        self._idle.clear()
+        self.metrics.in_flight.inc()
+        try:
+            response = await handler(request)
+        except RequestError as exc:
+            response = self._error(request, exc.status, exc.message, exc.headers)
+        except web.HTTPException as exc:  # no such route or method, body over the limit
+            message = "request body too large" if exc.status == 413 else exc.reason
+            if exc.status == 413:
+                message += f"; the limit is {self.settings.max_body_bytes} bytes"
+            response = self._error(request, exc.status, message)
+        except Exception:
+            logger.exception("online request %s %s failed", request.method, request.path)
+            response = self._error(request, 500, "internal error")
+        finally:
+            self._in_flight -= 1
+            self.metrics.in_flight.dec()
+            if not self._in_flight:
+                self._idle.set()
+        model = request.get("shoal_model")
+        if model is not None:
+            self.metrics.answered(model, response.status, time.perf_counter() - started, request.get("shoal_timing"))
+        return response
+
+    def _error(self, request: web.Request, status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+        body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"), "code": status}}
+        kind = request.get("shoal_reply") or response_type(request.headers.get("Accept"), JSON)
+        if status in (429, 503):
+            headers = {"Retry-After": str(self.settings.retry_after_seconds), **(headers or {})}
+        if status == 401:
+            headers = {"WWW-Authenticate": 'Bearer realm="shoal"', **(headers or {})}
+        return web.Response(status=status, body=encode(body, kind), content_type=kind, headers=headers)
+
+    async def _body(self, request: web.Request, default: str) -> Any:
+        """Auth, media type, size and decoding: what every POST route needs first."""
+        sent = media_type(request.headers.get("Content-Type"), default)
+        request["shoal_reply"] = response_type(request.headers.get("Accept"), sent or default)
+        if not self.auth.allows(request.headers.get("Authorization")):
+            raise RequestError(401, "missing or wrong bearer token")
+        if not self.accepting:
+            raise RequestError(503, "the gateway is shutting down")
+        if sent is None:
+            raise RequestError(415, f"send {MSGPACK} or {JSON}, not {request.headers.get('Content-Type')}")
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise RequestError(413, f"request body too large; the limit is {limit} bytes")
+        return decode(await request.read(), sent, limit)
+
+    def _label(self, request: web.Request, model: str) -> None:
+        request["shoal_model"] = model if model in self.queue.model_specs else UNKNOWN_MODEL
+
+    def _spec(self, request: web.Request, model: str, kinds: tuple[str, ...], action: str) -> dict[str, Any]:
+        self._label(request, model)
+        spec = self.queue.model_specs.get(model)
+        if spec is None:
+            known = ", ".join(sorted(self.queue.model_specs)) or "none"
+            raise RequestError(404, f"unknown model {model!r}; this gateway serves: {known}")
+        if spec["kind"] not in kinds:
+            raise RequestError(400, f"model {model!r} is a {spec['kind']}; it cannot {action}")
+        return spec
+
+    async def _run(self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall) -> dict[str, Any]:
+        """Queue the call as one ONLINE item and wait for a worker's answer."""
+        if not self.queue.scheduler.workers:
+            raise RequestError(503, "no workers are connected")
+        if self.queue.queues.depth(call.model, ONLINE) >= self.settings.max_queue_depth:
+            raise RequestError(429, f"too many requests waiting for {call.model!r}")
+        timeout = self._timeout(request)
+        item, future = self.queue.submit_online(call.model, op, call.payload(), call.inputs, self.settings)
+        try:
+            result = await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            self.queue.cancel_online(item)
+            raise RequestError(504, f"no answer within {timeout:g} s") from None
+        except OnlineFailure as exc:
+            raise RequestError(502, f"model {call.model!r} failed: {exc}") from None
+        except asyncio.CancelledError:
+            self.queue.cancel_online(item)
+            raise
+        if "error" in result:
+            raise RequestError(int(result.get("status", 422)), result["error"])
+        request["shoal_timing"] = result.get("timing")
+        return result
+
+    def _timeout(self, request: web.Request) -> float:
+        limit = self.settings.request_timeout_seconds
+        asked = request.headers.get(TIMEOUT_HEADER)
+        if asked is None:
+            return limit
+        try:
+            seconds = float(asked)
+        except ValueError:
+            raise RequestError(400, f"{TIMEOUT_HEADER} must be a number of seconds, not {asked!r}") from None
+        if not seconds > 0:
+            raise RequestError(400, f"{TIMEOUT_HEADER} must be positive")
+        return min(seconds, limit)
+
+    def _reply(self, request: web.Request, body: dict[str, Any]) -> web.Response:
+        kind = request["shoal_reply"]
+        return web.Response(body=encode(body, kind), content_type=kind)
+
+    def _queue_depths(self) -> dict[tuple[str, str], int]:
+        queues = self.queue.queues
+        return {
+            (model, name): queues.depth(model, priority)
+            for model in self.queue.model_specs
+            for priority, name in ((ONLINE, "online"), (BATCH, "batch"))
+        }
+
+    def _resident_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for view in self.queue.worker_views.values():
+            for model in view.resident:
+                counts[model] = counts.get(model, 0) + 1
+        return counts
+
+    # -- routes -----------------------------------------------------------------------
+
+    async def encode(self, request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        self._label(request, model)
+        body = await self._body(request, MSGPACK)
+        self._spec(request, model, EMBEDDING_KINDS, "encode")
+        call = api.encode_call(model, body, self.settings)
+        result = await self._run(request, "encode", call)
+        return self._reply(request, api.encode_response(call, result, request["shoal_reply"]))
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        self._label(request, model)
+        body = await self._body(request, MSGPACK)
+        self._spec(request, model, SCORING_KINDS, "rerank")
+        call = api.score_call(model, body, self.settings)
+        result = await self._run(request, "score", call)
+        return self._reply(request, api.rerank_response(call, result))
+
+    async def openai_embeddings(self, request: web.Request) -> web.Response:
+        request["shoal_model"] = UNKNOWN_MODEL
+        call, body = api.openai_call(await self._body(request, JSON), self.settings)
+        spec = self._spec(request, call.model, EMBEDDING_KINDS, "embed")
+        if body.dimensions is not None and body.dimensions != spec["dim"]:
+            raise RequestError(400, f"model {call.model!r} gives {spec['dim']} dimensions, not {body.dimensions}")
+        result = await self._run(request, "encode", call)
+        return self._reply(request, api.openai_response(call, body, result))
+
+    async def cohere_rerank(self, request: web.Request) -> web.Response:
+        request["shoal_model"] = UNKNOWN_MODEL
+        call, body = api.cohere_call(await self._body(request, JSON), self.settings)
+        self._spec(request, call.model, SCORING_KINDS, "rerank")
+        result = await self._run(request, "score", call)
+        return self._reply(request, api.cohere_response(call, body, result))
+
+    async def models(self, request: web.Request) -> web.Response:
+        request["shoal_reply"] = response_type(request.headers.get("Accept"), JSON)
+        if not self.auth.allows(request.headers.get("Authorization")):
+            raise RequestError(401, "missing or wrong bearer token")
+        resident = self._resident_counts()
+        data = [
+            {
+                "id": name, "object": "model", "owned_by": "shoal", "kind": spec["kind"], "dim": spec["dim"],
+                "max_seq_length": spec["max_seq_length"], "resident_workers": resident.get(name, 0),
+            }
+            for name, spec in sorted(self.queue.model_specs.items())
+        ]
+        return self._reply(request, {"object": "list", "data": data})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Ready: accepting, and at least one Shoal worker is pulling."""
+        workers = sum(1 for w in self.queue.worker_views if w in self.queue.scheduler.workers)
+        ready = self.accepting and workers > 0
+        body = {"ready": ready, "accepting": self.accepting, "workers": workers}
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,52 @@
+"""A simulated device, for cluster experiments without the hardware.
+
+SIMULATION: no model runs. Loading sleeps the catalog's `load_seconds` and
+claims `memory_bytes`; each token-budget batch sleeps `batch_fixed_seconds +
+per_token_seconds x padded tokens`. Vectors are deterministic pseudo-random
+unit vectors of the text. It goes through the same pool, pull loop and queue
+as the real runtimes, so 16+ workers and 20+ models fit on two cores and the
+scheduling can be studied on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+
+from configs import ModelSpec
+
+from .token_batching import plan_batches
+
+CHARS_PER_TOKEN = 4
+
+
+class SimulatedRuntime:
+    def __init__(self, spec: ModelSpec, device_kind: str = "cpu") -> None:
+        self.spec = spec
+        self.token_budget = spec.budget_for(device_kind)
+        time.sleep(spec.load_seconds)
+
+    def memory_bytes(self) -> int:
+        return self.spec.memory_bytes
+
+    def token_lengths(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        limit = self.spec.max_seq_length
+        raw = np.fromiter((2 + len(t) // CHARS_PER_TOKEN for t in texts), dtype=np.int64, count=len(texts))
+        return np.minimum(raw, limit), int((raw > limit).sum())
+
+    def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        lengths, truncated = self.token_lengths(texts)
+        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
+            padded = len(batch) * int(lengths[batch].max())
+            time.sleep(self.spec.batch_fixed_seconds + self.spec.per_token_seconds * padded)
+        return np.stack([self._vector(t) for t in texts]) if texts else np.empty((0, self.spec.dim), np.float32), truncated
+
+    def _vector(self, text: str) -> np.ndarray:
+        seed = int.from_bytes(hashlib.blake2b(f"{self.spec.name}|{text}".encode(), digest_size=8).digest(), "little")
+        vector = np.random.default_rng(seed).standard_normal(self.spec.dim).astype(np.float32)
+        return vector / np.linalg.norm(vector)
+
+    def close(self) -> None:
+        pass
