@@ -84,6 +84,28 @@ class Catalog(BaseModel):
             raise ConfigError(f"unknown model {name!r}; the catalog has: {known}") from None
 
 
+class GatewaySettings(BaseModel):
+    """The online endpoint: where it listens and the limits that protect it.
+
+    A profile's `gateway:` section; `shoal serve` options and the scheduler's
+    `--shoal-gateway-*` options override `host` and `port`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"  # loopback unless configured otherwise
+    port: int = Field(default=8790, ge=0, le=65535)
+    token_env: str = "SHOAL_GATEWAY_TOKEN"  # bearer token from this variable, if set
+    token_file: str | None = None  # or from this file; neither: no auth
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_inputs: int = Field(default=256, gt=0)  # texts (or documents) per request
+    max_input_chars: int = Field(default=16_384, gt=0)  # longer: cut, or 422 without truncation
+    max_queue_depth: int = Field(default=4096, gt=0)  # online items waiting per model before 429
+    request_timeout_seconds: float = Field(default=30.0, gt=0)  # then 504
+    retry_after_seconds: int = Field(default=1, ge=0)
+    max_attempts: int = Field(default=2, gt=0)  # leases of one request, as for batch items
+
+
 class Profile(BaseModel):
     """A cluster profile: worker layout and queue knobs, tuned per hardware."""
 
@@ -102,6 +124,7 @@ class Profile(BaseModel):
     memory_fraction: float = Field(default=0.5, gt=0, le=1)
     pinned: list[str] = Field(default_factory=list)
     token_budgets: dict[str, int] = Field(default_factory=dict)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     _path: str = PrivateAttr(default="")
 
     @property
