@@ -15,6 +15,7 @@ class Job:
         self.items = {item.id: item for item in items}
         self.lease_seconds: float = float(settings.get("lease_seconds", 60.0))
         self.max_attempts: int = int(settings.get("max_attempts", 3))
+        self.unplaceable_seconds: float = float(settings.get("unplaceable_seconds", 30.0))
         # Shared by every item of the job (storage credentials among them):
         # sent to workers with what they pull, never echoed in job status.
         self.context: dict[str, Any] = dict(settings.get("context") or {})

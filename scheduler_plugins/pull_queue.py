@@ -67,6 +67,7 @@ class ShoalScheduler(SchedulerPlugin):
         self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead
         self._work_added = asyncio.Event()
         self._lease_checker: PeriodicCallback | None = None
+        self._unplaceable_since: dict[str, float] = {}
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
@@ -88,7 +89,7 @@ class ShoalScheduler(SchedulerPlugin):
             }
         )
         scheduler.extensions["shoal"] = self
-        self._lease_checker = PeriodicCallback(self.expire_leases, LEASE_CHECK_MS)
+        self._lease_checker = PeriodicCallback(self.check_leases_and_placement, LEASE_CHECK_MS)
         self._lease_checker.start()
         if self._gateway_settings is not None:
             await self.gateway_start(self._gateway_settings.model_dump())
@@ -375,6 +376,38 @@ class ShoalScheduler(SchedulerPlugin):
         if item_ids:
             logger.warning("worker %s lost; %d leased items put back", worker, len(item_ids))
 
+    def check_leases_and_placement(self) -> None:
+        self.expire_leases()
+        self.bury_unplaceable()
+
+    def bury_unplaceable(self) -> None:
+        """Items of a model that no worker can host go to dead letters, after a grace.
+
+        The grace (the job's `unplaceable_seconds`) lets a worker that can host
+        it join first, as under an autoscaler. Until some worker has pulled,
+        nothing is judged.
+        """
+        if not self.worker_views:
+            return
+        now = time.monotonic()
+        for model in self.queues.models():
+            spec = self.model_specs.get(model, {})
+            views = list(self.worker_views.values())
+            if any(model in v.resident or can_host(spec, v) for v in views):
+                self._unplaceable_since.pop(model, None)
+                continue
+            since = self._unplaceable_since.setdefault(model, now)
+            reason = _unplaceable_reason(model, spec, views)
+            for priority in (ONLINE, BATCH):
+                for work in self.queues.take(model, priority, len(self.items)):
+                    job = self.jobs[work.job]
+                    if now - since >= job.unplaceable_seconds:
+                        work.errors.append(reason)
+                        job.record_dead(work)
+                        self.events["dead"] += 1
+                    else:
+                        self.queues.push(work)
+
     def expire_leases(self) -> None:
         now = time.monotonic()
         for worker, item_ids in list(self.leased_by_worker.items()):
@@ -465,3 +498,11 @@ class ShoalScheduler(SchedulerPlugin):
         """Wake every waiting pull; each then tries to lease again."""
         self._work_added.set()
         self._work_added = asyncio.Event()
+
+
+def _unplaceable_reason(model: str, spec: dict[str, Any], views: list[WorkerView]) -> str:
+    needs = [f"{spec.get('memory_bytes', 0) / 1e9:.2f} GB of model memory"]
+    needs += [f"{resource}={amount:g}" for resource, amount in (spec.get("requires") or {}).items()]
+    budgets = [v.budget for v in views if v.budget is not None]
+    largest = f"; the largest worker budget is {max(budgets) / 1e9:.2f} GB" if budgets else ""
+    return f"no worker can host model {model!r}: it needs {', '.join(needs)}{largest}"
