@@ -120,6 +120,7 @@ class Profile(BaseModel):
     rows_per_item: int = Field(default=1024, gt=0)
     lease_seconds: float = Field(default=60.0, gt=0)
     max_attempts: int = Field(default=3, gt=0)
+    unplaceable_seconds: float = Field(default=30.0, ge=0)
     pull_timeout_seconds: float = Field(default=2.0, gt=0)
     memory_fraction: float = Field(default=0.5, gt=0, le=1)
     pinned: list[str] = Field(default_factory=list)
