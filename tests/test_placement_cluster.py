@@ -1,0 +1,164 @@
+"""Many models per worker on a real Dask cluster, with the simulated runtime.
+
+Workers are in-process Dask workers with different resource tags (a SpecCluster),
+so budgets and GPU tags differ per worker; jobs come from the real CLI.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import pytest
+import yaml
+from conftest import ROOT, SHOAL, read_output, write_profile, write_shards
+from distributed import Client, Scheduler, SpecCluster, Worker
+
+MB = 10**6
+
+
+def sim(memory_mb: int, **extra) -> dict:
+    return {
+        "kind": "sim", "dim": 8, "max_seq_length": 128, "memory_bytes": memory_mb * MB,
+        "load_seconds": 0.2, "batch_fixed_seconds": 0.01, "per_token_seconds": 2e-5, **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def sim_catalog(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sim") / "catalog.yaml"
+    models = {f"sim-{n}": sim(40) for n in "abc"}
+    models["sim-gpu"] = sim(40, requires={"GPU": 1})
+    models["sim-huge"] = sim(10_000)
+    path.write_text(yaml.safe_dump({"models": models}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, demo_texts):
+    directory = tmp_path_factory.mktemp("corpus")
+    ids = write_shards(directory / "in", demo_texts[:800], shards=2, row_group_size=100)
+    return directory / "in", ids
+
+
+def start(profile_path, catalog, workers: dict[str, dict]) -> SpecCluster:
+    import os
+
+    os.environ["SHOAL_PROFILE"] = str(profile_path)
+    os.environ["SHOAL_CATALOG"] = str(catalog)
+    scheduler = {"cls": Scheduler, "options": {"preload": ["scheduler_plugins"], "dashboard_address": ":0"}}
+    spec = {
+        name: {"cls": Worker, "options": {"nthreads": 1, "preload": ["workers"], "resources": resources}}
+        for name, resources in workers.items()
+    }
+    return SpecCluster(scheduler=scheduler, workers=spec)
+
+
+class JobWatch:
+    """Snapshots of the scheduler plugin's jobs while CLI jobs run."""
+
+    def __init__(self, plugin) -> None:
+        self.plugin, self.seen, self._stop = plugin, {}, threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            for job_id, job in list(self.plugin.jobs.items()):
+                model = next(iter(job.items.values())).model
+                snap = self.seen.setdefault(job_id, {"model": model, "first_rows_at": None, "done_at": None})
+                snap["rows_by_worker"] = dict(job.rows_by_worker)
+                if job.rows_done and snap["first_rows_at"] is None:
+                    snap["first_rows_at"] = time.monotonic()
+                if job.complete and snap["done_at"] is None:
+                    snap["done_at"] = time.monotonic()
+            time.sleep(0.02)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        return {s["model"]: s for s in self.seen.values()}
+
+
+def run_jobs(address: str, catalog, profile, corpus_dir, out, models: list[str]) -> dict[str, subprocess.CompletedProcess]:
+    procs = {
+        m: subprocess.Popen(
+            [SHOAL, "embed", str(corpus_dir), str(out / m), "--model", m, "--catalog", str(catalog),
+             "--scheduler", address, "--profile", str(profile)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for m in models
+    }
+    results = {}
+    for m, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=240)
+        results[m] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return results
+
+
+def worker_pools(client: Client) -> dict[str, dict]:
+    def pool_state(dask_worker):
+        pool = dask_worker.plugins["shoal-worker"].pool
+        return {"loads": pool.loads, "evictions": list(pool.evictions), "resident": pool.resident()}
+
+    return client.run(pool_state)
+
+
+def test_budget_for_two_of_three_models(sim_catalog, corpus, tmp_path):
+    profile = write_profile(tmp_path, name="two-of-three", workers=1, memory_fraction=1.0, rows_per_item=100)
+    corpus_dir, ids = corpus
+    with start(profile, sim_catalog, {"w": {"MEMORY": 100 * MB}}) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        watch = JobWatch(cluster.scheduler.extensions["shoal"])
+        results = run_jobs(cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out", ["sim-a", "sim-b", "sim-c"])
+        seen = watch.stop()
+        for model, result in results.items():
+            assert result.returncode == 0, result.stderr
+            table = read_output(tmp_path / "out" / model)
+            assert sorted(table.column("id").to_pylist()) == sorted(ids)
+        (pool,) = worker_pools(client).values()
+    # each model loaded once; the third load evicted exactly one of the first two
+    assert pool["loads"] == 3 and len(pool["evictions"]) == 1, pool
+    assert len(pool["resident"]) == 2 and pool["evictions"][0] not in pool["resident"], pool
+    # three concurrent jobs all progressed before the last one finished
+    last_done = max(s["done_at"] for s in seen.values())
+    assert all(s["first_rows_at"] < last_done for s in seen.values()), seen
+
+
+def test_pinned_model_stays_and_a_model_too_large_fails_alone(sim_catalog, corpus, tmp_path):
+    profile = write_profile(
+        tmp_path, name="pinned", workers=1, memory_fraction=1.0, rows_per_item=200,
+        pinned=["sim-a"], unplaceable_seconds=1,
+    )
+    corpus_dir, ids = corpus
+    with start(profile, sim_catalog, {"w": {"MEMORY": 100 * MB}}) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        results = run_jobs(cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out",
+                           ["sim-a", "sim-b", "sim-c", "sim-huge"])
+        (pool,) = worker_pools(client).values()
+    assert "sim-a" in pool["resident"] and "sim-a" not in pool["evictions"]
+    assert results["sim-huge"].returncode == 1
+    assert "no worker can host model 'sim-huge'" in results["sim-huge"].stderr
+    assert "10.00 GB" in results["sim-huge"].stderr and "largest worker budget is 0.10 GB" in results["sim-huge"].stderr
+    for model in ("sim-a", "sim-b", "sim-c"):
+        assert results[model].returncode == 0, results[model].stderr
+        assert sorted(read_output(tmp_path / "out" / model).column("id").to_pylist()) == sorted(ids)
+
+
+def test_idle_worker_steals_and_gpu_models_stay_on_gpu_workers(sim_catalog, corpus, tmp_path):
+    profile = write_profile(tmp_path, name="tags", workers=2, memory_fraction=1.0, rows_per_item=50)
+    corpus_dir, ids = corpus
+    workers = {"cpu": {"MEMORY": 100 * MB}, "gpu": {"MEMORY": 100 * MB, "GPU": 1}}
+    with start(profile, sim_catalog, workers) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        watch = JobWatch(cluster.scheduler.extensions["shoal"])
+        results = run_jobs(cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out", ["sim-a", "sim-gpu"])
+        seen = watch.stop()
+        gpu_address = next(a for a, w in cluster.scheduler.workers.items() if w.resources.get("GPU"))
+    for result in results.values():
+        assert result.returncode == 0, result.stderr
+    assert set(seen["sim-gpu"]["rows_by_worker"]) == {gpu_address}
+    # both workers worked on sim-a: the second one to pull stole part of its backlog
+    assert len(seen["sim-a"]["rows_by_worker"]) == 2
+    assert sum(seen["sim-a"]["rows_by_worker"].values()) == len(ids)
