@@ -43,6 +43,9 @@ ERROR_TYPES = {
     413: "too_large", 415: "unsupported_media_type", 422: "unprocessable", 429: "overloaded",
     500: "internal", 501: "not_implemented", 502: "worker_error", 503: "unavailable", 504: "timeout",
 }
+MODEL = web.RequestKey("shoal_model", str)  # metrics label, set once the route knows it
+REPLY = web.RequestKey("shoal_reply", str)  # media type of the answer, errors included
+TIMING = web.RequestKey("shoal_timing", dict)  # stage timings from the worker's ack
 EMBEDDING_KINDS = ("embedder", "sim")
 SCORING_KINDS = ("reranker",)
 
@@ -121,14 +124,14 @@ class Gateway:
             self.metrics.in_flight.dec()
             if not self._in_flight:
                 self._idle.set()
-        model = request.get("shoal_model")
+        model = request.get(MODEL)
         if model is not None:
-            self.metrics.answered(model, response.status, time.perf_counter() - started, request.get("shoal_timing"))
+            self.metrics.answered(model, response.status, time.perf_counter() - started, request.get(TIMING))
         return response
 
     def _error(self, request: web.Request, status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
         body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"), "code": status}}
-        kind = request.get("shoal_reply") or response_type(request.headers.get("Accept"), JSON)
+        kind = request.get(REPLY) or response_type(request.headers.get("Accept"), JSON)
         if status in (429, 503):
             headers = {"Retry-After": str(self.settings.retry_after_seconds), **(headers or {})}
         if status == 401:
@@ -138,7 +141,7 @@ class Gateway:
     async def _body(self, request: web.Request, default: str) -> Any:
         """Auth, media type, size and decoding: what every POST route needs first."""
         sent = media_type(request.headers.get("Content-Type"), default)
-        request["shoal_reply"] = response_type(request.headers.get("Accept"), sent or default)
+        request[REPLY] = response_type(request.headers.get("Accept"), sent or default)
         if not self.auth.allows(request.headers.get("Authorization")):
             raise RequestError(401, "missing or wrong bearer token")
         if not self.accepting:
@@ -151,7 +154,7 @@ class Gateway:
         return decode(await request.read(), sent, limit)
 
     def _label(self, request: web.Request, model: str) -> None:
-        request["shoal_model"] = model if model in self.queue.model_specs else UNKNOWN_MODEL
+        request[MODEL] = model if model in self.queue.model_specs else UNKNOWN_MODEL
 
     def _spec(self, request: web.Request, model: str, kinds: tuple[str, ...], action: str) -> dict[str, Any]:
         self._label(request, model)
@@ -183,7 +186,7 @@ class Gateway:
             raise
         if "error" in result:
             raise RequestError(int(result.get("status", 422)), result["error"])
-        request["shoal_timing"] = result.get("timing")
+        request[TIMING] = result.get("timing")
         return result
 
     def _timeout(self, request: web.Request) -> float:
@@ -200,7 +203,7 @@ class Gateway:
         return min(seconds, limit)
 
     def _reply(self, request: web.Request, body: dict[str, Any]) -> web.Response:
-        kind = request["shoal_reply"]
+        kind = request[REPLY]
         return web.Response(body=encode(body, kind), content_type=kind)
 
     def _queue_depths(self) -> dict[tuple[str, str], int]:
@@ -227,7 +230,7 @@ class Gateway:
         self._spec(request, model, EMBEDDING_KINDS, "encode")
         call = api.encode_call(model, body, self.settings)
         result = await self._run(request, "encode", call)
-        return self._reply(request, api.encode_response(call, result, request["shoal_reply"]))
+        return self._reply(request, api.encode_response(call, result, request[REPLY]))
 
     async def rerank(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
@@ -239,7 +242,7 @@ class Gateway:
         return self._reply(request, api.rerank_response(call, result))
 
     async def openai_embeddings(self, request: web.Request) -> web.Response:
-        request["shoal_model"] = UNKNOWN_MODEL
+        request[MODEL] = UNKNOWN_MODEL
         call, body = api.openai_call(await self._body(request, JSON), self.settings)
         spec = self._spec(request, call.model, EMBEDDING_KINDS, "embed")
         if body.dimensions is not None and body.dimensions != spec["dim"]:
@@ -248,14 +251,14 @@ class Gateway:
         return self._reply(request, api.openai_response(call, body, result))
 
     async def cohere_rerank(self, request: web.Request) -> web.Response:
-        request["shoal_model"] = UNKNOWN_MODEL
+        request[MODEL] = UNKNOWN_MODEL
         call, body = api.cohere_call(await self._body(request, JSON), self.settings)
         self._spec(request, call.model, SCORING_KINDS, "rerank")
         result = await self._run(request, "score", call)
         return self._reply(request, api.cohere_response(call, body, result))
 
     async def models(self, request: web.Request) -> web.Response:
-        request["shoal_reply"] = response_type(request.headers.get("Accept"), JSON)
+        request[REPLY] = response_type(request.headers.get("Accept"), JSON)
         if not self.auth.allows(request.headers.get("Authorization")):
             raise RequestError(401, "missing or wrong bearer token")
         resident = self._resident_counts()

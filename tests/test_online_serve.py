@@ -1,0 +1,113 @@
+"""`shoal serve` as a process (signals, drain, exit 0), and the gateway of a `dask scheduler` preload."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, SHOAL, write_profile
+
+from pipeline.online_client import OnlineClient, OnlineError
+
+DASK = str(Path(sys.executable).parent / "dask")
+SIM = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 1000}
+
+
+@pytest.fixture(scope="module")
+def sim_catalog(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sim") / "catalog.yaml"
+    models = {"simzero": SIM, "slow": {**SIM, "batch_fixed_seconds": 1.5}}
+    path.write_text(yaml.safe_dump({"models": models}))
+    return path
+
+
+def wait_for_line(stream, marker: str, timeout: float = 120) -> str:
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(stream.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in list(lines):
+            if marker in line:
+                return line
+        time.sleep(0.1)
+    raise TimeoutError(f"no {marker!r} in: {lines}")
+
+
+def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_catalog, tmp_path):
+    profile = write_profile(tmp_path, name="serve", workers=1)
+    proc = subprocess.Popen(
+        [SHOAL, "serve", "--catalog", str(sim_catalog), "--profile", str(profile), "--port", "0", "--models", "simzero"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = wait_for_line(proc.stderr, "serving")
+        url = line.split(" on ")[1].split()[0]
+        with OnlineClient(url) as online:
+            assert online.encode("simzero", ["hello"]).shape == (1, 8)
+            assert {m["id"] for m in online.models()} >= {"simzero", "slow", "minilm"}
+        in_flight: dict = {}
+        slow = threading.Thread(target=lambda: in_flight.update(v=OnlineClient(url).encode("slow", ["x"])))
+        slow.start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.5)
+        with pytest.raises((ConnectionError, OnlineError)):  # no longer accepting
+            OnlineClient(url).encode("simzero", ["late"])
+        slow.join(30)
+        assert in_flight["v"].shape == (1, 8)  # answered although the stop came first
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dask_scheduler_preload_starts_the_gateway(sim_catalog, tmp_path, test_profile):
+    port = free_port()
+    env = {**os.environ, "SHOAL_CATALOG": str(sim_catalog)}
+    scheduler_file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen(
+        [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+         "--scheduler-file", str(scheduler_file), "--preload", "scheduler_plugins", "--shoal-gateway-port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )]
+    try:
+        from test_dask_cli_cluster import wait_for_address
+
+        address = wait_for_address(scheduler_file)
+        procs.append(subprocess.Popen(
+            [DASK, "worker", address, "--nthreads", "1", "--preload", "workers", "--shoal-profile", str(test_profile)],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with OnlineClient(url) as online:
+                    vectors = online.encode("simzero", ["from a dask scheduler"])
+                break
+            except (ConnectionError, OnlineError):  # not listening yet, or no worker yet (503)
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        assert vectors.shape == (1, 8)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)

@@ -1,0 +1,204 @@
+"""The online path's parts without a cluster: queue items and futures, decoding limits,
+API shapes, the device lock's priority, and the worker's group operations."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import numpy as np
+import pytest
+
+from configs import GatewaySettings, ModelSpec
+from scheduler_plugins import api_formats as api
+from scheduler_plugins.gateway_auth import BearerAuth
+from scheduler_plugins.online_requests import OnlineFailure
+from scheduler_plugins.pull_queue import ShoalScheduler
+from scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
+from workers import online_operations
+from workers.compute_lock import ComputeLock
+from workers.sim_runtime import SimulatedRuntime
+
+LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
+SETTINGS = GatewaySettings(request_timeout_seconds=5, max_attempts=2)
+
+
+class FakeScheduler:
+    def __init__(self, workers=("w1", "w2")) -> None:
+        self.workers = {w: object() for w in workers}
+        self.handlers: dict = {}
+        self.extensions: dict = {}
+
+
+async def plugin_with_model() -> ShoalScheduler:
+    plugin = ShoalScheduler(models={"m": {"name": "m", "kind": "sim"}})
+    await plugin.start(FakeScheduler())
+    return plugin
+
+
+def test_online_requests_are_pulled_together_and_acked_in_one_message():
+    async def go():
+        plugin = await plugin_with_model()
+        submitted = [plugin.submit_online("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS) for i in range(3)]
+        reply = await plugin.pull_online("w1", resident=["m"], timeout=0)
+        assert [m["id"] for m in reply["items"]] == [item.id for item, _ in submitted]
+        assert reply["models"] == {"m": {"name": "m", "kind": "sim"}}
+        results = [[m["id"], {"n": i}] for i, m in enumerate(reply["items"])]
+        assert plugin.ack_many("w1", results, compute_seconds=0.01) == {"accepted": 3}
+        for i, (_, future) in enumerate(submitted):
+            result = future.result()
+            assert result["n"] == i and result["timing"]["compute"] == 0.01 and result["timing"]["queue"] >= 0
+        assert not any(i.startswith("online-") for i in plugin.items)  # forgotten once answered
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason():
+    async def go():
+        plugin = await plugin_with_model()
+        item, future = plugin.submit_online("m", "encode", {"texts": ["x"]}, 1, SETTINGS)
+        await plugin.pull_online("w1", resident=["m"], timeout=0)
+        plugin.remove_worker(None, "w1")
+        reply = await plugin.pull_online("w2", resident=["m"], timeout=0)
+        assert [m["id"] for m in reply["items"]] == [item.id] and not future.done()
+        plugin.remove_worker(None, "w2")  # second and last attempt
+        with pytest.raises(OnlineFailure, match="was lost"):
+            future.result()
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused():
+    async def go():
+        plugin = await plugin_with_model()
+        queued, _ = plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        plugin.cancel_online(queued)
+        assert (await plugin.pull_online("w1", resident=["m"], timeout=0))["items"] == []
+        leased, _ = plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        await plugin.pull_online("w1", resident=["m"], timeout=0)
+        plugin.cancel_online(leased)
+        assert plugin.ack_many("w1", [[leased.id, {}]]) == {"accepted": 0}
+        assert not plugin.leased_by_worker["w1"]
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_online_pull_leaves_a_model_resident_elsewhere_to_its_holder():
+    async def go():
+        plugin = await plugin_with_model()
+        plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        await plugin.pull_online("w1", resident=["m"], timeout=0.01)  # w1 registers as a holder, takes it
+        plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        assert (await plugin.pull_online("w2", resident=[], timeout=0))["items"] == []
+        assert len((await plugin.pull_online("w1", resident=["m"], timeout=0))["items"]) == 1
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_msgpack_is_decoded_with_limits_and_without_extension_types():
+    assert decode(msgpack.packb({"texts": ["a"]}), MSGPACK, 100) == {"texts": ["a"]}
+    for body in (msgpack.packb(msgpack.ExtType(1, b"x")), msgpack.packb({"t": msgpack.Timestamp(1)}),
+                 msgpack.packb("x" * 200), b"\xc1", msgpack.packb([1]) + b"\x01"):
+        with pytest.raises(RequestError) as info:
+            decode(body, MSGPACK, 100)
+        assert info.value.status == 400 and "MessagePack" in info.value.message
+    with pytest.raises(RequestError, match="not valid JSON"):
+        decode(b"{nope", JSON, 100)
+
+
+def test_media_types_and_negotiation():
+    assert media_type("application/x-msgpack", JSON) == MSGPACK
+    assert media_type("application/json; charset=utf-8", MSGPACK) == JSON
+    assert media_type(None, MSGPACK) == MSGPACK and media_type("text/plain", JSON) is None
+    assert response_type("application/json", MSGPACK) == JSON
+    assert response_type("*/*", MSGPACK) == MSGPACK
+
+
+def test_limits_truncate_or_refuse():
+    call = api.encode_call("m", {"texts": ["0123456789abc"]}, LIMITS)
+    assert call.texts == ["0123456789"]
+    cases = [
+        ({"texts": ["0123456789abc"], "truncate": False}, 422, "over the limit of 10"),
+        ({"texts": ["a"] * 5}, 422, "at most 4"),
+        ({"texts": []}, 422, "empty"),
+        ({"texts": [1]}, 400, "texts.0"),
+        ({"texts": ["a"], "dtype": "int8"}, 400, "dtype"),
+        ({"texts": ["a"], "colour": 1}, 400, "colour"),
+        (["a"], 400, "must be a map"),
+    ]
+    for body, status, message in cases:
+        with pytest.raises(RequestError) as info:
+            api.encode_call("m", body, LIMITS)
+        assert info.value.status == status and message in info.value.message, body
+
+
+def test_openai_and_cohere_shapes():
+    call, body = api.openai_call({"model": "m", "input": "hi", "user": "ignored"}, LIMITS)
+    assert call.texts == ["hi"] and body.encoding_format == "float"
+    with pytest.raises(RequestError, match="token arrays"):
+        api.openai_call({"model": "m", "input": [[1, 2]]}, LIMITS)
+    vectors = np.arange(6, dtype="<f4").reshape(2, 3)
+    result = {"embeddings": vectors.tobytes(), "shape": [2, 3], "dtype": "float32", "tokens": 7}
+    call, body = api.openai_call({"model": "m", "input": ["a", "b"], "encoding_format": "base64"}, LIMITS)
+    reply = api.openai_response(call, body, result)
+    import base64
+
+    decoded = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in reply["data"]]
+    assert np.array_equal(np.stack(decoded), vectors) and reply["usage"]["prompt_tokens"] == 7
+
+    call, body = api.cohere_call(
+        {"model": "r", "query": "q", "documents": ["a", {"text": "b"}, "c"], "top_n": 2, "return_documents": True}, LIMITS
+    )
+    reply = api.cohere_response(call, body, {"scores": [0.1, 0.9, 0.5]})
+    assert [(r["index"], r["document"]["text"]) for r in reply["results"]] == [(1, "b"), (2, "c")]
+
+
+def test_bearer_auth(tmp_path, monkeypatch):
+    assert BearerAuth(None).allows(None)
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    auth = BearerAuth.from_settings(GatewaySettings(token_file=str(token_file)))
+    assert auth.allows("Bearer s3cret") and auth.allows("bearer s3cret")
+    assert not auth.allows(None) and not auth.allows("Bearer wrong") and not auth.allows("Basic s3cret")
+    monkeypatch.setenv("MY_TOKEN", "abc")
+    assert BearerAuth.from_settings(GatewaySettings(token_env="MY_TOKEN")).allows("Bearer abc")
+
+
+def test_compute_lock_serves_online_before_waiting_batch_items():
+    async def go():
+        lock, order = ComputeLock(), []
+
+        async def turn(name, online):
+            async with (lock.first() if online else lock):
+                order.append(name)
+                await asyncio.sleep(0.01)
+
+        running = asyncio.create_task(turn("batch-running", False))
+        await asyncio.sleep(0)
+        waiting = [asyncio.create_task(turn("batch-waiting", False))]
+        await asyncio.sleep(0)
+        waiting.append(asyncio.create_task(turn("online", True)))
+        await asyncio.gather(running, *waiting)
+        assert order == ["batch-running", "online", "batch-waiting"] and not lock.locked()
+
+    asyncio.run(go())
+
+
+def test_group_encode_gives_each_request_its_slice():
+    spec = ModelSpec(name="s", kind="sim", dim=8, max_seq_length=16)
+    runtime = SimulatedRuntime(spec)
+    payloads = [
+        {"texts": ["a", "b"], "truncate": True, "dtype": "float32"},
+        {"texts": ["x" * 200], "truncate": False, "dtype": "float32"},  # 52 tokens > 16
+        {"texts": ["c"], "truncate": True, "dtype": "float16"},
+    ]
+    first, refused, third = online_operations.encode(runtime, payloads)
+    alone, _ = runtime.embed(["a", "b"])
+    assert np.array_equal(np.frombuffer(first["embeddings"], "<f4").reshape(first["shape"]), alone)
+    assert refused["status"] == 422 and "16 tokens" in refused["error"]
+    assert third["dtype"] == "float16" and len(third["embeddings"]) == 8 * 2
+    assert online_operations.score(runtime, payloads[:1])[0]["status"] == 501
