@@ -80,3 +80,30 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
     sys.exit(outcome.exit_code)
+
+
+@main.command()
+@click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local); its `gateway:` section sets the limits.")
+@click.option("--models", default="", help="Comma-separated models to pin (load at start, never evict) on the embedded cluster.")
+@click.option("--host", default=None, help="Address to listen on. Default: the profile's, 127.0.0.1 (loopback only).")
+@click.option("--port", type=int, default=None, help="Port to listen on (0: any free one). Default: the profile's, 8790.")
+@click.option("--scheduler", default=None, help="tcp://host:port of a running cluster: the gateway starts in its scheduler.")
+@click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
+def serve(profile, models, host, port, scheduler, catalog):
+    """Answer online requests (MessagePack or JSON over HTTP) until stopped.
+
+    Same workers and queue as batch jobs; online requests go first. SIGINT or
+    SIGTERM stops accepting, finishes what is in flight, and exits 0. The
+    protocol is in docs/PROTOCOL.md.
+    """
+    from .serve import serve as run_serve
+
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        code = run_serve(
+            load_profile(profile), load_catalog(catalog), catalog, _columns(models), host, port, scheduler, console
+        )
+    except USER_ERRORS as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    sys.exit(code)

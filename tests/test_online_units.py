@@ -202,3 +202,28 @@ def test_group_encode_gives_each_request_its_slice():
     assert refused["status"] == 422 and "16 tokens" in refused["error"]
     assert third["dtype"] == "float16" and len(third["embeddings"]) == 8 * 2
     assert online_operations.score(runtime, payloads[:1])[0]["status"] == 501
+
+
+def test_no_workers_and_shutting_down_are_503_with_retry_after():
+    import aiohttp
+
+    async def go():
+        plugin = ShoalScheduler(models={"m": {"name": "m", "kind": "sim", "dim": 8}})
+        await plugin.start(FakeScheduler(workers=()))
+        url = (await plugin.gateway_start({"port": 0, "retry_after_seconds": 3}))["url"]
+        async with aiohttp.ClientSession() as session:
+            body = msgpack.packb({"texts": ["a"]})
+            headers = {"Content-Type": MSGPACK}
+            async with session.post(f"{url}/v1/encode/m", data=body, headers=headers) as response:
+                reply = msgpack.unpackb(await response.read())
+                assert response.status == 503 and response.headers["Retry-After"] == "3"
+                assert reply["error"]["message"] == "no workers are connected"
+            async with session.get(f"{url}/readyz") as response:
+                assert response.status == 503 and (await response.json())["workers"] == 0
+            plugin.gateway.accepting = False  # what stop() does first
+            async with session.post(f"{url}/v1/encode/m", data=body, headers=headers) as response:
+                assert response.status == 503 and "shutting down" in msgpack.unpackb(await response.read())["error"]["message"]
+        await plugin.close()
+        assert plugin.gateway is None
+
+    asyncio.run(go())

@@ -12,8 +12,15 @@ loop in this order so storage work overlaps the model:
 
 from __future__ import annotations
 
-from . import embed_operation
+from . import embed_operation, online_operations
 
 OPERATIONS = {
     "embed": embed_operation,
+}
+
+# Online operations take a whole group of requests at once, in the compute
+# thread: ``op(runtime, payloads) -> results``, one result per payload.
+ONLINE_OPERATIONS = {
+    "encode": online_operations.encode,
+    "score": online_operations.score,
 }

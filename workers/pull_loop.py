@@ -16,8 +16,9 @@ from typing import Any
 
 from configs import ModelSpec, Profile
 
+from .compute_lock import ComputeLock
 from .model_pool import ModelPool, ModelTooLarge
-from .operations import OPERATIONS
+from .operations import ONLINE_OPERATIONS, OPERATIONS
 from .parquet_slices import InputError
 
 logger = logging.getLogger("shoal.worker")
@@ -33,16 +34,20 @@ class PullLoop:
         self.pool = pool
         self.compute_executor = compute
         self.io_executor = ThreadPoolExecutor(2, thread_name_prefix="shoal-io")
-        self.compute_lock = asyncio.Lock()
+        self.compute_lock = ComputeLock()  # online groups go first
         self.held: dict[str, asyncio.Task] = {}
         self.lease_seconds: dict[str, float] = {}
         self.specs: dict[str, ModelSpec] = {}
         self.contexts: dict[str, dict[str, Any]] = {}
         self._room = asyncio.Event()
+        self._online_waiting: list[dict[str, Any]] = []  # online requests leased here, not yet computed
+        self._online_runner: asyncio.Task | None = None
+        self._online_acks: set[asyncio.Task] = set()
         self.items_done = 0
 
     async def run(self) -> None:
         extender = asyncio.create_task(self._extend_leases())
+        online = asyncio.create_task(self._pull_online())
         try:
             while True:
                 self._room.clear()
@@ -73,6 +78,8 @@ class PullLoop:
                 for name, spec in reply.get("models", {}).items():
                     self.specs[name] = ModelSpec(**spec)
                 self.contexts.update(reply.get("contexts", {}))
+                if self._start_online(reply["items"]):
+                    continue
                 for message in reply["items"]:
                     self.lease_seconds[message["id"]] = message["lease_seconds"]
                     self.held[message["id"]] = asyncio.create_task(self._process(message))
@@ -80,6 +87,9 @@ class PullLoop:
                     await asyncio.sleep(RECONNECT_SECONDS)
         finally:
             extender.cancel()
+            online.cancel()
+            if self._online_runner is not None:
+                self._online_runner.cancel()
             for task in list(self.held.values()):
                 task.cancel()
             self.io_executor.shutdown(wait=False, cancel_futures=True)
@@ -120,6 +130,87 @@ class PullLoop:
             if not any(i.startswith(f"{message['job']}/") for i in self.held):
                 self.contexts.pop(message["job"], None)  # the next pull brings it again
             self._room.set()
+
+    def _start_online(self, messages: list[dict[str, Any]]) -> bool:
+        """A pull answered with online requests: they join the next online group here."""
+        if not messages or messages[0]["op"] not in ONLINE_OPERATIONS:
+            return False
+        self._online_waiting.extend(messages)
+        if self._online_runner is None or self._online_runner.done():
+            self._online_runner = asyncio.create_task(self._run_online())
+        return True
+
+    async def _pull_online(self) -> None:
+        """Keep an online pull waiting at all times, so requests never wait for a batch slot."""
+        while True:
+            try:
+                reply = await self.worker.scheduler.shoal_pull_online(
+                    worker=self.worker.address,
+                    resident=self.pool.resident(),
+                    timeout=self.profile.pull_timeout_seconds,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("online pull failed (%s: %s); retrying", type(exc).__name__, exc)
+                await asyncio.sleep(RECONNECT_SECONDS)
+                continue
+            if reply is None or (not reply["items"] and reply.get("reason")):
+                await asyncio.sleep(RECONNECT_SECONDS)
+                continue
+            for name, spec in reply.get("models", {}).items():
+                self.specs[name] = ModelSpec(**spec)
+            self._start_online(reply["items"])
+
+    async def _run_online(self) -> None:
+        """Continuous batching: each time the device is free, every request waiting here is one group.
+
+        The group is formed when the device is taken, not when the wait for it
+        began, so requests that arrive while a batch item computes join the
+        group that runs next. Groups go before waiting batch items.
+        """
+        while self._online_waiting:
+            async with self.compute_lock.first():
+                waiting, self._online_waiting = self._online_waiting, []
+                groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+                for message in waiting:
+                    groups.setdefault((message["model"], message["op"]), []).append(message)
+                for (model, op), group in groups.items():
+                    await self._compute_online(model, op, group)
+
+    async def _compute_online(self, model: str, op: str, group: list[dict[str, Any]]) -> None:
+        """One model call over every request of the group; its ack goes out without holding the device.
+
+        If the call fails, each request is failed as a batch item would be:
+        retried elsewhere, or answered with the error once out of attempts.
+        """
+        try:
+            async with self.pool.use(self.specs[model]) as runtime:
+                began = time.perf_counter()
+                results = await asyncio.get_running_loop().run_in_executor(
+                    self.compute_executor, ONLINE_OPERATIONS[op], runtime, [m["payload"] for m in group]
+                )
+                compute_seconds = time.perf_counter() - began
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            permanent = isinstance(exc, PERMANENT_ERRORS)
+            logger.warning("online group of %d failed: %s", len(group), exc)
+            for message in group:
+                await self._report_failure(message["id"], f"{type(exc).__name__}: {exc}", permanent)
+            return
+        ack = asyncio.create_task(self._ack_online(group, results, compute_seconds))
+        self._online_acks.add(ack)
+        ack.add_done_callback(self._online_acks.discard)
+
+    async def _ack_online(self, group: list[dict[str, Any]], results: list[dict[str, Any]], seconds: float) -> None:
+        try:
+            await self.worker.scheduler.shoal_ack_many(
+                worker=self.worker.address, results=[[m["id"], r] for m, r in zip(group, results)], compute_seconds=seconds
+            )
+            self.items_done += len(group)
+        except Exception as exc:  # the leases run out and the requests are retried
+            logger.warning("could not ack %d online requests (%s)", len(group), exc)
 
     async def _report_failure(self, item_id: str, error: str, permanent: bool) -> None:
         try:
