@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from model_factory import TINY_DIM, TINY_MAX_SEQ, build_tiny_embedder  # noqa: E402
+from model_factory import TINY_DIM, TINY_MAX_SEQ, build_tiny_cross_encoder, build_tiny_embedder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "datasets" / "demo"
@@ -36,7 +36,12 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_catalog(tmp_path_factory, tiny_model) -> Path:
+def tiny_reranker(tmp_path_factory) -> Path:
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-reranker"))
+
+
+@pytest.fixture(scope="session")
+def tiny_catalog(tmp_path_factory, tiny_model, tiny_reranker) -> Path:
     path = tmp_path_factory.mktemp("catalog") / "catalog.yaml"
     entry = {
         "kind": "embedder",
@@ -47,7 +52,16 @@ def tiny_catalog(tmp_path_factory, tiny_model) -> Path:
         "memory_bytes": 10_000_000,
         "token_budget": {"cpu": 4096},
     }
-    path.write_text(yaml.safe_dump({"models": {"tiny": entry}}))
+    reranker = {
+        "kind": "reranker",
+        "source": str(tiny_reranker),
+        "dim": 1,
+        "max_seq_length": TINY_MAX_SEQ,
+        "memory_bytes": 10_000_000,
+        "token_budget": {"cpu": 2048},
+        "max_batch_size": 64,
+    }
+    path.write_text(yaml.safe_dump({"models": {"tiny": entry, "tiny-reranker": reranker}}))
     return path
 
 

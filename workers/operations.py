@@ -12,10 +12,11 @@ loop in this order so storage work overlaps the model:
 
 from __future__ import annotations
 
-from . import embed_operation, online_operations
+from . import embed_operation, online_operations, rerank_operation
 
 OPERATIONS = {
     "embed": embed_operation,
+    "rerank": rerank_operation,
 }
 
 # Online operations take a whole group of requests at once, in the compute

@@ -1,0 +1,98 @@
+"""The retrieval pipeline's job spec: a YAML file `shoal run` validates before running.
+
+embed corpus -> embed queries -> exact top-k by cosine -> rerank top-k (optional).
+Validation errors name the file and the field; relative local paths are
+taken relative to the job file, so a job file travels with its data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from configs import ConfigError
+
+from .rerank_jobs import DEFAULT_MAX_CANDIDATES
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextSource(_Strict):
+    """Parquet rows with an id and a text: the corpus, or the queries."""
+
+    input: str
+    text_column: str = "text"
+    id_column: str = Field(default="id", min_length=1)
+
+
+class EmbedStage(_Strict):
+    model: str
+
+
+class RetrieveStage(_Strict):
+    top_k: int = Field(default=100, gt=0)
+
+
+class RerankStage(_Strict):
+    model: str
+    top_k: int = Field(default=100, gt=0)  # how many of the retrieved candidates to rerank
+    max_candidates: int = Field(default=DEFAULT_MAX_CANDIDATES, gt=0)
+
+
+class JobSpec(_Strict):
+    name: str = ""
+    output: str
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    corpus: TextSource
+    queries: TextSource
+    embed: EmbedStage
+    retrieve: RetrieveStage = Field(default_factory=RetrieveStage)
+    rerank: RerankStage | None = None
+
+    @model_validator(mode="after")
+    def _rerank_within_retrieved(self) -> JobSpec:
+        if self.rerank and self.rerank.top_k > self.retrieve.top_k:
+            raise ValueError(
+                f"rerank.top_k ({self.rerank.top_k}) is more than retrieve.top_k ({self.retrieve.top_k})"
+            )
+        if self.rerank and self.rerank.top_k > self.rerank.max_candidates:
+            raise ValueError(
+                f"rerank.top_k ({self.rerank.top_k}) is more than rerank.max_candidates ({self.rerank.max_candidates})"
+            )
+        return self
+
+
+def load_job_spec(path: str | os.PathLike) -> JobSpec:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    data.setdefault("name", path.stem)
+    try:
+        spec = JobSpec(**data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path}: {problems}") from None
+    base = path.resolve().parent
+    spec.output = _beside(spec.output, base)
+    spec.corpus.input = _beside(spec.corpus.input, base)
+    spec.queries.input = _beside(spec.queries.input, base)
+    return spec
+
+
+def _beside(location: str, base: Path) -> str:
+    """A relative local path, taken relative to the job file; URLs unchanged."""
+    if "://" in location or Path(location).expanduser().is_absolute():
+        return location
+    return str(base / location)

@@ -1,0 +1,79 @@
+"""The sentence-transformers cross-encoder (reranker) runtime.
+
+(query, passage) pairs are tokenized once to learn their lengths, cut into
+token-budget batches (see token_batching), and each batch goes through the
+model's own ``predict`` so the scores are what a direct ``CrossEncoder.predict``
+of the same pairs gives, minus the padding it would have computed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from configs import ModelSpec
+
+from .devices import DevicePlan
+from .token_batching import plan_batches
+
+
+class CrossEncoderScorer:
+    def __init__(self, spec: ModelSpec, plan: DevicePlan) -> None:
+        import torch
+        from sentence_transformers import CrossEncoder
+
+        self.spec = spec
+        self.model = CrossEncoder(
+            spec.resolve_path(), device=plan.device, max_length=spec.max_seq_length, local_files_only=True
+        )
+        if plan.dtype != "float32":
+            self.model.to(getattr(torch, plan.dtype))
+        self.model.eval()
+        self.token_budget = spec.budget_for(plan.kind)
+        if self.model.num_labels != spec.dim:
+            raise ValueError(
+                f"model {spec.name!r}: catalog says dim {spec.dim}, the model has {self.model.num_labels} labels"
+                " (a reranker has dim 1)"
+            )
+
+    def memory_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
+            b.numel() * b.element_size() for b in self.model.buffers()
+        )
+
+    def token_lengths(self, queries: list[str], passages: list[str]) -> tuple[np.ndarray, int]:
+        """Token counts of each pair after truncation, and how many pairs were truncated."""
+        limit = self.spec.max_seq_length
+        ids = self.model.tokenizer(
+            queries,
+            passages,
+            add_special_tokens=True,
+            truncation="longest_first",
+            max_length=limit + 1,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )["input_ids"]
+        raw = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        return np.minimum(raw, limit), int((raw > limit).sum())
+
+    def score(self, queries: list[str], passages: list[str]) -> tuple[np.ndarray, int]:
+        """One float32 score per pair in input order, and the count of truncated pairs."""
+        out = np.empty(len(queries), dtype=np.float32)
+        if not queries:
+            return out, 0
+        lengths, truncated = self.token_lengths(queries, passages)
+        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
+            scores = self.model.predict(
+                [(queries[i], passages[i]) for i in batch],
+                batch_size=len(batch),
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            out[batch] = np.asarray(scores, dtype=np.float32).reshape(len(batch))
+        return out, truncated
+
+    def close(self) -> None:
+        import torch
+
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

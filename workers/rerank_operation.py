@@ -1,0 +1,199 @@
+"""The `rerank` operation: score (query, passage) pairs with a cross-encoder.
+
+Two input shapes, chosen by the payload's ``mode``:
+
+- ``pairs``: each row is one (query, passage) pair; the output row has its
+  ``score``.
+- ``candidates``: each row is a query with a list of candidate passages (and
+  optionally their ids); the output row has the candidates in score order
+  with ranks (``ranking``).
+
+Every input row gives exactly one output row. A row that cannot be scored
+(null query or passage, no candidates, a null candidate, ids that do not
+match the candidates, more candidates than ``max_candidates``) gets a null
+result and is reported with its file, row and column in the ack, so it is
+never silently lost and never takes the other rows of its part down with it.
+Stages as in operations.py: ``read`` (I/O thread), ``compute`` (model),
+``write`` (I/O thread).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from configs import ModelSpec
+
+from .parquet_slices import InputError, read_slice, text_column, write_part
+
+REPORTED_REJECTIONS = 20  # per part; the count is always exact
+
+
+@dataclass
+class RerankInput:
+    table: pa.Table
+    queries: list[str] = field(default_factory=list)  # one per pair to score
+    passages: list[str] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)  # the row each pair belongs to
+    rejected: dict[int, str] = field(default_factory=dict)  # row -> why it has no result
+
+
+def read(payload: dict[str, Any]) -> RerankInput:
+    mode = payload["mode"]
+    query_col = payload["query_column"]
+    item_col = payload["passage_column"] if mode == "pairs" else payload["candidates_column"]
+    columns = [query_col]
+    for name in [item_col, payload.get("candidate_ids_column"), payload.get("id_column"), *payload.get("keep_columns", [])]:
+        if name and name not in columns:
+            columns.append(name)
+    table = read_slice(payload, columns)
+    url = payload["input"]
+    data = RerankInput(table)
+    queries = text_column(table, query_col, url)
+    if mode == "pairs":
+        _read_pairs(data, payload, queries, text_column(table, item_col, url))
+    else:
+        _read_candidates(data, payload, queries, _string_lists(table, item_col, url))
+    return data
+
+
+def _read_pairs(data: RerankInput, payload: dict[str, Any], queries: list, passages: list) -> None:
+    for row, (query, passage) in enumerate(zip(queries, passages)):
+        if query is None:
+            data.rejected[row] = _where(payload, row, payload["query_column"], "the query is null")
+        elif passage is None:
+            data.rejected[row] = _where(payload, row, payload["passage_column"], "the passage is null")
+        else:
+            data.queries.append(query)
+            data.passages.append(passage)
+            data.owners.append(row)
+
+
+def _read_candidates(data: RerankInput, payload: dict[str, Any], queries: list, candidates: list) -> None:
+    ids_col = payload.get("candidate_ids_column")
+    id_lengths = _list_lengths(data.table, ids_col, payload["input"]) if ids_col else None
+    column = payload["candidates_column"]
+    limit = payload["max_candidates"]
+    for row, (query, passages) in enumerate(zip(queries, candidates)):
+        problem, where = None, column
+        if query is None:
+            problem, where = "the query is null", payload["query_column"]
+        elif not passages:
+            problem = "the query has no candidates"
+        elif len(passages) > limit:
+            problem = f"{len(passages)} candidates, over the limit of {limit} (--max-candidates)"
+        elif None in passages:
+            problem = f"candidate {passages.index(None)} is null"
+        elif id_lengths is not None and id_lengths[row] != len(passages):
+            problem, where = f"{id_lengths[row]} ids for {len(passages)} candidates", ids_col
+        if problem:
+            data.rejected[row] = _where(payload, row, where, problem)
+            continue
+        data.queries.extend([query] * len(passages))
+        data.passages.extend(passages)
+        data.owners.extend([row] * len(passages))
+
+
+def _string_lists(table: pa.Table, name: str, url: str) -> list[list[str | None] | None]:
+    column = table.column(name)
+    kind = column.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not (
+        pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)
+    ):
+        raise InputError(f"{url}: column {name!r} has type {kind}, expected a list of strings")
+    return column.to_pylist()
+
+
+def _list_lengths(table: pa.Table, name: str, url: str) -> list[int | None]:
+    column = table.column(name)
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+        raise InputError(f"{url}: column {name!r} has type {column.type}, expected a list of candidate ids")
+    return pc.list_value_length(column).to_pylist()
+
+
+def _where(payload: dict[str, Any], row: int, column: str, problem: str) -> str:
+    """`file row N (id X), column C: problem`, with N counted within the shard."""
+    start = (payload.get("row_range") or [0, 0])[0]
+    return f"{payload['input']} row {start + row}, column {column!r}: {problem}"
+
+
+def compute(runtime, data: RerankInput) -> dict[str, Any]:
+    scores, truncated = runtime.score(data.queries, data.passages)
+    return {"scores": scores, "truncated": truncated}
+
+
+def write(payload: dict[str, Any], data: RerankInput, computed: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+    rows = data.table.num_rows
+    columns = _identity_columns(payload, data.table)
+    if payload["mode"] == "pairs":
+        scores = np.zeros(rows, dtype=np.float32)
+        scores[data.owners] = computed["scores"]
+        valid = np.zeros(rows, dtype=bool)
+        valid[data.owners] = True
+        columns["score"] = pa.array(scores, mask=~valid)
+    else:
+        columns["ranking"] = _ranking(payload, data, computed["scores"])
+    for name in payload.get("keep_columns", []):
+        if name not in columns:
+            columns[name] = data.table.column(name)
+    # The stamp (input version, model fingerprint, options) lets a re-run trust this part (see pipeline/resume).
+    table = pa.table(columns).replace_schema_metadata(payload.get("part_metadata"))
+    size = write_part(payload["output"], table, payload.get("storage_options"))
+    rejected = [data.rejected[row] for row in sorted(data.rejected)]
+    return {
+        "rows": rows,
+        "part": payload["part"],
+        "input": payload["input"],
+        "row_range": payload.get("row_range"),
+        "bytes": size,
+        "pairs": len(data.queries),
+        "truncated": computed["truncated"],
+        "rejected": len(rejected),
+        "rejections": rejected[:REPORTED_REJECTIONS],
+    }
+
+
+def _identity_columns(payload: dict[str, Any], table: pa.Table) -> dict[str, pa.Array]:
+    id_col = payload.get("id_column")
+    if id_col:
+        return {id_col: table.column(id_col)}
+    rows = table.num_rows  # no id column: where each row came from identifies it
+    first = (payload.get("row_range") or [0, 0])[0]
+    return {
+        "source_file": pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array([payload["input"]])),
+        "source_row": pa.array(np.arange(first, first + rows, dtype=np.int64)),
+    }
+
+
+def _ranking(payload: dict[str, Any], data: RerankInput, scores: np.ndarray) -> pa.Array:
+    """list<struct<rank, index, [id], score>> per row, best first; null for rejected rows."""
+    rows = data.table.num_rows
+    owners = np.asarray(data.owners, dtype=np.int64)
+    counts = np.bincount(owners, minlength=rows) if owners.size else np.zeros(rows, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    order = np.empty(owners.size, dtype=np.int64)  # pair positions, each row's best first
+    for row in np.flatnonzero(counts):
+        lo, hi = offsets[row], offsets[row + 1]
+        order[lo:hi] = lo + np.argsort(-scores[lo:hi], kind="stable")
+    index = (order - np.repeat(offsets[:-1], counts)).astype(np.int32)
+    rank = (np.arange(owners.size) - np.repeat(offsets[:-1], counts) + 1).astype(np.int32)
+    fields = {"rank": pa.array(rank), "index": pa.array(index)}
+    ids_col = payload.get("candidate_ids_column")
+    if ids_col:
+        fields["id"] = _candidate_ids(data.table.column(ids_col), counts, offsets, index)
+    fields["score"] = pa.array(scores[order].astype(np.float32))
+    valid = counts > 0
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.StructArray.from_arrays(list(fields.values()), list(fields)), mask=pa.array(~valid))
+
+
+def _candidate_ids(column: pa.ChunkedArray, counts: np.ndarray, offsets: np.ndarray, index: np.ndarray) -> pa.Array:
+    """Each scored row's candidate ids, in that row's ranked order (types kept)."""
+    lists = column.combine_chunks()
+    lengths = np.nan_to_num(pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(float)).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])[:-1]  # where each row's ids begin in the flattened values
+    take = np.repeat(starts, counts) + index
+    return pc.list_flatten(lists).take(pa.array(take))
