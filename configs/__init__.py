@@ -100,7 +100,7 @@ class GatewaySettings(BaseModel):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     max_inputs: int = Field(default=256, gt=0)  # texts (or documents) per request
     max_input_chars: int = Field(default=16_384, gt=0)  # longer: cut, or 422 without truncation
-    max_queue_depth: int = Field(default=4096, gt=0)  # online items waiting per model before 429
+    max_queue_depth: int = Field(default=4096, gt=0)  # requests of a model not yet answered, then 429
     request_timeout_seconds: float = Field(default=30.0, gt=0)  # then 504
     retry_after_seconds: int = Field(default=1, ge=0)
     max_attempts: int = Field(default=2, gt=0)  # leases of one request, as for batch items

@@ -170,7 +170,7 @@ class Gateway:
         """Queue the call as one ONLINE item and wait for a worker's answer."""
         if not self.queue.scheduler.workers:
             raise RequestError(503, "no workers are connected")
-        if self.queue.queues.depth(call.model, ONLINE) >= self.settings.max_queue_depth:
+        if self.queue.online_pending(call.model) >= self.settings.max_queue_depth:
             raise RequestError(429, f"too many requests waiting for {call.model!r}")
         timeout = self._timeout(request)
         item, future = self.queue.submit_online(call.model, op, call.payload(), call.inputs, self.settings)

@@ -62,6 +62,7 @@ class ShoalScheduler(SchedulerPlugin):
         self.placement = Placement()
         self.model_specs: dict[str, dict[str, Any]] = dict(models or {})
         self.online: dict[str, OnlineJob] = {}
+        self._online_pullers: dict[str, bool] = {}  # worker -> busy, for each online pull waiting
         self.gateway: Gateway | None = None
         self._gateway_settings = gateway
         self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead
@@ -293,6 +294,11 @@ class ShoalScheduler(SchedulerPlugin):
         self._notify()
         return item, future
 
+    def online_pending(self, model: str) -> int:
+        """Requests of `model` not answered yet: queued, or leased and waiting on a worker."""
+        job = self.online.get(model)
+        return len(job.futures) if job is not None else 0
+
     def cancel_online(self, item: WorkItem) -> None:
         """The request is gone (deadline, shutdown): drop its item wherever it is."""
         if item.state is ItemState.QUEUED:
@@ -302,40 +308,61 @@ class ShoalScheduler(SchedulerPlugin):
         self._unlease(item)
         self.jobs[item.job].cancel(item)
 
-    async def pull_online(self, worker: str, resident: list[str] | None = None, timeout: float = 2.0) -> dict[str, Any]:
+    async def pull_online(
+        self, worker: str, resident: list[str] | None = None, timeout: float = 2.0, busy: bool = False
+    ) -> dict[str, Any]:
         """Lease every waiting online request of one model to `worker`, waiting up to `timeout`.
 
         Workers keep one of these waiting besides their batch pulls, so a
         request is taken the moment it is queued, even while batch items fill
         the worker. Only models resident here, or held by no worker (one has
         to load it), so a request never waits for a load another worker spared.
+        A `busy` worker (its device computing) leaves requests to an idle one
+        waiting here too, so they do not wait for its running batch.
         """
         view = self.worker_views.setdefault(worker, WorkerView(worker))
         view.resident = set(resident or [])
+        self._online_pullers[worker] = busy
         deadline = time.monotonic() + max(0.0, timeout)
-        while True:
-            if worker not in self.scheduler.workers:
-                return {"items": [], "reason": "unknown worker"}
-            held = {m for v in self.worker_views.values() for m in v.resident}
-            heads = [
-                (model not in view.resident, head.enqueued_at, model)
-                for model in self.queues.models()
-                if (model in view.resident or model not in held)
-                and (head := self.queues.head(model, ONLINE)) is not None
-            ]
-            if heads:
-                items = self.queues.take(min(heads)[2], ONLINE, MAX_ONLINE_BATCH)
+        try:
+            while True:
+                if worker not in self.scheduler.workers:
+                    return {"items": [], "reason": "unknown worker"}
+                model = self._online_model_for(view, busy)
+                items = self.queues.take(model, ONLINE, MAX_ONLINE_BATCH) if model else []
                 for work in items:
                     self._lease(work, worker)
                 if items:
                     return self._pull_reply(items)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return {"items": []}
-            try:
-                await asyncio.wait_for(self._work_added.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return {"items": []}
+                try:
+                    await asyncio.wait_for(self._work_added.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self._online_pullers.pop(worker, None)
+
+    def _online_model_for(self, view: WorkerView, busy: bool) -> str | None:
+        """The model whose online requests this online pull takes, oldest head first."""
+        held = {m for v in self.worker_views.values() for m in v.resident}
+
+        def may_serve(address: str, model: str) -> bool:
+            other = self.worker_views.get(address)
+            return other is not None and (model in other.resident or model not in held)
+
+        heads = [
+            (model not in view.resident, head.enqueued_at, model)
+            for model in self.queues.models()
+            if may_serve(view.address, model) and (head := self.queues.head(model, ONLINE)) is not None
+        ]
+        if busy:
+            heads = [
+                h for h in heads
+                if not any(not b and w != view.address and may_serve(w, h[2]) for w, b in self._online_pullers.items())
+            ]
+        return min(heads)[2] if heads else None
 
     def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> dict[str, Any]:
         """Finish a worker's group of online items: `results` is [[item id, result], ...].

@@ -204,7 +204,7 @@ def test_long_input_is_truncated_when_allowed(gateway):
 
 
 def test_queue_full_is_429_with_retry_after(gateway):
-    gateway.start(max_queue_depth=1, retry_after_seconds=2)
+    gateway.start(max_queue_depth=2, retry_after_seconds=2)
     try:
         with ThreadPoolExecutor(12) as pool:
             replies = list(pool.map(lambda i: gateway.post("/v1/encode/slow", {"texts": [f"t{i}"]}), range(12)))

@@ -227,3 +227,19 @@ def test_no_workers_and_shutting_down_are_503_with_retry_after():
         assert plugin.gateway is None
 
     asyncio.run(go())
+
+
+def test_a_busy_worker_leaves_online_requests_to_an_idle_one():
+    async def go():
+        plugin = await plugin_with_model()
+        plugin.worker_views.clear()
+        idle = asyncio.create_task(plugin.pull_online("w2", resident=["m"], timeout=1))
+        busy = asyncio.create_task(plugin.pull_online("w1", resident=["m"], timeout=1, busy=True))
+        await asyncio.sleep(0)
+        plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        assert len((await idle)["items"]) == 1 and (await busy)["items"] == []
+        plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)  # no idle puller now
+        assert len((await plugin.pull_online("w1", resident=["m"], timeout=0, busy=True))["items"]) == 1
+        await plugin.close()
+
+    asyncio.run(go())

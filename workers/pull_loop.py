@@ -148,6 +148,7 @@ class PullLoop:
                     worker=self.worker.address,
                     resident=self.pool.resident(),
                     timeout=self.profile.pull_timeout_seconds,
+                    busy=self.compute_lock.locked(),
                 )
             except asyncio.CancelledError:
                 raise
