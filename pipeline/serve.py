@@ -71,6 +71,8 @@ def serve(
             reply = client.sync(client.scheduler.shoal_gateway_start, settings=settings.model_dump(), models=specs)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: {exc}") from None
+        if "error" in reply:
+            raise ConfigError(reply["error"])
         console.print(
             f"serving {', '.join(sorted(specs))} on {reply['url']} "
             f"(scheduler {client.scheduler.address}, for batch jobs too; Ctrl-C to stop)",

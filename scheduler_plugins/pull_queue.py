@@ -261,8 +261,17 @@ class ShoalScheduler(SchedulerPlugin):
 
     # -- online requests ------------------------------------------------------
 
-    async def gateway_start(self, settings: dict[str, Any] | None = None, models: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-        """Start the gateway (replacing a running one) serving `models` besides those known; its URL."""
+    async def gateway_start(
+        self, settings: dict[str, Any] | None = None, models: dict[str, dict[str, Any]] | None = None,
+        replace: bool = False,
+    ) -> dict[str, Any]:
+        """Start the gateway serving `models` besides those known: {"url"}.
+
+        A running gateway is stopped first with `replace`, else left alone:
+        {"error"}, so a second `shoal serve` cannot take over the first one's.
+        """
+        if self.gateway is not None and not replace:
+            return {"error": f"this scheduler already serves the online gateway on {self.gateway.url}"}
         self.model_specs.update(models or {})
         await self.gateway_stop()
         gateway = Gateway(self, GatewaySettings(**(settings or {})))

@@ -34,7 +34,9 @@ class Gateway:
         settings = {**SETTINGS, **overrides}
         if hasattr(self, "url"):
             settings["port"] = urlsplit(self.url).port
-        reply = self.client.sync(self.client.scheduler.shoal_gateway_start, settings=settings, models=self.models)
+        reply = self.client.sync(
+            self.client.scheduler.shoal_gateway_start, settings=settings, models=self.models, replace=True
+        )
         return reply["url"]
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):

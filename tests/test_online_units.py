@@ -28,6 +28,7 @@ class FakeScheduler:
         self.workers = {w: object() for w in workers}
         self.handlers: dict = {}
         self.extensions: dict = {}
+        self.periodic_callbacks: dict = {}
 
 
 async def plugin_with_model() -> ShoalScheduler:
@@ -211,6 +212,7 @@ def test_no_workers_and_shutting_down_are_503_with_retry_after():
         plugin = ShoalScheduler(models={"m": {"name": "m", "kind": "sim", "dim": 8}})
         await plugin.start(FakeScheduler(workers=()))
         url = (await plugin.gateway_start({"port": 0, "retry_after_seconds": 3}))["url"]
+        assert "already serves" in (await plugin.gateway_start({"port": 0}))["error"]
         async with aiohttp.ClientSession() as session:
             body = msgpack.packb({"texts": ["a"]})
             headers = {"Content-Type": MSGPACK}
