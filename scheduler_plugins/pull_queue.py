@@ -63,6 +63,7 @@ class ShoalScheduler(SchedulerPlugin):
         self.model_specs: dict[str, dict[str, Any]] = dict(models or {})
         self.online: dict[str, OnlineJob] = {}
         self._online_pullers: dict[str, bool] = {}  # worker -> busy, for each online pull waiting
+        self._online_added = asyncio.Event()  # wakes online pulls only: a request costs no batch pull a wake
         self.gateway: Gateway | None = None
         self._gateway_settings = gateway
         self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead
@@ -300,7 +301,8 @@ class ShoalScheduler(SchedulerPlugin):
         item, future = job.new_item(op, payload, rows, ONLINE)
         self.items[item.id] = item
         self.queues.push(item)
-        self._notify()
+        self._online_added.set()
+        self._online_added = asyncio.Event()
         return item, future
 
     def online_pending(self, model: str) -> int:
@@ -347,7 +349,7 @@ class ShoalScheduler(SchedulerPlugin):
                 if remaining <= 0:
                     return {"items": []}
                 try:
-                    await asyncio.wait_for(self._work_added.wait(), remaining)
+                    await asyncio.wait_for(self._online_added.wait(), remaining)
                 except asyncio.TimeoutError:
                     pass
         finally:
