@@ -163,7 +163,7 @@ class Gateway:
             known = ", ".join(sorted(self.queue.model_specs)) or "none"
             raise RequestError(404, f"unknown model {model!r}; this gateway serves: {known}")
         if spec["kind"] not in kinds:
-            raise RequestError(400, f"model {model!r} is a {spec['kind']}; it cannot {action}")
+            raise RequestError(400, f"model {model!r} is of kind {spec['kind']!r}; it cannot {action}")
         return spec
 
     async def _run(self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall) -> dict[str, Any]:

@@ -176,7 +176,7 @@ BAD_INPUTS = [
     ("empty body", "/v1/encode/tiny", b"", None, 400, "empty"),
     ("unknown model", "/v1/encode/nope", {"texts": ["a"]}, None, 404, "unknown model 'nope'"),
     ("unknown model, openai", "/v1/embeddings", {"model": "nope", "input": "a"}, None, 404, "unknown model"),
-    ("wrong kind", "/v1/rerank/tiny", {"query": "q", "documents": ["a"]}, None, 400, "is a embedder"),
+    ("wrong kind", "/v1/rerank/tiny", {"query": "q", "documents": ["a"]}, None, 400, "is of kind 'embedder'"),
     ("too large", "/v1/encode/tiny", {"texts": ["a" * 70000]}, None, 413, "65536 bytes"),
     ("too many inputs", "/v1/encode/tiny", {"texts": ["a"] * 9}, None, 422, "at most 8"),
     ("too long, no truncation", "/v1/encode/tiny", {"texts": ["a" * 2001], "truncate": False}, None, 422, "2001 characters"),
