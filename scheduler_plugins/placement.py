@@ -3,7 +3,8 @@
 Workers pull, so a model's work goes to whichever worker has room, not to
 where a router guessed. A pull is answered, in order, with:
 
-1. online items, of models resident on the worker first;
+1. online items of models resident on the worker, or of models no worker
+   holds (online requests never pay a load a holder could spare them);
 2. batch items of models resident on the worker, oldest head first;
 3. stealing: a model the worker does not hold, when its backlog is worth the
    load: expected drain time (waiting rows over the measured rate of the
@@ -87,7 +88,12 @@ class Placement:
             if resident:
                 return min(resident)[1], priority
             if priority == ONLINE:
-                return min((h.enqueued_at, m) for m, h in heads)[1], ONLINE
+                # Online requests of a model another worker holds wait for it (at
+                # most its running batch): a load here would cost them far more.
+                unheld = [(h.enqueued_at, m) for m, h in heads if holders.get(m, 0) == 0]
+                if unheld:
+                    return min(unheld)[1], ONLINE
+                continue
             steal = self._steal(queues, worker, specs, holders, [m for m, _ in heads])
             if steal is not None:
                 return steal, BATCH

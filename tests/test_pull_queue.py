@@ -16,6 +16,7 @@ class FakeScheduler:
         self.workers = {w: object() for w in workers}
         self.handlers: dict = {}
         self.extensions: dict = {}
+        self.periodic_callbacks: dict = {}
 
 
 def items(model: str, n: int, rows: int = 10) -> list[dict]:
@@ -173,7 +174,9 @@ def test_online_before_batch_and_resident_models_first():
         # resident model first, even though m's backlog is older
         assert (await plugin.pull("w1", resident=["n"], timeout=0))["items"][0]["model"] == "n"
         plugin.submit("online", items("n", 3, rows=1), {**SPECS, "priority": ONLINE})
-        reply = await plugin.pull("w2", resident=["m"], room=1, timeout=0)
+        # w2 does not hold n while w1 does: the online items wait for w1
+        assert [m["model"] for m in (await plugin.pull("w2", resident=["m"], room=1, timeout=0))["items"]] == ["m"]
+        reply = await plugin.pull("w1", resident=["n"], room=1, timeout=0)
         # online items come first, every waiting one in one pull
         assert [m["model"] for m in reply["items"]] == ["n", "n", "n"]
         await plugin.close()
