@@ -3,6 +3,10 @@
 Every operation (embed, rerank) goes through the same path: a `BatchJob`
 says what differs (the operation, its payload, the columns it needs), and
 `run_job` plans, submits, follows, releases and writes the manifest.
+
+Every run resumes (see resume): planned parts the output already holds,
+current, are skipped, stale parts are deleted, only the rest is submitted,
+and the parts written are checked again before the manifest lists them.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from rich.console import Console
 
 from configs import Catalog, ConfigError, ModelSpec, Profile
 
+from .cluster import ClusterError
 from .fingerprints import model_fingerprint
 from .follower import follow, summarize
-from .manifest import build_manifest, write_manifest
+from .manifest import build_manifest, read_manifest, remove_manifest, write_manifest
 from .planner import Plan, check_columns, list_shards, plan_items, read_footers
+from .resume import Inventory, PartStore, current_parts, job_params, stamp_items
 
 SHOWN_REJECTIONS = 10
 
@@ -55,10 +61,11 @@ class JobOutcome:
     status: dict[str, Any]
     manifest: dict[str, Any]
     manifest_url: str
+    work: dict[str, int] = field(default_factory=dict)  # items, reused, run, removed
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.status["failed"] or self.manifest["rejected_rows"] else 0
+        return 1 if not self.manifest["complete"] or self.manifest["rejected_rows"] else 0
 
 
 def model_for(catalog: Catalog, profile: Profile, name: str, kind: str) -> ModelSpec:
@@ -77,14 +84,117 @@ def plan_job(job: BatchJob, profile: Profile) -> Plan:
     return Plan(shards, items)
 
 
-def run_job(client: Client, job: BatchJob, spec: ModelSpec, profile: Profile, console: Console) -> JobOutcome:
+@dataclass
+class PreparedJob:
+    """A planned job split by what its output already holds: all a dry run shows."""
+
+    job: BatchJob
+    spec: ModelSpec
+    fingerprint: str
+    params: str
+    plan: Plan
+    store: PartStore
+    previous: dict[str, Any] | None  # the manifest found in the output
+    inventory: Inventory
+
+
+def prepare_job(job: BatchJob, spec: ModelSpec, profile: Profile) -> PreparedJob:
+    """Plan the job and find which of its parts the output already holds, current."""
     fingerprint = model_fingerprint(spec)
+    params = job_params(job.operation, job.payload)
     plan = plan_job(job, profile)
-    job_id = f"{job.operation}-{uuid.uuid4().hex[:12]}"
+    stamp_items(plan, fingerprint, params)
+    store = PartStore(job.output, job.storage_options)
+    previous = read_manifest(job.output, job.storage_options)
+    inventory = store.inventory(plan.items, current_parts(previous, fingerprint, params, plan.shards))
+    return PreparedJob(job, spec, fingerprint, params, plan, store, previous, inventory)
+
+
+def run_job(client: Client, job: BatchJob, spec: ModelSpec, profile: Profile, console: Console) -> JobOutcome:
+    return run_prepared(client, prepare_job(job, spec, profile), profile, console)
+
+
+def run_prepared(
+    client: Client | None,
+    prepared: PreparedJob,
+    profile: Profile,
+    console: Console,
+    job_prefix: str | None = None,
+    manifest_extra: dict[str, Any] | None = None,
+) -> JobOutcome:
+    """Run only what the output lacks, check what was written, write the manifest.
+
+    `client` may be None when the inventory has nothing to run.
+    """
+    job, spec, inventory, store = prepared.job, prepared.spec, prepared.inventory, prepared.store
+    job_id = f"{job_prefix or job.operation}-{uuid.uuid4().hex[:12]}"
+    if inventory.todo or inventory.stale or prepared.previous is None:
+        # From here until the new manifest the output has none: a crash leaves no stale one.
+        remove_manifest(job.output, job.storage_options)
+    removed = store.remove(inventory.stale)
+    final, status = inventory, _idle_status(job_id)
+    if inventory.todo:
+        status = _submit_and_follow(client, job_id, inventory.todo, job, spec, profile, console)
+        # Trust only what is in the store now: a part acked but since overwritten is redone next run.
+        final = store.inventory(prepared.plan.items, trusted=inventory.done)
+        removed += store.remove(final.stale)
+    dead_parts = {letter["payload"]["part"] for letter in status["dead_letters"]}
+    unverified = [
+        {"payload": item["payload"], "errors": ["part missing or not current after the run; run again to redo it"]}
+        for item in final.todo
+        if item["payload"]["part"] not in dead_parts
+    ]
+    work = {"items": len(prepared.plan.items), "reused": len(inventory.done), "run": len(inventory.todo), "removed": removed}
+    manifest = build_manifest(
+        job_id,
+        job.operation,
+        {
+            "name": spec.name,
+            "fingerprint": prepared.fingerprint,
+            "dim": spec.dim,
+            "normalize": spec.normalize,
+            "max_seq_length": spec.max_seq_length,
+        },
+        job.manifest_columns,
+        prepared.plan.shards,
+        list(final.done.values()),
+        [*status["dead_letters"], *unverified],
+        {"params": prepared.params, "work": work, **(manifest_extra or {})},
+    )
+    rejections = [message for result in status["results"] for message in result.get("rejections", [])]
+    manifest["rejected_rows"] = sum(result.get("rejected", 0) for result in status["results"])
+    manifest["rejected"] = sorted(rejections)
+    manifest_url = write_manifest(job.output, manifest, job.storage_options)
+    if inventory.todo:
+        summarize(status, console, job.output)
+    console.print(
+        f"resume: {work['reused']} of {work['items']} parts already done, {work['run']} run, "
+        f"{work['removed']} stale parts removed"
+    )
+    for entry in unverified:
+        console.print(f"[red]failed:[/red] {entry['payload']['part']}: {entry['errors'][0]}")
+    _report_rejections(manifest, console)
+    return JobOutcome(job_id, status, manifest, manifest_url, work)
+
+
+def _idle_status(job_id: str) -> dict[str, Any]:
+    """The status of a run with nothing to submit."""
+    return {"job": job_id, "items": 0, "failed": 0, "rows_done": 0, "elapsed": 0.0, "dead_letters": [], "results": []}
+
+
+def _submit_and_follow(
+    client: Client,
+    job_id: str,
+    items: list[dict[str, Any]],
+    job: BatchJob,
+    spec: ModelSpec,
+    profile: Profile,
+    console: Console,
+) -> dict[str, Any]:
     client.sync(
         client.scheduler.shoal_submit,
         job=job_id,
-        items=plan.items,
+        items=items,
         settings={
             "lease_seconds": profile.lease_seconds,
             "max_attempts": profile.max_attempts,
@@ -95,30 +205,16 @@ def run_job(client: Client, job: BatchJob, spec: ModelSpec, profile: Profile, co
     )
     try:
         status = follow(client, job_id, console, f"{job.operation} {job.model}")
-    finally:
+    except (OSError, TimeoutError) as exc:  # the scheduler is gone, and the job with it
+        raise ClusterError(
+            f"lost the scheduler ({type(exc).__name__}: {exc}); the parts written so far are kept: "
+            "run the same command again to finish the rest"
+        ) from exc
+    except BaseException:  # Ctrl-C and the like: drop the job's queued work
         client.sync(client.scheduler.shoal_job_release, job=job_id)
-    manifest = build_manifest(
-        job_id,
-        job.operation,
-        {
-            "name": spec.name,
-            "fingerprint": fingerprint,
-            "dim": spec.dim,
-            "normalize": spec.normalize,
-            "max_seq_length": spec.max_seq_length,
-        },
-        job.manifest_columns,
-        plan.shards,
-        status["results"],
-        status["dead_letters"],
-    )
-    rejections = [message for result in status["results"] for message in result.get("rejections", [])]
-    manifest["rejected_rows"] = sum(result.get("rejected", 0) for result in status["results"])
-    manifest["rejected"] = sorted(rejections)
-    manifest_url = write_manifest(job.output, manifest, job.storage_options)
-    summarize(status, console, job.output)
-    _report_rejections(manifest, console)
-    return JobOutcome(job_id, status, manifest, manifest_url)
+        raise
+    client.sync(client.scheduler.shoal_job_release, job=job_id)
+    return status
 
 
 def _report_rejections(manifest: dict[str, Any], console: Console) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
@@ -22,6 +23,10 @@ from .beir import load_beir  # noqa: E402
 from .evaluation import print_report, run_eval  # noqa: E402
 from .job_spec import load_job_spec  # noqa: E402
 from .runs import run_pipeline  # noqa: E402
+from .job_lock import LockHeld  # noqa: E402
+from .reindex import job_config, load_job, plan_reindex, run_reindex  # noqa: E402
+from .schedule import check_expression, run_on_schedule  # noqa: E402
+from .status import cluster_state, output_state, render_cluster, render_output  # noqa: E402
 
 USER_ERRORS = (ConfigError, PlanError, ClusterError)
 
@@ -217,3 +222,82 @@ def evaluate(dataset, model, reranker, top_k, rerank_k, split, output, scheduler
         sys.exit(2)
     print_report(report, Console(soft_wrap=True))
     sys.exit(outcome.exit_code)
+
+
+@main.command()
+@click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print what a run would do; change nothing.")
+@click.option("--schedule", "cron", default=None, help='Run at every slot of this cron expression, e.g. "0 * * * *" (a sixth field is seconds).')
+@click.option("--runs", type=click.IntRange(min=1), default=None, help="With --schedule: stop after this many runs.")
+@click.option("--scheduler", default=None, help="tcp://host:port of a running cluster; overrides the job file.")
+def reindex(job_file, dry_run, cron, runs, scheduler):
+    """Bring the output of JOB.yaml in step with its inputs and model.
+
+    New and changed shards are redone, removed shards' parts removed; after a
+    model change everything is redone into a new version directory and
+    OUTPUT/_CURRENT moves to it when it is complete. Exit 3: another run of
+    the job holds its lock.
+    """
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        job = load_job(job_file)
+        if cron:
+            check_expression(cron)
+        if dry_run:
+            plan_reindex(job, *job_config(job)).render(console)
+            sys.exit(0)
+    except (ValueError, ClusterError) as exc:  # ValueError: ConfigError, PlanError, a bad cron expression
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    if cron is None:
+        sys.exit(_reindex_once(job_file, console, scheduler))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    failed = run_on_schedule(cron, lambda: _reindex_once(job_file, console, scheduler), runs)
+    sys.exit(1 if failed else 0)
+
+
+def _reindex_once(job_file: str, console: Console, scheduler: str | None) -> int:
+    """One run; the job file is read again, so edits apply to the next scheduled run."""
+    try:
+        return run_reindex(load_job(job_file), console, scheduler).exit_code
+    except USER_ERRORS as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except LockHeld as exc:
+        console.print(f"[yellow]not run:[/yellow] {exc}")
+        return 3
+
+
+@main.command()
+@click.argument("job", required=False)
+@click.option("--scheduler", default=None, envvar="DASK_SCHEDULER_ADDRESS", help="tcp://host:port of the cluster.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw state as JSON.")
+def status(job, scheduler, as_json):
+    """Show running jobs (item states per model), workers and their resident models.
+
+    JOB filters the jobs by id. A job file (JOB.yaml) shows that job's runs
+    and its output too: _CURRENT, versions, lock holder, last manifest.
+    """
+    console = Console(soft_wrap=True)
+    state: dict = {}
+    pattern = job
+    try:
+        if job and job.endswith((".yaml", ".yml")):
+            job_file = load_job(job)
+            pattern, scheduler = f"reindex-{job_file.name}-", scheduler or job_file.scheduler
+            state["output"] = output_state(job_file)
+        elif not scheduler:
+            raise click.UsageError("give --scheduler (or DASK_SCHEDULER_ADDRESS), or a job file")
+        if scheduler:
+            with connect(scheduler, load_profile(None)) as client:
+                state["cluster"] = cluster_state(client, pattern)
+    except USER_ERRORS as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(state, indent=1, default=str))
+        return
+    if "output" in state:
+        render_output(state["output"], console)
+    if "cluster" in state:
+        render_cluster(state["cluster"], console)

@@ -1,9 +1,11 @@
 """The job manifest, `_manifest.json`, written last into the output location.
 
-It records what produced the output (model and fingerprint, columns), what
-went in (each shard with size and version), and what came out (each part
-with its rows), so readers know the output is complete and re-runs know
-what is already done.
+It records what produced the output (model and fingerprint, columns, the
+options digest `params`), what went in (each shard with size and version),
+and what came out (each part with its rows), so readers know the output is
+complete and re-runs know what is already done without reading the parts.
+A run that changes the output removes the manifest first, so a manifest is
+never older than the parts beside it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from workers.storage import atomic_write
+from workers.storage import atomic_write, open_fs
 
 from .planner import Shard
 
@@ -28,7 +30,9 @@ def build_manifest(
     shards: list[Shard],
     results: list[dict[str, Any]],
     dead_letters: list[dict[str, Any]],
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`results` are ack-shaped part records; `extra` adds top-level fields (params, work, version)."""
     parts = sorted(
         (
             {
@@ -64,6 +68,7 @@ def build_manifest(
             }
             for d in dead_letters
         ],
+        **(extra or {}),
     }
 
 
@@ -71,3 +76,20 @@ def write_manifest(output_url: str, manifest: dict[str, Any], storage_options: d
     url = f"{output_url.rstrip('/')}/{MANIFEST_NAME}"
     atomic_write(url, json.dumps(manifest, indent=1).encode(), storage_options)
     return url
+
+
+def read_manifest(output_url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The output's manifest, or None if there is none or it is unreadable."""
+    fs, path = open_fs(f"{output_url.rstrip('/')}/{MANIFEST_NAME}", storage_options)
+    try:
+        return json.loads(fs.cat_file(path))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def remove_manifest(output_url: str, storage_options: dict[str, Any] | None) -> None:
+    fs, path = open_fs(f"{output_url.rstrip('/')}/{MANIFEST_NAME}", storage_options)
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        pass

@@ -65,6 +65,7 @@ def list_shards(input_url: str, storage_options: dict[str, Any] | None = None) -
 
 def _list_shards(input_url: str, storage_options: dict[str, Any] | None) -> list[Shard]:
     fs, path = open_fs(input_url, storage_options)
+    fs.invalidate_cache()  # filesystems are shared per process: a scheduled run must see today's shards
     if any(ch in path for ch in GLOB_CHARS):
         # Hidden names are temporary files (ours among them), never input.
         paths = [p for p in fs.glob(path) if not posixpath.basename(p).startswith(".") and fs.isfile(p)]
@@ -83,17 +84,30 @@ def _list_shards(input_url: str, storage_options: dict[str, Any] | None) -> list
         raise PlanError(f"input {input_url!r} matches no Parquet files")
     infos = [fs.info(p) for p in sorted(paths)]
     return [
-        Shard(url=fs.unstrip_protocol(info["name"]), size=int(info.get("size") or 0), version=_version(info))
+        Shard(
+            url=fs.unstrip_protocol(info["name"]),
+            size=int(info.get("size") or 0),
+            version=_version(info) or _content_hash(fs, info["name"]),
+        )
         for info in infos
     ]
 
 
-def _version(info: dict[str, Any]) -> str:
+def _version(info: dict[str, Any]) -> str | None:
     """What changes when the object changes: etag, generation or mtime."""
     for key in ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "last_modified"):
         if info.get(key) not in (None, ""):
             return f"{key}:{info[key]}".replace('"', "")
-    return f"size:{info.get('size')}"
+    return None
+
+
+def _content_hash(fs, path: str) -> str:
+    """For stores that report no version: resume and reindex need one, so read the file."""
+    digest = hashlib.sha256()
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
 
 
 def read_footers(shards: list[Shard], storage_options: dict[str, Any] | None = None) -> None:

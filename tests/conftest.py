@@ -121,3 +121,30 @@ def run_shoal(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def read_output(directory) -> pa.Table:
     return pq.read_table(str(directory))
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1, shared by every test that needs a real S3 API."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def s3_options(endpoint: str) -> dict:
+    # No region_name: with it, moto refuses bucket creation (InvalidLocationConstraint).
+    return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
+
+
+def invoke_shoal(*args: str) -> subprocess.CompletedProcess:
+    """The `shoal` CLI run in this process: what `run_shoal` returns, without a process start per call."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return subprocess.CompletedProcess(["shoal", *args], result.exit_code, result.stdout, result.stderr)

@@ -63,7 +63,9 @@ def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], s
     for name in payload.get("keep_columns", []):
         if name != id_col and name != "embedding":
             columns[name] = data.table.column(name)
-    size = write_part(payload["output"], pa.table(columns), payload.get("storage_options"))
+    # The stamp (input version, model fingerprint, options) lets a re-run trust this part.
+    table = pa.table(columns).replace_schema_metadata(payload.get("part_metadata"))
+    size = write_part(payload["output"], table, payload.get("storage_options"))
     empty = sum(1 for t in data.texts if t is not None and not t.strip())
     return {
         "rows": rows,
