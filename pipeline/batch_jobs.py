@@ -71,7 +71,7 @@ class JobOutcome:
 def model_for(catalog: Catalog, profile: Profile, name: str, kind: str) -> ModelSpec:
     """The catalog entry with the profile's tuning, refused if it is the wrong kind."""
     spec = profile.tuned(catalog.get(name))
-    if spec.kind != kind:
+    if spec.kind != kind and not (spec.kind == "sim" and kind == "embedder"):  # the simulation embeds
         raise ConfigError(f"model {spec.name!r} is of kind {spec.kind!r}; this job needs a model of kind {kind!r}")
     return spec
 
@@ -198,6 +198,7 @@ def _submit_and_follow(
         settings={
             "lease_seconds": profile.lease_seconds,
             "max_attempts": profile.max_attempts,
+            "unplaceable_seconds": profile.unplaceable_seconds,
             "models": {job.model: spec.model_dump()},
             "context": {"storage_options": job.storage_options},
             "client": client.id,
