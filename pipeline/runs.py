@@ -55,7 +55,10 @@ class RunOutcome:
 
 def run_pipeline(client: Client, spec: JobSpec, profile: Profile, catalog: Catalog, console: Console) -> RunOutcome:
     output = spec.output.rstrip("/")
-    record: dict[str, Any] = {"name": spec.name, "spec": spec.model_dump(), "stages": {}, "failed": [], "rejected_rows": 0}
+    record: dict[str, Any] = {
+        "name": spec.name, "spec": spec.model_dump(exclude={"storage_options"}),  # no credentials in the record
+        "stages": {}, "failed": [], "rejected_rows": 0,
+    }
     outcome = RunOutcome(None, record)
     for stage, source in (("corpus-embeddings", spec.corpus), ("query-embeddings", spec.queries)):
         _stage(outcome, stage, lambda s=source, n=stage: run_embed(client, _embed_request(spec, s, n), profile, catalog, console))

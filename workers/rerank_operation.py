@@ -89,7 +89,7 @@ def _read_candidates(data: RerankInput, payload: dict[str, Any], queries: list, 
         elif None in passages:
             problem = f"candidate {passages.index(None)} is null"
         elif id_lengths is not None and id_lengths[row] != len(passages):
-            problem, where = f"{id_lengths[row]} ids for {len(passages)} candidates", ids_col
+            problem, where = f"{id_lengths[row] or 0} ids for {len(passages)} candidates", ids_col
         if problem:
             data.rejected[row] = _where(payload, row, where, problem)
             continue
