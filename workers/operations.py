@@ -12,11 +12,12 @@ loop in this order so storage work overlaps the model:
 
 from __future__ import annotations
 
-from . import embed_operation, online_operations, rerank_operation
+from . import embed_operation, online_operations, rerank_operation, sim_operation
 
 OPERATIONS = {
     "embed": embed_operation,
     "rerank": rerank_operation,
+    "sim": sim_operation,  # simulated runtime only: no storage (benchmarks)
 }
 
 # Online operations take a whole group of requests at once, in the compute
