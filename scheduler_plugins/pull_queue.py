@@ -461,12 +461,16 @@ class ShoalScheduler(SchedulerPlugin):
 
     # -- internals ----------------------------------------------------------
 
-    def _lease_next(self, worker: WorkerView, room: int) -> list[WorkItem]:
+    def _holders(self) -> dict[str, int]:
+        """How many workers hold (or are loading) each model."""
         holders: dict[str, int] = defaultdict(int)
         for view in self.worker_views.values():
             for model in view.resident:
                 holders[model] += 1
-        choice = self.placement.choose(self.queues, worker, self.model_specs, holders)
+        return holders
+
+    def _lease_next(self, worker: WorkerView, room: int) -> list[WorkItem]:
+        choice = self.placement.choose(self.queues, worker, self.model_specs, self._holders())
         if choice is None:
             return []
         model, priority = choice
@@ -474,6 +478,9 @@ class ShoalScheduler(SchedulerPlugin):
         items = self.queues.take(model, priority, limit)
         for work in items:
             self._lease(work, worker.address)
+        # The worker loads it now: count it as a holder before its next pull
+        # says so, or every idle worker would steal the same hot model at once.
+        worker.resident.add(model)
         return items
 
     def _take_back(self, worker: WorkerView) -> list[WorkItem]:
@@ -512,10 +519,13 @@ class ShoalScheduler(SchedulerPlugin):
             messages.append(message)
         models = {work.model for work in items}
         jobs = {work.job for work in items}
+        holders = self._holders()
         return {
             "items": messages,
             "models": {m: self.model_specs[m] for m in models},
             "contexts": {j: self.jobs[j].context for j in jobs},
+            # For the worker's eviction choice: waiting items and holders per model.
+            "demand": {m: [self.queues.waiting_items(m), holders.get(m, 0)] for m in self.queues.models()},
         }
 
     def _unlease(self, work: WorkItem) -> None:

@@ -108,3 +108,24 @@ def test_concurrent_users_share_one_load():
         return loaded
 
     assert asyncio.run(scenario()) == ["a"]
+
+
+def test_eviction_spares_the_last_copy_of_a_model_with_waiting_work():
+    async def scenario():
+        pool, loaded, closed = make_pool(100)
+        for name in ("last-copy", "shared", "idle"):
+            async with pool.use(spec(name, 30)):
+                pass
+        # waiting work for two of them; "shared" is also held by another worker
+        pool.demand = {"last-copy": [5, 1], "shared": [5, 2]}
+        async with pool.use(spec("new-1", 30)):
+            pass
+        pool.demand["new-1"] = [3, 1]
+        async with pool.use(spec("new-2", 30)):
+            pass
+        return pool
+
+    pool = asyncio.run(scenario())
+    # least recently used would have evicted "last-copy" first
+    assert pool.evictions == ["idle", "shared"]
+    assert "last-copy" in pool.resident()

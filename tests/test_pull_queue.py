@@ -55,7 +55,9 @@ def test_pull_ack_completes_job_with_rows_per_worker():
         assert reply["models"] == {"m": {"name": "m"}} and reply["items"][0]["lease_seconds"] == 60
         for m in reply["items"]:
             plugin.ack("w1", m["id"], {"rows": 10})
-        reply = await plugin.pull("w2", room=5, timeout=0)
+        # w1 now holds m and 10 rows drain faster than a load: w2 gets m only because it holds it too
+        assert (await plugin.pull("w2", room=5, timeout=0, held=1))["items"] == []
+        reply = await plugin.pull("w2", resident=["m"], room=5, timeout=0)
         plugin.ack("w2", reply["items"][0]["id"], {"rows": 10})
         status = plugin.job_status("j", results=True)
         assert status["complete"] and status["rows_done"] == 30

@@ -54,6 +54,8 @@ class ModelPool:
         self.loads = 0
         self.evictions: list[str] = []
         self.load_seconds: dict[str, float] = {}  # measured, told to the scheduler
+        # From the scheduler with each pull: {model: [waiting items, workers holding it]}.
+        self.demand: dict[str, list[int]] = {}
 
     # -- what the scheduler is told ----------------------------------------
 
@@ -139,17 +141,31 @@ class ModelPool:
                 self._changed.notify_all()
 
     async def _make_room(self, needed: int) -> None:
-        """Evict idle unpinned models, oldest use first, until `needed` fits."""
+        """Evict idle unpinned models until `needed` fits (see `_victim`)."""
         async with self._changed:
             while self.free_bytes() - self._loading_bytes() < needed:
-                victim = next(
-                    (n for n, e in self._resident.items() if not e.pinned and e.in_use == 0),
-                    None,
-                )
+                victim = self._victim()
                 if victim is None:
                     await self._changed.wait()  # everything left is busy: wait for a release
                     continue
                 self._evict(victim)
+
+    def _victim(self) -> str | None:
+        """The idle model whose eviction costs the cluster least.
+
+        Models without waiting work go first, then those other workers also
+        hold, and only then the last copy of a model with work waiting (its
+        requests would all pay a load); least recently used within each.
+        """
+        idle = [(i, n) for i, (n, e) in enumerate(self._resident.items()) if not e.pinned and e.in_use == 0]
+        if not idle:
+            return None
+
+        def cost(entry: tuple[int, str]) -> tuple[bool, bool, int]:
+            waiting, holders = self.demand.get(entry[1], (0, 0))
+            return waiting > 0 and holders <= 1, waiting > 0, entry[0]
+
+        return min(idle, key=cost)[1]
 
     def _evict(self, name: str) -> None:
         entry = self._resident.pop(name)

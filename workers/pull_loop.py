@@ -78,6 +78,7 @@ class PullLoop:
                 for name, spec in reply.get("models", {}).items():
                     self.specs[name] = ModelSpec(**spec)
                 self.contexts.update(reply.get("contexts", {}))
+                self.pool.demand = reply.get("demand", self.pool.demand)
                 if self._start_online(reply["items"]):
                     continue
                 for message in reply["items"]:
@@ -102,16 +103,14 @@ class PullLoop:
             spec = self.specs[message["model"]]
             payload = {**self.contexts.get(message["job"], {}), **message["payload"]}
             data = await loop.run_in_executor(self.io_executor, operation.read, payload)
-            async with self.compute_lock:
+            # The model loads (if it must) outside the device lock, while others compute.
+            async with self.pool.use(spec) as runtime, self.compute_lock:
                 started = await self.worker.scheduler.shoal_start(worker=self.worker.address, item=item_id)
                 if not started["ok"]:  # taken back for an idle worker, or lease lost
                     return
-                async with self.pool.use(spec) as runtime:
-                    began = time.perf_counter()
-                    computed = await loop.run_in_executor(
-                        self.compute_executor, operation.compute, runtime, data
-                    )
-                    compute_seconds = time.perf_counter() - began
+                began = time.perf_counter()
+                computed = await loop.run_in_executor(self.compute_executor, operation.compute, runtime, data)
+                compute_seconds = time.perf_counter() - began
             result = await loop.run_in_executor(
                 self.io_executor, operation.write, payload, data, computed, spec
             )

@@ -27,13 +27,16 @@ class ShoalWorker(WorkerPlugin):
         self.pinned = list(pinned)
         self._task: asyncio.Task | None = None
         self.compute: ThreadPoolExecutor | None = None
+        self.loader: ThreadPoolExecutor | None = None
 
     async def setup(self, worker) -> None:
         profile = load_profile(self.profile_name)
         pinned = list(dict.fromkeys([*profile.pinned, *self.pinned]))
         plan = detect_device(profile, dict(worker.state.total_resources))
         self.compute = ThreadPoolExecutor(1, thread_name_prefix="shoal-compute")
-        self.pool = ModelPool(plan.memory_budget, partial(load_runtime, plan=plan), self.compute)
+        # Loads get their own thread: a model loads while another one computes.
+        self.loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-load")
+        self.pool = ModelPool(plan.memory_budget, partial(load_runtime, plan=plan), self.loader)
         self.loop = PullLoop(worker, profile, self.pool, self.compute)
         self.plan = plan
         logger.info("shoal worker on %s (%s), model budget %.1f GB", plan.device, plan.dtype, plan.memory_budget / 1e9)
@@ -50,5 +53,6 @@ class ShoalWorker(WorkerPlugin):
                 await self._task
             except asyncio.CancelledError:
                 pass
-        if self.compute is not None:
-            self.compute.shutdown(wait=False, cancel_futures=True)
+        for executor in (self.compute, self.loader):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
