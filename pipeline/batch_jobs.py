@@ -11,8 +11,10 @@ and the parts written are checked again before the manifest lists them.
 
 from __future__ import annotations
 
+import io
 import uuid
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from distributed import Client
@@ -252,3 +254,26 @@ def run_embed(
 ) -> JobOutcome:
     spec = model_for(catalog, profile, request.model, "embedder")
     return run_job(client, embed_job(request), spec, profile, console)
+
+
+def run_embed_models(
+    client: Client, request: EmbedRequest, models: list[str], profile: Profile, catalog: Catalog, console: Console
+) -> list[JobOutcome]:
+    """Several models over one input, an output folder each (OUTPUT/<model>/).
+
+    Every model's job is in the queue at once, so workers keep several
+    models resident and share the cluster between them. The first job shows
+    the progress bar; the others' summaries follow it.
+    """
+    specs = [model_for(catalog, profile, name, "embedder") for name in models]  # refuse before any work
+    requests = [replace(request, model=name, output=f"{request.output.rstrip('/')}/{name}") for name in models]
+    consoles = [console, *(Console(file=io.StringIO(), soft_wrap=True, width=console.width) for _ in models[1:])]
+    with ThreadPoolExecutor(len(models)) as pool:
+        futures = [
+            pool.submit(run_job, client, embed_job(r), spec, profile, c)
+            for r, spec, c in zip(requests, specs, consoles)
+        ]
+        outcomes = [future.result() for future in futures]
+    for quiet in consoles[1:]:
+        console.print(quiet.file.getvalue(), end="", highlight=False, markup=False)
+    return outcomes

@@ -15,7 +15,7 @@ from rich.console import Console  # noqa: E402
 
 from configs import ConfigError, load_catalog, load_profile  # noqa: E402
 
-from .batch_jobs import EmbedRequest, model_for, run_embed  # noqa: E402
+from .batch_jobs import EmbedRequest, model_for, run_embed, run_embed_models  # noqa: E402
 from .cluster import ClusterError, connect  # noqa: E402
 from .planner import PlanError  # noqa: E402
 from .rerank_jobs import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank  # noqa: E402
@@ -56,7 +56,7 @@ def main() -> None:
 @main.command()
 @click.argument("input_url", metavar="INPUT")
 @click.argument("output_url", metavar="OUTPUT")
-@click.option("--model", required=True, help="Catalog name of the embedding model.")
+@click.option("--model", required=True, help="Catalog name of the embedding model; several, comma-separated, write OUTPUT/<model>/ each.")
 @click.option("--text-column", default="text", show_default=True)
 @click.option("--id-column", default="id", show_default=True, help="Passed through unchanged; '' for none.")
 @click.option("--keep-columns", default="", help="Comma-separated input columns to copy to the output.")
@@ -74,22 +74,27 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
     try:
         profile_config = load_profile(profile)
         catalog_config = load_catalog(catalog)
-        catalog_config.get(model)
+        models = _columns(model)
+        for name in models:
+            catalog_config.get(name)
         request = EmbedRequest(
             input=input_url,
             output=output_url,
-            model=model,
+            model=models[0],
             text_column=text_column,
             id_column=id_column or None,
             keep_columns=_columns(keep_columns),
             storage_options=_storage_options(storage_options),
         )
         with connect(scheduler, profile_config, catalog) as client:
-            outcome = run_embed(client, request, profile_config, catalog_config, console)
+            if len(models) == 1:
+                outcomes = [run_embed(client, request, profile_config, catalog_config, console)]
+            else:
+                outcomes = run_embed_models(client, request, models, profile_config, catalog_config, console)
     except USER_ERRORS as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
-    sys.exit(outcome.exit_code)
+    sys.exit(max(outcome.exit_code for outcome in outcomes))
 
 
 @main.command()

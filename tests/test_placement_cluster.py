@@ -162,3 +162,28 @@ def test_idle_worker_steals_and_gpu_models_stay_on_gpu_workers(sim_catalog, corp
     # both workers worked on sim-a: the second one to pull stole part of its backlog
     assert len(seen["sim-a"]["rows_by_worker"]) == 2
     assert sum(seen["sim-a"]["rows_by_worker"].values()) == len(ids)
+
+
+def test_one_command_several_models(sim_catalog, corpus, tmp_path):
+    profile = write_profile(tmp_path, name="multi", workers=1, memory_fraction=1.0, rows_per_item=200)
+    corpus_dir, ids = corpus
+    with start(profile, sim_catalog, {"w": {"MEMORY": 100 * MB}}) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        result = subprocess.run(
+            [SHOAL, "embed", str(corpus_dir), str(tmp_path / "out"), "--model", "sim-a,sim-b",
+             "--catalog", str(sim_catalog), "--scheduler", cluster.scheduler_address, "--profile", str(profile)],
+            cwd=ROOT, capture_output=True, text=True, timeout=240,
+        )
+        (pool,) = worker_pools(client).values()
+    assert result.returncode == 0, result.stderr
+    for model in ("sim-a", "sim-b"):
+        table = read_output(tmp_path / "out" / model)
+        assert sorted(table.column("id").to_pylist()) == sorted(ids)
+        assert (tmp_path / "out" / model / "_manifest.json").exists()
+    assert sorted(pool["resident"]) == ["sim-a", "sim-b"] and not pool["evictions"]  # both fit: both stay
+    assert result.stderr.count("job summary") == 2
+    result = subprocess.run(
+        [SHOAL, "embed", str(corpus_dir), str(tmp_path / "out2"), "--model", "sim-a,nope", "--catalog", str(sim_catalog)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2 and "unknown model 'nope'" in result.stderr
