@@ -30,6 +30,7 @@ def sim_catalog(tmp_path_factory):
     path = tmp_path_factory.mktemp("sim") / "catalog.yaml"
     models = {f"sim-{n}": sim(40) for n in "abc"}
     models["sim-gpu"] = sim(40, requires={"GPU": 1})
+    models["sim-slow"] = sim(40, per_token_seconds=2e-4)
     models["sim-huge"] = sim(10_000)
     path.write_text(yaml.safe_dump({"models": models}))
     return path
@@ -153,15 +154,15 @@ def test_idle_worker_steals_and_gpu_models_stay_on_gpu_workers(sim_catalog, corp
     with start(profile, sim_catalog, workers) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         watch = JobWatch(cluster.scheduler.extensions["shoal"])
-        results = run_jobs(cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out", ["sim-a", "sim-gpu"])
+        results = run_jobs(cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out", ["sim-slow", "sim-gpu"])
         seen = watch.stop()
         gpu_address = next(a for a, w in cluster.scheduler.workers.items() if w.resources.get("GPU"))
     for result in results.values():
         assert result.returncode == 0, result.stderr
     assert set(seen["sim-gpu"]["rows_by_worker"]) == {gpu_address}
-    # both workers worked on sim-a: the second one to pull stole part of its backlog
-    assert len(seen["sim-a"]["rows_by_worker"]) == 2
-    assert sum(seen["sim-a"]["rows_by_worker"].values()) == len(ids)
+    # both workers worked on sim-slow: the GPU worker, once idle, stole part of its backlog
+    assert len(seen["sim-slow"]["rows_by_worker"]) == 2, seen
+    assert sum(seen["sim-slow"]["rows_by_worker"].values()) == len(ids)
 
 
 def test_one_command_several_models(sim_catalog, corpus, tmp_path):

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 
+import yaml
 from conftest import SHOAL, ROOT, read_output, write_profile, write_shards
 from distributed import Client
 
@@ -17,12 +18,18 @@ from pipeline.cluster import start_local_cluster
 def test_killed_worker_loses_no_rows(demo_texts, tmp_path):
     profile = load_profile(str(write_profile(tmp_path, name="kill", rows_per_item=100, lease_seconds=30)))
     ids = write_shards(tmp_path / "in", demo_texts[:1600], shards=4, row_group_size=50)
+    # A simulated model (about 0.5 s per item) keeps the job long enough to kill a worker mid-way.
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": {"slow-sim": {
+        "kind": "sim", "dim": 8, "max_seq_length": 256, "memory_bytes": 10**6,
+        "load_seconds": 0.1, "batch_fixed_seconds": 0.05, "per_token_seconds": 1e-4,
+    }}}))
     with start_local_cluster(profile) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         plugin = cluster.scheduler.extensions["shoal"]
         job = subprocess.Popen(
-            [SHOAL, "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "minilm",
-             "--scheduler", cluster.scheduler_address, "--profile", profile.path],
+            [SHOAL, "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "slow-sim",
+             "--catalog", str(catalog), "--scheduler", cluster.scheduler_address, "--profile", profile.path],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         victim = None
