@@ -6,7 +6,7 @@ DEMO_OUT ?= out/demo-embeddings
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench tune bench-tuned clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,6 +28,14 @@ test: install
 
 bench: install
 	$(PY) benchmarks/batch_throughput.py
+
+# Re-tune the shipped cpu-2core profile on this machine (run it on a quiet one), from the untuned default.
+tune: install
+	$(VENV)/bin/shoal tune --profile cpu-2core --models minilm --budget-minutes 10 --base cpu-local
+
+# The tuned profile against the untuned default, in one run (docs/BENCHMARKS.md, "Tuned profile (issue 7)").
+bench-tuned: install
+	$(PY) benchmarks/batch_throughput.py --profile cpu-2core --json benchmarks/results/tuned_vs_default.json
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

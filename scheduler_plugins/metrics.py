@@ -1,0 +1,161 @@
+"""Shoal's live figures, and the same figures as Prometheus metrics on Dask's /metrics.
+
+The pull queue already knows queue depths, leases, workers' resident models
+and its event counters; workers report their model pool's loads and
+evictions as a Dask custom worker metric (``worker.metrics["shoal"]``,
+sent with every heartbeat), so no Shoal message changes for them. Figures
+are read when asked for, never kept up to date on the queue's hot path. The
+one thing sampled is rows done per model, once a second, so throughput is
+a rate over the last seconds rather than an average since start.
+
+Dask's scheduler serves prometheus_client's global registry at /metrics
+(distributed/http/scheduler/prometheus). One collector per process is
+registered there and reads the latest started scheduler's figures, as
+Dask's own collectors do when tests start schedulers one after another.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from tornado.ioloop import PeriodicCallback
+
+if TYPE_CHECKING:
+    from .pull_queue import ShoalScheduler
+
+SAMPLE_MS = 1000
+RATE_WINDOW_SECONDS = 10.0
+WORKER_METRIC = "shoal"  # the key workers' pool figures arrive under, in their Dask heartbeat metrics
+
+
+class ShoalMetrics:
+    def __init__(self, queue: ShoalScheduler) -> None:
+        self.queue = queue
+        self._samples: deque[tuple[float, dict[str, float]]] = deque()
+
+    def sample(self) -> None:
+        """Rows done per model now; samples older than the rate window (but one) are dropped."""
+        now = time.monotonic()
+        self._samples.append((now, dict(self.queue.placement.stats.rows)))
+        while len(self._samples) > 2 and now - self._samples[1][0] > RATE_WINDOW_SECONDS:
+            self._samples.popleft()
+
+    def rates(self) -> dict[str, float]:
+        """Batch rows per second per model, over the last RATE_WINDOW_SECONDS."""
+        if len(self._samples) < 2:
+            return {}
+        (t0, first), (t1, last) = self._samples[0], self._samples[-1]
+        seconds = max(t1 - t0, 1e-9)
+        return {model: (rows - first.get(model, 0.0)) / seconds for model, rows in last.items()}
+
+    def figures(self) -> dict[str, Any]:
+        """Everything the dashboard shows: the queue's overview, workers' pools, throughput."""
+        overview = self.queue.overview()
+        stats = self.queue.placement.stats
+        rates = self.rates()
+        online = self.queue.online  # a standing job per model; its items are the requests not yet answered
+        models = sorted(set(overview["queues"]) | set(stats.rows) | set(online))
+        workers = {}
+        for address, view in overview["workers"].items():
+            state = self.queue.scheduler.workers.get(address)
+            pool = dict((getattr(state, "metrics", None) or {}).get(WORKER_METRIC) or {})
+            workers[address] = {
+                **view,
+                "leased": overview["leased"].get(address, 0),
+                "loads": pool.get("loads", 0),
+                "evictions": pool.get("evictions", 0),
+                "load_seconds": pool.get("load_seconds", {}),
+                "connected": state is not None,
+            }
+        return {
+            "models": {
+                model: {
+                    **overview["queues"].get(model, {"online": 0, "batch": 0}),
+                    "online_pending": len(online[model].items) if model in online else 0,
+                    "rows_per_second": rates.get(model, 0.0),
+                    "rows_done": stats.rows.get(model, 0.0),
+                    "compute_seconds": stats.seconds.get(model, 0.0),
+                }
+                for model in models
+            },
+            "workers": workers,
+            "jobs": {
+                job_id: {key: job[key] for key in ("rows_done", "rows_total", "done", "failed", "items", "elapsed", "complete")}
+                for job_id, job in overview["jobs"].items()
+                if job_id not in {job.id for job in online.values()}
+            },
+            "events": overview["events"],
+        }
+
+    def collect(self) -> Iterable[Metric]:
+        figures = self.figures()
+        models, workers = figures["models"], figures["workers"]
+        depth = GaugeMetricFamily("shoal_queue_depth", "Items waiting in the pull queue", labels=["model", "priority"])
+        pending = GaugeMetricFamily("shoal_online_pending", "Online requests not answered yet (queued or leased)", labels=["model"])
+        rows = CounterMetricFamily("shoal_rows", "Batch rows done (acked), by model", labels=["model"])
+        compute = CounterMetricFamily("shoal_compute_seconds", "Worker compute seconds of acked batch items", labels=["model"])
+        rate = GaugeMetricFamily("shoal_rows_per_second", f"Batch rows/s over the last {RATE_WINDOW_SECONDS:g} s", labels=["model"])
+        for model, f in models.items():
+            depth.add_metric([model, "online"], f["online"])
+            depth.add_metric([model, "batch"], f["batch"])
+            pending.add_metric([model], f["online_pending"])
+            rows.add_metric([model], f["rows_done"])
+            compute.add_metric([model], f["compute_seconds"])
+            rate.add_metric([model], f["rows_per_second"])
+        leased = GaugeMetricFamily("shoal_leased_items", "Items leased to a worker, not yet acked", labels=["worker"])
+        resident = GaugeMetricFamily("shoal_resident_model", "1 for each model resident on a worker", labels=["worker", "model"])
+        budget = GaugeMetricFamily("shoal_model_budget_bytes", "Memory a worker's resident models may use", labels=["worker"])
+        free = GaugeMetricFamily("shoal_model_free_bytes", "Of that budget, not used by resident models", labels=["worker"])
+        loads = CounterMetricFamily("shoal_model_loads", "Model loads on a worker", labels=["worker"])
+        evictions = CounterMetricFamily("shoal_model_evictions", "Models evicted from a worker", labels=["worker"])
+        for address, w in workers.items():
+            leased.add_metric([address], w["leased"])
+            for model in w["resident"]:
+                resident.add_metric([address, model], 1)
+            if w["budget"] is not None:
+                budget.add_metric([address], w["budget"])
+            if w["free_bytes"] is not None:
+                free.add_metric([address], w["free_bytes"])
+            loads.add_metric([address], w["loads"])
+            evictions.add_metric([address], w["evictions"])
+        events = CounterMetricFamily("shoal_queue_events", "Pull-queue events: leased, acked, failed, lost, expired, dead, taken_back", labels=["event"])
+        for event, count in sorted(figures["events"].items()):
+            events.add_metric([event], count)
+        jobs = GaugeMetricFamily("shoal_jobs", "Jobs the queue holds", labels=["state"])
+        complete = sum(1 for job in figures["jobs"].values() if job["complete"])
+        jobs.add_metric(["running"], len(figures["jobs"]) - complete)
+        jobs.add_metric(["complete"], complete)
+        yield from (depth, pending, rows, compute, rate, leased, resident, budget, free, loads, evictions, events, jobs)
+
+
+class _LatestScheduler:
+    """The collector on the global registry: the figures of the latest started Shoal scheduler."""
+
+    def __init__(self) -> None:
+        self.target: weakref.ref[ShoalMetrics] | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        metrics = self.target() if self.target is not None else None
+        if metrics is not None:
+            yield from metrics.collect()
+
+
+_COLLECTOR = _LatestScheduler()
+REGISTRY.register(_COLLECTOR)
+
+
+def start_metrics(queue: ShoalScheduler) -> ShoalMetrics:
+    """Figures of `queue`, sampled every second while its scheduler runs, served on /metrics."""
+    metrics = ShoalMetrics(queue)
+    sampler = PeriodicCallback(metrics.sample, SAMPLE_MS)
+    queue.scheduler.periodic_callbacks["shoal-metrics"] = sampler  # the scheduler stops it on close
+    sampler.start()
+    metrics.sample()
+    _COLLECTOR.target = weakref.ref(metrics)
+    return metrics
