@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, field_validator
 
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_PROFILE = "cpu-local"
@@ -125,6 +125,7 @@ class Profile(BaseModel):
     memory_fraction: float = Field(default=0.5, gt=0, le=1)
     pinned: list[str] = Field(default_factory=list)
     token_budgets: dict[str, int] = Field(default_factory=dict)
+    max_batch_sizes: dict[str, PositiveInt] = Field(default_factory=dict)  # per model, like token_budgets
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     _path: str = PrivateAttr(default="")
 
@@ -134,11 +135,14 @@ class Profile(BaseModel):
         return self._path
 
     def tuned(self, spec: ModelSpec) -> ModelSpec:
-        """The spec with this profile's tuned token budget, on every device kind."""
+        """The spec with this profile's tuned token budget (every device kind) and batch cap."""
+        update: dict = {}
         budget = self.token_budgets.get(spec.name)
-        if budget is None:
-            return spec
-        return spec.model_copy(update={"token_budget": {kind: budget for kind in ("cpu", "cuda")}})
+        if budget is not None:
+            update["token_budget"] = {kind: budget for kind in ("cpu", "cuda")}
+        if spec.name in self.max_batch_sizes:
+            update["max_batch_size"] = self.max_batch_sizes[spec.name]
+        return spec.model_copy(update=update) if update else spec
 
     def torch_threads(self, cores: int) -> int:
         """Threads per worker process: the cores it owns, never oversubscribed."""

@@ -35,8 +35,10 @@ from tornado.ioloop import PeriodicCallback
 
 from configs import GatewaySettings
 
+from .dashboard import start_dashboard
 from .gateway import Gateway
 from .jobs import Job
+from .metrics import start_metrics
 from .model_queues import ModelQueues
 from .online_requests import OnlineJob, leased_at
 from .placement import Placement, WorkerView, can_host
@@ -91,6 +93,8 @@ class ShoalScheduler(SchedulerPlugin):
             }
         )
         scheduler.extensions["shoal"] = self
+        self.metrics = start_metrics(self)
+        start_dashboard(scheduler, self.metrics)
         self._lease_checker = PeriodicCallback(self.check_leases_and_placement, LEASE_CHECK_MS)
         self._lease_checker.start()
         if self._gateway_settings is not None:
