@@ -27,6 +27,9 @@ from .job_lock import LockHeld  # noqa: E402
 from .reindex import job_config, load_job, plan_reindex, run_reindex  # noqa: E402
 from .schedule import check_expression, run_on_schedule  # noqa: E402
 from .status import cluster_state, output_state, render_cluster, render_output  # noqa: E402
+from .tuning import DEMO_INPUT, TuneRequest, tune as tune_profile  # noqa: E402
+from .tuning_derived import GPUS, derive as derive_gpu  # noqa: E402
+from .tuning_profile import profile_path, write_profile  # noqa: E402
 
 USER_ERRORS = (ConfigError, PlanError, ClusterError)
 
@@ -98,33 +101,6 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
 
 
 @main.command()
-@click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local); its `gateway:` section sets the limits.")
-@click.option("--models", default="", help="Comma-separated models to pin (load at start, never evict) on the embedded cluster.")
-@click.option("--host", default=None, help="Address to listen on. Default: the profile's, 127.0.0.1 (loopback only).")
-@click.option("--port", type=int, default=None, help="Port to listen on (0: any free one). Default: the profile's, 8790.")
-@click.option("--scheduler", default=None, help="tcp://host:port of a running cluster: the gateway starts in its scheduler.")
-@click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
-def serve(profile, models, host, port, scheduler, catalog):
-    """Answer online requests (MessagePack or JSON over HTTP) until stopped.
-
-    Same workers and queue as batch jobs; online requests go first. SIGINT or
-    SIGTERM stops accepting, finishes what is in flight, and exits 0. The
-    protocol is in docs/PROTOCOL.md.
-    """
-    from .serve import serve as run_serve
-
-    console = Console(stderr=True, soft_wrap=True)
-    try:
-        code = run_serve(
-            load_profile(profile), load_catalog(catalog), catalog, _columns(models), host, port, scheduler, console
-        )
-    except USER_ERRORS as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        sys.exit(2)
-    sys.exit(code)
-
-
-@main.command()
 @click.argument("input_url", metavar="INPUT")
 @click.argument("output_url", metavar="OUTPUT")
 @click.option("--model", required=True, help="Catalog name of the reranker (kind: reranker).")
@@ -173,6 +149,120 @@ def rerank(input_url, output_url, model, query_column, passage_column, candidate
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
     sys.exit(outcome.exit_code)
+
+
+@main.command()
+@click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print what a run would do; change nothing.")
+@click.option("--schedule", "cron", default=None, help='Run at every slot of this cron expression, e.g. "0 * * * *" (a sixth field is seconds).')
+@click.option("--runs", type=click.IntRange(min=1), default=None, help="With --schedule: stop after this many runs.")
+@click.option("--scheduler", default=None, help="tcp://host:port of a running cluster; overrides the job file.")
+@click.option("--profile", default=None, help="Cluster profile name or YAML path; overrides the job file's.")
+def reindex(job_file, dry_run, cron, runs, scheduler, profile):
+    """Bring the output of JOB.yaml in step with its inputs and model.
+
+    New and changed shards are redone, removed shards' parts removed; after a
+    model change everything is redone into a new version directory and
+    OUTPUT/_CURRENT moves to it when it is complete. Exit 3: another run of
+    the job holds its lock.
+    """
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        job = _job(job_file, profile)
+        if cron:
+            check_expression(cron)
+        if dry_run:
+            plan_reindex(job, *job_config(job)).render(console)
+            sys.exit(0)
+    except (ValueError, ClusterError) as exc:  # ValueError: ConfigError, PlanError, a bad cron expression
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    if cron is None:
+        sys.exit(_reindex_once(job_file, console, scheduler, profile))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    failed = run_on_schedule(cron, lambda: _reindex_once(job_file, console, scheduler, profile), runs)
+    sys.exit(1 if failed else 0)
+
+
+def _job(job_file: str, profile: str | None):
+    """The job file, with --profile (if given) in place of its own."""
+    job = load_job(job_file)
+    return job.model_copy(update={"profile": profile}) if profile else job
+
+
+def _reindex_once(job_file: str, console: Console, scheduler: str | None, profile: str | None = None) -> int:
+    """One run; the job file is read again, so edits apply to the next scheduled run."""
+    try:
+        return run_reindex(_job(job_file, profile), console, scheduler).exit_code
+    except USER_ERRORS as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except LockHeld as exc:
+        console.print(f"[yellow]not run:[/yellow] {exc}")
+        return 3
+
+
+@main.command()
+@click.argument("job", required=False)
+@click.option("--scheduler", default=None, envvar="DASK_SCHEDULER_ADDRESS", help="tcp://host:port of the cluster.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw state as JSON.")
+@click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local).")
+def status(job, scheduler, as_json, profile):
+    """Show running jobs (item states per model), workers and their resident models.
+
+    JOB filters the jobs by id. A job file (JOB.yaml) shows that job's runs
+    and its output too: _CURRENT, versions, lock holder, last manifest.
+    """
+    console = Console(soft_wrap=True)
+    state: dict = {}
+    pattern = job
+    try:
+        if job and job.endswith((".yaml", ".yml")):
+            job_file = load_job(job)
+            pattern, scheduler = f"reindex-{job_file.name}-", scheduler or job_file.scheduler
+            state["output"] = output_state(job_file)
+        elif not scheduler:
+            raise click.UsageError("give --scheduler (or DASK_SCHEDULER_ADDRESS), or a job file")
+        if scheduler:
+            with connect(scheduler, load_profile(profile)) as client:
+                state["cluster"] = cluster_state(client, pattern)
+    except USER_ERRORS as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(state, indent=1, default=str))
+        return
+    if "output" in state:
+        render_output(state["output"], console)
+    if "cluster" in state:
+        render_cluster(state["cluster"], console)
+
+
+@main.command()
+@click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local); its `gateway:` section sets the limits.")
+@click.option("--models", default="", help="Comma-separated models to pin (load at start, never evict) on the embedded cluster.")
+@click.option("--host", default=None, help="Address to listen on. Default: the profile's, 127.0.0.1 (loopback only).")
+@click.option("--port", type=int, default=None, help="Port to listen on (0: any free one). Default: the profile's, 8790.")
+@click.option("--scheduler", default=None, help="tcp://host:port of a running cluster: the gateway starts in its scheduler.")
+@click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
+def serve(profile, models, host, port, scheduler, catalog):
+    """Answer online requests (MessagePack or JSON over HTTP) until stopped.
+
+    Same workers and queue as batch jobs; online requests go first. SIGINT or
+    SIGTERM stops accepting, finishes what is in flight, and exits 0. The
+    protocol is in docs/PROTOCOL.md.
+    """
+    from .serve import serve as run_serve
+
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        code = run_serve(
+            load_profile(profile), load_catalog(catalog), catalog, _columns(models), host, port, scheduler, console
+        )
+    except USER_ERRORS as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    sys.exit(code)
 
 
 @main.command(name="run")
@@ -230,79 +320,36 @@ def evaluate(dataset, model, reranker, top_k, rerank_k, split, output, scheduler
 
 
 @main.command()
-@click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
-@click.option("--dry-run", is_flag=True, help="Print what a run would do; change nothing.")
-@click.option("--schedule", "cron", default=None, help='Run at every slot of this cron expression, e.g. "0 * * * *" (a sixth field is seconds).')
-@click.option("--runs", type=click.IntRange(min=1), default=None, help="With --schedule: stop after this many runs.")
-@click.option("--scheduler", default=None, help="tcp://host:port of a running cluster; overrides the job file.")
-def reindex(job_file, dry_run, cron, runs, scheduler):
-    """Bring the output of JOB.yaml in step with its inputs and model.
+@click.option("--profile", "name", required=True, help="Profile to write: a name (configs/NAME.yaml) or a YAML path.")
+@click.option("--models", default="minilm", show_default=True, help="Comma-separated catalog models to tune for.")
+@click.option("--budget-minutes", default=10.0, show_default=True, help="Stop starting trials after this long.")
+@click.option("--input", "input_url", default=None, help="Parquet corpus to sample texts from. [default: the demo corpus]")
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--sample-rows", default=2048, show_default=True, help="Most texts per cluster trial; fewer on a slow machine.")
+@click.option("--online-rate", default=2.0, show_default=True, help="Online requests/s during cluster trials; 0: batch only.")
+@click.option("--p99-ms", type=float, default=None, help="Online p99 target. [default: none on CPU (measured only), 200 on GPU]")
+@click.option("--base", default=None, help="Profile to start from. [default: NAME if it exists, else cpu-local]")
+@click.option("--derive", type=click.Choice(sorted(GPUS)), default=None, help="Write a profile derived from this GPU's published figures instead of measuring.")
+@click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
+def tune(name, models, budget_minutes, input_url, text_column, sample_rows, online_rate, p99_ms, base, derive, catalog):
+    """Measure this machine and write a tuned profile (or derive one for a GPU with --derive).
 
-    New and changed shards are redone, removed shards' parts removed; after a
-    model change everything is redone into a new version directory and
-    OUTPUT/_CURRENT moves to it when it is complete. Exit 3: another run of
-    the job holds its lock.
+    Sweeps token budget and batch cap per model, then worker layout, prefetch,
+    item size and models per device on embedded clusters, by coordinate
+    search; the chosen settings and every trial's figures go to the file.
     """
     console = Console(stderr=True, soft_wrap=True)
     try:
-        job = load_job(job_file)
-        if cron:
-            check_expression(cron)
-        if dry_run:
-            plan_reindex(job, *job_config(job)).render(console)
-            sys.exit(0)
-    except (ValueError, ClusterError) as exc:  # ValueError: ConfigError, PlanError, a bad cron expression
-        console.print(f"[red]error:[/red] {exc}")
-        sys.exit(2)
-    if cron is None:
-        sys.exit(_reindex_once(job_file, console, scheduler))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    failed = run_on_schedule(cron, lambda: _reindex_once(job_file, console, scheduler), runs)
-    sys.exit(1 if failed else 0)
-
-
-def _reindex_once(job_file: str, console: Console, scheduler: str | None) -> int:
-    """One run; the job file is read again, so edits apply to the next scheduled run."""
-    try:
-        return run_reindex(load_job(job_file), console, scheduler).exit_code
+        names = _columns(models) or ["minilm"]
+        if derive:
+            fields, comments = derive_gpu(derive, load_catalog(catalog), names)
+            path = profile_path(name)
+            write_profile(path, {**fields, "name": path.stem}, comments)
+            console.print(f"wrote {path} (derived from published {derive} figures)")
+            return
+        request = TuneRequest(name, names, budget_minutes, input_url or DEMO_INPUT, text_column, catalog, base,
+                              sample_rows, online_rate=online_rate, p99_ms=p99_ms)
+        tune_profile(request, console)
     except USER_ERRORS as exc:
         console.print(f"[red]error:[/red] {exc}")
-        return 2
-    except LockHeld as exc:
-        console.print(f"[yellow]not run:[/yellow] {exc}")
-        return 3
-
-
-@main.command()
-@click.argument("job", required=False)
-@click.option("--scheduler", default=None, envvar="DASK_SCHEDULER_ADDRESS", help="tcp://host:port of the cluster.")
-@click.option("--json", "as_json", is_flag=True, help="Print the raw state as JSON.")
-def status(job, scheduler, as_json):
-    """Show running jobs (item states per model), workers and their resident models.
-
-    JOB filters the jobs by id. A job file (JOB.yaml) shows that job's runs
-    and its output too: _CURRENT, versions, lock holder, last manifest.
-    """
-    console = Console(soft_wrap=True)
-    state: dict = {}
-    pattern = job
-    try:
-        if job and job.endswith((".yaml", ".yml")):
-            job_file = load_job(job)
-            pattern, scheduler = f"reindex-{job_file.name}-", scheduler or job_file.scheduler
-            state["output"] = output_state(job_file)
-        elif not scheduler:
-            raise click.UsageError("give --scheduler (or DASK_SCHEDULER_ADDRESS), or a job file")
-        if scheduler:
-            with connect(scheduler, load_profile(None)) as client:
-                state["cluster"] = cluster_state(client, pattern)
-    except USER_ERRORS as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}")
         sys.exit(2)
-    if as_json:
-        click.echo(json.dumps(state, indent=1, default=str))
-        return
-    if "output" in state:
-        render_output(state["output"], console)
-    if "cluster" in state:
-        render_cluster(state["cluster"], console)
