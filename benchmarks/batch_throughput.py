@@ -80,6 +80,27 @@ def _proc_stat() -> tuple[float, float, float] | None:
     return busy / tick, steal / tick, (busy + idle + iowait) / tick
 
 
+def wait_for_idle(max_wait: float, threshold: float = 0.10, window: float = 1.0) -> float:
+    """Wait until the machine looks idle (busy share of all cores < threshold over `window`).
+
+    Returns the seconds waited; gives up after `max_wait`. Only softens the
+    noise of a shared machine: a burst can still start mid-run, which is why
+    every run also records the other processes' CPU share.
+    """
+    waited = 0.0
+    while waited < max_wait:
+        before = _proc_stat()
+        time.sleep(window)
+        after = _proc_stat()
+        waited += window
+        if not before or not after:
+            break
+        busy = (after[0] - before[0]) / max(after[2] - before[2], 1e-9)
+        if busy < threshold:
+            break
+    return round(waited, 1)
+
+
 class Meter:
     """Wall time, our own CPU time, and what the rest of the machine did meanwhile.
 
@@ -119,8 +140,13 @@ class Meter:
             self.other_cpu_share = max(0.0, busy - self.own_cpu) / capacity
             self.steal_share = steal / capacity
 
-    def record(self) -> dict[str, Any]:
+    def record(self, rows: int | None = None) -> dict[str, Any]:
+        extra = {}
+        if rows is not None and self.own_cpu > 0:
+            # less sensitive to other processes than rows/s (though not immune: spin-waits, caches)
+            extra["rows_per_cpu_s"] = round(rows / self.own_cpu, 2)
         return {
+            **extra,
             "wall_s": round(self.seconds, 3),
             "own_cpu_s": round(self.own_cpu, 2),
             "own_cores_used": round(self.own_cpu / self.seconds, 2) if self.seconds else None,
@@ -294,7 +320,11 @@ def run_ours(
     cmd = [*shoal_command(), "embed", input_url, f"{out_dir}/", "--model", model, "--text-column", text_col, "--id-column", id_col]
     if variant["profile"]:
         cmd += ["--profile", variant["profile"]]
-    env = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # PYTHONPATH: the command and its workers import the same tree as this script
+    # (so a clean export of a commit can be benchmarked with the shared venv).
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": pythonpath}
     with Meter("children") as meter:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
     summary = parse_summary(proc.stderr)
@@ -304,7 +334,7 @@ def run_ours(
         "run": run_index,
         "command": " ".join(cmd),
         "exit_code": proc.returncode,
-        **meter.record(),
+        **meter.record(expected_rows),
         "job_seconds": number(summary.get("seconds")),
         "job_rows_per_s": number(summary.get("rows/s")),
         "job_rows": number(summary.get("rows")),
@@ -339,7 +369,7 @@ def run_direct(model, texts: list[str], batch_size: int, normalize: bool) -> tup
         "kind": "direct",
         "variant": f"direct B={batch_size}",
         "batch_size": batch_size,
-        **meter.record(),
+        **meter.record(len(texts)),
         "rows_per_s": round(len(texts) / meter.seconds, 2),
         "ok": vectors.shape[0] == len(texts),
     }
@@ -362,38 +392,99 @@ def cold_load_seconds(path: str) -> float | None:
         return None
 
 
-def sweep_budgets(spec, items: list[dict], item_lengths: list[np.ndarray], budgets: list[int]) -> list[dict[str, Any]]:
-    """Our worker's compute alone, in this process: SentenceEmbedder.embed item by item."""
+def sweep_budgets(
+    spec,
+    model,
+    items: list[dict],
+    item_lengths: list[np.ndarray],
+    budgets: list[int],
+    max_batches: list[int],
+    direct_batch: int,
+    rounds: int,
+    wait_idle: float = 0.0,
+) -> list[dict[str, Any]]:
+    """Our worker's compute alone, in this process: SentenceEmbedder.embed, item by item.
+
+    One row per (token_budget, max_batch_size), plus a direct encode at
+    `direct_batch` as the baseline. Paired and interleaved so a shared
+    machine's bursts hit every config alike: for each round and each work
+    item, every config embeds that item's texts, in an order rotated per item
+    and round. A config's rows/s uses its best time per item; its ratio vs
+    direct is the median of the paired (same item, same round) time ratios.
+    """
     from workers.devices import DevicePlan
     from workers.embedder import SentenceEmbedder
 
     plan = DevicePlan("cpu", "cpu", "float32", 10**10)
+    texts_by_item = [[t for t in item["texts"] if t is not None] for item in items]
+    n = sum(len(texts) for texts in texts_by_item)
+    configs: list[tuple[int, int] | None] = [None] + [(b, m) for m in max_batches for b in budgets]
+    embedders: dict[tuple[int, int], Any] = {}
+    for config in configs[1:]:
+        budget, max_batch = config
+        tuned = spec.model_copy(
+            update={"token_budget": {**spec.token_budget, "cpu": budget}, "max_batch_size": max_batch}
+        )
+        embedders[config] = SentenceEmbedder(tuned, plan)
+        embedders[config].embed(texts_by_item[0][:WARMUP_TEXTS])
+    times: dict[Any, dict[tuple[int, int], float]] = {c: {} for c in configs}
+    others: dict[Any, list[float]] = {c: [] for c in configs}
+    cpu: dict[Any, float] = {c: 0.0 for c in configs}
+    for r in range(rounds):
+        for i, texts in enumerate(texts_by_item):
+            wait_for_idle(wait_idle)
+            shift = (r * len(texts_by_item) + i) % len(configs)
+            for config in configs[shift:] + configs[:shift]:
+                with Meter("self") as meter:
+                    if config is None:
+                        model.encode(texts, batch_size=direct_batch, show_progress_bar=False)
+                    else:
+                        embedders[config].embed(texts)
+                times[config][(r, i)] = meter.seconds
+                cpu[config] += meter.own_cpu
+                if meter.other_cpu_share is not None:
+                    others[config].append(meter.other_cpu_share)
+        print(f"  sweep round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+    for embedder in embedders.values():
+        embedder.close()
+
     rows = []
-    for budget in budgets:
-        tuned = spec.model_copy(update={"token_budget": {**spec.token_budget, "cpu": budget}})
-        embedder = SentenceEmbedder(tuned, plan)
-        embedder.embed([t for t in items[0]["texts"][:WARMUP_TEXTS] if t is not None])
-        batches = 0
-        with Meter("self") as meter:
-            for item in items:
-                texts = [t for t in item["texts"] if t is not None]
-                embedder.embed(texts)
-        for lengths in item_lengths:
-            batches += len(plan_batches(lengths, budget, spec.max_batch_size))
-        padding, computed = ours_padding(items, item_lengths, budget, spec.max_batch_size)
-        n = sum(len(lengths) for lengths in item_lengths)
-        rows.append(
+    for config in configs:
+        best_total = sum(min(times[config][(r, i)] for r in range(rounds)) for i in range(len(texts_by_item)))
+        ratios = [times[None][key] / times[config][key] for key in times[config]]
+        if config is None:
+            lengths = [lengths for lengths in item_lengths]
+            batches = [st_batches(model, texts, direct_batch) for texts in texts_by_item]
+            computed = sum(computed_tokens(ls, bs) for ls, bs in zip(lengths, batches))
+            real = int(sum(ls.sum() for ls in lengths))
+            padding = (computed - real) / computed if computed else 0.0
+            n_batches = sum(len(bs) for bs in batches)
+            row = {"config": f"direct encode B={direct_batch} (per item)", "token_budget": None,
+                   "max_batch_size": direct_batch}
+        else:
+            budget, max_batch = config
+            padding, computed = ours_padding(items, item_lengths, budget, max_batch)
+            n_batches = sum(len(plan_batches(lengths, budget, max_batch)) for lengths in item_lengths)
+            row = {"config": f"SentenceEmbedder budget={budget} max_batch={max_batch}",
+                   "token_budget": budget, "max_batch_size": max_batch}
+        row.update(
             {
-                "token_budget": budget,
-                "rows_per_s": round(n / meter.seconds, 2),
+                "rows_per_s": round(n / best_total, 2),
+                "ratio_vs_direct_median": round(float(np.median(ratios)), 3),
+                "ratio_vs_direct_range": [round(float(min(ratios)), 3), round(float(max(ratios)), 3)],
+                "rounds_total_s": [round(sum(times[config][(r, i)] for i in range(len(texts_by_item))), 2)
+                                   for r in range(rounds)],
                 "padding": round(padding, 4),
                 "computed_tokens": computed,
-                "batches": batches,
-                **meter.record(),
+                "batches": n_batches,
+                "rows_per_cpu_s": round(n * rounds / cpu[config], 2) if cpu[config] else None,
+                "other_cpu_share": round(float(np.mean(others[config])), 3) if others[config] else None,
+                "other_cpu_share_max": round(float(np.max(others[config])), 3) if others[config] else None,
             }
         )
-        embedder.close()
-        print(f"  sweep budget {budget}: {rows[-1]['rows_per_s']:.1f} rows/s, padding {padding:.1%}", file=sys.stderr)
+        rows.append(row)
+        print(f"  sweep {row['config']}: {row['rows_per_s']:.1f} rows/s, x{row['ratio_vs_direct_median']:.2f} vs direct "
+              f"(median), padding {padding:.1%}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -412,7 +503,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"p95 {c['tokens_p95']:.0f}, max {c['tokens_max']} (max_seq_length {c['max_seq_length']}, "
         f"{c['truncated']} truncated). Model {c['model']} ({c['model_name']}). "
         f"{c['cpu_count']} CPUs ({c['cpu_model']}), torch {c['torch']} with {c['torch_threads']} threads, "
-        f"sentence-transformers {c['sentence_transformers']}, dask.distributed {c['distributed']}. {c['date']}."
+        f"sentence-transformers {c['sentence_transformers']}, dask.distributed {c['distributed']}. {c['date']}, "
+        f"code {c['git'] or '?'}{'; ' + c['note'] if c.get('note') else ''}."
     )
     lines.append("")
     lines.append("| variant | rows/s | padding % | ratio vs best direct | wall s | notes |")
@@ -427,26 +519,35 @@ def markdown(results: dict[str, Any]) -> str:
     lines.append("")
     lines.append("Every run, in the order it ran (other CPU: share of all cores busy with other processes meanwhile):")
     lines.append("")
-    lines.append("| # | run | wall s | rows/s | own cores used | other CPU | load 1m before→after | ok |")
-    lines.append("|---:|---|---:|---:|---:|---:|---|---|")
+    lines.append("| # | run | wall s | rows/s | rows per CPU-s | own cores used | other CPU | load 1m before→after | ok |")
+    lines.append("|---:|---|---:|---:|---:|---:|---:|---|---|")
     for i, r in enumerate(results["runs"], 1):
         rate = r.get("rows_per_s") or r.get("job_rows_per_s")
         label = r["variant"] if r["kind"] == "direct" else f"{r['variant']} #{r['run']} (in-job)"
         lines.append(
             f"| {i} | {label} | {r['wall_s']:.1f} | {rate if rate is not None else '-'} | "
-            f"{r['own_cores_used']} | {pct(r['other_cpu_share'])} | "
+            f"{r.get('rows_per_cpu_s', '-')} | {r['own_cores_used']} | {pct(r['other_cpu_share'])} | "
             f"{r['loadavg_1m_before']}→{r['loadavg_1m_after']} | {'yes' if r['ok'] else 'NO'} |"
         )
     if results.get("sweep"):
         lines.append("")
-        lines.append("Token-budget sweep (our worker's SentenceEmbedder in-process, item by item, no Dask):")
+        lines.append(
+            "Token-budget sweep: our worker's SentenceEmbedder.embed in this process, item by item (no Dask, "
+            "model loaded), paired with a direct encode of the same item's texts; configs interleaved per item, "
+            "order rotated. rows/s from each config's best time per item; ratio = median of paired time ratios:"
+        )
         lines.append("")
-        lines.append("| token_budget | rows/s | padding % | computed tokens | batches | other CPU |")
-        lines.append("|---:|---:|---:|---:|---:|---:|")
+        lines.append(
+            "| config | rows/s | ratio vs direct (median) | ratio range | padding % | computed tokens | batches | "
+            "rows per CPU-s | other CPU mean / max |"
+        )
+        lines.append("|---|---:|---:|---|---:|---:|---:|---:|---|")
         for s in results["sweep"]:
+            lo, hi = s["ratio_vs_direct_range"]
             lines.append(
-                f"| {s['token_budget']} | {s['rows_per_s']:.1f} | {pct(s['padding'])} | "
-                f"{s['computed_tokens']:,} | {s['batches']} | {pct(s['other_cpu_share'])} |"
+                f"| {s['config']} | {s['rows_per_s']:.1f} | {s['ratio_vs_direct_median']:.2f} | {lo:.2f}–{hi:.2f} | "
+                f"{pct(s['padding'])} | {s['computed_tokens']:,} | {s['batches']} | {s.get('rows_per_cpu_s', '-')} | "
+                f"{pct(s['other_cpu_share'])} / {pct(s['other_cpu_share_max'])} |"
             )
     return "\n".join(lines)
 
@@ -466,10 +567,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--ours-runs", type=int, default=2, help="runs of each ours variant; the best counts (default: 2)")
     p.add_argument("--sweep-budgets", action="store_true", help="also time SentenceEmbedder in-process per token budget")
-    p.add_argument("--budgets", default="2048,4096,8192,16384", help="token budgets for --sweep-budgets")
+    p.add_argument("--budgets", default="1024,2048,4096,8192,16384", help="token budgets for --sweep-budgets")
+    p.add_argument(
+        "--sweep-max-batch", default="", help="max_batch_size values for --sweep-budgets (default: the catalog's)"
+    )
+    p.add_argument("--sweep-runs", type=int, default=2, help="rounds of the sweep, order alternated; best counts")
+    p.add_argument("--sweep-only", action="store_true", help="skip the direct and `shoal embed` runs; sweep only")
     p.add_argument("--json", default=DEFAULT_JSON, help=f"where to write the results (default: {DEFAULT_JSON})")
     p.add_argument("--markdown", default=None, help="also write the Markdown tables to this file")
+    p.add_argument(
+        "--wait-idle", type=float, default=60,
+        help="before each timed run, wait up to this many seconds for the machine to be idle (0: don't)",
+    )
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per `shoal embed` run")
+    p.add_argument("--note", default="", help="free text recorded with the conditions (e.g. which commit was exported)")
     p.add_argument("--keep-output", action="store_true", help="keep ours' output folders (printed at the end)")
     return p.parse_args(argv)
 
@@ -481,7 +592,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    # the cores this process may use (= os.cpu_count() unless pinned), as the worker counts them
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(cores)
     batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
     budgets = [int(x) for x in args.budgets.split(",") if x.strip()]
     scratch = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
@@ -549,6 +662,9 @@ def main(argv: list[str] | None = None) -> int:
         "model_load_cold_s": cold_load,
         "git": _git_state(),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "wait_idle_s": args.wait_idle,
+        "note": args.note,
+        "argv": sys.argv[1:] if argv is None else argv,
     }
 
     variants = [{"name": f"ours {default_profile.name} (default)", "slug": "default", "profile": None}]
@@ -565,13 +681,15 @@ def main(argv: list[str] | None = None) -> int:
         prof = load_profile(v["profile"])
         tuned = prof.tuned(spec) if hasattr(prof, "tuned") else spec
         v["token_budget"] = tuned.budget_for("cpu")
+        v["max_batch_size"] = tuned.max_batch_size
+        v["rows_per_item"] = prof.rows_per_item
         if prof.rows_per_item == default_profile.rows_per_item:
-            v["padding"], v["computed_tokens"] = ours_padding(items, item_lengths, v["token_budget"], spec.max_batch_size)
+            v["padding"], v["computed_tokens"] = ours_padding(items, item_lengths, v["token_budget"], v["max_batch_size"])
         else:  # another item size: the plan, hence the batches, differ
             _, p_items = read_items(input_url, args.text_column, prof)
             p_offsets = np.cumsum([0] + [sum(t is not None for t in it["texts"]) for it in p_items])
             p_lengths = [lengths[p_offsets[i] : p_offsets[i + 1]] for i in range(len(p_items))]
-            v["padding"], v["computed_tokens"] = ours_padding(p_items, p_lengths, v["token_budget"], spec.max_batch_size)
+            v["padding"], v["computed_tokens"] = ours_padding(p_items, p_lengths, v["token_budget"], v["max_batch_size"])
 
     direct_padding = {}
     for b in batch_sizes:
@@ -580,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Interleaved schedule: direct B0, ours round 1, the other directs, ours rounds 2..
     schedule: list[tuple[str, Any]] = [("direct", batch_sizes[0])]
-    for r in range(max(args.ours_runs, 1)):
+    for r in range(0 if args.sweep_only else max(args.ours_runs, 1)):
         if r < args.ours_runs:
             schedule += [("ours", (v, r + 1)) for v in variants]
         if r == 0:
@@ -590,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     reference: np.ndarray | None = None
     for kind, what in schedule:
+        waited = wait_for_idle(args.wait_idle)
         if kind == "direct":
             record, vectors = run_direct(model, texts, what, spec.normalize)
             record["padding"], record["computed_tokens"] = direct_padding[what]
@@ -609,14 +728,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"{record['wall_s']:.1f} s, ok={record['ok']} (other CPU {pct(record['other_cpu_share'])})")
             if not record["ok"] and "stderr_tail" in record:
                 log(record["stderr_tail"])
+        record["waited_for_idle_s"] = waited
         runs.append(record)
-
-    sweep = sweep_budgets(spec, items, item_lengths, budgets) if args.sweep_budgets else []
 
     # The summary table: every direct batch size; for each ours variant its best run.
     directs = [r for r in runs if r["kind"] == "direct"]
     best_direct = max(r["rows_per_s"] for r in directs)
-    best_direct_name = max(directs, key=lambda r: r["rows_per_s"])["variant"]
+    best_direct_run = max(directs, key=lambda r: r["rows_per_s"])
+    best_direct_name = best_direct_run["variant"]
+
+    sweep = []
+    if args.sweep_budgets or args.sweep_only:
+        max_batches = [int(x) for x in args.sweep_max_batch.split(",") if x.strip()] or [spec.max_batch_size]
+        sweep = sweep_budgets(
+            spec, model, items, item_lengths, budgets, max_batches, best_direct_run["batch_size"], args.sweep_runs,
+            args.wait_idle,
+        )
     table = []
     for r in directs:
         table.append(
@@ -630,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     verdict_ratio = None
-    for v in variants:
+    for v in variants if not args.sweep_only else []:
         mine = [r for r in runs if r["kind"] == "ours" and r["variant"] == v["name"] and r["ok"]]
         if not mine:
             table.append({"variant": v["name"], "rows_per_s": 0.0, "padding": v["padding"], "ratio": 0.0,
@@ -649,7 +776,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio": job_rate / best_direct,
                 "wall_s": best["job_seconds"],
                 "notes": f"best of {len(mine)}; job clock, incl. the worker's model load "
-                f"(~{best.get('job_rows_per_s_excl_load_est', '?')} rows/s without it); token_budget {v['token_budget']}",
+                f"(~{best.get('job_rows_per_s_excl_load_est', '?')} rows/s without it); "
+                f"token_budget {v['token_budget']}, max_batch {v['max_batch_size']}, rows/item {v['rows_per_item']}",
             }
         )
         table.append(
@@ -662,12 +790,21 @@ def main(argv: list[str] | None = None) -> int:
                 "notes": f"best of {len(mine)}; incl. {e2e.get('outside_job_s', '?')} s outside the job (start, stop)",
             }
         )
-    if verdict_ratio is None:
+    if args.sweep_only:
+        verdict = "Sweep only: no `shoal embed` runs."
+    elif verdict_ratio is None:
         verdict = "Verdict: ours failed; no ratio."
     else:
         verdict = (
             f"Verdict: ours (default profile, in-job) / best direct ({best_direct_name}) = {verdict_ratio:.2f}; "
             f"target >= {TARGET_RATIO:.2f}: {'MET' if verdict_ratio >= TARGET_RATIO else 'NOT MET'}."
+        )
+    if sweep:
+        base = next(r for r in sweep if r["token_budget"] is None)
+        top = max((r for r in sweep if r["token_budget"] is not None), key=lambda r: r["ratio_vs_direct_median"])
+        verdict += (
+            f" Sweep: fastest worker config {top['config']}, {top['ratio_vs_direct_median']:.2f}x the paired direct "
+            f"baseline ({base['config']}) by median, {top['rows_per_s']:.1f} vs {base['rows_per_s']:.1f} rows/s."
         )
     others = [r["other_cpu_share"] for r in runs + sweep if r.get("other_cpu_share") is not None]
     if others and max(others) > 0.10:
