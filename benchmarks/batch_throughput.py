@@ -8,8 +8,12 @@ Same corpus, same model, same cores, one run. Measures side by side:
 * ours: ``shoal embed INPUT OUT --model MODEL`` as a subprocess (embedded
   cluster), once per profile (the default profile, plus every ``--profile``),
   each repeated ``--ours-runs`` times; the best run counts;
+* extra ours variants: ``--ours-budget N`` (the default profile with this
+  token budget) and ``--malloc-trim-ab`` (each variant also with Dask's
+  MALLOC_TRIM_THRESHOLD_ worker environment unset);
 * optionally (``--sweep-budgets``) our worker's compute alone, in this process:
-  ``workers.embedder.SentenceEmbedder`` item by item, for several token budgets.
+  ``workers.embedder.SentenceEmbedder`` item by item, for several token budgets,
+  paired with a direct encode of the same item.
 
 Runs are interleaved (direct B0, ours round 1, direct B1.., ours round 2, ...)
 so neither side always goes first. For every run the script records how much
@@ -51,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+import yaml  # noqa: E402
 
 from configs import load_catalog, load_profile  # noqa: E402
 from pipeline.batch_jobs import EmbedRequest, plan_embed  # noqa: E402
@@ -111,23 +116,24 @@ class Meter:
     def __init__(self, own: str) -> None:
         self.own = own
 
-    def _own_cpu(self) -> float:
-        if self.own == "children":
-            r = resource.getrusage(resource.RUSAGE_CHILDREN)
-        else:
-            r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime
+    def _usage(self):
+        return resource.getrusage(resource.RUSAGE_CHILDREN if self.own == "children" else resource.RUSAGE_SELF)
 
     def __enter__(self) -> "Meter":
         self.load_before = os.getloadavg()[0]
         self._stat = _proc_stat()
-        self._cpu = self._own_cpu()
+        self._ru = self._usage()
+        self._cpu = self._ru.ru_utime + self._ru.ru_stime
         self._t = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         self.seconds = time.perf_counter() - self._t
-        self.own_cpu = self._own_cpu() - self._cpu
+        ru = self._usage()
+        self.own_cpu = ru.ru_utime + ru.ru_stime - self._cpu
+        # system time and minor page faults: what an allocator that keeps returning memory costs
+        self.own_sys = ru.ru_stime - self._ru.ru_stime
+        self.minor_faults = ru.ru_minflt - self._ru.ru_minflt
         self.load_after = os.getloadavg()[0]
         stat = _proc_stat()
         self.other_cpu_share = None
@@ -150,6 +156,8 @@ class Meter:
             "wall_s": round(self.seconds, 3),
             "own_cpu_s": round(self.own_cpu, 2),
             "own_cores_used": round(self.own_cpu / self.seconds, 2) if self.seconds else None,
+            "own_sys_s": round(self.own_sys, 2),
+            "own_minor_faults": self.minor_faults,
             "other_cpu_share": None if self.other_cpu_share is None else round(self.other_cpu_share, 3),
             "steal_share": None if self.steal_share is None else round(self.steal_share, 3),
             "loadavg_1m_before": round(self.load_before, 2),
@@ -256,6 +264,13 @@ def number(value: str | None) -> float | None:
         return None
 
 
+NO_MALLOC_TRIM_LAUNCHER = (
+    "import sys, dask; "
+    "dask.config.set({'distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_': None}); "
+    "from pipeline.cli import main; sys.argv[0] = 'shoal'; main()"
+)
+
+
 def shoal_command() -> list[str]:
     exe = Path(sys.executable).parent / "shoal"
     if exe.exists():
@@ -317,7 +332,12 @@ def run_ours(
 ) -> dict[str, Any]:
     out_dir = scratch / f"ours-{variant['slug']}-{run_index}"
     shutil.rmtree(out_dir, ignore_errors=True)
-    cmd = [*shoal_command(), "embed", input_url, f"{out_dir}/", "--model", model, "--text-column", text_col, "--id-column", id_col]
+    launcher = shoal_command()
+    if variant.get("no_malloc_trim"):
+        # Dask's nanny gives workers MALLOC_TRIM_THRESHOLD_=65536 (distributed.nanny.pre-spawn-environ);
+        # this twin runs the same CLI with that variable unset, to measure what it costs.
+        launcher = [sys.executable, "-c", NO_MALLOC_TRIM_LAUNCHER]
+    cmd = [*launcher, "embed", input_url, f"{out_dir}/", "--model", model, "--text-column", text_col, "--id-column", id_col]
     if variant["profile"]:
         cmd += ["--profile", variant["profile"]]
     # PYTHONPATH: the command and its workers import the same tree as this script
@@ -565,6 +585,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--profile", action="append", default=[], help="extra profile (name or YAML path) to run ours with; repeatable"
     )
+    p.add_argument(
+        "--ours-budget", type=int, action="append", default=[],
+        help="extra ours variant: the default profile with this token budget for the model; repeatable",
+    )
+    p.add_argument(
+        "--malloc-trim-ab", action="store_true",
+        help="run every ours variant twice per round: as is, and with Dask's MALLOC_TRIM_THRESHOLD_ unset",
+    )
     p.add_argument("--ours-runs", type=int, default=2, help="runs of each ours variant; the best counts (default: 2)")
     p.add_argument("--sweep-budgets", action="store_true", help="also time SentenceEmbedder in-process per token budget")
     p.add_argument("--budgets", default="1024,2048,4096,8192,16384", help="token budgets for --sweep-budgets")
@@ -677,6 +705,17 @@ def main(argv: list[str] | None = None) -> int:
                 "profile": prof if not prof.endswith((".yaml", ".yml")) else str(Path(prof).resolve()),
             }
         )
+    for budget in args.ours_budget:
+        # the default profile with one change: this model's token budget
+        data = default_profile.model_dump()
+        data["name"] = f"{default_profile.name}-budget{budget}"
+        data["token_budgets"] = {**data.get("token_budgets", {}), args.model: budget}
+        path_b = scratch / f"{data['name']}.yaml"
+        path_b.write_text(yaml.safe_dump(data, sort_keys=False))
+        variants.append({"name": f"ours {data['name']}", "slug": f"b{budget}", "profile": str(path_b)})
+    if args.malloc_trim_ab:
+        for v in list(variants):
+            variants.append({**v, "name": v["name"] + " no-malloc-trim", "slug": v["slug"] + "-nt", "no_malloc_trim": True})
     for v in variants:
         prof = load_profile(v["profile"])
         tuned = prof.tuned(spec) if hasattr(prof, "tuned") else spec
@@ -692,15 +731,20 @@ def main(argv: list[str] | None = None) -> int:
             v["padding"], v["computed_tokens"] = ours_padding(p_items, p_lengths, v["token_budget"], v["max_batch_size"])
 
     direct_padding = {}
+    flattened = bool(getattr(model, "_can_flatten_inputs", lambda: False)())
+    conditions["st_padding_free_attention"] = flattened
     for b in batch_sizes:
         batches = st_batches(model, texts, b)
-        direct_padding[b] = (padding_fraction(lengths, batches), computed_tokens(lengths, batches))
+        if flattened:  # ST packs sequences without padding: nothing is padded
+            direct_padding[b] = (0.0, int(lengths.sum()))
+        else:
+            direct_padding[b] = (padding_fraction(lengths, batches), computed_tokens(lengths, batches))
 
     # Interleaved schedule: direct B0, ours round 1, the other directs, ours rounds 2..
     schedule: list[tuple[str, Any]] = [("direct", batch_sizes[0])]
     for r in range(0 if args.sweep_only else max(args.ours_runs, 1)):
-        if r < args.ours_runs:
-            schedule += [("ours", (v, r + 1)) for v in variants]
+        if r < args.ours_runs:  # variant order reversed every other round
+            schedule += [("ours", (v, r + 1)) for v in (variants if r % 2 == 0 else variants[::-1])]
         if r == 0:
             schedule += [("direct", b) for b in batch_sizes[1:]]
     log("schedule: " + ", ".join(f"direct B={x}" if k == "direct" else f"{x[0]['slug']}#{x[1]}" for k, x in schedule))
@@ -815,8 +859,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {
         "conditions": conditions,
-        "schedule": "direct B=%d, each ours variant (run 1), direct %s, each ours variant (runs 2..%d); "
-        "best ours run counts" % (batch_sizes[0], ", ".join(str(b) for b in batch_sizes[1:]) or "-", args.ours_runs),
+        "schedule": "direct B=%d, each ours variant (run 1), direct %s, each ours variant (runs 2..%d, order "
+        "reversed every other round); best ours run counts" % (batch_sizes[0], ", ".join(str(b) for b in batch_sizes[1:]) or "-", args.ours_runs),
         "variants": variants,
         "runs": runs,
         "sweep": sweep,

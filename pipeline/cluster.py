@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import dask
 from distributed import Client, LocalCluster
 
 from configs import Profile
@@ -37,6 +38,14 @@ def worker_environment(profile: Profile, catalog: str | None = None) -> dict[str
 def start_local_cluster(
     profile: Profile, catalog: str | None = None, n_workers: int | None = None, **kwargs
 ) -> LocalCluster:
+    # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in workers; with it glibc maps and
+    # frees every activation tensor anew on each forward pass (15-25 % slower, see
+    # docs/BENCHMARKS.md). None removes the variable for the workers spawned here.
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        return _local_cluster(profile, catalog, n_workers, **kwargs)
+
+
+def _local_cluster(profile: Profile, catalog: str | None, n_workers: int | None, **kwargs) -> LocalCluster:
     return LocalCluster(
         n_workers=n_workers or profile.workers,
         threads_per_worker=1,
