@@ -151,7 +151,8 @@ class Profile(BaseModel):
         return max(1, cores // self.workers)
 
 
-def _read_yaml(path: Path) -> dict:
+def read_yaml(path: Path) -> dict:
+    """A YAML mapping, or a ConfigError naming the file."""
     try:
         with open(path) as f:
             data = yaml.safe_load(f) or {}
@@ -164,9 +165,10 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
-def _explain(path: Path, exc: ValidationError) -> ConfigError:
+def explain(path: Path, exc: ValidationError, root: str = "") -> ConfigError:
+    """A pydantic error as one line naming the file and each field (`root` for the whole)."""
     problems = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        f"{'.'.join(str(p) for p in err['loc']) or root}: {err['msg']}" for err in exc.errors()
     )
     return ConfigError(f"{path}: {problems}")
 
@@ -183,7 +185,7 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
             paths.append(Path(user_path))
     models: dict[str, dict] = {}
     for path in paths:
-        entries = _read_yaml(path).get("models") or {}
+        entries = read_yaml(path).get("models") or {}
         for name, entry in entries.items():
             entry = dict(entry or {})
             source = str(entry.get("source", ""))
@@ -192,7 +194,7 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
             try:
                 models[name] = ModelSpec(**{"name": name, **entry}).model_dump()
             except ValidationError as exc:
-                raise _explain(path, exc) from None
+                raise explain(path, exc) from None
             except TypeError as exc:
                 raise ConfigError(f"{path}: models.{name}: {exc}") from None
     return Catalog(models=models)
@@ -207,11 +209,11 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         if not path.exists():
             shipped = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "catalog")
             raise ConfigError(f"unknown profile {name_or_path!r}; shipped profiles: {', '.join(shipped)}")
-    data = _read_yaml(path)
+    data = read_yaml(path)
     data.setdefault("name", path.stem)
     try:
         profile = Profile(**data)
     except ValidationError as exc:
-        raise _explain(path, exc) from None
+        raise explain(path, exc) from None
     profile._path = str(path.resolve())
     return profile

@@ -11,10 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from configs import ConfigError
+from configs import explain, read_yaml
 
 from .rerank_jobs import DEFAULT_MAX_CANDIDATES
 
@@ -70,20 +69,12 @@ class JobSpec(_Strict):
 
 def load_job_spec(path: str | os.PathLike) -> JobSpec:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+    data = read_yaml(path)
     data.setdefault("name", path.stem)
     try:
         spec = JobSpec(**data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{path}: {problems}") from None
+        raise explain(path, exc, root="job") from None
     base = path.resolve().parent
     spec.output = _beside(spec.output, base)
     spec.corpus.input = _beside(spec.corpus.input, base)

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
-from configs import Catalog, ConfigError, Profile, load_catalog, load_profile
+from configs import Catalog, Profile, explain, load_catalog, load_profile, read_yaml
 from workers.storage import atomic_write, open_fs
 
 from .batch_jobs import EmbedRequest, JobOutcome, PreparedJob, embed_job, model_for, prepare_job, run_prepared
@@ -93,14 +92,7 @@ class ReindexJob(BaseModel):
 def load_job(path: str | os.PathLike) -> ReindexJob:
     """The job file, validated; `name` defaults to the file's stem, paths are relative to it."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+    data = read_yaml(path)
     data.setdefault("name", path.stem)
     for key in ("profile", "catalog"):
         value = data.get(key)
@@ -109,8 +101,7 @@ def load_job(path: str | os.PathLike) -> ReindexJob:
     try:
         return ReindexJob(**data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
-        raise ConfigError(f"{path}: {problems}") from None
+        raise explain(path, exc) from None
 
 
 def version_name(fingerprint: str, params: str) -> str:

@@ -6,30 +6,13 @@ import json
 
 import numpy as np
 import pyarrow.parquet as pq
-import pytest
 import s3fs
-from conftest import read_output, run_shoal, write_shards
+from conftest import read_output, run_shoal, s3_options, write_shards
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-def storage_options(endpoint: str) -> dict:
-    # No region_name: with it, moto refuses bucket creation (InvalidLocationConstraint).
-    return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint}}
-
-
-def test_s3_job_equals_local_job(cluster, tiny_catalog, test_profile, demo_texts, s3_endpoint, tmp_path):
+def test_s3_job_equals_local_job(cluster, tiny_catalog, test_profile, demo_texts, s3_server, tmp_path):
     _, client = cluster
-    options = storage_options(s3_endpoint)
+    options = s3_options(s3_server)
     fs = s3fs.S3FileSystem(**options)
     fs.mkdir("shoal-test")
     ids = write_shards(tmp_path / "in", demo_texts[:900], shards=3, row_group_size=120)
