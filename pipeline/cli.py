@@ -89,7 +89,7 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
             keep_columns=_columns(keep_columns),
             storage_options=_storage_options(storage_options),
         )
-        with connect(scheduler, profile_config, catalog) as client:
+        with connect(scheduler, profile_config, catalog, warm=models) as client:
             if len(models) == 1:
                 outcomes = [run_embed(client, request, profile_config, catalog_config, console)]
             else:
@@ -143,7 +143,7 @@ def rerank(input_url, output_url, model, query_column, passage_column, candidate
             max_candidates=max_candidates,
             storage_options=_storage_options(storage_options),
         )
-        with connect(scheduler, profile_config, catalog) as client:
+        with connect(scheduler, profile_config, catalog, warm=[model]) as client:
             outcome = run_rerank(client, request, profile_config, catalog_config, console)
     except USER_ERRORS as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -280,7 +280,8 @@ def run_job_file(job_file, scheduler, profile, catalog):
         model_for(catalog_config, profile_config, spec.embed.model, "embedder")
         if spec.rerank:
             model_for(catalog_config, profile_config, spec.rerank.model, "reranker")
-        with connect(scheduler, profile_config, catalog) as client:
+        warm = [spec.embed.model, *([spec.rerank.model] if spec.rerank else [])]
+        with connect(scheduler, profile_config, catalog, warm=warm) as client:
             outcome = run_pipeline(client, spec, profile_config, catalog_config, console)
     except USER_ERRORS as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -309,7 +310,7 @@ def evaluate(dataset, model, reranker, top_k, rerank_k, split, output, scheduler
         if reranker:
             model_for(catalog_config, profile_config, reranker, "reranker")
         data = load_beir(dataset, split)
-        with connect(scheduler, profile_config, catalog) as client:
+        with connect(scheduler, profile_config, catalog, warm=[model, *([reranker] if reranker else [])]) as client:
             report, outcome = run_eval(client, data, output or f"out/eval-{data.name}", model, reranker, top_k,
                                        rerank_k, profile_config, catalog_config, console)
     except USER_ERRORS as exc:

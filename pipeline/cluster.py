@@ -72,7 +72,14 @@ def check_plugin(client: Client) -> None:
 
 
 @contextmanager
-def connect(scheduler: str | None, profile: Profile, catalog: str | None = None) -> Iterator[Client]:
+def connect(
+    scheduler: str | None, profile: Profile, catalog: str | None = None, warm: list[str] | tuple[str, ...] = ()
+) -> Iterator[Client]:
+    """A client of `scheduler`, or of an embedded cluster whose workers load `warm` before they join.
+
+    Warming moves a job's model load out of the job and into the cluster's
+    start, where it overlaps nothing anyway; a running cluster loads on demand.
+    """
     if scheduler:
         try:
             client = Client(scheduler, timeout="20s")
@@ -82,6 +89,7 @@ def connect(scheduler: str | None, profile: Profile, catalog: str | None = None)
             check_plugin(client)
             yield client
         return
-    with start_local_cluster(profile, catalog) as cluster, Client(cluster) as client:
+    argv = [arg for name in dict.fromkeys(warm) for arg in ("--shoal-warm", name)]
+    with start_local_cluster(profile, catalog, preload_argv=argv) as cluster, Client(cluster) as client:
         check_plugin(client)
         yield client

@@ -242,7 +242,7 @@ def run_reindex(job: ReindexJob, console: Console, scheduler: str | None = None)
         plan.render(console)
         needs_cluster = bool(plan.prepared.inventory.todo)
         address = scheduler or job.scheduler
-        with connect(address, profile, job.catalog) if needs_cluster else nullcontext() as client:
+        with connect(address, profile, job.catalog, [job.model]) if needs_cluster else nullcontext() as client:
             outcome = run_prepared(
                 client, plan.prepared, profile, console, f"reindex-{job.name}", {"version": plan.version}
             )

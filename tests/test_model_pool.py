@@ -70,6 +70,20 @@ def test_pinned_model_is_never_evicted_and_too_large_is_rejected():
     assert loaded == ["p", "x", "y", "x"] and "p" not in pool.evictions
 
 
+def test_warm_loads_only_what_fits_and_stays_evictable():
+    async def scenario():
+        pool, loaded, closed = make_pool(100)
+        assert await pool.warm(spec("a", 60)) is True
+        assert await pool.warm(spec("a", 60)) is True  # already resident: no second load
+        assert await pool.warm(spec("b", 60)) is False  # would need an eviction: left for its first item
+        async with pool.use(spec("c", 60)):  # a warmed model is evicted like any other
+            pass
+        return pool, loaded, closed
+
+    pool, loaded, closed = asyncio.run(scenario())
+    assert loaded == ["a", "c"] and closed == ["a"] and pool.resident() == ["c"]
+
+
 def test_model_in_use_is_not_evicted_until_released():
     async def scenario():
         pool, loaded, _ = make_pool(100)

@@ -22,5 +22,7 @@ __all__ = ["ShoalWorker", "dask_setup"]
 @click.command()
 @click.option("--shoal-profile", default=None, help="Cluster profile name or YAML path.")
 @click.option("--shoal-pin", multiple=True, help="Model to load at start and never evict.")
-async def dask_setup(worker, shoal_profile: str | None, shoal_pin: tuple[str, ...]) -> None:
-    await worker.plugin_add(ShoalWorker(profile=shoal_profile, pinned=shoal_pin), name=ShoalWorker.name)
+@click.option("--shoal-warm", multiple=True, help="Model to load at start if it fits; evicted like any other.")
+async def dask_setup(worker, shoal_profile: str | None, shoal_pin: tuple[str, ...], shoal_warm: tuple[str, ...]) -> None:
+    plugin = ShoalWorker(profile=shoal_profile, pinned=shoal_pin, warm=shoal_warm)
+    await worker.plugin_add(plugin, name=ShoalWorker.name)

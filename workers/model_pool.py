@@ -81,6 +81,19 @@ class ModelPool:
         async with self.use(spec):
             self._resident[spec.name].pinned = True
 
+    async def warm(self, spec: ModelSpec) -> bool:
+        """Load `spec` now if it fits without evicting anything; it stays evictable.
+
+        A job's model loads while its cluster starts instead of on the job's
+        first item. False when it does not fit in what is free.
+        """
+        if spec.name in self._resident:
+            return True
+        if self.size_of(spec) > self.free_bytes() - self._loading_bytes():
+            return False
+        async with self.use(spec):
+            return True
+
     @asynccontextmanager
     async def use(self, spec: ModelSpec) -> AsyncIterator[Any]:
         """The loaded runtime for `spec`, held resident while the block runs."""

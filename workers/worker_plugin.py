@@ -9,7 +9,7 @@ from functools import partial
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from configs import load_catalog, load_profile
+from configs import Catalog, Profile, load_catalog, load_profile
 
 from .devices import detect_device
 from .model_pool import ModelPool
@@ -22,9 +22,15 @@ logger = logging.getLogger("shoal.worker")
 class ShoalWorker(WorkerPlugin):
     name = "shoal-worker"
 
-    def __init__(self, profile: str | None = None, pinned: tuple[str, ...] | list[str] = ()) -> None:
+    def __init__(
+        self,
+        profile: str | None = None,
+        pinned: tuple[str, ...] | list[str] = (),
+        warm: tuple[str, ...] | list[str] = (),
+    ) -> None:
         self.profile_name = profile
         self.pinned = list(pinned)
+        self.warm = list(warm)
         self._task: asyncio.Task | None = None
         self.compute: ThreadPoolExecutor | None = None
         self.loader: ThreadPoolExecutor | None = None
@@ -44,11 +50,21 @@ class ShoalWorker(WorkerPlugin):
             "loads": self.pool.loads, "evictions": len(self.pool.evictions), "load_seconds": dict(self.pool.load_seconds)
         }
         logger.info("shoal worker on %s (%s), model budget %.1f GB", plan.device, plan.dtype, plan.memory_budget / 1e9)
-        if pinned:
+        if pinned or self.warm:
             catalog = load_catalog()
-            for name in pinned:
-                await self.pool.pin(catalog.get(name))
+            for name in pinned:  # tuned as the job's items will ask for it
+                await self.pool.pin(profile.tuned(catalog.get(name)))
+            for name in self.warm:
+                await self._warm(profile, catalog, name)
         self._task = asyncio.create_task(self.loop.run())
+
+    async def _warm(self, profile: Profile, catalog: Catalog, name: str) -> None:
+        """Best effort: a model that cannot load now fails on its items instead, with the reason."""
+        try:
+            if not await self.pool.warm(profile.tuned(catalog.get(name))):
+                logger.info("not warming %s: it does not fit in what is free", name)
+        except Exception as exc:  # noqa: BLE001 - the job reports it per item
+            logger.warning("could not warm %s: %s", name, exc)
 
     async def teardown(self, worker) -> None:
         if self._task is not None:
