@@ -20,9 +20,10 @@ a request that would exceed it is counted as shed, never queued without bound.
     against a direct in-process `SentenceTransformer.encode([query])` (same torch
     threads as the worker); target p50 <= 1.2x direct. Then 32 concurrent clients
     against one direct batched encode of the same queries (batch size 32).
-(c) (a) again while a batch job of the simulated model `simbatch` (each item one
-    batch of --batch-seconds) keeps the worker busy: online p99 should stay within
-    one batch time of the idle p99.
+(c) (a) again while a batch job of the simulated model `simbatch` keeps the
+    worker busy: each item is --batches-per-item forward batches of
+    --batch-seconds each. Online p99 should stay within one batch time (one
+    forward batch, not one item) of the idle p99.
 
     .venv/bin/python benchmarks/online_latency.py            # everything, a few minutes
     .venv/bin/python benchmarks/online_latency.py --quick    # shorter runs
@@ -65,6 +66,14 @@ import yaml  # noqa: E402
 SHOAL = str(Path(sys.executable).parent / "shoal")
 DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "online_latency.json")
 SIM = {"kind": "sim", "dim": 384, "max_seq_length": 256, "memory_bytes": 1_000_000}
+ITEM_TEXTS = 64  # texts per simbatch item
+SINGLE_ROUNDS = 6  # alternating rounds of (b)'s one-at-a-time comparison
+
+
+def simbatch(batch_seconds: float, batches_per_item: int) -> dict[str, Any]:
+    """A model whose every forward batch takes `batch_seconds`, `batches_per_item` of them per item."""
+    return {**SIM, "batch_fixed_seconds": batch_seconds, "token_budget": {"cpu": 1 << 20},
+            "max_batch_size": max(1, ITEM_TEXTS // batches_per_item)}
 
 
 # -- a lean HTTP/1.1 client -------------------------------------------------------
@@ -164,10 +173,13 @@ async def open_loop(url: str, message: bytes, rate: float, seconds: float, max_i
     return summary(latencies, counts["errors"], counts["shed"], rate, last_done[0] - start)
 
 
-async def closed_loop(url: str, messages: list[bytes], concurrency: int, seconds: float | None = None) -> dict[str, Any]:
+async def closed_loop(
+    url: str, messages: list[bytes], concurrency: int, seconds: float | None = None, record: list[float] | None = None
+) -> dict[str, Any]:
     """`concurrency` clients, each sending its next request when the last is answered.
 
     With `seconds`, until then (repeating `messages`); otherwise each message once.
+    Each latency is also appended to `record`, when given.
     """
     parts = urlsplit(url)
     loop = asyncio.get_running_loop()
@@ -197,6 +209,8 @@ async def closed_loop(url: str, messages: list[bytes], concurrency: int, seconds
 
     start = loop.time()
     await asyncio.gather(*(client() for _ in range(concurrency)))
+    if record is not None:
+        record.extend(latencies)
     return {**summary(latencies, errors[0], 0, None, loop.time() - start), "concurrency": concurrency}
 
 
@@ -228,13 +242,9 @@ class Server:
         return self.proc.wait(120)
 
 
-def write_setup(directory: Path, batch_seconds: float) -> tuple[Path, Path]:
+def write_setup(directory: Path, batch_seconds: float, batches_per_item: int) -> tuple[Path, Path]:
     catalog = directory / "catalog.yaml"
-    models = {
-        "simzero": SIM,
-        # one item = one token-budget batch of --batch-seconds
-        "simbatch": {**SIM, "batch_fixed_seconds": batch_seconds, "token_budget": {"cpu": 1 << 20}},
-    }
+    models = {"simzero": SIM, "simbatch": simbatch(batch_seconds, batches_per_item)}
     catalog.write_text(yaml.safe_dump({"models": models}))
     profile = directory / "bench-online.yaml"
     profile.write_text(yaml.safe_dump({"name": "bench-online", "device": "cpu", "workers": 1, "prefetch": 2,
@@ -301,18 +311,26 @@ def part_b(url: str, args) -> dict[str, Any]:
     model.max_seq_length = 256
     model.encode(queries[:8], normalize_embeddings=True)
 
-    def direct_single() -> dict[str, Any]:
-        latencies = []
-        for q in queries:
+    def direct_single(chunk: list[str], record: list[float]) -> None:
+        for q in chunk:
             began = time.perf_counter()
             model.encode([q], normalize_embeddings=True, show_progress_bar=False)
-            latencies.append(time.perf_counter() - began)
-        return summary(latencies, 0, 0, None, sum(latencies))
+            record.append(time.perf_counter() - began)
 
     messages = [encode_message(url, "minilm", [q]) for q in queries]
     asyncio.run(closed_loop(url, messages[:16], 1))  # warm up
-    # interleaved, so drift on a shared machine hits both sides alike
-    direct_1, ours_1 = direct_single(), asyncio.run(closed_loop(url, messages, 1))
+    # Alternating rounds (direct, ours, ours, direct, ...), so drift on a shared
+    # machine hits both sides alike; the ratio is of the pooled p50s.
+    direct_lat: list[float] = []
+    ours_lat: list[float] = []
+    for r in range(SINGLE_ROUNDS):
+        chunk = slice(r * len(queries) // SINGLE_ROUNDS, (r + 1) * len(queries) // SINGLE_ROUNDS)
+        steps = [lambda: direct_single(queries[chunk], direct_lat),
+                 lambda: asyncio.run(closed_loop(url, messages[chunk], 1, record=ours_lat))]
+        for step in steps if r % 2 == 0 else reversed(steps):
+            step()
+    direct_1 = summary(direct_lat, 0, 0, None, sum(direct_lat))
+    ours_1 = summary(ours_lat, 0, 0, None, sum(ours_lat))
     began = time.perf_counter()
     model.encode(queries, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
     direct_batched_rps = len(queries) / (time.perf_counter() - began)
@@ -334,17 +352,19 @@ def part_c(url: str, scheduler: str, args, idle: dict[str, Any] | None) -> dict[
     from distributed import Client
 
     message = encode_message(url, "simzero", ["what is a shoal of fish"])
-    spec = {"name": "simbatch", **SIM, "batch_fixed_seconds": args.batch_seconds, "token_budget": {"cpu": 1 << 20}}
-    n_items = int(4 * args.seconds / args.batch_seconds) + 50  # outlasts both measurements
-    items = [{"key": f"{i:06d}", "model": "simbatch", "op": "sim", "rows": 64,
-              "payload": {"texts": 64, "min_tokens": 16, "seed": i}} for i in range(n_items)]
+    spec = {"name": "simbatch", **simbatch(args.batch_seconds, args.batches_per_item)}
+    item_seconds = args.batch_seconds * args.batches_per_item
+    n_items = int(4 * args.seconds / item_seconds) + 50  # outlasts both measurements
+    items = [{"key": f"{i:06d}", "model": "simbatch", "op": "sim", "rows": ITEM_TEXTS,
+              "payload": {"texts": ITEM_TEXTS, "min_tokens": 16, "seed": i}} for i in range(n_items)]
     job = f"bench-{uuid.uuid4().hex[:8]}"
-    out: dict[str, Any] = {"batch_seconds": args.batch_seconds, "load_before": load_average()}
+    out: dict[str, Any] = {"batch_seconds": args.batch_seconds, "batches_per_item": args.batches_per_item,
+                           "load_before": load_average()}
     with Client(scheduler, timeout="30s") as client:
         client.sync(client.scheduler.shoal_submit, job=job, items=items,
                     settings={"models": {"simbatch": spec}, "lease_seconds": 60})
         try:
-            time.sleep(2 * args.batch_seconds + 0.5)  # the worker is computing batch items now
+            time.sleep(2 * item_seconds + 0.5)  # the worker is computing batch items now
             out["fixed"] = [asyncio.run(open_loop(url, message, rate, args.seconds, args.max_in_flight))
                             for rate in (100, 1000)]
             status = client.sync(client.scheduler.shoal_job_status, job=job)
@@ -385,6 +405,7 @@ def report(results: dict[str, Any]) -> str:
                 table([{"": "ours (HTTP, msgpack)", **single["ours"]}, {"": "direct encode([q])", **single["direct"]}],
                       ["", "p50_ms", "p99_ms", "max_ms"]),
                 f"\np50 ours / direct: {single['p50_ratio']}",
+
                 "", "32 concurrent clients against one direct batched encode (batch size 32)",
                 table([{"ours req/s": c32["ours_rps"], "ours p50 ms": c32["ours"]["p50_ms"],
                         "ours p99 ms": c32["ours"]["p99_ms"], "direct q/s": c32["direct_batched_rps"],
@@ -392,7 +413,8 @@ def report(results: dict[str, Any]) -> str:
     if "c" in results:
         c = results["c"]
         out += ["", f"(c) zero-compute requests while a batch job saturates the worker "
-                f"(one batch = {c['batch_seconds'] * 1e3:.0f} ms; {c['batch_items_done_meanwhile']} batch items done meanwhile)",
+                f"(one forward batch = {c['batch_seconds'] * 1e3:.0f} ms, {c['batches_per_item']} per item; "
+                f"{c['batch_items_done_meanwhile']} batch items done meanwhile)",
                 table(c["fixed"], cols + ["p99_over_idle_ms", "within_one_batch"])]
     return "\n".join(out)
 
@@ -404,8 +426,9 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=3.0, help="length of each rising-rate step")
     parser.add_argument("--step-rates", default="1500,2000,2500,3000,3500,4000,5000,6000")
     parser.add_argument("--max-in-flight", type=int, default=512)
-    parser.add_argument("--queries", type=int, default=300, help="short queries for (b)")
-    parser.add_argument("--batch-seconds", type=float, default=0.05, help="one batch item's compute time in (c)")
+    parser.add_argument("--queries", type=int, default=600, help="short queries for (b)")
+    parser.add_argument("--batch-seconds", type=float, default=0.05, help="one forward batch's compute time in (c)")
+    parser.add_argument("--batches-per-item", type=int, default=8, help="forward batches per batch item in (c)")
     parser.add_argument("--quick", action="store_true", help="shorter runs (a first look, not for the table)")
     parser.add_argument("--json", default=DEFAULT_JSON)
     args = parser.parse_args()
@@ -420,7 +443,7 @@ def main() -> None:
         "args": {k: v for k, v in vars(args).items()},
     }
     with tempfile.TemporaryDirectory() as tmp:
-        catalog, profile = write_setup(Path(tmp), args.batch_seconds)
+        catalog, profile = write_setup(Path(tmp), args.batch_seconds, args.batches_per_item)
         if parts & {"a", "c"}:
             server = Server(catalog, profile, ["simzero"])
             try:

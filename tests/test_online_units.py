@@ -1,9 +1,12 @@
 """The online path's parts without a cluster: queue items and futures, decoding limits,
-API shapes, the device lock's priority, and the worker's group operations."""
+API shapes, the device turns' priority, and the worker's group operations."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+import time
 
 import msgpack
 import numpy as np
@@ -16,7 +19,7 @@ from scheduler_plugins.online_requests import OnlineFailure
 from scheduler_plugins.pull_queue import ShoalScheduler
 from scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
 from workers import online_operations
-from workers.compute_lock import ComputeLock
+from workers.device_turns import DeviceTurns
 from workers.sim_runtime import SimulatedRuntime
 
 LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
@@ -169,24 +172,49 @@ def test_bearer_auth(tmp_path, monkeypatch):
     assert BearerAuth.from_settings(GatewaySettings(token_env="MY_TOKEN")).allows("Bearer abc")
 
 
-def test_compute_lock_serves_online_before_waiting_batch_items():
-    async def go():
-        lock, order = ComputeLock(), []
+def test_device_turns_serve_online_before_waiting_batch_turns():
+    turns, order = DeviceTurns(), []
+    running = threading.Event()
 
-        async def turn(name, online):
-            async with (lock.first() if online else lock):
-                order.append(name)
-                await asyncio.sleep(0.01)
+    def take(name: str, online: bool, hold: float = 0.0) -> None:
+        with turns.online() if online else contextlib.nullcontext(), turns.turn():
+            order.append(name)
+            running.set()
+            time.sleep(hold)
 
-        running = asyncio.create_task(turn("batch-running", False))
-        await asyncio.sleep(0)
-        waiting = [asyncio.create_task(turn("batch-waiting", False))]
-        await asyncio.sleep(0)
-        waiting.append(asyncio.create_task(turn("online", True)))
-        await asyncio.gather(running, *waiting)
-        assert order == ["batch-running", "online", "batch-waiting"] and not lock.locked()
+    first = threading.Thread(target=take, args=("batch-running", False, 0.3))
+    first.start()
+    running.wait()
+    waiting = threading.Thread(target=take, args=("batch-waiting", False))
+    waiting.start()
+    time.sleep(0.05)  # the batch turn is queued before the online one
+    online = threading.Thread(target=take, args=("online", True))
+    online.start()
+    for thread in (first, waiting, online):
+        thread.join()
+    assert order == ["batch-running", "online", "batch-waiting"]
 
-    asyncio.run(go())
+
+def test_online_call_waits_for_one_forward_batch_not_the_whole_item():
+    """A batch item of 20 forward batches computes; an online group arriving meanwhile is answered before it ends."""
+    turns = DeviceTurns()
+    spec = ModelSpec(name="s", kind="sim", dim=8, max_seq_length=16, batch_fixed_seconds=0.05, max_batch_size=1)
+    runtime = SimulatedRuntime(spec, turns=turns)
+    item_done = threading.Event()
+    seen_while_running: list[bool] = []
+
+    def batch_item() -> None:
+        runtime.embed([f"row {i}" for i in range(20)])  # 20 batches of 50 ms
+        item_done.set()
+
+    thread = threading.Thread(target=batch_item)
+    thread.start()
+    time.sleep(0.12)
+    with turns.online():
+        answer = online_operations.encode(runtime, [{"texts": ["query"], "truncate": True, "dtype": "float32"}])
+    seen_while_running.append(not item_done.is_set())
+    thread.join()
+    assert answer[0]["shape"] == [1, 8] and seen_while_running == [True]
 
 
 def test_group_encode_gives_each_request_its_slice():

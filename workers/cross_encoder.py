@@ -12,16 +12,18 @@ import numpy as np
 
 from configs import ModelSpec
 
+from .device_turns import DeviceTurns
 from .devices import DevicePlan
 from .token_batching import plan_batches
 
 
 class CrossEncoderScorer:
-    def __init__(self, spec: ModelSpec, plan: DevicePlan) -> None:
+    def __init__(self, spec: ModelSpec, plan: DevicePlan, turns: DeviceTurns | None = None) -> None:
         import torch
         from sentence_transformers import CrossEncoder
 
         self.spec = spec
+        self.turns = turns or DeviceTurns()
         self.model = CrossEncoder(
             spec.resolve_path(), device=plan.device, max_length=spec.max_seq_length, local_files_only=True
         )
@@ -55,19 +57,25 @@ class CrossEncoderScorer:
         raw = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         return np.minimum(raw, limit), int((raw > limit).sum())
 
-    def score(self, queries: list[str], passages: list[str]) -> tuple[np.ndarray, int]:
-        """One float32 score per pair in input order, and the count of truncated pairs."""
+    def score(
+        self, queries: list[str], passages: list[str], measured: tuple[np.ndarray, int] | None = None
+    ) -> tuple[np.ndarray, int]:
+        """One float32 score per pair in input order, and the count of truncated pairs.
+
+        `measured`: ``token_lengths(queries, passages)``, when the caller has it already.
+        """
         out = np.empty(len(queries), dtype=np.float32)
         if not queries:
             return out, 0
-        lengths, truncated = self.token_lengths(queries, passages)
+        lengths, truncated = measured or self.token_lengths(queries, passages)
         for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
-            scores = self.model.predict(
-                [(queries[i], passages[i]) for i in batch],
-                batch_size=len(batch),
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+            with self.turns.turn():
+                scores = self.model.predict(
+                    [(queries[i], passages[i]) for i in batch],
+                    batch_size=len(batch),
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
             out[batch] = np.asarray(scores, dtype=np.float32).reshape(len(batch))
         return out, truncated
 

@@ -12,18 +12,20 @@ import numpy as np
 
 from configs import ModelSpec
 
+from .device_turns import DeviceTurns
 from .devices import DevicePlan
 from .token_batching import plan_batches
 
 
 class SentenceEmbedder:
-    def __init__(self, spec: ModelSpec, plan: DevicePlan) -> None:
+    def __init__(self, spec: ModelSpec, plan: DevicePlan, turns: DeviceTurns | None = None) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
         self.spec = spec
+        self.turns = turns or DeviceTurns()
         self.model = SentenceTransformer(
             spec.resolve_path(), device=plan.device, local_files_only=True
         )
@@ -55,20 +57,24 @@ class SentenceEmbedder:
         raw = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         return np.minimum(raw, limit), int((raw > limit).sum())
 
-    def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
-        """float32 vectors in input order, and the count of truncated texts."""
+    def embed(self, texts: list[str], measured: tuple[np.ndarray, int] | None = None) -> tuple[np.ndarray, int]:
+        """float32 vectors in input order, and the count of truncated texts.
+
+        `measured`: ``token_lengths(texts)``, when the caller has it already.
+        """
         out = np.empty((len(texts), self.spec.dim), dtype=np.float32)
         if not texts:
             return out, 0
-        lengths, truncated = self.token_lengths(texts)
+        lengths, truncated = measured or self.token_lengths(texts)
         for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
-            vectors = self.model.encode(
-                [texts[i] for i in batch],
-                batch_size=len(batch),
-                normalize_embeddings=self.spec.normalize,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+            with self.turns.turn():
+                vectors = self.model.encode(
+                    [texts[i] for i in batch],
+                    batch_size=len(batch),
+                    normalize_embeddings=self.spec.normalize,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
             out[batch] = vectors.astype(np.float32, copy=False)
         return out, truncated
 

@@ -36,8 +36,9 @@ def encode(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
         texts.extend(payload["texts"])
     if not texts:
         return results
-    lengths, _ = runtime.token_lengths(texts)
-    vectors, _ = runtime.embed(texts)
+    measured = runtime.token_lengths(texts)
+    lengths = measured[0]
+    vectors, _ = runtime.embed(texts, measured)
     start = 0
     for i in answered:
         payload = payloads[i]
@@ -69,8 +70,9 @@ def score(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
         documents.extend(payload["documents"])
     if not queries:
         return results
-    lengths, _ = runtime.token_lengths(queries, documents)
-    scores, _ = runtime.score(queries, documents)
+    measured = runtime.token_lengths(queries, documents)
+    lengths = measured[0]
+    scores, _ = runtime.score(queries, documents, measured)
     start = 0
     for i in answered:
         end = start + len(payloads[i]["documents"])

@@ -17,14 +17,16 @@ import numpy as np
 
 from configs import ModelSpec
 
+from .device_turns import DeviceTurns
 from .token_batching import plan_batches
 
 CHARS_PER_TOKEN = 4
 
 
 class SimulatedRuntime:
-    def __init__(self, spec: ModelSpec, device_kind: str = "cpu") -> None:
+    def __init__(self, spec: ModelSpec, device_kind: str = "cpu", turns: DeviceTurns | None = None) -> None:
         self.spec = spec
+        self.turns = turns or DeviceTurns()
         self.token_budget = spec.budget_for(device_kind)
         time.sleep(spec.load_seconds)
 
@@ -36,11 +38,12 @@ class SimulatedRuntime:
         raw = np.fromiter((2 + len(t) // CHARS_PER_TOKEN for t in texts), dtype=np.int64, count=len(texts))
         return np.minimum(raw, limit), int((raw > limit).sum())
 
-    def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
-        lengths, truncated = self.token_lengths(texts)
+    def embed(self, texts: list[str], measured: tuple[np.ndarray, int] | None = None) -> tuple[np.ndarray, int]:
+        lengths, truncated = measured or self.token_lengths(texts)
         for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
             padded = len(batch) * int(lengths[batch].max())
-            time.sleep(self.spec.batch_fixed_seconds + self.spec.per_token_seconds * padded)
+            with self.turns.turn():
+                time.sleep(self.spec.batch_fixed_seconds + self.spec.per_token_seconds * padded)
         return np.stack([self._vector(t) for t in texts]) if texts else np.empty((0, self.spec.dim), np.float32), truncated
 
     def _vector(self, text: str) -> np.ndarray:

@@ -11,6 +11,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from configs import Catalog, Profile, load_catalog, load_profile
 
+from .device_turns import DeviceTurns
 from .devices import detect_device
 from .model_pool import ModelPool
 from .pull_loop import PullLoop
@@ -42,8 +43,9 @@ class ShoalWorker(WorkerPlugin):
         self.compute = ThreadPoolExecutor(1, thread_name_prefix="shoal-compute")
         # Loads get their own thread: a model loads while another one computes.
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-load")
-        self.pool = ModelPool(plan.memory_budget, partial(load_runtime, plan=plan), self.loader)
-        self.loop = PullLoop(worker, profile, self.pool, self.compute)
+        turns = DeviceTurns()  # the device, shared by the batch and online threads
+        self.pool = ModelPool(plan.memory_budget, partial(load_runtime, plan=plan, turns=turns), self.loader)
+        self.loop = PullLoop(worker, profile, self.pool, self.compute, turns)
         self.plan = plan
         # Pool figures ride on Dask's heartbeat to the scheduler, for its dashboard and /metrics.
         worker.metrics["shoal"] = lambda _: {

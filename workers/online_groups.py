@@ -1,0 +1,138 @@
+"""Continuous batching of a worker's online requests.
+
+Online requests leased to this worker wait here. Each round holds their
+models in the pool (loading one if it must, before touching the device), then
+takes the device in the online thread, ahead of batch items but after the
+forward batch running now (see device_turns), and only then takes every
+request of those models that is waiting: what accumulated while the last
+round ran and while this one waited for the device forms one group per model
+and operation, one model call each. Acks go out without holding the device.
+
+A failed call fails its requests as a batch item would be failed: retried
+elsewhere, or answered with the error once out of attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from configs import ModelSpec
+
+from .device_turns import DeviceTurns
+from .model_pool import ModelPool, ModelTooLarge
+from .operations import ONLINE_OPERATIONS
+
+logger = logging.getLogger("shoal.worker.online")
+
+Message = dict[str, Any]
+ReportFailure = Callable[[str, str, bool], Awaitable[None]]
+
+
+@dataclass
+class Outcome:
+    group: list[Message]
+    results: list[dict[str, Any]] | None
+    seconds: float = 0.0
+    error: Exception | None = None
+
+
+class OnlineGroups:
+    def __init__(
+        self, worker, pool: ModelPool, turns: DeviceTurns, specs: dict[str, ModelSpec], report_failure: ReportFailure
+    ) -> None:
+        self.worker = worker
+        self.pool = pool
+        self.turns = turns
+        self.specs = specs  # the pull loop's, filled by every pull reply
+        self.report_failure = report_failure
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-online")
+        self._waiting: list[Message] = []
+        self._guard = threading.Lock()  # the loop adds, the online thread takes
+        self._runner: asyncio.Task | None = None
+        self._acks: set[asyncio.Task] = set()
+
+    def add(self, messages: list[Message]) -> None:
+        with self._guard:
+            self._waiting.extend(messages)
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run())
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self) -> None:
+        while True:
+            with self._guard:
+                models = {m["model"] for m in self._waiting}
+            if not models:
+                return
+            await self._round(models)
+
+    async def _round(self, models: set[str]) -> None:
+        async with AsyncExitStack() as held:
+            runtimes = {}
+            for name in models:
+                try:
+                    runtimes[name] = await held.enter_async_context(self.pool.use(self.specs[name]))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    await self._fail(Outcome(self._take({name}), None, error=exc))
+            if not runtimes:
+                return
+            outcomes = await asyncio.get_running_loop().run_in_executor(self.executor, self._compute, runtimes)
+        for outcome in outcomes:
+            if outcome.error is not None:
+                await self._fail(outcome)
+                continue
+            ack = asyncio.create_task(self._ack(outcome))
+            self._acks.add(ack)
+            ack.add_done_callback(self._acks.discard)
+
+    def _compute(self, runtimes: dict[str, Any]) -> list[Outcome]:
+        """In the online thread: take the device, then the requests, then one call per group."""
+        outcomes = []
+        with self.turns.online(), self.turns.turn():
+            groups: dict[tuple[str, str], list[Message]] = {}
+            for message in self._take(set(runtimes)):
+                groups.setdefault((message["model"], message["op"]), []).append(message)
+            for (model, op), group in groups.items():
+                began = time.perf_counter()
+                try:
+                    results = ONLINE_OPERATIONS[op](runtimes[model], [m["payload"] for m in group])
+                except Exception as exc:  # noqa: BLE001 - reported per request by _fail
+                    outcomes.append(Outcome(group, None, error=exc))
+                    continue
+                outcomes.append(Outcome(group, results, time.perf_counter() - began))
+        return outcomes
+
+    def _take(self, models: set[str]) -> list[Message]:
+        with self._guard:
+            taken = [m for m in self._waiting if m["model"] in models]
+            self._waiting = [m for m in self._waiting if m["model"] not in models]
+        return taken
+
+    async def _fail(self, outcome: Outcome) -> None:
+        exc = outcome.error
+        logger.warning("online group of %d failed: %s", len(outcome.group), exc)
+        for message in outcome.group:
+            await self.report_failure(message["id"], f"{type(exc).__name__}: {exc}", isinstance(exc, ModelTooLarge))
+
+    async def _ack(self, outcome: Outcome) -> None:
+        results = [[m["id"], r] for m, r in zip(outcome.group, outcome.results or [])]
+        try:
+            await self.worker.scheduler.shoal_ack_many(
+                worker=self.worker.address, results=results, compute_seconds=outcome.seconds
+            )
+        except Exception as exc:  # the leases run out and the requests are retried
+            logger.warning("could not ack %d online requests (%s)", len(outcome.group), exc)
