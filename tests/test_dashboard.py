@@ -45,7 +45,8 @@ def running_job(cluster, tmp_path_factory, demo_texts, test_profile, tiny_catalo
 
     local, client = cluster
     folder = tmp_path_factory.mktemp("dashboard")
-    write_shards(folder / "in", demo_texts, shards=4, row_group_size=100)
+    # Four passes over the demo corpus: the job must outlast a few heartbeats, however warm the workers are.
+    write_shards(folder / "in", demo_texts * 4, shards=8, row_group_size=100)
     request = EmbedRequest(str(folder / "in"), str(folder / "out"), MODEL)
     profile, catalog = load_profile(str(test_profile)), load_catalog(str(tiny_catalog))
     outcome: dict = {}
@@ -63,6 +64,7 @@ def running_job(cluster, tmp_path_factory, demo_texts, test_profile, tiny_catalo
         if model.get("rows_done", 0) > 0 and model.get("rows_per_second", 0) > 0 and loads >= 1 and figures["jobs"]:
             break
         time.sleep(0.2)
+    assert figures["jobs"], "the job ended before the dashboard showed it running"
     yield base, figures
     thread.join(timeout=300)
     assert outcome["result"].exit_code == 0
