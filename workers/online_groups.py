@@ -27,8 +27,8 @@ from typing import Any
 from configs import ModelSpec
 
 from .device_turns import DeviceTurns
-from .model_pool import ModelPool, ModelTooLarge
-from .operations import ONLINE_OPERATIONS
+from .model_pool import ModelPool
+from .operations import ONLINE_OPERATIONS, PERMANENT_ERRORS
 
 logger = logging.getLogger("shoal.worker.online")
 
@@ -126,7 +126,7 @@ class OnlineGroups:
         exc = outcome.error
         logger.warning("online group of %d failed: %s", len(outcome.group), exc)
         for message in outcome.group:
-            await self.report_failure(message["id"], f"{type(exc).__name__}: {exc}", isinstance(exc, ModelTooLarge))
+            await self.report_failure(message["id"], f"{type(exc).__name__}: {exc}", isinstance(exc, PERMANENT_ERRORS))
 
     async def _ack(self, outcome: Outcome) -> None:
         results = [[m["id"], r] for m, r in zip(outcome.group, outcome.results or [])]

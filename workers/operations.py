@@ -13,6 +13,8 @@ loop in this order so storage work overlaps the model:
 from __future__ import annotations
 
 from . import embed_operation, online_operations, rerank_operation, sim_operation
+from .model_pool import ModelTooLarge
+from .parquet_slices import InputError
 
 OPERATIONS = {
     "embed": embed_operation,
@@ -20,9 +22,12 @@ OPERATIONS = {
     "sim": sim_operation,  # simulated runtime only: no storage (benchmarks)
 }
 
-# Online operations take a whole group of requests at once, in the compute
+# Online operations take a whole group of requests at once, in the online
 # thread: ``op(runtime, payloads) -> results``, one result per payload.
 ONLINE_OPERATIONS = {
     "encode": online_operations.encode,
     "score": online_operations.score,
 }
+
+# Failures no retry can fix: the item (or online request) goes to dead letters at once.
+PERMANENT_ERRORS = (InputError, ModelTooLarge)

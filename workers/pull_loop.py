@@ -19,14 +19,12 @@ from typing import Any
 from configs import ModelSpec, Profile
 
 from .device_turns import DeviceTurns
-from .model_pool import ModelPool, ModelTooLarge
+from .model_pool import ModelPool
 from .online_groups import OnlineGroups
-from .operations import ONLINE_OPERATIONS, OPERATIONS
-from .parquet_slices import InputError
+from .operations import ONLINE_OPERATIONS, OPERATIONS, PERMANENT_ERRORS
 
 logger = logging.getLogger("shoal.worker")
 
-PERMANENT_ERRORS = (InputError, ModelTooLarge)
 RECONNECT_SECONDS = 1.0
 
 
