@@ -115,9 +115,14 @@ class Placement:
             if held_by == 0:
                 candidates.append((1, waiting, model))
                 continue
-            load = worker.load_seconds.get(model) or specs.get(model, {}).get("load_seconds") or DEFAULT_LOAD_SECONDS
+            load = self._load_seconds(worker, specs, model)
             drain = waiting / (self.stats.rows_per_second(model) * held_by)
             gain = drain - self.steal_factor * load
             if gain > 0:
                 candidates.append((0, gain, model))
         return max(candidates)[2] if candidates else None
+
+    @staticmethod
+    def _load_seconds(worker: WorkerView, specs: dict[str, dict[str, Any]], model: str) -> float:
+        """Measured on this worker, else the catalog's figure, else a default."""
+        return worker.load_seconds.get(model) or specs.get(model, {}).get("load_seconds") or DEFAULT_LOAD_SECONDS

@@ -348,6 +348,7 @@ class ShoalScheduler(SchedulerPlugin):
                 for work in items:
                     self._lease(work, worker)
                 if items:
+                    view.resident.add(model)  # a holder now, loaded or not (see _lease_next)
                     return self._pull_reply(items)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -478,7 +479,9 @@ class ShoalScheduler(SchedulerPlugin):
         if choice is None:
             return []
         model, priority = choice
-        limit = MAX_ONLINE_BATCH if priority == ONLINE else room
+        # A steal takes one item: the model must load before any of them runs,
+        # and meanwhile the rest are better off with the workers that hold it.
+        limit = MAX_ONLINE_BATCH if priority == ONLINE else room if model in worker.resident else 1
         items = self.queues.take(model, priority, limit)
         for work in items:
             self._lease(work, worker.address)

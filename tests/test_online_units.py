@@ -74,6 +74,19 @@ def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason():
     asyncio.run(go())
 
 
+def test_an_online_pull_of_an_unheld_model_makes_the_worker_its_holder():
+    async def go():
+        plugin = await plugin_with_model()
+        plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        assert len((await plugin.pull_online("w1", resident=[], timeout=0))["items"]) == 1
+        assert "m" in plugin.worker_views["w1"].resident  # loading it: w2 must not load it too
+        plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        assert (await plugin.pull_online("w2", resident=[], timeout=0))["items"] == []
+        await plugin.close()
+
+    asyncio.run(go())
+
+
 def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused():
     async def go():
         plugin = await plugin_with_model()

@@ -50,7 +50,7 @@ def test_pull_ack_completes_job_with_rows_per_worker():
     async def go():
         plugin = await started()
         plugin.submit("j", items("m", 3), SPECS)
-        reply = await plugin.pull("w1", room=2, timeout=0)
+        reply = await plugin.pull("w1", resident=["m"], room=2, timeout=0)
         assert [m["id"] for m in reply["items"]] == ["j/m-0", "j/m-1"]
         assert reply["models"] == {"m": {"name": "m"}} and reply["items"][0]["lease_seconds"] == 60
         for m in reply["items"]:
@@ -106,10 +106,10 @@ def test_lost_worker_items_go_back_to_the_front():
     async def go():
         plugin = await started()
         plugin.submit("j", items("m", 3), SPECS)
-        taken = [m["id"] for m in (await plugin.pull("w1", room=2, timeout=0))["items"]]
+        taken = [m["id"] for m in (await plugin.pull("w1", resident=["m"], room=2, timeout=0))["items"]]
         del plugin.scheduler.workers["w1"]
         plugin.remove_worker(plugin.scheduler, "w1", stimulus_id="test")
-        again = [m["id"] for m in (await plugin.pull("w2", room=3, timeout=0))["items"]]
+        again = [m["id"] for m in (await plugin.pull("w2", resident=["m"], room=3, timeout=0))["items"]]
         assert set(again[:2]) == set(taken) and again[2] == "j/m-2"
         assert plugin.events["lost"] == 2
         assert (await plugin.pull("w1", timeout=0)) == {"items": [], "reason": "unknown worker"}
@@ -122,7 +122,7 @@ def test_permanent_failure_is_dead_at_once_retryable_is_retried():
     async def go():
         plugin = await started()
         plugin.submit("j", items("m", 2), SPECS)
-        first, second = [m["id"] for m in (await plugin.pull("w1", room=2, timeout=0))["items"]]
+        first, second = [m["id"] for m in (await plugin.pull("w1", resident=["m"], room=2, timeout=0))["items"]]
         plugin.fail("w1", first, "InputError: no column 'text'", permanent=True)
         plugin.fail("w1", second, "OSError: connection reset")
         assert plugin.fail("w2", second, "not mine") == {"accepted": False}
@@ -201,7 +201,7 @@ def test_idle_worker_takes_back_an_item_not_yet_started():
     async def go():
         plugin = await started()
         plugin.submit("j", items("m", 2), SPECS)
-        first, second = [m["id"] for m in (await plugin.pull("w1", room=2, timeout=0))["items"]]
+        first, second = [m["id"] for m in (await plugin.pull("w1", resident=["m"], room=2, timeout=0))["items"]]
         assert plugin.start_item("w1", first) == {"ok": True}
         assert (await plugin.pull("w2", held=1, timeout=0))["items"] == []  # busy workers do not take back
         taken = (await plugin.pull("w2", held=0, timeout=0))["items"]
@@ -257,3 +257,18 @@ def test_stealing_only_when_the_backlog_outweighs_the_load():
         await plugin.close()
 
     run(go())
+
+
+def test_a_steal_takes_one_item_and_makes_the_thief_a_holder():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 6), SPECS)
+        first = await plugin.pull("w1", resident=[], timeout=0, room=2)
+        assert len(first["items"]) == 1  # the model must load first; the rest stay for others
+        assert "m" in plugin.worker_views["w1"].resident
+        second = await plugin.pull("w1", resident=["m"], timeout=0, room=2)
+        assert len(second["items"]) == 2  # now it holds m: a full pull
+        await plugin.close()
+
+    run(go())
+

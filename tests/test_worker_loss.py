@@ -1,10 +1,11 @@
-"""A worker process killed mid-job loses no rows: its leased items go back to the queue."""
+"""A worker process killed mid-job loses no rows, and no online request: its leased items go back to the queue."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import yaml
@@ -47,3 +48,44 @@ def test_killed_worker_loses_no_rows(demo_texts, tmp_path):
         assert plugin.events["lost"] >= 1
     table = read_output(tmp_path / "out")
     assert sorted(table.column("id").to_pylist()) == sorted(ids)  # every row exactly once
+
+
+def test_online_request_of_a_killed_worker_is_answered_by_another(tmp_path):
+    """kill -9 of the worker computing a request: the gateway's caller still gets the right answer."""
+    import numpy as np
+
+    from configs import ModelSpec
+    from pipeline.online_client import OnlineClient
+    from workers.sim_runtime import SimulatedRuntime
+
+    slow = {"name": "slow-online", "kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 10**6,
+            "batch_fixed_seconds": 3.0}
+    profile = load_profile(str(write_profile(tmp_path, name="kill-online", lease_seconds=30)))
+    with start_local_cluster(profile) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        plugin = cluster.scheduler.extensions["shoal"]
+        reply = client.sync(client.scheduler.shoal_gateway_start,
+                            settings={"port": 0, "request_timeout_seconds": 120}, models={"slow-online": slow})
+        answer: dict = {}
+
+        def ask() -> None:
+            with OnlineClient(reply["url"], timeout=120) as online:
+                answer["vectors"] = online.encode("slow-online", ["a question", "another one"])
+
+        caller = threading.Thread(target=ask)
+        caller.start()
+        victim = None
+        deadline = time.monotonic() + 60
+        while victim is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            busy = [w for w, items in plugin.leased_by_worker.items() if items]
+            victim = busy[0] if busy else None
+        assert victim is not None, "the request was never leased"
+        nanny = next(n for n in cluster.workers.values() if n.worker_address == victim)
+        os.kill(nanny.process.process.pid, signal.SIGKILL)
+        caller.join(120)
+        assert plugin.events["lost"] >= 1
+        client.sync(client.scheduler.shoal_gateway_stop)
+    runtime = SimulatedRuntime(ModelSpec(**{**slow, "batch_fixed_seconds": 0.0}))
+    expected, _ = runtime.embed(["a question", "another one"])
+    assert np.array_equal(answer["vectors"], expected)

@@ -62,6 +62,14 @@ class ModelPool:
     def resident(self) -> list[str]:
         return list(self._resident)
 
+    def held(self) -> list[str]:
+        """Resident models and those loading: what the scheduler counts as held here.
+
+        A model counts from the start of its load, so other workers do not
+        load it too, and its requests come here rather than to a second load.
+        """
+        return [*self._resident, *(name for name in self._loading if name not in self._resident)]
+
     def used_bytes(self) -> int:
         return sum(entry.size for entry in self._resident.values())
 

@@ -1,8 +1,9 @@
 """Continuous batching of a worker's online requests.
 
-Online requests leased to this worker wait here. Each round holds their
-models in the pool (loading one if it must, before touching the device), then
-takes the device in the online thread, ahead of batch items but after the
+Online requests leased to this worker wait here. A model that is not
+resident loads in the background, and its requests wait for it without
+holding up the others. Each round holds the resident models of waiting
+requests in the pool, then takes the device in the online thread, ahead of batch items but after the
 forward batch running now (see device_turns), and only then takes every
 request of those models that is waiting: what accumulated while the last
 round ran and while this one waited for the device forms one group per model
@@ -57,26 +58,52 @@ class OnlineGroups:
         self._waiting: list[Message] = []
         self._guard = threading.Lock()  # the loop adds, the online thread takes
         self._runner: asyncio.Task | None = None
+        self._loads: dict[str, asyncio.Task] = {}
         self._acks: set[asyncio.Task] = set()
 
     def add(self, messages: list[Message]) -> None:
         with self._guard:
             self._waiting.extend(messages)
+        self._kick()
+
+    def _kick(self) -> None:
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run())
 
+    def models(self) -> set[str]:
+        """Models of the requests waiting here."""
+        with self._guard:
+            return {m["model"] for m in self._waiting}
+
     def close(self) -> None:
-        if self._runner is not None:
-            self._runner.cancel()
+        for task in [self._runner, *self._loads.values()]:
+            if task is not None:
+                task.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def _run(self) -> None:
         while True:
-            with self._guard:
-                models = {m["model"] for m in self._waiting}
-            if not models:
-                return
-            await self._round(models)
+            resident = set(self.pool.resident())
+            waiting = self.models()
+            for name in waiting - resident:
+                if name not in self._loads:
+                    self._loads[name] = asyncio.create_task(self._load(name))
+            if not waiting & resident:
+                return  # the rest wait for their loads, which kick a new run
+            await self._round(waiting & resident)
+
+    async def _load(self, name: str) -> None:
+        """Make `name` resident for the requests waiting on it, then let a round take them."""
+        try:
+            async with self.pool.use(self.specs[name]):
+                pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._fail(Outcome(self._take({name}), None, error=exc))
+        finally:
+            del self._loads[name]
+        self._kick()
 
     async def _round(self, models: set[str]) -> None:
         async with AsyncExitStack() as held:

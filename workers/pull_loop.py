@@ -40,6 +40,7 @@ class PullLoop:
         self.item_lock = asyncio.Lock()  # one batch item computing at a time
         self.held: dict[str, asyncio.Task] = {}
         self.lease_seconds: dict[str, float] = {}
+        self.item_models: dict[str, str] = {}  # of the items held here
         self.specs: dict[str, ModelSpec] = {}
         self.contexts: dict[str, dict[str, Any]] = {}
         self._room = asyncio.Event()
@@ -58,7 +59,7 @@ class PullLoop:
                 try:
                     reply = await self.worker.scheduler.shoal_pull(
                         worker=self.worker.address,
-                        resident=self.pool.resident(),
+                        resident=self._held_models(),
                         room=room,
                         held=len(self.held),
                         timeout=self.profile.pull_timeout_seconds,
@@ -83,6 +84,7 @@ class PullLoop:
                     continue
                 for message in reply["items"]:
                     self.lease_seconds[message["id"]] = message["lease_seconds"]
+                    self.item_models[message["id"]] = message["model"]
                     self.held[message["id"]] = asyncio.create_task(self._process(message))
                 if not reply["items"] and reply.get("reason"):
                     await asyncio.sleep(RECONNECT_SECONDS)
@@ -124,9 +126,19 @@ class PullLoop:
         finally:
             self.held.pop(item_id, None)
             self.lease_seconds.pop(item_id, None)
+            self.item_models.pop(item_id, None)
             if not any(i.startswith(f"{message['job']}/") for i in self.held):
                 self.contexts.pop(message["job"], None)  # the next pull brings it again
             self._room.set()
+
+    def _held_models(self) -> list[str]:
+        """What this worker holds or is about to load: resident, loading, or named by work in hand.
+
+        The scheduler counts this worker as a holder of each, from the moment
+        it takes the work, so no second worker loads the same model for it.
+        """
+        held = [*self.pool.held(), *self.item_models.values(), *self.online.models()]
+        return list(dict.fromkeys(held))
 
     def _start_online(self, messages: list[dict[str, Any]]) -> bool:
         """A pull answered with online requests: they join the next online group here."""
@@ -141,7 +153,7 @@ class PullLoop:
             try:
                 reply = await self.worker.scheduler.shoal_pull_online(
                     worker=self.worker.address,
-                    resident=self.pool.resident(),
+                    resident=self._held_models(),
                     timeout=self.profile.pull_timeout_seconds,
                     busy=self.item_lock.locked(),
                 )
