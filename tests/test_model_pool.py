@@ -124,6 +124,40 @@ def test_concurrent_users_share_one_load():
     assert asyncio.run(scenario()) == ["a"]
 
 
+def test_a_cancelled_user_leaves_the_shared_load_to_the_others():
+    """An item taken back mid-load is cancelled; whoever waits on the same load still gets the model."""
+
+    async def scenario():
+        started = asyncio.Event()
+        release = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def load(s: ModelSpec):
+            loop.call_soon_threadsafe(started.set)
+            asyncio.run_coroutine_threadsafe(release.wait(), loop).result()
+            return FakeRuntime(s, [])
+
+        pool = ModelPool(100, load, ThreadPoolExecutor(1))
+        s = spec("a", 10)
+
+        async def use():
+            async with pool.use(s) as runtime:
+                return runtime
+
+        first = asyncio.create_task(use())
+        await started.wait()
+        second = asyncio.create_task(use())
+        await asyncio.sleep(0.01)
+        first.cancel()
+        await asyncio.sleep(0.01)
+        release.set()
+        runtime = await asyncio.wait_for(second, 5)
+        assert first.cancelled() and runtime.spec.name == "a"
+        assert pool.resident() == ["a"] and pool.loads == 1
+
+    asyncio.run(scenario())
+
+
 def test_eviction_spares_the_last_copy_of_a_model_with_waiting_work():
     async def scenario():
         pool, loaded, closed = make_pool(100)

@@ -47,7 +47,7 @@ class ModelPool:
         self._load = load
         self._executor = executor
         self._resident: OrderedDict[str, Resident] = OrderedDict()
-        self._loading: dict[str, asyncio.Future] = {}
+        self._loading: dict[str, asyncio.Task] = {}
         self._reserved: dict[str, int] = {}
         self._sizes: dict[str, int] = {}
         self._changed = asyncio.Condition()
@@ -121,24 +121,30 @@ class ModelPool:
                 entry.in_use += 1
                 return entry
             pending = self._loading.get(spec.name)
-            if pending is not None:
-                await asyncio.shield(pending)
-                continue
-            if not self.can_ever_fit(spec):
-                raise ModelTooLarge(
-                    f"model {spec.name!r} needs {self.size_of(spec) / 1e9:.2f} GB but this "
-                    f"worker's budget is {self.budget / 1e9:.2f} GB "
-                    f"({self._pinned_bytes() / 1e9:.2f} GB pinned)"
-                )
-            await self._make_room(self.size_of(spec))
-            if spec.name in self._resident or spec.name in self._loading:
-                continue
-            await self._load_now(spec)
+            if pending is None:
+                if not self.can_ever_fit(spec):
+                    raise ModelTooLarge(
+                        f"model {spec.name!r} needs {self.size_of(spec) / 1e9:.2f} GB but this "
+                        f"worker's budget is {self.budget / 1e9:.2f} GB "
+                        f"({self._pinned_bytes() / 1e9:.2f} GB pinned)"
+                    )
+                await self._make_room(self.size_of(spec))
+                if spec.name in self._resident or spec.name in self._loading:
+                    continue
+                pending = self._start_load(spec)
+            # Shielded: a waiter that is cancelled (its item taken back) leaves
+            # the load running for the others, and for the next user.
+            await asyncio.shield(pending)
+
+    def _start_load(self, spec: ModelSpec) -> asyncio.Task:
+        """The load of `spec` as a task of its own, its memory reserved from now."""
+        self._reserved[spec.name] = self.size_of(spec)
+        task = asyncio.create_task(self._load_now(spec), name=f"load {spec.name}")
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # waiters re-raise it
+        self._loading[spec.name] = task
+        return task
 
     async def _load_now(self, spec: ModelSpec) -> None:
-        future = asyncio.get_running_loop().create_future()
-        self._loading[spec.name] = future
-        self._reserved[spec.name] = self.size_of(spec)
         try:
             began = time.perf_counter()
             runtime = await asyncio.get_running_loop().run_in_executor(
@@ -150,11 +156,6 @@ class ModelPool:
             self._resident[spec.name] = Resident(runtime, size)
             self.loads += 1
             logger.info("loaded %s (%.1f MB)", spec.name, size / 1e6)
-            future.set_result(None)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: waiters re-raise through their own load
-            raise
         finally:
             del self._loading[spec.name]
             del self._reserved[spec.name]

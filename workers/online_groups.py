@@ -59,6 +59,7 @@ class OnlineGroups:
         self._guard = threading.Lock()  # the loop adds, the online thread takes
         self._runner: asyncio.Task | None = None
         self._loads: dict[str, asyncio.Task] = {}
+        self._closed = False
         self._acks: set[asyncio.Task] = set()
 
     def add(self, messages: list[Message]) -> None:
@@ -76,6 +77,7 @@ class OnlineGroups:
             return {m["model"] for m in self._waiting}
 
     def close(self) -> None:
+        self._closed = True
         for task in [self._runner, *self._loads.values()]:
             if task is not None:
                 task.cancel()
@@ -93,17 +95,22 @@ class OnlineGroups:
             await self._round(waiting & resident)
 
     async def _load(self, name: str) -> None:
-        """Make `name` resident for the requests waiting on it, then let a round take them."""
+        """Make `name` resident for the requests waiting on it and run their round.
+
+        The round runs while the load still holds the model, so no other load
+        evicts it in between.
+        """
         try:
             async with self.pool.use(self.specs[name]):
-                pass
+                await self._round({name})
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             await self._fail(Outcome(self._take({name}), None, error=exc))
         finally:
             del self._loads[name]
-        self._kick()
+            if not self._closed:
+                self._kick()  # whatever happened, its requests must not be left waiting
 
     async def _round(self, models: set[str]) -> None:
         async with AsyncExitStack() as held:
