@@ -11,6 +11,12 @@ where a router guessed. A pull is answered, in order, with:
    workers already holding it) longer than its load time on this worker
    times `steal_factor`. A model that no worker holds is always worth it.
 
+An idle worker may also take back an item another worker leased but has not
+started, when it would start it sooner: the holder first finishes the items
+it started (and loads the model, if it lacks it); the idle worker only has to
+load the model, if it lacks it. Without that comparison idle workers pass a
+lone model's last items around, each paying a load, while its holder waits.
+
 Only models the worker may host are considered: the catalog's `requires`
 against the worker's Dask resources, and the model's size against its budget.
 """
@@ -22,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .model_queues import ModelQueues
-from .work_items import BATCH, ONLINE
+from .work_items import BATCH, ONLINE, WorkItem
 
 DEFAULT_ROWS_PER_SECOND = 100.0
 DEFAULT_LOAD_SECONDS = 5.0
@@ -121,6 +127,27 @@ class Placement:
             if gain > 0:
                 candidates.append((0, gain, model))
         return max(candidates)[2] if candidates else None
+
+    def take_back_gain(
+        self,
+        work: WorkItem,
+        thief: WorkerView,
+        holder: WorkerView | None,
+        ahead: list[WorkItem],
+        specs: dict[str, dict[str, Any]],
+    ) -> float:
+        """Seconds sooner `work` would start on the idle `thief` than on its holder.
+
+        `ahead` are the items the holder has started: `work` waits for their
+        expected compute there. Worth taking back when positive.
+        """
+        on_holder = sum(w.rows / self.stats.rows_per_second(w.model) for w in ahead)
+        if holder is not None and work.model not in holder.resident:
+            on_holder += self._load_seconds(holder, specs, work.model)
+        on_thief = 0.0
+        if work.model not in thief.resident:
+            on_thief = self.steal_factor * self._load_seconds(thief, specs, work.model)
+        return on_holder - on_thief
 
     @staticmethod
     def _load_seconds(worker: WorkerView, specs: dict[str, dict[str, Any]], model: str) -> float:

@@ -493,21 +493,30 @@ class ShoalScheduler(SchedulerPlugin):
     def _take_back(self, worker: WorkerView) -> list[WorkItem]:
         """An idle worker takes one item another worker leased but has not started.
 
-        Items of models resident on the idle worker first; never online items
-        (they are pulled together and start at once). The first holder learns
-        it lost the item when it asks to start it.
+        Only where it starts sooner here (see Placement.take_back_gain), the
+        largest gain first; never online items (they are pulled together and
+        start at once). The first holder learns it lost the item when it asks
+        to start it.
         """
-        candidates = [
-            work
-            for address, item_ids in self.leased_by_worker.items()
-            if address != worker.address
-            for work in (self.items[i] for i in item_ids)
-            if not work.started and work.priority == BATCH
-            and (work.model in worker.resident or can_host(self.model_specs.get(work.model, {}), worker))
-        ]
-        if not candidates:
+        best: tuple[float, WorkItem] | None = None
+        for address, item_ids in self.leased_by_worker.items():
+            if address == worker.address:
+                continue
+            leased = [self.items[i] for i in item_ids]
+            ahead = [w for w in leased if w.started]
+            for work in leased:
+                if work.started or work.priority != BATCH:
+                    continue
+                if work.model not in worker.resident and not can_host(self.model_specs.get(work.model, {}), worker):
+                    continue
+                gain = self.placement.take_back_gain(
+                    work, worker, self.worker_views.get(address), ahead, self.model_specs
+                )
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, work)
+        if best is None:
             return []
-        work = min(candidates, key=lambda w: (w.model not in worker.resident, w.deadline))
+        work = best[1]
         self._unlease(work)
         self._lease(work, worker.address, counts_as_attempt=False)
         self.events["taken_back"] += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -156,6 +157,26 @@ def test_a_cancelled_user_leaves_the_shared_load_to_the_others():
         assert pool.resident() == ["a"] and pool.loads == 1
 
     asyncio.run(scenario())
+
+
+def test_a_loaded_model_reaches_its_waiters_before_another_load_can_evict_it():
+    """Three models, room for two, all wanted at once: each loads once, none is lost in between."""
+
+    async def scenario():
+        def load(s: ModelSpec):
+            time.sleep(0.02)
+            return FakeRuntime(s, [])
+
+        pool = ModelPool(20, load, ThreadPoolExecutor(1))
+
+        async def use(name: str):
+            async with pool.use(spec(name, 10)):
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(asyncio.gather(*(use(n) for n in "abc")), 10)
+        return pool.loads
+
+    assert asyncio.run(scenario()) == 3
 
 
 def test_eviction_spares_the_last_copy_of_a_model_with_waiting_work():

@@ -203,12 +203,29 @@ def test_idle_worker_takes_back_an_item_not_yet_started():
         plugin.submit("j", items("m", 2), SPECS)
         first, second = [m["id"] for m in (await plugin.pull("w1", resident=["m"], room=2, timeout=0))["items"]]
         assert plugin.start_item("w1", first) == {"ok": True}
-        assert (await plugin.pull("w2", held=1, timeout=0))["items"] == []  # busy workers do not take back
-        taken = (await plugin.pull("w2", held=0, timeout=0))["items"]
+        assert (await plugin.pull("w2", resident=["m"], held=1, timeout=0))["items"] == []  # busy: no take-back
+        taken = (await plugin.pull("w2", resident=["m"], held=0, timeout=0))["items"]
         assert [m["id"] for m in taken] == [second] and taken[0]["attempt"] == 1
         assert plugin.start_item("w1", second) == {"ok": False}  # w1 drops it
         assert plugin.start_item("w2", second) == {"ok": True}
         assert (await plugin.pull("w1", held=0, timeout=0))["items"] == []  # started items stay put
+        await plugin.close()
+
+    run(go())
+
+
+@pytest.mark.parametrize("rows, taken_back", [(1000, True), (10, False)])
+def test_a_worker_without_the_model_takes_back_only_what_its_holder_would_start_later(rows, taken_back):
+    """Holder w1 computes an item (rows / 100 rows/s ahead); w2 would first load m (2 s)."""
+
+    async def go():
+        plugin = await started()
+        specs = {"models": {"m": {"name": "m", "load_seconds": 2.0}}}
+        plugin.submit("j", items("m", 2, rows=rows), specs)
+        first, second = [m["id"] for m in (await plugin.pull("w1", resident=["m"], room=2, timeout=0))["items"]]
+        assert plugin.start_item("w1", first) == {"ok": True}
+        taken = [m["id"] for m in (await plugin.pull("w2", resident=[], held=0, timeout=0))["items"]]
+        assert taken == ([second] if taken_back else [])
         await plugin.close()
 
     run(go())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
@@ -49,6 +49,8 @@ class ModelPool:
         self._resident: OrderedDict[str, Resident] = OrderedDict()
         self._loading: dict[str, asyncio.Task] = {}
         self._reserved: dict[str, int] = {}
+        self._awaited: Counter[str] = Counter()  # waiters of each load in flight
+        self._wakers: set[asyncio.Task] = set()
         self._sizes: dict[str, int] = {}
         self._changed = asyncio.Condition()
         self.loads = 0
@@ -110,8 +112,7 @@ class ModelPool:
             yield entry.runtime
         finally:
             entry.in_use -= 1
-            async with self._changed:
-                self._changed.notify_all()
+            await self._wake()
 
     async def _acquire(self, spec: ModelSpec) -> Resident:
         while True:
@@ -133,8 +134,16 @@ class ModelPool:
                     continue
                 pending = self._start_load(spec)
             # Shielded: a waiter that is cancelled (its item taken back) leaves
-            # the load running for the others, and for the next user.
-            await asyncio.shield(pending)
+            # the load running for the others, and for the next user. Counted:
+            # until its waiters resume, the loaded model is not idle, so no
+            # other load evicts it first.
+            self._awaited[spec.name] += 1
+            try:
+                await asyncio.shield(pending)
+            finally:
+                self._awaited[spec.name] -= 1
+                if not self._awaited[spec.name] and spec.name in self._resident:
+                    self._wake_soon()  # a cancelled waiter leaves it idle: room for others
 
     def _start_load(self, spec: ModelSpec) -> asyncio.Task:
         """The load of `spec` as a task of its own, its memory reserved from now."""
@@ -159,8 +168,17 @@ class ModelPool:
         finally:
             del self._loading[spec.name]
             del self._reserved[spec.name]
-            async with self._changed:
-                self._changed.notify_all()
+            await self._wake()
+
+    async def _wake(self) -> None:
+        """Residency changed: loads waiting for room look again."""
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _wake_soon(self) -> None:
+        task = asyncio.create_task(self._wake())
+        self._wakers.add(task)
+        task.add_done_callback(self._wakers.discard)
 
     async def _make_room(self, needed: int) -> None:
         """Evict idle unpinned models until `needed` fits (see `_victim`)."""
@@ -179,7 +197,11 @@ class ModelPool:
         hold, and only then the last copy of a model with work waiting (its
         requests would all pay a load); least recently used within each.
         """
-        idle = [(i, n) for i, (n, e) in enumerate(self._resident.items()) if not e.pinned and e.in_use == 0]
+        idle = [
+            (i, n)
+            for i, (n, e) in enumerate(self._resident.items())
+            if not e.pinned and e.in_use == 0 and not self._awaited[n]
+        ]
         if not idle:
             return None
 
