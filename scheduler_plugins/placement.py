@@ -39,11 +39,17 @@ class WorkerView:
     """What placement knows of one worker: reported on each pull."""
 
     address: str
-    resident: set[str] = field(default_factory=set)
+    resident: set[str] = field(default_factory=set)  # held: loaded, loading, or named by work in hand
+    ready: set[str] = field(default_factory=set)  # loaded now
     resources: dict[str, float] = field(default_factory=dict)
     budget: int | None = None
     free_bytes: int | None = None
     load_seconds: dict[str, float] = field(default_factory=dict)
+
+    def report(self, resident: list[str] | None, ready: list[str] | None) -> None:
+        """A pull's report; a worker that does not say what is loaded counts all it holds."""
+        self.resident = set(resident or [])
+        self.ready = set(ready) if ready is not None else set(self.resident)
 
 
 class ModelStats:
@@ -142,10 +148,10 @@ class Placement:
         expected compute there. Worth taking back when positive.
         """
         on_holder = sum(w.rows / self.stats.rows_per_second(w.model) for w in ahead)
-        if holder is not None and work.model not in holder.resident:
+        if holder is not None and work.model not in holder.ready:
             on_holder += self._load_seconds(holder, specs, work.model)
         on_thief = 0.0
-        if work.model not in thief.resident:
+        if work.model not in thief.ready:
             on_thief = self.steal_factor * self._load_seconds(thief, specs, work.model)
         return on_holder - on_thief
 

@@ -145,14 +145,17 @@ class ShoalScheduler(SchedulerPlugin):
         budget: int | None = None,
         free_bytes: int | None = None,
         load_seconds: dict[str, float] | None = None,
+        ready: list[str] | None = None,
     ) -> dict[str, Any]:
         """Lease work to `worker`, waiting up to `timeout` seconds for some.
 
-        The worker reports its resident models, its model budget and measured
-        load times with every pull, so placement always sees its present state.
+        The worker reports the models it holds (`resident`: loaded, loading or
+        named by work in hand) and those loaded now (`ready`), its model
+        budget and measured load times with every pull, so placement always
+        sees its present state.
         """
         view = self.worker_views.setdefault(worker, WorkerView(worker))
-        view.resident = set(resident or [])
+        view.report(resident, ready)
         view.budget = budget
         view.free_bytes = free_bytes
         view.load_seconds.update(load_seconds or {})
@@ -324,7 +327,12 @@ class ShoalScheduler(SchedulerPlugin):
         self.jobs[item.job].cancel(item)
 
     async def pull_online(
-        self, worker: str, resident: list[str] | None = None, timeout: float = 2.0, busy: bool = False
+        self,
+        worker: str,
+        resident: list[str] | None = None,
+        timeout: float = 2.0,
+        busy: bool = False,
+        ready: list[str] | None = None,
     ) -> dict[str, Any]:
         """Lease every waiting online request of one model to `worker`, waiting up to `timeout`.
 
@@ -336,7 +344,7 @@ class ShoalScheduler(SchedulerPlugin):
         waiting here too, so they do not wait for its running batch.
         """
         view = self.worker_views.setdefault(worker, WorkerView(worker))
-        view.resident = set(resident or [])
+        view.report(resident, ready)
         self._online_pullers[worker] = busy
         deadline = time.monotonic() + max(0.0, timeout)
         try:
@@ -361,23 +369,35 @@ class ShoalScheduler(SchedulerPlugin):
             self._online_pullers.pop(worker, None)
 
     def _online_model_for(self, view: WorkerView, busy: bool) -> str | None:
-        """The model whose online requests this online pull takes, oldest head first."""
+        """The model whose online requests this online pull takes, oldest head first.
+
+        A request goes to a worker holding its model, or to any when none does.
+        Among the workers pulling now, one with the model loaded goes before
+        one still loading it, and an idle one before a busy one: a request
+        waits for a running forward batch rather than a load, and for neither
+        when it need not.
+        """
         held = {m for v in self.worker_views.values() for m in v.resident}
 
         def may_serve(address: str, model: str) -> bool:
             other = self.worker_views.get(address)
             return other is not None and (model in other.resident or model not in held)
 
+        def better_elsewhere(model: str) -> bool:
+            mine = (model in view.ready, not busy)
+            return any(
+                (model in self.worker_views[w].ready, not b) > mine
+                for w, b in self._online_pullers.items()
+                if w != view.address and may_serve(w, model)
+            )
+
         heads = [
             (model not in view.resident, head.enqueued_at, model)
             for model in self.queues.models()
-            if may_serve(view.address, model) and (head := self.queues.head(model, ONLINE)) is not None
+            if may_serve(view.address, model)
+            and (head := self.queues.head(model, ONLINE)) is not None
+            and not better_elsewhere(model)
         ]
-        if busy:
-            heads = [
-                h for h in heads
-                if not any(not b and w != view.address and may_serve(w, h[2]) for w, b in self._online_pullers.items())
-            ]
         return min(heads)[2] if heads else None
 
     def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> dict[str, Any]:

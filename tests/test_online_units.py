@@ -116,6 +116,23 @@ def test_online_pull_leaves_a_model_resident_elsewhere_to_its_holder():
     asyncio.run(go())
 
 
+@pytest.mark.parametrize("loading_is_busy", [False, True])
+def test_a_request_goes_to_the_worker_with_its_model_loaded_not_one_still_loading_it(loading_is_busy):
+    """Both hold m; w2 is still loading it. Even busy (one forward batch to wait), w1 answers sooner."""
+
+    async def go():
+        plugin = await plugin_with_model()
+        loaded = asyncio.create_task(plugin.pull_online("w1", resident=["m"], ready=["m"], busy=True, timeout=1))
+        await asyncio.sleep(0.01)  # w1's pull is waiting
+        item, _ = plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        loading = await plugin.pull_online("w2", resident=["m"], ready=[], busy=loading_is_busy, timeout=0)
+        assert loading["items"] == []
+        assert [m["id"] for m in (await loaded)["items"]] == [item.id]
+        await plugin.close()
+
+    asyncio.run(go())
+
+
 def test_msgpack_is_decoded_with_limits_and_without_extension_types():
     assert decode(msgpack.packb({"texts": ["a"]}), MSGPACK, 100) == {"texts": ["a"]}
     for body in (msgpack.packb(msgpack.ExtType(1, b"x")), msgpack.packb({"t": msgpack.Timestamp(1)}),

@@ -60,6 +60,7 @@ class PullLoop:
                     reply = await self.worker.scheduler.shoal_pull(
                         worker=self.worker.address,
                         resident=self._held_models(),
+                        ready=self.pool.resident(),
                         room=room,
                         held=len(self.held),
                         timeout=self.profile.pull_timeout_seconds,
@@ -154,6 +155,7 @@ class PullLoop:
                 reply = await self.worker.scheduler.shoal_pull_online(
                     worker=self.worker.address,
                     resident=self._held_models(),
+                    ready=self.pool.resident(),
                     timeout=self.profile.pull_timeout_seconds,
                     busy=self.item_lock.locked(),
                 )
