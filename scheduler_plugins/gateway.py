@@ -217,7 +217,7 @@ class Gateway:
     def _resident_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for view in self.queue.worker_views.values():
-            for model in view.resident:
+            for model in view.ready:
                 counts[model] = counts.get(model, 0) + 1
         return counts
 

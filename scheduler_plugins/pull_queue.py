@@ -252,7 +252,7 @@ class ShoalScheduler(SchedulerPlugin):
             },
             "leased": {w: len(ids) for w, ids in self.leased_by_worker.items() if ids},
             "workers": {
-                address: {"resident": sorted(view.resident), "budget": view.budget, "free_bytes": view.free_bytes}
+                address: {"resident": sorted(view.ready), "budget": view.budget, "free_bytes": view.free_bytes}
                 for address, view in self.worker_views.items()
             },
             "jobs": {job_id: {**job.status(), "models": self._item_states(job)} for job_id, job in self.jobs.items()},

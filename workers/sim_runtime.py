@@ -42,14 +42,18 @@ class SimulatedRuntime:
         lengths, truncated = measured or self.token_lengths(texts)
         for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
             padded = len(batch) * int(lengths[batch].max())
+            seconds = self.spec.batch_fixed_seconds + self.spec.per_token_seconds * padded
             with self.turns.turn():
-                time.sleep(self.spec.batch_fixed_seconds + self.spec.per_token_seconds * padded)
-        return np.stack([self._vector(t) for t in texts]) if texts else np.empty((0, self.spec.dim), np.float32), truncated
+                if seconds > 0:  # a zero-compute model costs nothing here (sleep(0) is a syscall)
+                    time.sleep(seconds)
+        return self._vectors(texts), truncated
 
-    def _vector(self, text: str) -> np.ndarray:
-        seed = int.from_bytes(hashlib.blake2b(f"{self.spec.name}|{text}".encode(), digest_size=8).digest(), "little")
-        vector = np.random.default_rng(seed).standard_normal(self.spec.dim).astype(np.float32)
-        return vector / np.linalg.norm(vector)
+    def _vectors(self, texts: list[str]) -> np.ndarray:
+        """Pseudo-random unit vectors drawn from a hash of each text: the same text, the same vector."""
+        dim = self.spec.dim
+        digests = b"".join(hashlib.shake_128(f"{self.spec.name}|{t}".encode()).digest(2 * dim) for t in texts)
+        vectors = np.frombuffer(digests, dtype="<i2").reshape(len(texts), dim).astype(np.float32) + 0.5
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
     def close(self) -> None:
         pass
