@@ -154,6 +154,8 @@ class ShoalScheduler(SchedulerPlugin):
         budget and measured load times with every pull, so placement always
         sees its present state.
         """
+        if worker not in self.scheduler.workers:  # a late pull of a removed worker: no view, no holder
+            return {"items": [], "reason": "unknown worker"}
         view = self.worker_views.setdefault(worker, WorkerView(worker))
         view.report(resident, ready)
         view.budget = budget
@@ -343,6 +345,8 @@ class ShoalScheduler(SchedulerPlugin):
         A `busy` worker (its device computing) leaves requests to an idle one
         waiting here too, so they do not wait for its running batch.
         """
+        if worker not in self.scheduler.workers:  # a late pull of a removed worker: no view, no holder
+            return {"items": [], "reason": "unknown worker"}
         view = self.worker_views.setdefault(worker, WorkerView(worker))
         view.report(resident, ready)
         self._online_pullers[worker] = busy
