@@ -4,7 +4,6 @@ API shapes, the device turns' priority, and the worker's group operations."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 
@@ -19,7 +18,7 @@ from scheduler_plugins.online_requests import OnlineFailure
 from scheduler_plugins.pull_queue import ShoalScheduler
 from scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
 from workers import online_operations
-from workers.device_turns import DeviceTurns
+from workers.device_thread import DeviceThread
 from workers.sim_runtime import SimulatedRuntime
 
 LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
@@ -202,49 +201,51 @@ def test_bearer_auth(tmp_path, monkeypatch):
     assert BearerAuth.from_settings(GatewaySettings(token_env="MY_TOKEN")).allows("Bearer abc")
 
 
-def test_device_turns_serve_online_before_waiting_batch_turns():
-    turns, order = DeviceTurns(), []
-    running = threading.Event()
+def test_device_thread_runs_online_work_at_the_next_turn_before_waiting_batch_work():
+    device, order = DeviceThread(), []
+    first_turn = threading.Event()
 
-    def take(name: str, online: bool, hold: float = 0.0) -> None:
-        with turns.online() if online else contextlib.nullcontext(), turns.turn():
-            order.append(name)
-            running.set()
-            time.sleep(hold)
+    def batch(name: str, turns: int, hold: float = 0.0) -> None:
+        for i in range(turns):
+            with device.turn():
+                order.append(f"{name} {i}")
+                first_turn.set()
+                time.sleep(hold)
 
-    first = threading.Thread(target=take, args=("batch-running", False, 0.3))
-    first.start()
-    running.wait()
-    waiting = threading.Thread(target=take, args=("batch-waiting", False))
-    waiting.start()
-    time.sleep(0.05)  # the batch turn is queued before the online one
-    online = threading.Thread(target=take, args=("online", True))
-    online.start()
-    for thread in (first, waiting, online):
-        thread.join()
-    assert order == ["batch-running", "online", "batch-waiting"]
+    running = device.run(batch, "running", 3, 0.1)
+    first_turn.wait()
+    waiting = device.run(batch, "waiting", 1)
+    online = device.run_online(lambda: order.append("online") or threading.get_ident())
+    online_thread = online.result(timeout=5)
+    running.result(timeout=5), waiting.result(timeout=5)
+    assert order == ["running 0", "online", "running 1", "running 2", "waiting 0"]
+    assert online_thread == device.run(threading.get_ident).result(timeout=5)  # one thread for every model call
+    device.shutdown()
+
+
+def test_device_thread_runs_online_work_at_once_when_idle_and_reports_its_errors():
+    device = DeviceThread()
+    assert device.run_online(lambda: 42).result(timeout=5) == 42
+    with pytest.raises(ZeroDivisionError):
+        device.run_online(lambda: 1 / 0).result(timeout=5)
+    with device.turn():  # a turn off the device thread serves nothing and never blocks
+        pass
+    device.shutdown()
 
 
 def test_online_call_waits_for_one_forward_batch_not_the_whole_item():
     """A batch item of 20 forward batches computes; an online group arriving meanwhile is answered before it ends."""
-    turns = DeviceTurns()
+    device = DeviceThread()
     spec = ModelSpec(name="s", kind="sim", dim=8, max_seq_length=16, batch_fixed_seconds=0.05, max_batch_size=1)
-    runtime = SimulatedRuntime(spec, turns=turns)
-    item_done = threading.Event()
-    seen_while_running: list[bool] = []
-
-    def batch_item() -> None:
-        runtime.embed([f"row {i}" for i in range(20)])  # 20 batches of 50 ms
-        item_done.set()
-
-    thread = threading.Thread(target=batch_item)
-    thread.start()
+    runtime = SimulatedRuntime(spec, device_thread=device)
+    item = device.run(runtime.embed, [f"row {i}" for i in range(20)])  # 20 batches of 50 ms
     time.sleep(0.12)
-    with turns.online():
-        answer = online_operations.encode(runtime, [{"texts": ["query"], "truncate": True, "dtype": "float32"}])
-    seen_while_running.append(not item_done.is_set())
-    thread.join()
-    assert answer[0]["shape"] == [1, 8] and seen_while_running == [True]
+    payload = {"texts": ["query"], "truncate": True, "dtype": "float32"}
+    answer = device.run_online(lambda: online_operations.encode(runtime, [payload])).result(timeout=5)
+    answered_while_item_ran = not item.done()
+    item.result(timeout=5)
+    assert answer[0]["shape"] == [1, 8] and answered_while_item_ran
+    device.shutdown()
 
 
 def test_group_encode_gives_each_request_its_slice():

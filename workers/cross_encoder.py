@@ -12,18 +12,18 @@ import numpy as np
 
 from configs import ModelSpec
 
-from .device_turns import DeviceTurns
+from .device_thread import DeviceThread
 from .devices import DevicePlan
 from .token_batching import plan_batches
 
 
 class CrossEncoderScorer:
-    def __init__(self, spec: ModelSpec, plan: DevicePlan, turns: DeviceTurns | None = None) -> None:
+    def __init__(self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None) -> None:
         import torch
         from sentence_transformers import CrossEncoder
 
         self.spec = spec
-        self.turns = turns or DeviceTurns()
+        self.device_thread = device_thread or DeviceThread()
         self.model = CrossEncoder(
             spec.resolve_path(), device=plan.device, max_length=spec.max_seq_length, local_files_only=True
         )
@@ -69,7 +69,7 @@ class CrossEncoderScorer:
             return out, 0
         lengths, truncated = measured or self.token_lengths(queries, passages)
         for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
-            with self.turns.turn():
+            with self.device_thread.turn():
                 scores = self.model.predict(
                     [(queries[i], passages[i]) for i in batch],
                     batch_size=len(batch),

@@ -3,11 +3,12 @@
 Online requests leased to this worker wait here. A model that is not
 resident loads in the background, and its requests wait for it without
 holding up the others. Each round holds the resident models of waiting
-requests in the pool, then takes the device in the online thread, ahead of batch items but after the
-forward batch running now (see device_turns), and only then takes every
-request of those models that is waiting: what accumulated while the last
-round ran and while this one waited for the device forms one group per model
-and operation, one model call each. Acks go out without holding the device.
+requests in the pool, then runs on the device thread, ahead of batch items
+but after the forward batch running now (see device_thread), and only then
+takes every request of those models that is waiting: what accumulated while
+the last round ran and while this one waited for the device forms one group
+per model and operation, one model call each. Acks go out as soon as the
+round ends, before anything else.
 
 A failed call fails its requests as a batch item would be failed: retried
 elsewhere, or answered with the error once out of attempts.
@@ -20,14 +21,14 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
+from functools import partial
 from dataclasses import dataclass
 from typing import Any
 
 from configs import ModelSpec
 
-from .device_turns import DeviceTurns
+from .device_thread import DeviceThread
 from .model_pool import ModelPool
 from .operations import ONLINE_OPERATIONS, PERMANENT_ERRORS
 
@@ -47,16 +48,20 @@ class Outcome:
 
 class OnlineGroups:
     def __init__(
-        self, worker, pool: ModelPool, turns: DeviceTurns, specs: dict[str, ModelSpec], report_failure: ReportFailure
+        self,
+        worker,
+        pool: ModelPool,
+        device_thread: DeviceThread,
+        specs: dict[str, ModelSpec],
+        report_failure: ReportFailure,
     ) -> None:
         self.worker = worker
         self.pool = pool
-        self.turns = turns
+        self.device_thread = device_thread
         self.specs = specs  # the pull loop's, filled by every pull reply
         self.report_failure = report_failure
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-online")
         self._waiting: list[Message] = []
-        self._guard = threading.Lock()  # the loop adds, the online thread takes
+        self._guard = threading.Lock()  # the loop adds, the device thread takes
         self._runner: asyncio.Task | None = None
         self._loads: dict[str, asyncio.Task] = {}
         self._closed = False
@@ -81,7 +86,6 @@ class OnlineGroups:
         for task in [self._runner, *self._loads.values()]:
             if task is not None:
                 task.cancel()
-        self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def _run(self) -> None:
         while True:
@@ -124,30 +128,31 @@ class OnlineGroups:
                     await self._fail(Outcome(self._take({name}), None, error=exc))
             if not runtimes:
                 return
-            outcomes = await asyncio.get_running_loop().run_in_executor(self.executor, self._compute, runtimes)
+            outcomes = await asyncio.wrap_future(self.device_thread.run_online(partial(self._compute, runtimes)))
+            for outcome in outcomes:
+                if outcome.error is None:
+                    ack = asyncio.create_task(self._ack(outcome))
+                    self._acks.add(ack)
+                    ack.add_done_callback(self._acks.discard)
+            await asyncio.sleep(0)  # the answers go out before the models are released and the next round
         for outcome in outcomes:
             if outcome.error is not None:
                 await self._fail(outcome)
-                continue
-            ack = asyncio.create_task(self._ack(outcome))
-            self._acks.add(ack)
-            ack.add_done_callback(self._acks.discard)
 
     def _compute(self, runtimes: dict[str, Any]) -> list[Outcome]:
-        """In the online thread: take the device, then the requests, then one call per group."""
+        """On the device thread, holding it: take the requests waiting now, then one call per group."""
         outcomes = []
-        with self.turns.online(), self.turns.turn():
-            groups: dict[tuple[str, str], list[Message]] = {}
-            for message in self._take(set(runtimes)):
-                groups.setdefault((message["model"], message["op"]), []).append(message)
-            for (model, op), group in groups.items():
-                began = time.perf_counter()
-                try:
-                    results = ONLINE_OPERATIONS[op](runtimes[model], [m["payload"] for m in group])
-                except Exception as exc:  # noqa: BLE001 - reported per request by _fail
-                    outcomes.append(Outcome(group, None, error=exc))
-                    continue
-                outcomes.append(Outcome(group, results, time.perf_counter() - began))
+        groups: dict[tuple[str, str], list[Message]] = {}
+        for message in self._take(set(runtimes)):
+            groups.setdefault((message["model"], message["op"]), []).append(message)
+        for (model, op), group in groups.items():
+            began = time.perf_counter()
+            try:
+                results = ONLINE_OPERATIONS[op](runtimes[model], [m["payload"] for m in group])
+            except Exception as exc:  # noqa: BLE001 - reported per request by _fail
+                outcomes.append(Outcome(group, None, error=exc))
+                continue
+            outcomes.append(Outcome(group, results, time.perf_counter() - began))
         return outcomes
 
     def _take(self, models: set[str]) -> list[Message]:

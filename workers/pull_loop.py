@@ -2,9 +2,8 @@
 
 Up to `prefetch` items are held at once, so the next item's input is read
 from storage while the model computes the current one. One batch item
-computes at a time, in the compute thread; online groups compute in their own
-thread, and the two share the device one forward batch at a time, online
-first (see device_turns). Storage reads and writes run in I/O threads beside
+computes at a time; batch items and online groups share the worker's device
+thread one forward batch at a time, online first (see device_thread). Storage reads and writes run in I/O threads beside
 them. Leases of held items are extended while they run.
 """
 
@@ -18,7 +17,7 @@ from typing import Any
 
 from configs import ModelSpec, Profile
 
-from .device_turns import DeviceTurns
+from .device_thread import DeviceThread
 from .model_pool import ModelPool
 from .online_groups import OnlineGroups
 from .operations import ONLINE_OPERATIONS, OPERATIONS, PERMANENT_ERRORS
@@ -29,13 +28,11 @@ RECONNECT_SECONDS = 1.0
 
 
 class PullLoop:
-    def __init__(
-        self, worker, profile: Profile, pool: ModelPool, compute: ThreadPoolExecutor, turns: DeviceTurns
-    ) -> None:
+    def __init__(self, worker, profile: Profile, pool: ModelPool, device_thread: DeviceThread) -> None:
         self.worker = worker
         self.profile = profile
         self.pool = pool
-        self.compute_executor = compute
+        self.device_thread = device_thread
         self.io_executor = ThreadPoolExecutor(2, thread_name_prefix="shoal-io")
         self.item_lock = asyncio.Lock()  # one batch item computing at a time
         self.held: dict[str, asyncio.Task] = {}
@@ -44,7 +41,7 @@ class PullLoop:
         self.specs: dict[str, ModelSpec] = {}
         self.contexts: dict[str, dict[str, Any]] = {}
         self._room = asyncio.Event()
-        self.online = OnlineGroups(worker, pool, turns, self.specs, self._report_failure)
+        self.online = OnlineGroups(worker, pool, device_thread, self.specs, self._report_failure)
 
     async def run(self) -> None:
         extender = asyncio.create_task(self._extend_leases())
@@ -111,7 +108,7 @@ class PullLoop:
                 if not started["ok"]:  # taken back for an idle worker, or lease lost
                     return
                 began = time.perf_counter()
-                computed = await loop.run_in_executor(self.compute_executor, operation.compute, runtime, data)
+                computed = await asyncio.wrap_future(self.device_thread.run(operation.compute, runtime, data))
                 compute_seconds = time.perf_counter() - began
             result = await loop.run_in_executor(
                 self.io_executor, operation.write, payload, data, computed, spec
@@ -170,7 +167,8 @@ class PullLoop:
                 continue
             for name, spec in reply.get("models", {}).items():
                 self.specs[name] = ModelSpec(**spec)
-            self._start_online(reply["items"])
+            if self._start_online(reply["items"]):
+                await asyncio.sleep(0)  # the group reaches the device before the next pull is sent
 
     async def _report_failure(self, item_id: str, error: str, permanent: bool) -> None:
         try:

@@ -17,16 +17,16 @@ import numpy as np
 
 from configs import ModelSpec
 
-from .device_turns import DeviceTurns
+from .device_thread import DeviceThread
 from .token_batching import plan_batches
 
 CHARS_PER_TOKEN = 4
 
 
 class SimulatedRuntime:
-    def __init__(self, spec: ModelSpec, device_kind: str = "cpu", turns: DeviceTurns | None = None) -> None:
+    def __init__(self, spec: ModelSpec, device_kind: str = "cpu", device_thread: DeviceThread | None = None) -> None:
         self.spec = spec
-        self.turns = turns or DeviceTurns()
+        self.device_thread = device_thread or DeviceThread()
         self.token_budget = spec.budget_for(device_kind)
         time.sleep(spec.load_seconds)
 
@@ -43,7 +43,7 @@ class SimulatedRuntime:
         for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
             padded = len(batch) * int(lengths[batch].max())
             seconds = self.spec.batch_fixed_seconds + self.spec.per_token_seconds * padded
-            with self.turns.turn():
+            with self.device_thread.turn():
                 if seconds > 0:  # a zero-compute model costs nothing here (sleep(0) is a syscall)
                     time.sleep(seconds)
         return self._vectors(texts), truncated

@@ -11,7 +11,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from configs import Catalog, Profile, load_catalog, load_profile
 
-from .device_turns import DeviceTurns
+from .device_thread import DeviceThread
 from .devices import detect_device
 from .model_pool import ModelPool
 from .pull_loop import PullLoop
@@ -33,19 +33,20 @@ class ShoalWorker(WorkerPlugin):
         self.pinned = list(pinned)
         self.warm = list(warm)
         self._task: asyncio.Task | None = None
-        self.compute: ThreadPoolExecutor | None = None
+        self.device_thread: DeviceThread | None = None
         self.loader: ThreadPoolExecutor | None = None
 
     async def setup(self, worker) -> None:
         profile = load_profile(self.profile_name)
         pinned = list(dict.fromkeys([*profile.pinned, *self.pinned]))
         plan = detect_device(profile, dict(worker.state.total_resources))
-        self.compute = ThreadPoolExecutor(1, thread_name_prefix="shoal-compute")
+        self.device_thread = DeviceThread()  # every model call: batch items, and online groups first
         # Loads get their own thread: a model loads while another one computes.
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-load")
-        turns = DeviceTurns()  # the device, shared by the batch and online threads
-        self.pool = ModelPool(plan.memory_budget, partial(load_runtime, plan=plan, turns=turns), self.loader)
-        self.loop = PullLoop(worker, profile, self.pool, self.compute, turns)
+        self.pool = ModelPool(
+            plan.memory_budget, partial(load_runtime, plan=plan, device_thread=self.device_thread), self.loader
+        )
+        self.loop = PullLoop(worker, profile, self.pool, self.device_thread)
         self.plan = plan
         # Pool figures ride on Dask's heartbeat to the scheduler, for its dashboard and /metrics.
         worker.metrics["shoal"] = lambda _: {
@@ -75,6 +76,7 @@ class ShoalWorker(WorkerPlugin):
                 await self._task
             except asyncio.CancelledError:
                 pass
-        for executor in (self.compute, self.loader):
-            if executor is not None:
-                executor.shutdown(wait=False, cancel_futures=True)
+        if self.device_thread is not None:
+            self.device_thread.shutdown()
+        if self.loader is not None:
+            self.loader.shutdown(wait=False, cancel_futures=True)
