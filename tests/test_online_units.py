@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import msgpack
 import numpy as np
@@ -19,6 +22,8 @@ from scheduler_plugins.pull_queue import ShoalScheduler
 from scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
 from workers import online_operations
 from workers.device_thread import DeviceThread
+from workers.model_pool import ModelPool
+from workers.online_groups import OnlineGroups
 from workers.sim_runtime import SimulatedRuntime
 
 LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
@@ -246,6 +251,63 @@ def test_online_call_waits_for_one_forward_batch_not_the_whole_item():
     item.result(timeout=5)
     assert answer[0]["shape"] == [1, 8] and answered_while_item_ran
     device.shutdown()
+
+
+class TurnLog(DeviceThread):
+    """A device thread that logs whose each forward batch is; `online` is set by the first online one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[str] = []
+        self.online = threading.Event()
+
+    @contextmanager
+    def turn(self):
+        with super().turn():
+            serving = self._serving
+            self.log.append("online" if serving else "batch")
+            if serving:
+                self.online.set()
+            yield
+
+
+def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after_the_next_batch_turn():
+    online_spec = ModelSpec(name="o", kind="sim", dim=8, max_seq_length=16, batch_fixed_seconds=0.1)
+    batch_spec = ModelSpec(name="b", kind="sim", dim=8, max_seq_length=16, batch_fixed_seconds=0.05, max_batch_size=1)
+    acked: list[str] = []
+
+    async def ack(worker, results, compute_seconds):
+        acked.extend(item_id for item_id, _ in results)
+
+    async def scenario() -> list[str]:
+        device = TurnLog()
+        pool = ModelPool(10**9, lambda s: SimulatedRuntime(s, device_thread=device), ThreadPoolExecutor(1))
+        await pool.pin(online_spec)
+        worker = SimpleNamespace(address="w", scheduler=SimpleNamespace(shoal_ack_many=ack))
+        groups = OnlineGroups(worker, pool, device, {"o": online_spec}, report_failure=None)
+        batch = SimulatedRuntime(batch_spec, device_thread=device)
+        item = asyncio.wrap_future(device.run(batch.embed, [f"row {i}" for i in range(8)]))  # 8 turns of 50 ms
+        await asyncio.sleep(0.07)
+
+        def request(name: str) -> dict:
+            payload = {"texts": [name], "truncate": True, "dtype": "float32"}
+            return {"id": name, "model": "o", "op": "encode", "payload": payload}
+
+        groups.add([request("A")])
+        await asyncio.get_running_loop().run_in_executor(None, device.online.wait)
+        groups.add([request("B")])  # while A's round computes (100 ms)
+        await item
+        while len(acked) < 2:
+            await asyncio.sleep(0.01)
+        groups.close()
+        device.shutdown()
+        return device.log
+
+    log = asyncio.run(scenario())
+    assert acked == ["A", "B"]
+    first = log.index("online")
+    assert log.count("online") == 2 and log[first + 1] == "online"  # no batch turn between the two rounds
+    assert "batch" in log[:first] and "batch" in log[first + 2:]  # both came during the batch item
 
 
 def test_group_encode_gives_each_request_its_slice():

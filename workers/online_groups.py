@@ -8,7 +8,10 @@ but after the forward batch running now (see device_thread), and only then
 takes every request of those models that is waiting: what accumulated while
 the last round ran and while this one waited for the device forms one group
 per model and operation, one model call each. Acks go out as soon as the
-round ends, before anything else.
+round ends, before anything else. Rounds overlap: a request that comes in
+while a round computes starts the next round at once, so it runs as soon as
+that one ends, not after the next forward batch of batch work (which a
+request arriving while the last round's answers went out used to wait for).
 
 A failed call fails its requests as a batch item would be failed: retried
 elsewhere, or answered with the error once out of attempts.
@@ -62,7 +65,8 @@ class OnlineGroups:
         self.report_failure = report_failure
         self._waiting: list[Message] = []
         self._guard = threading.Lock()  # the loop adds, the device thread takes
-        self._runner: asyncio.Task | None = None
+        self._pending: set[str] = set()  # models of rounds started here, not yet on the device
+        self._rounds: set[asyncio.Task] = set()
         self._loads: dict[str, asyncio.Task] = {}
         self._closed = False
         self._acks: set[asyncio.Task] = set()
@@ -73,8 +77,14 @@ class OnlineGroups:
         self._kick()
 
     def _kick(self) -> None:
-        if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run())
+        """A round for the waiting requests that neither a round still to start nor a load will take."""
+        with self._guard:
+            uncovered = {m["model"] for m in self._waiting} - self._pending - self._loads.keys()
+            self._pending |= uncovered
+        if uncovered:
+            task = asyncio.create_task(self._run(uncovered))
+            self._rounds.add(task)
+            task.add_done_callback(self._rounds.discard)
 
     def models(self) -> set[str]:
         """Models of the requests waiting here."""
@@ -83,20 +93,21 @@ class OnlineGroups:
 
     def close(self) -> None:
         self._closed = True
-        for task in [self._runner, *self._loads.values()]:
-            if task is not None:
-                task.cancel()
+        for task in [*self._rounds, *self._loads.values()]:
+            task.cancel()
 
-    async def _run(self) -> None:
-        while True:
-            resident = set(self.pool.resident())
-            waiting = self.models()
-            for name in waiting - resident:
-                if name not in self._loads:
-                    self._loads[name] = asyncio.create_task(self._load(name))
-            if not waiting & resident:
-                return  # the rest wait for their loads, which kick a new run
-            await self._round(waiting & resident)
+    async def _run(self, models: set[str]) -> None:
+        """A round of `models` (pending since _kick); one not loaded loads first, with its own round."""
+        resident = set(self.pool.resident())
+        for name in models - resident:
+            if name not in self._loads:
+                self._loads[name] = asyncio.create_task(self._load(name))
+        self._started(models - resident)  # their loads' rounds take them
+        try:
+            await self._round(models & resident)
+        except BaseException:
+            self._started(models)  # it may never reach the device
+            raise
 
     async def _load(self, name: str) -> None:
         """Make `name` resident for the requests waiting on it and run their round.
@@ -106,7 +117,7 @@ class OnlineGroups:
         """
         try:
             async with self.pool.use(self.specs[name]):
-                await self._round({name})
+                await self._round({name})  # also takes requests that came in during the load
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -125,6 +136,7 @@ class OnlineGroups:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
+                    self._started({name})
                     await self._fail(Outcome(self._take({name}), None, error=exc))
             if not runtimes:
                 return
@@ -141,6 +153,7 @@ class OnlineGroups:
 
     def _compute(self, runtimes: dict[str, Any]) -> list[Outcome]:
         """On the device thread, holding it: take the requests waiting now, then one call per group."""
+        self._started(set(runtimes))  # requests from now on start the next round
         outcomes = []
         groups: dict[tuple[str, str], list[Message]] = {}
         for message in self._take(set(runtimes)):
@@ -154,6 +167,10 @@ class OnlineGroups:
                 continue
             outcomes.append(Outcome(group, results, time.perf_counter() - began))
         return outcomes
+
+    def _started(self, models: set[str]) -> None:
+        with self._guard:
+            self._pending -= models
 
     def _take(self, models: set[str]) -> list[Message]:
         with self._guard:
