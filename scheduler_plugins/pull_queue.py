@@ -25,6 +25,7 @@ Routes (all declared in ``ShoalScheduler.start``):
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections import Counter, defaultdict
@@ -99,6 +100,11 @@ class ShoalScheduler(SchedulerPlugin):
         self._lease_checker.start()
         if self._gateway_settings is not None:
             await self.gateway_start(self._gateway_settings.model_dump())
+        # Everything alive now lives as long as the process: out of the collector's sight, a full
+        # collection no longer scans it. Before, one took ~60 ms in `shoal serve`, a stall for
+        # every request in flight, and came every few seconds at 1,000 req/s.
+        gc.collect()
+        gc.freeze()
 
     async def close(self) -> None:
         if self._lease_checker is not None:

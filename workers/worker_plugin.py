@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -59,6 +60,10 @@ class ShoalWorker(WorkerPlugin):
                 await self.pool.pin(profile.tuned(catalog.get(name)))
             for name in self.warm:
                 await self._warm(profile, catalog, name)
+        # What is alive now (imports, pinned and warmed models) stays: out of the collector's
+        # sight, so a full collection does not stall online rounds scanning it (see pull_queue).
+        gc.collect()
+        gc.freeze()
         self._task = asyncio.create_task(self.loop.run())
 
     async def _warm(self, profile: Profile, catalog: Catalog, name: str) -> None:
