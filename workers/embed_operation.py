@@ -1,7 +1,7 @@
 """The `embed` operation: one input slice in, one output part out.
 
 Split in three stages so the pull loop can overlap them: `read` (storage,
-in an I/O thread), `compute` (the model, in the compute thread), `write`
+in an I/O thread), `compute` (the model, on the device thread), `write`
 (storage again). Every input row gives exactly one output row: null texts
 get a null embedding and are counted, never dropped.
 """

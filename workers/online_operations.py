@@ -1,7 +1,7 @@
 """Online operations: every request of one pull answered by one model call.
 
 The pull loop hands a whole online group (what queued while the last group
-ran) to one of these functions, in the online thread. The texts of all
+ran) to one of these functions, on the device thread. The texts of all
 requests go through the runtime together, so its token-budget batching sorts
 and packs them; each request then gets its own slice. A request that cannot be
 answered (too long with truncation off) gets an error result with an HTTP

@@ -4,7 +4,7 @@ An operation is a module (or object) with three functions, run by the pull
 loop in this order so storage work overlaps the model:
 
 - ``read(payload) -> data``: in an I/O thread (storage reads, parsing)
-- ``compute(runtime, data) -> computed``: in the compute thread, with the
+- ``compute(runtime, data) -> computed``: on the device thread, with the
   item's model resident
 - ``write(payload, data, computed, spec) -> result``: in an I/O thread; the
   result dict is sent to the scheduler with the ack
