@@ -160,10 +160,9 @@ class ShoalScheduler(SchedulerPlugin):
         budget and measured load times with every pull, so placement always
         sees its present state.
         """
-        if worker not in self.scheduler.workers:  # a late pull of a removed worker: no view, no holder
+        view = self._reported(worker, resident, ready)
+        if view is None:
             return {"items": [], "reason": "unknown worker"}
-        view = self.worker_views.setdefault(worker, WorkerView(worker))
-        view.report(resident, ready)
         view.budget = budget
         view.free_bytes = free_bytes
         view.load_seconds.update(load_seconds or {})
@@ -334,6 +333,19 @@ class ShoalScheduler(SchedulerPlugin):
         self._unlease(item)
         self.jobs[item.job].cancel(item)
 
+    def _reported(self, worker: str, resident: list[str] | None, ready: list[str] | None) -> WorkerView | None:
+        """The view of `worker`, updated with what its pull reports; None for a removed worker.
+
+        A late pull of a removed worker must not recreate its view: the view
+        would stay a holder of its models forever, keeping their requests from
+        other workers.
+        """
+        if worker not in self.scheduler.workers:
+            return None
+        view = self.worker_views.setdefault(worker, WorkerView(worker))
+        view.report(resident, ready)
+        return view
+
     async def pull_online(
         self,
         worker: str,
@@ -351,10 +363,9 @@ class ShoalScheduler(SchedulerPlugin):
         A `busy` worker (its device computing) leaves requests to an idle one
         waiting here too, so they do not wait for its running batch.
         """
-        if worker not in self.scheduler.workers:  # a late pull of a removed worker: no view, no holder
+        view = self._reported(worker, resident, ready)
+        if view is None:
             return {"items": [], "reason": "unknown worker"}
-        view = self.worker_views.setdefault(worker, WorkerView(worker))
-        view.report(resident, ready)
         self._online_pullers[worker] = busy
         deadline = time.monotonic() + max(0.0, timeout)
         try:

@@ -3,8 +3,9 @@
 Up to `prefetch` items are held at once, so the next item's input is read
 from storage while the model computes the current one. One batch item
 computes at a time; batch items and online groups share the worker's device
-thread one forward batch at a time, online first (see device_thread). Storage reads and writes run in I/O threads beside
-them. Leases of held items are extended while they run.
+thread one forward batch at a time, online first (see device_thread). Storage
+reads and writes run in I/O threads beside them. Leases of held items are
+extended while they run.
 """
 
 from __future__ import annotations
