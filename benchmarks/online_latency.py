@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Online latency: the gateway's own overhead, MiniLM against direct calls, latency under batch load.
 
-The server is `shoal serve` as a subprocess, as deployed (scheduler and gateway in
-one process, one worker process); this process is the load generator, on the same
-cores. The generator is a minimal asyncio HTTP/1.1 client over kept-alive
+The server is `shoal serve` as a subprocess, as deployed: scheduler and gateway in
+one process, and one worker, measured twice (--modes): in a process of its own (the
+default profiles), and inside the server's process (`in_process_workers: true`,
+Dask's inproc comms between scheduler and worker). This process is the load
+generator, on the same cores. The generator is a minimal asyncio HTTP/1.1 client over kept-alive
 connections (far cheaper per request than aiohttp's client, so it takes as little
 of the shared CPU as possible), bounded: at most --max-in-flight requests at once;
 a request that would exceed it is counted as shed, never queued without bound.
@@ -68,7 +70,11 @@ SHOAL = str(Path(sys.executable).parent / "shoal")
 DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "online_latency.json")
 SIM = {"kind": "sim", "dim": 384, "max_seq_length": 256, "memory_bytes": 1_000_000}
 ITEM_TEXTS = 64  # texts per simbatch item
-SINGLE_ROUNDS = 6  # alternating rounds of (b)'s one-at-a-time comparison
+MODES = {  # --modes: where the one worker runs (the profile's `in_process_workers`)
+    "process": "in its own process (the default)",
+    "in-process": "in the server's process (in_process_workers: true; Dask inproc comms)",
+}
+SINGLE_ROUNDS = 24  # alternating rounds of (b)'s one-at-a-time comparison: short, so both sides share each VM spell
 
 
 def simbatch(batch_seconds: float, batches_per_item: int) -> dict[str, Any]:
@@ -243,12 +249,14 @@ class Server:
         return self.proc.wait(120)
 
 
-def write_setup(directory: Path, batch_seconds: float, batches_per_item: int) -> tuple[Path, Path]:
+def write_setup(directory: Path, batch_seconds: float, batches_per_item: int, mode: str = "process") -> tuple[Path, Path]:
+    """The catalog and a profile: one worker owning both cores, in its own process or in the server's."""
     catalog = directory / "catalog.yaml"
     models = {"simzero": SIM, "simbatch": simbatch(batch_seconds, batches_per_item)}
     catalog.write_text(yaml.safe_dump({"models": models}))
-    profile = directory / "bench-online.yaml"
-    profile.write_text(yaml.safe_dump({"name": "bench-online", "device": "cpu", "workers": 1, "prefetch": 2,
+    profile = directory / f"bench-online-{mode}.yaml"
+    profile.write_text(yaml.safe_dump({"name": f"bench-online-{mode}", "device": "cpu", "workers": 1, "prefetch": 2,
+                                       "in_process_workers": mode == "in-process",
                                        "gateway": {"max_queue_depth": 100_000, "max_inputs": 1024}}))
     return catalog, profile
 
@@ -332,14 +340,21 @@ def part_b(url: str, args) -> dict[str, Any]:
     # machine hits both sides alike; the ratio is of the pooled p50s.
     direct_lat: list[float] = []
     ours_lat: list[float] = []
+    round_ratios = []
     for r in range(SINGLE_ROUNDS):
         chunk = slice(r * len(queries) // SINGLE_ROUNDS, (r + 1) * len(queries) // SINGLE_ROUNDS)
-        steps = [lambda: direct_single(queries[chunk], direct_lat),
-                 lambda: asyncio.run(closed_loop(url, messages[chunk], 1, record=ours_lat))]
+        direct_round: list[float] = []
+        ours_round: list[float] = []
+        steps = [lambda: direct_single(queries[chunk], direct_round),
+                 lambda: asyncio.run(closed_loop(url, messages[chunk], 1, record=ours_round))]
         for step in steps if r % 2 == 0 else reversed(steps):
             step()
+        direct_lat += direct_round
+        ours_lat += ours_round
+        round_ratios.append(float(np.median(ours_round) / np.median(direct_round)))
     direct_1 = summary(direct_lat, 0, 0, None, sum(direct_lat))
     ours_1 = summary(ours_lat, 0, 0, None, sum(ours_lat))
+    spread = np.percentile(round_ratios, [0, 25, 50, 75, 100]).round(3).tolist()
     began = time.perf_counter()
     model.encode(queries, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
     direct_batched_rps = len(queries) / (time.perf_counter() - began)
@@ -348,7 +363,9 @@ def part_b(url: str, args) -> dict[str, Any]:
     return {
         "queries": len(queries),
         "torch_threads_direct": threads,
-        "single": {"ours": ours_1, "direct": direct_1, "p50_ratio": round(ours_1["p50_ms"] / direct_1["p50_ms"], 3)},
+        "single": {"ours": ours_1, "direct": direct_1, "p50_ratio": round(ours_1["p50_ms"] / direct_1["p50_ms"], 3),
+                   # min, quartiles, max of the rounds' own p50 ratios: how much the machine moved during the run
+                   "round_p50_ratios": spread},
         "concurrency_32": {
             "ours_rps": ours_32["achieved_rps"], "ours": ours_32,
             "direct_batched_rps": round(direct_batched_rps, 1),
@@ -400,8 +417,15 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def report(results: dict[str, Any]) -> str:
-    cols = ["offered_rps", "achieved_rps", "requests", "p50_ms", "p99_ms", "max_ms", "errors", "shed"]
     out = [f"machine: {results['machine']}"]
+    for mode, parts in results["modes"].items():
+        out += ["", f"## worker {MODES[mode]}", *report_mode(parts)]
+    return "\n".join(out)
+
+
+def report_mode(results: dict[str, Any]) -> list[str]:
+    cols = ["offered_rps", "achieved_rps", "requests", "p50_ms", "p99_ms", "max_ms", "errors", "shed"]
+    out: list[str] = []
     if "a" in results:
         a = results["a"]
         out += ["", "(a) zero-compute overhead, open loop", table(a["fixed"], cols),
@@ -414,7 +438,8 @@ def report(results: dict[str, Any]) -> str:
         out += ["", f"(b) all-MiniLM-L6-v2, {b['queries']} short queries, one at a time",
                 table([{"": "ours (HTTP, msgpack)", **single["ours"]}, {"": "direct encode([q])", **single["direct"]}],
                       ["", "p50_ms", "p99_ms", "max_ms"]),
-                f"\np50 ours / direct: {single['p50_ratio']}",
+                f"\np50 ours / direct: {single['p50_ratio']} (per round of {b['queries'] // SINGLE_ROUNDS}: "
+                f"min, quartiles, max {single['round_p50_ratios']})",
 
                 "", "32 concurrent clients against one direct batched encode (batch size 32)",
                 table([{"ours req/s": c32["ours_rps"], "ours p50 ms": c32["ours"]["p50_ms"],
@@ -426,35 +451,14 @@ def report(results: dict[str, Any]) -> str:
                 f"(one forward batch = {c['batch_seconds'] * 1e3:.0f} ms, {c['batches_per_item']} per item; "
                 f"{c['batch_items_done_meanwhile']} batch items done meanwhile)",
                 table(c["fixed"], cols + ["p99_over_idle_ms", "within_one_batch"])]
-    return "\n".join(out)
+    return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default="a,b,c", help="which parts to run: a,b,c")
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of each fixed-rate run")
-    parser.add_argument("--step-seconds", type=float, default=3.0, help="length of each rising-rate step")
-    parser.add_argument("--step-rates", default="1500,2000,2500,3000,3500,4000,5000,6000")
-    parser.add_argument("--max-in-flight", type=int, default=512)
-    parser.add_argument("--queries", type=int, default=600, help="short queries for (b)")
-    parser.add_argument("--batch-seconds", type=float, default=0.05, help="one forward batch's compute time in (c)")
-    parser.add_argument("--batches-per-item", type=int, default=8, help="forward batches per batch item in (c)")
-    parser.add_argument("--quick", action="store_true", help="shorter runs (a first look, not for the table)")
-    parser.add_argument("--json", default=DEFAULT_JSON)
-    args = parser.parse_args()
-    if args.quick:
-        args.seconds, args.step_seconds, args.queries = 2.0, 1.5, 100
-    args.step_rates = [int(r) for r in args.step_rates.split(",")]
-    parts = set(args.parts.split(","))
-
-    results: dict[str, Any] = {
-        "machine": f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}",
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "args": {k: v for k, v in vars(args).items()},
-    }
-    freeze_heap()
+def run_mode(mode: str, parts: set[str], args) -> dict[str, Any]:
+    """The parts asked for, against servers whose worker runs where `mode` says."""
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        catalog, profile = write_setup(Path(tmp), args.batch_seconds, args.batches_per_item)
+        catalog, profile = write_setup(Path(tmp), args.batch_seconds, args.batches_per_item, mode)
         if parts & {"a", "c"}:
             server = Server(catalog, profile, ["simzero"])
             try:
@@ -470,6 +474,39 @@ def main() -> None:
                 results["b"] = part_b(server.url, args)
             finally:
                 results["exit_code_minilm_server"] = server.stop()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", default="a,b,c", help="which parts to run: a,b,c")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each fixed-rate run")
+    parser.add_argument("--step-seconds", type=float, default=3.0, help="length of each rising-rate step")
+    parser.add_argument("--step-rates", default="1500,2000,2500,3000,3500,4000,5000,6000")
+    parser.add_argument("--max-in-flight", type=int, default=512)
+    parser.add_argument("--queries", type=int, default=600, help="short queries for (b)")
+    parser.add_argument("--batch-seconds", type=float, default=0.05, help="one forward batch's compute time in (c)")
+    parser.add_argument("--batches-per-item", type=int, default=8, help="forward batches per batch item in (c)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="where the worker runs, each measured in turn: process, in-process")
+    parser.add_argument("--quick", action="store_true", help="shorter runs (a first look, not for the table)")
+    parser.add_argument("--json", default=DEFAULT_JSON)
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.step_seconds, args.queries = 2.0, 1.5, 100
+    args.step_rates = [int(r) for r in args.step_rates.split(",")]
+    args.modes = args.modes.split(",")
+    if unknown := set(args.modes) - set(MODES):
+        parser.error(f"unknown --modes {sorted(unknown)}; known: {', '.join(MODES)}")
+    parts = set(args.parts.split(","))
+
+    results: dict[str, Any] = {
+        "machine": f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}",
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "args": {k: v for k, v in vars(args).items()},
+    }
+    freeze_heap()
+    results["modes"] = {mode: run_mode(mode, parts, args) for mode in args.modes}
     text = report(results)
     print(text)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, field_validator, model_validator,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_PROFILE = "cpu-local"
@@ -115,6 +117,9 @@ class Profile(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     workers: int = Field(default=1, gt=0)
+    # The embedded cluster's one worker inside the command's own process, reached over
+    # Dask's inproc comms: an online request skips two TCP hops (see pipeline/cluster.py).
+    in_process_workers: bool = False
     threads_per_worker: int = Field(default=0, ge=0)
     prefetch: int = Field(default=2, gt=0)
     rows_per_item: int = Field(default=1024, gt=0)
@@ -128,6 +133,14 @@ class Profile(BaseModel):
     max_batch_sizes: dict[str, PositiveInt] = Field(default_factory=dict)  # per model, like token_budgets
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     _path: str = PrivateAttr(default="")
+
+    @model_validator(mode="after")
+    def _one_worker_in_process(self) -> Profile:
+        # Several workers in one process would share one interpreter lock and run one
+        # OpenMP team each on the same cores.
+        if self.in_process_workers and self.workers != 1:
+            raise ValueError(f"in_process_workers runs one worker; this profile asks for workers: {self.workers}")
+        return self
 
     @property
     def path(self) -> str:

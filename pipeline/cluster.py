@@ -66,16 +66,51 @@ def event_loop() -> str:
 
 
 def _local_cluster(profile: Profile, catalog: str | None, n_workers: int | None, **kwargs) -> LocalCluster:
-    return LocalCluster(
-        n_workers=n_workers or profile.workers,
+    common = dict(
         threads_per_worker=1,
-        processes=True,
         scheduler_kwargs={"preload": ["scheduler_plugins"]},
         preload=["workers"],
-        env=worker_environment(profile, catalog),
         dashboard_address=kwargs.pop("dashboard_address", ":0"),
         silence_logs=kwargs.pop("silence_logs", logging.ERROR),
-        **kwargs,
+    )
+    if profile.in_process_workers:
+        return _in_process_cluster(profile, catalog, **common, **kwargs)
+    return LocalCluster(
+        n_workers=n_workers or profile.workers, processes=True, env=worker_environment(profile, catalog),
+        **common, **kwargs,
+    )
+
+
+def _in_process_cluster(profile: Profile, catalog: str | None, preload_argv=(), **kwargs) -> LocalCluster:
+    """One worker in this process, its comms with the scheduler Dask's in-memory ``inproc://``.
+
+    Each online request crosses the scheduler-worker link twice (the request
+    out, the answer back); in memory, neither crossing serializes nor wakes
+    another process: a short MiniLM query takes 1.4 ms less on a 2-core VM
+    (docs/BENCHMARKS.md). The price is isolation: a worker that crashes takes
+    the scheduler and the gateway with it, where a worker process would be
+    restarted by its nanny. Other processes (``--scheduler`` job commands,
+    dashboards) reach the scheduler on a TCP listener added beside the inproc
+    one, as Dask itself does for Jupyter (see `contact_address`).
+    """
+    argv = [*preload_argv, "--shoal-profile", profile.path or profile.name]
+    if catalog:
+        argv += ["--shoal-catalog", os.path.abspath(catalog)]
+    cluster = LocalCluster(n_workers=1, processes=False, protocol="inproc://", preload_argv=argv, **kwargs)
+    try:
+        cluster.sync(cluster.scheduler.listen, "tcp://127.0.0.1:0")
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+def contact_address(cluster: LocalCluster) -> str:
+    """Where other processes reach the embedded cluster's scheduler (never its inproc:// address)."""
+    return next(
+        listener.contact_address
+        for listener in cluster.scheduler.listeners
+        if not listener.contact_address.startswith("inproc://")
     )
 
 

@@ -20,19 +20,22 @@ from rich.console import Console
 
 from configs import Catalog, ConfigError, Profile
 
-from .cluster import check_plugin, connect, start_local_cluster
+from .cluster import check_plugin, connect, contact_address, start_local_cluster
 
 
 @contextmanager
-def _cluster(scheduler: str | None, profile: Profile, catalog_path: str | None, pinned: list[str]) -> Iterator[Client]:
+def _cluster(
+    scheduler: str | None, profile: Profile, catalog_path: str | None, pinned: list[str]
+) -> Iterator[tuple[Client, str]]:
+    """A client of the cluster, and the scheduler address to print for job commands."""
     if scheduler:
         with connect(scheduler, profile, catalog_path) as client:
-            yield client
+            yield client, client.scheduler.address
         return
     argv = [arg for name in pinned for arg in ("--shoal-pin", name)]
     with start_local_cluster(profile, catalog_path, preload_argv=argv) as cluster, Client(cluster) as client:
         check_plugin(client)
-        yield client
+        yield client, contact_address(cluster)
 
 
 def _stop_signal() -> threading.Event:
@@ -66,7 +69,7 @@ def serve(
     settings = profile.gateway.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
     specs = {name: profile.tuned(spec).model_dump() for name, spec in catalog.models.items()}
     stop = _stop_signal()
-    with _cluster(scheduler, profile, catalog_path, models) as client:
+    with _cluster(scheduler, profile, catalog_path, models) as (client, address):
         try:
             reply = client.sync(client.scheduler.shoal_gateway_start, settings=settings.model_dump(), models=specs)
         except OSError as exc:
@@ -75,7 +78,7 @@ def serve(
             raise ConfigError(reply["error"])
         console.print(
             f"serving {', '.join(sorted(specs))} on {reply['url']} "
-            f"(scheduler {client.scheduler.address}, for batch jobs too; Ctrl-C to stop)",
+            f"(scheduler {address}, for batch jobs too; Ctrl-C to stop)",
             highlight=False,
         )
         while not stop.wait(0.5):

@@ -51,3 +51,10 @@ def test_profile_token_budget_override(tmp_path):
     path.write_text("token_budgets:\n  minilm: 2048\n")
     tuned = load_profile(str(path)).tuned(load_catalog().get("minilm"))
     assert tuned.budget_for("cpu") == tuned.budget_for("cuda") == 2048
+
+
+def test_in_process_workers_run_one_worker(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("workers: 2\nin_process_workers: true\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml: .*in_process_workers runs one worker; .*workers: 2"):
+        load_profile(str(path))

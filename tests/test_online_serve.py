@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -11,9 +12,10 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, write_profile
+from conftest import ROOT, SHOAL, read_output, write_profile, write_shards
 
 from pipeline.online_client import OnlineClient, OnlineError
 
@@ -64,6 +66,48 @@ def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_cat
             OnlineClient(url).encode("simzero", ["late"])
         slow.join(30)
         assert in_flight["v"].shape == (1, 8)  # answered although the stop came first
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_with_the_worker_in_its_own_process_answers_online_while_a_batch_job_from_another_process_runs(
+    tiny_catalog, tiny_model, demo_texts, tmp_path
+):
+    from distributed import Client
+    from sentence_transformers import SentenceTransformer
+
+    profile = write_profile(tmp_path, name="in-process", workers=1, in_process_workers=True)
+    proc = subprocess.Popen(
+        [SHOAL, "serve", "--catalog", str(tiny_catalog), "--profile", str(profile), "--port", "0", "--models", "tiny"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = wait_for_line(proc.stderr, "serving")
+        url = line.split(" on ")[1].split()[0]
+        scheduler = re.search(r"scheduler (tcp://[^,\s]+)", line).group(1)  # TCP, for other processes
+        with Client(scheduler, timeout="30s") as client:
+            assert list(client.run(os.getpid).values()) == [proc.pid]  # the worker lives in the server's process
+        queries = demo_texts[3000:3040]
+        direct = SentenceTransformer(str(tiny_model), device="cpu").encode(queries, normalize_embeddings=True)
+        ids = write_shards(tmp_path / "in", demo_texts[:1200], shards=3, row_group_size=200)
+        job = subprocess.Popen(
+            [SHOAL, "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny",
+             "--catalog", str(tiny_catalog), "--scheduler", scheduler, "--profile", str(profile)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        answered = 0
+        with OnlineClient(url) as online:
+            while job.poll() is None or answered < len(queries):
+                i = answered % len(queries)
+                np.testing.assert_allclose(online.encode("tiny", [queries[i]])[0], direct[i], atol=1e-5)
+                answered += 1
+        _, stderr = job.communicate(timeout=300)
+        assert job.returncode == 0, stderr
+        assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
+        proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
         if proc.poll() is None:

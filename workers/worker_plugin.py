@@ -29,10 +29,12 @@ class ShoalWorker(WorkerPlugin):
         profile: str | None = None,
         pinned: tuple[str, ...] | list[str] = (),
         warm: tuple[str, ...] | list[str] = (),
+        catalog: str | None = None,
     ) -> None:
         self.profile_name = profile
         self.pinned = list(pinned)
         self.warm = list(warm)
+        self.catalog_path = catalog
         self._task: asyncio.Task | None = None
         self.device_thread: DeviceThread | None = None
         self.loader: ThreadPoolExecutor | None = None
@@ -55,7 +57,7 @@ class ShoalWorker(WorkerPlugin):
         }
         logger.info("shoal worker on %s (%s), model budget %.1f GB", plan.device, plan.dtype, plan.memory_budget / 1e9)
         if pinned or self.warm:
-            catalog = load_catalog()
+            catalog = load_catalog(self.catalog_path)
             for name in pinned:  # tuned as the job's items will ask for it
                 await self.pool.pin(profile.tuned(catalog.get(name)))
             for name in self.warm:
