@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,6 +18,9 @@ import dask
 from distributed import Client, LocalCluster
 
 from configs import Profile
+
+
+IN_PROCESS_SWITCH_SECONDS = 0.0005  # the interpreter's thread switch interval with in-process workers
 
 
 class ClusterError(RuntimeError):
@@ -92,7 +96,13 @@ def _in_process_cluster(profile: Profile, catalog: str | None, preload_argv=(), 
     restarted by its nanny. Other processes (``--scheduler`` job commands,
     dashboards) reach the scheduler on a TCP listener added beside the inproc
     one, as Dask itself does for Jupyter (see `contact_address`).
+
+    The event loop now shares this process's interpreter lock with the
+    worker's device thread; a shorter switch interval bounds how long the
+    device waits for it behind a busy gateway (5 ms by default; 0.5 ms took
+    1.6 ms off the online p99 under batch load, docs/BENCHMARKS.md).
     """
+    sys.setswitchinterval(min(sys.getswitchinterval(), IN_PROCESS_SWITCH_SECONDS))
     argv = [*preload_argv, "--shoal-profile", profile.path or profile.name]
     if catalog:
         argv += ["--shoal-catalog", os.path.abspath(catalog)]
