@@ -73,7 +73,7 @@ def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_cat
             proc.wait()
 
 
-def test_serve_with_the_worker_in_its_own_process_answers_online_while_a_batch_job_from_another_process_runs(
+def test_serve_with_the_worker_in_the_server_process_answers_online_while_a_batch_job_from_another_process_runs(
     tiny_catalog, tiny_model, demo_texts, tmp_path
 ):
     from distributed import Client
