@@ -11,7 +11,7 @@ import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import dask
@@ -78,6 +78,8 @@ def _local_cluster(profile: Profile, catalog: str | None, n_workers: int | None,
         silence_logs=kwargs.pop("silence_logs", logging.ERROR),
     )
     if profile.in_process_workers:
+        if (n_workers or 1) != 1:
+            raise ClusterError(f"profile {profile.name!r} runs its one worker in process; {n_workers} workers asked for")
         return _in_process_cluster(profile, catalog, **common, **kwargs)
     return LocalCluster(
         n_workers=n_workers or profile.workers, processes=True, env=worker_environment(profile, catalog),
@@ -85,7 +87,9 @@ def _local_cluster(profile: Profile, catalog: str | None, n_workers: int | None,
     )
 
 
-def _in_process_cluster(profile: Profile, catalog: str | None, preload_argv=(), **kwargs) -> LocalCluster:
+def _in_process_cluster(
+    profile: Profile, catalog: str | None, preload_argv: Sequence[str] = (), **kwargs
+) -> LocalCluster:
     """One worker in this process, its comms with the scheduler Dask's in-memory ``inproc://``.
 
     Each online request crosses the scheduler-worker link twice (the request
@@ -99,8 +103,9 @@ def _in_process_cluster(profile: Profile, catalog: str | None, preload_argv=(), 
 
     The event loop now shares this process's interpreter lock with the
     worker's device thread; a shorter switch interval bounds how long the
-    device waits for it behind a busy gateway (5 ms by default; 0.5 ms took
-    1.6 ms off the online p99 under batch load, docs/BENCHMARKS.md).
+    device waits for it behind a busy gateway (5 ms by default; at 0.5 ms the
+    online p99 under batch load was 1.6 ms lower in two alternating pairs of
+    runs, docs/BENCHMARKS.md).
     """
     sys.setswitchinterval(min(sys.getswitchinterval(), IN_PROCESS_SWITCH_SECONDS))
     argv = [*preload_argv, "--shoal-profile", profile.path or profile.name]
