@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -44,14 +46,24 @@ def wait_for_line(stream, marker: str, timeout: float = 120) -> str:
     raise TimeoutError(f"no {marker!r} in: {lines}")
 
 
-def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_catalog, tmp_path):
-    profile = write_profile(tmp_path, name="serve", workers=1)
+@contextmanager
+def shoal_serve(catalog: Path, profile: Path, model: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`shoal serve` on a free port, and its "serving ..." line once it is up; killed if a test leaves it running."""
     proc = subprocess.Popen(
-        [SHOAL, "serve", "--catalog", str(sim_catalog), "--profile", str(profile), "--port", "0", "--models", "simzero"],
+        [SHOAL, "serve", "--catalog", str(catalog), "--profile", str(profile), "--port", "0", "--models", model],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:
-        line = wait_for_line(proc.stderr, "serving")
+        yield proc, wait_for_line(proc.stderr, "serving")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_catalog, tmp_path):
+    profile = write_profile(tmp_path, name="serve", workers=1)
+    with shoal_serve(sim_catalog, profile, "simzero") as (proc, line):
         url = line.split(" on ")[1].split()[0]
         with OnlineClient(url) as online:
             assert online.encode("simzero", ["hello"]).shape == (1, 8)
@@ -67,10 +79,6 @@ def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_cat
         slow.join(30)
         assert in_flight["v"].shape == (1, 8)  # answered although the stop came first
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_serve_with_the_worker_in_the_server_process_answers_online_while_a_batch_job_from_another_process_runs(
@@ -80,12 +88,7 @@ def test_serve_with_the_worker_in_the_server_process_answers_online_while_a_batc
     from sentence_transformers import SentenceTransformer
 
     profile = write_profile(tmp_path, name="in-process", workers=1, in_process_workers=True)
-    proc = subprocess.Popen(
-        [SHOAL, "serve", "--catalog", str(tiny_catalog), "--profile", str(profile), "--port", "0", "--models", "tiny"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        line = wait_for_line(proc.stderr, "serving")
+    with shoal_serve(tiny_catalog, profile, "tiny") as (proc, line):
         url = line.split(" on ")[1].split()[0]
         scheduler = re.search(r"scheduler (tcp://[^,\s]+)", line).group(1)  # TCP, for other processes
         with Client(scheduler, timeout="30s") as client:
@@ -109,10 +112,6 @@ def test_serve_with_the_worker_in_the_server_process_answers_online_while_a_batc
         assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def free_port() -> int:
