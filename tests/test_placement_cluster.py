@@ -60,16 +60,16 @@ class JobWatch:
     """Snapshots of the scheduler plugin's jobs while CLI jobs run."""
 
     def __init__(self, plugin) -> None:
-        self.plugin, self.seen, self._stop = plugin, {}, threading.Event()
+        self.plugin, self.seen, self.jobs, self._stop = plugin, {}, {}, threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
 
     def _poll(self) -> None:
         while not self._stop.is_set():
             for job_id, job in list(self.plugin.jobs.items()):
+                self.jobs[job_id] = job  # kept: a job released between two polls still has its final counts
                 model = next(iter(job.items.values())).model
                 snap = self.seen.setdefault(job_id, {"model": model, "first_rows_at": None, "done_at": None})
-                snap["rows_by_worker"] = dict(job.rows_by_worker)
                 if job.rows_done and snap["first_rows_at"] is None:
                     snap["first_rows_at"] = time.monotonic()
                 if job.complete and snap["done_at"] is None:
@@ -79,6 +79,8 @@ class JobWatch:
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join()
+        for job_id, snap in self.seen.items():
+            snap["rows_by_worker"] = dict(self.jobs[job_id].rows_by_worker)
         return {s["model"]: s for s in self.seen.values()}
 
 
