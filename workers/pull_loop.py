@@ -75,8 +75,7 @@ class PullLoop:
                 if reply is None:  # a scheduler without the Shoal plugin (yet)
                     await asyncio.sleep(RECONNECT_SECONDS)
                     continue
-                for name, spec in reply.get("models", {}).items():
-                    self.specs[name] = ModelSpec(**spec)
+                self._learn_specs(reply)
                 self.contexts.update(reply.get("contexts", {}))
                 self.pool.demand = reply.get("demand", self.pool.demand)
                 if self._start_online(reply["items"]):
@@ -139,6 +138,11 @@ class PullLoop:
         held = [*self.pool.held(), *self.item_models.values(), *self.online.models()]
         return list(dict.fromkeys(held))
 
+    def _learn_specs(self, reply: dict[str, Any]) -> None:
+        """The specs a pull reply sends with its items: the scheduler's catalog is the one source."""
+        for name, spec in reply.get("models", {}).items():
+            self.specs[name] = ModelSpec(**spec)
+
     def _start_online(self, messages: list[dict[str, Any]]) -> bool:
         """A pull answered with online requests: they join the next online group here."""
         if not messages or messages[0]["op"] not in ONLINE_OPERATIONS:
@@ -166,8 +170,7 @@ class PullLoop:
             if reply is None or (not reply["items"] and reply.get("reason")):
                 await asyncio.sleep(RECONNECT_SECONDS)
                 continue
-            for name, spec in reply.get("models", {}).items():
-                self.specs[name] = ModelSpec(**spec)
+            self._learn_specs(reply)
             if self._start_online(reply["items"]):
                 await asyncio.sleep(0)  # the group reaches the device before the next pull is sent
 
