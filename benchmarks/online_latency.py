@@ -22,10 +22,12 @@ a request that would exceed it is counted as shed, never queued without bound.
     against a direct in-process `SentenceTransformer.encode([query])` (same torch
     threads as the worker); target p50 <= 1.2x direct. Then 32 concurrent clients
     against one direct batched encode of the same queries (batch size 32).
-(c) (a) again while a batch job of the simulated model `simbatch` keeps the
-    worker busy: each item is --batches-per-item forward batches of
-    --batch-seconds each. Online p99 should stay within one batch time (one
-    forward batch, not one item) of the idle p99.
+(c) (a)'s open loop at 100 and 1,000 req/s, in idle windows and in windows
+    while a batch job of the simulated model `simbatch` keeps the worker busy
+    (each item is --batches-per-item forward batches of --batch-seconds each),
+    in turn: three of each per rate, --seconds per state in all, so both share
+    each spell of the VM. Online p99 under load should stay within one batch
+    time (one forward batch, not one item) of the idle windows' p99.
 
     .venv/bin/python benchmarks/online_latency.py            # everything, a few minutes
     .venv/bin/python benchmarks/online_latency.py --quick    # shorter runs
@@ -74,6 +76,7 @@ MODES = {  # --modes: where the one worker runs (the profile's `in_process_worke
     "process": "in its own process (the default)",
     "in-process": "in the server's process (in_process_workers: true; Dask inproc comms)",
 }
+C_ROUNDS = 3  # (c): idle and busy windows in turn at each rate, per state
 SINGLE_ROUNDS = 24  # alternating rounds of (b)'s one-at-a-time comparison: short, so both sides share each VM spell
 
 
@@ -130,8 +133,13 @@ def summary(latencies: list[float], errors: int, shed: int, offered: float | Non
     }
 
 
-async def open_loop(url: str, message: bytes, rate: float, seconds: float, max_in_flight: int) -> dict[str, Any]:
-    """Requests sent at fixed times, whether or not earlier ones are answered."""
+async def open_loop(
+    url: str, message: bytes, rate: float, seconds: float, max_in_flight: int, record: list[float] | None = None
+) -> dict[str, Any]:
+    """Requests sent at fixed times, whether or not earlier ones are answered.
+
+    Each latency is also appended to `record`, when given.
+    """
     parts = urlsplit(url)
     loop = asyncio.get_running_loop()
     idle = [await Connection.open(parts.hostname, parts.port) for _ in range(min(32, max_in_flight))]
@@ -177,6 +185,8 @@ async def open_loop(url: str, message: bytes, rate: float, seconds: float, max_i
         await asyncio.gather(*list(tasks))
     for conn in idle:
         conn.close()
+    if record is not None:
+        record.extend(latencies)
     return summary(latencies, counts["errors"], counts["shed"], rate, last_done[0] - start)
 
 
@@ -375,36 +385,69 @@ def part_b(url: str, args) -> dict[str, Any]:
     }
 
 
-def part_c(url: str, scheduler: str, args, idle: dict[str, Any] | None) -> dict[str, Any]:
+def part_c(url: str, scheduler: str, args) -> dict[str, Any]:
+    """Idle and busy windows in turn at each rate, so both share each spell of the VM.
+
+    A busy window runs while a batch job of `simbatch` keeps the worker's device
+    computing; the job is submitted before the window and released after it, and
+    the next idle window waits for the item computing then to run out.
+    """
     from distributed import Client
 
     message = encode_message(url, "simzero", ["what is a shoal of fish"])
     spec = {"name": "simbatch", **simbatch(args.batch_seconds, args.batches_per_item)}
     item_seconds = args.batch_seconds * args.batches_per_item
-    n_items = int(4 * args.seconds / item_seconds) + 50  # outlasts both measurements
-    items = [{"key": f"{i:06d}", "model": "simbatch", "op": "sim", "rows": ITEM_TEXTS,
-              "payload": {"texts": ITEM_TEXTS, "min_tokens": 16, "seed": i}} for i in range(n_items)]
-    job = f"bench-{uuid.uuid4().hex[:8]}"
+    window = args.seconds / C_ROUNDS
+    n_items = int(2 * window / item_seconds) + 20  # outlasts one busy window
     out: dict[str, Any] = {"batch_seconds": args.batch_seconds, "batches_per_item": args.batches_per_item,
-                           "load_before": load_average()}
-    with Client(scheduler, timeout="30s") as client:
+                           "rounds": C_ROUNDS, "window_seconds": window, "batch_items_done": 0,
+                           "load_before": load_average(), "fixed": []}
+
+    def under_batch_load(client, rate: float, record: list[float], counts: dict[str, int]) -> None:
+        job = f"bench-{uuid.uuid4().hex[:8]}"
+        items = [{"key": f"{i:06d}", "model": "simbatch", "op": "sim", "rows": ITEM_TEXTS,
+                  "payload": {"texts": ITEM_TEXTS, "min_tokens": 16, "seed": i}} for i in range(n_items)]
         client.sync(client.scheduler.shoal_submit, job=job, items=items,
                     settings={"models": {"simbatch": spec}, "lease_seconds": 60})
         try:
             time.sleep(2 * item_seconds + 0.5)  # the worker is computing batch items now
-            out["fixed"] = [asyncio.run(open_loop(url, message, rate, args.seconds, args.max_in_flight))
-                            for rate in (100, 1000)]
+            counted(asyncio.run(open_loop(url, message, rate, window, args.max_in_flight, record)), counts)
             status = client.sync(client.scheduler.shoal_job_status, job=job)
-            out["batch_items_done_meanwhile"] = status["done"]
-            out["batch_still_running"] = not status["complete"]
+            if status["complete"]:
+                raise RuntimeError("the batch job ran out before the busy window ended")
+            out["batch_items_done"] += status["done"]
         finally:
             client.sync(client.scheduler.shoal_job_release, job=job)
-    if idle:
-        for busy, calm in zip(out["fixed"], idle["fixed"]):
-            busy["p99_over_idle_ms"] = round(busy["p99_ms"] - calm["p99_ms"], 3)
-            busy["within_one_batch"] = busy["p99_over_idle_ms"] <= args.batch_seconds * 1e3
+            time.sleep(item_seconds + 0.3)  # the item computing at release runs out
+
+    asyncio.run(closed_loop(url, [message], 4, seconds=1.0))  # warm up, as in (a), for a run of (c) alone
+    with Client(scheduler, timeout="30s") as client:
+        for rate in (100, 1000):
+            idle: list[float] = []
+            busy: list[float] = []
+            idle_counts = {"errors": 0, "shed": 0}
+            busy_counts = {"errors": 0, "shed": 0}
+            for round_ in range(C_ROUNDS):
+                for state in (("idle", "busy") if round_ % 2 == 0 else ("busy", "idle")):
+                    if state == "idle":
+                        counted(asyncio.run(open_loop(url, message, rate, window, args.max_in_flight, idle)),
+                                idle_counts)
+                    else:
+                        under_batch_load(client, rate, busy, busy_counts)
+            calm = summary(idle, idle_counts["errors"], idle_counts["shed"], rate, C_ROUNDS * window)
+            loaded = summary(busy, busy_counts["errors"], busy_counts["shed"], rate, C_ROUNDS * window)
+            over = round(loaded["p99_ms"] - calm["p99_ms"], 3)
+            out["fixed"].append({
+                "offered_rps": rate, "idle": calm, "busy": loaded, "p99_over_idle_ms": over,
+                "within_one_batch": over <= args.batch_seconds * 1e3,
+            })
     out["load_after"] = load_average()
     return out
+
+
+def counted(result: dict[str, Any], counts: dict[str, int]) -> None:
+    counts["errors"] += result["errors"]
+    counts["shed"] += result["shed"]
 
 
 # -- report ------------------------------------------------------------------------
@@ -447,10 +490,17 @@ def report_mode(results: dict[str, Any]) -> list[str]:
                         "ratio": c32["ratio"]}], ["ours req/s", "ours p50 ms", "ours p99 ms", "direct q/s", "ratio"])]
     if "c" in results:
         c = results["c"]
-        out += ["", f"(c) zero-compute requests while a batch job saturates the worker "
+        rows = [{"offered_rps": r["offered_rps"], "requests idle / busy": f"{r['idle']['requests']} / {r['busy']['requests']}",
+                 "idle p50 / p99 ms": f"{r['idle']['p50_ms']} / {r['idle']['p99_ms']}",
+                 "busy p50 / p99 / max ms": f"{r['busy']['p50_ms']} / {r['busy']['p99_ms']} / {r['busy']['max_ms']}",
+                 "errors": r["idle"]["errors"] + r["busy"]["errors"], "shed": r["idle"]["shed"] + r["busy"]["shed"],
+                 "p99_over_idle_ms": r["p99_over_idle_ms"], "within_one_batch": r["within_one_batch"]}
+                for r in c["fixed"]]
+        out += ["", f"(c) zero-compute requests, idle and while a batch job saturates the worker, "
+                f"{c['rounds']} windows of {c['window_seconds']:.2f} s each, alternating "
                 f"(one forward batch = {c['batch_seconds'] * 1e3:.0f} ms, {c['batches_per_item']} per item; "
-                f"{c['batch_items_done_meanwhile']} batch items done meanwhile)",
-                table(c["fixed"], cols + ["p99_over_idle_ms", "within_one_batch"])]
+                f"{c['batch_items_done']} batch items done in the busy windows)",
+                table(rows, list(rows[0]))]
     return out
 
 
@@ -465,7 +515,7 @@ def run_mode(mode: str, parts: set[str], args) -> dict[str, Any]:
                 if "a" in parts:
                     results["a"] = part_a(server.url, args)
                 if "c" in parts:
-                    results["c"] = part_c(server.url, server.scheduler, args, results.get("a"))
+                    results["c"] = part_c(server.url, server.scheduler, args)
             finally:
                 results["exit_code_sim_server"] = server.stop()
         if "b" in parts:
