@@ -179,8 +179,10 @@ class Gateway:
             raise RequestError(429, f"too many requests waiting for {call.model!r}")
         timeout = self._timeout(request)
         item, future = self.queue.submit_online(call.model, op, call.payload(), call.inputs, self.settings)
+        # The future itself carries the deadline: `wait_for` would add a future and a loop pass per answer.
+        deadline = asyncio.get_running_loop().call_later(timeout, _expire, future)
         try:
-            result = await asyncio.wait_for(future, timeout)
+            result = await future
         except asyncio.TimeoutError:
             self.queue.cancel_online(item)
             raise RequestError(504, f"no answer within {timeout:g} s") from None
@@ -189,6 +191,8 @@ class Gateway:
         except asyncio.CancelledError:
             self.queue.cancel_online(item)
             raise
+        finally:
+            deadline.cancel()
         if "error" in result:
             raise RequestError(int(result.get("status", 422)), result["error"])
         request[TIMING] = result.get("timing")
@@ -288,3 +292,9 @@ class Gateway:
 
     async def prometheus(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _expire(future: asyncio.Future) -> None:
+    """A request's deadline: its waiter gets TimeoutError (the gateway then cancels the queued item)."""
+    if not future.done():
+        future.set_exception(asyncio.TimeoutError())

@@ -66,7 +66,7 @@ class ShoalScheduler(SchedulerPlugin):
         self.model_specs: dict[str, dict[str, Any]] = dict(models or {})
         self.online: dict[str, OnlineJob] = {}
         self._online_pullers: dict[str, bool] = {}  # worker -> busy, for each online pull waiting
-        self._online_added = asyncio.Event()  # wakes online pulls only: a request costs no batch pull a wake
+        self._online_waiters: set[asyncio.Future] = set()  # online pulls waiting: a request wakes no batch pull
         self.gateway: Gateway | None = None
         self._gateway_settings = gateway
         self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead
@@ -315,8 +315,9 @@ class ShoalScheduler(SchedulerPlugin):
         item, future = job.new_item(op, payload, rows, ONLINE)
         self.items[item.id] = item
         self.queues.push(item)
-        self._online_added.set()
-        self._online_added = asyncio.Event()
+        for waiter in self._online_waiters:
+            _settle(waiter)
+        self._online_waiters.clear()
         return item, future
 
     def online_pending(self, model: str) -> int:
@@ -378,16 +379,29 @@ class ShoalScheduler(SchedulerPlugin):
                     self._lease(work, worker)
                 if items:
                     view.resident.add(model)  # a holder now, loaded or not (see _lease_next)
-                    return self._pull_reply(items)
+                    return self._online_reply(items)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {"items": []}
-                try:
-                    await asyncio.wait_for(self._online_added.wait(), remaining)
-                except asyncio.TimeoutError:
-                    pass
+                await self._online_request_queued(remaining)
         finally:
             self._online_pullers.pop(worker, None)
+
+    async def _online_request_queued(self, timeout: float) -> None:
+        """Until the gateway queues a request, or `timeout` seconds.
+
+        A bare future and a timer: `wait_for(event.wait())` cost a task per
+        wait, and every online request wakes a waiting pull.
+        """
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._online_waiters.add(waiter)
+        timer = loop.call_later(timeout, _settle, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._online_waiters.discard(waiter)
 
     def _online_model_for(self, view: WorkerView, busy: bool) -> str | None:
         """The model whose online requests this online pull takes, oldest head first.
@@ -569,21 +583,23 @@ class ShoalScheduler(SchedulerPlugin):
         self.events["leased"] += 1
 
     def _pull_reply(self, items: list[WorkItem]) -> dict[str, Any]:
+        """A batch pull's reply: the items, their jobs' contexts, and demand for the worker's evictions."""
+        holders = self._holders()
+        return {
+            **self._online_reply(items),
+            "contexts": {j: self.jobs[j].context for j in {work.job for work in items}},
+            # For the worker's eviction choice: waiting items and holders per model.
+            "demand": {m: [self.queues.waiting_items(m), holders.get(m, 0)] for m in self.queues.models()},
+        }
+
+    def _online_reply(self, items: list[WorkItem]) -> dict[str, Any]:
+        """The items with their leases, and their models' specs: all that an online pull's worker reads."""
         messages = []
         for work in items:
             message = work.to_message()
             message["lease_seconds"] = self.jobs[work.job].lease_seconds
             messages.append(message)
-        models = {work.model for work in items}
-        jobs = {work.job for work in items}
-        holders = self._holders()
-        return {
-            "items": messages,
-            "models": {m: self.model_specs[m] for m in models},
-            "contexts": {j: self.jobs[j].context for j in jobs},
-            # For the worker's eviction choice: waiting items and holders per model.
-            "demand": {m: [self.queues.waiting_items(m), holders.get(m, 0)] for m in self.queues.models()},
-        }
+        return {"items": messages, "models": {m: self.model_specs[m] for m in {work.model for work in items}}}
 
     def _unlease(self, work: WorkItem) -> None:
         if work.worker is not None:
@@ -603,6 +619,11 @@ class ShoalScheduler(SchedulerPlugin):
         """Wake every waiting pull; each then tries to lease again."""
         self._work_added.set()
         self._work_added = asyncio.Event()
+
+
+def _settle(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _unplaceable_reason(model: str, spec: dict[str, Any], views: list[WorkerView]) -> str:

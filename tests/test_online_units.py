@@ -276,7 +276,7 @@ def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after
     batch_spec = ModelSpec(name="b", kind="sim", dim=8, max_seq_length=16, batch_fixed_seconds=0.05, max_batch_size=1)
     acked: list[str] = []
 
-    async def ack(worker, results, compute_seconds):
+    async def ack(worker, results, compute_seconds, reply=True):
         acked.extend(item_id for item_id, _ in results)
 
     async def scenario() -> list[str]:

@@ -185,10 +185,11 @@ class OnlineGroups:
             await self.report_failure(message["id"], f"{type(exc).__name__}: {exc}", isinstance(exc, PERMANENT_ERRORS))
 
     async def _ack(self, outcome: Outcome) -> None:
+        """One message, no reply awaited: nothing here depends on the answer, so nothing waits for it."""
         results = [[m["id"], r] for m, r in zip(outcome.group, outcome.results or [])]
         try:
             await self.worker.scheduler.shoal_ack_many(
-                worker=self.worker.address, results=results, compute_seconds=outcome.seconds
+                worker=self.worker.address, results=results, compute_seconds=outcome.seconds, reply=False
             )
         except Exception as exc:  # the leases run out and the requests are retried
             logger.warning("could not ack %d online requests (%s)", len(outcome.group), exc)
