@@ -65,6 +65,7 @@ sys.path.insert(0, str(ROOT))
 
 import msgpack  # noqa: E402
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import yaml  # noqa: E402
 
@@ -254,6 +255,18 @@ class Server:
         self.url = re.search(r"on (http://\S+)", line).group(1)
         self.scheduler = re.search(r"scheduler (tcp://[^,\s]+)", line).group(1)
 
+    def cpu_seconds(self) -> float:
+        """User and system CPU of the server and its worker processes so far."""
+        server = psutil.Process(self.proc.pid)
+        total = 0.0
+        for process in [server, *server.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(120)
@@ -297,12 +310,20 @@ def load_average() -> float:
 # -- the parts ----------------------------------------------------------------------
 
 
-def part_a(url: str, args) -> dict[str, Any]:
+def part_a(server: Server, args) -> dict[str, Any]:
+    url = server.url
     message = encode_message(url, "simzero", ["what is a shoal of fish"])
     asyncio.run(closed_loop(url, [message], 4, seconds=1.0))  # warm up: model loaded, connections, caches
     out: dict[str, Any] = {"load_before": load_average(), "fixed": [], "steps": []}
     for rate in (100, 1000):
-        out["fixed"].append(asyncio.run(open_loop(url, message, rate, args.seconds, args.max_in_flight)))
+        before, began = server.cpu_seconds(), time.monotonic()
+        result = asyncio.run(open_loop(url, message, rate, args.seconds, args.max_in_flight))
+        # The server's CPU (its worker process's too): steadier than a latency percentile on a noisy
+        # machine. Per request it includes Dask's own upkeep (about 5 % of a core when idle).
+        used = server.cpu_seconds() - before
+        result["server_cpu_percent"] = round(100 * used / (time.monotonic() - began), 1)
+        result["server_cpu_us_per_request"] = round(used / result["requests"] * 1e6)
+        out["fixed"].append(result)
     for rate in args.step_rates:
         result = asyncio.run(open_loop(url, message, rate, args.step_seconds, args.max_in_flight))
         out["steps"].append(result)
@@ -471,7 +492,7 @@ def report_mode(results: dict[str, Any]) -> list[str]:
     out: list[str] = []
     if "a" in results:
         a = results["a"]
-        out += ["", "(a) zero-compute overhead, open loop", table(a["fixed"], cols),
+        out += ["", "(a) zero-compute overhead, open loop", table(a["fixed"], cols + ["server_cpu_percent", "server_cpu_us_per_request"]),
                 "", "rising rates", table(a["steps"], cols),
                 f"\nhighest sustained: {a['highest_sustained_rps']} req/s; closed loop, 64 connections: "
                 f"{a['closed_loop']['achieved_rps']} req/s (p50 {a['closed_loop']['p50_ms']} ms)"]
@@ -513,7 +534,7 @@ def run_mode(mode: str, parts: set[str], args) -> dict[str, Any]:
             server = Server(catalog, profile, ["simzero"])
             try:
                 if "a" in parts:
-                    results["a"] = part_a(server.url, args)
+                    results["a"] = part_a(server, args)
                 if "c" in parts:
                     results["c"] = part_c(server.url, server.scheduler, args)
             finally:
