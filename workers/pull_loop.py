@@ -40,6 +40,7 @@ class PullLoop:
         self.lease_seconds: dict[str, float] = {}
         self.item_models: dict[str, str] = {}  # of the items held here
         self.specs: dict[str, ModelSpec] = {}
+        self._spec_sources: dict[str, dict[str, Any]] = {}  # the reply dict each of `specs` came from
         self.contexts: dict[str, dict[str, Any]] = {}
         self._room = asyncio.Event()
         self.online = OnlineGroups(worker, pool, device_thread, self.specs, self._report_failure)
@@ -139,9 +140,15 @@ class PullLoop:
         return list(dict.fromkeys(held))
 
     def _learn_specs(self, reply: dict[str, Any]) -> None:
-        """The specs a pull reply sends with its items: the scheduler's catalog is the one source."""
+        """The specs a pull reply sends with its items: the scheduler's catalog is the one source.
+
+        Every online reply names its model, so a spec is validated again only
+        when it changed, not once per request.
+        """
         for name, spec in reply.get("models", {}).items():
-            self.specs[name] = ModelSpec(**spec)
+            if self._spec_sources.get(name) != spec:
+                self.specs[name] = ModelSpec(**spec)
+                self._spec_sources[name] = spec
 
     def _start_online(self, messages: list[dict[str, Any]]) -> bool:
         """A pull answered with online requests: they join the next online group here."""
