@@ -65,9 +65,10 @@ sys.path.insert(0, str(ROOT))
 
 import msgpack  # noqa: E402
 import numpy as np  # noqa: E402
-import psutil  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import yaml  # noqa: E402
+
+from pipeline.tuning_meter import process_tree_cpu_seconds  # noqa: E402
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "online_latency.json")
@@ -255,18 +256,6 @@ class Server:
         self.url = re.search(r"on (http://\S+)", line).group(1)
         self.scheduler = re.search(r"scheduler (tcp://[^,\s]+)", line).group(1)
 
-    def cpu_seconds(self) -> float:
-        """User and system CPU of the server and its worker processes so far."""
-        server = psutil.Process(self.proc.pid)
-        total = 0.0
-        for process in [server, *server.children(recursive=True)]:
-            try:
-                times = process.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += times.user + times.system
-        return total
-
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(120)
@@ -316,11 +305,11 @@ def part_a(server: Server, args) -> dict[str, Any]:
     asyncio.run(closed_loop(url, [message], 4, seconds=1.0))  # warm up: model loaded, connections, caches
     out: dict[str, Any] = {"load_before": load_average(), "fixed": [], "steps": []}
     for rate in (100, 1000):
-        before, began = server.cpu_seconds(), time.monotonic()
+        before, began = process_tree_cpu_seconds(server.proc.pid), time.monotonic()
         result = asyncio.run(open_loop(url, message, rate, args.seconds, args.max_in_flight))
         # The server's CPU (its worker process's too): steadier than a latency percentile on a noisy
         # machine. Per request it includes Dask's own upkeep (about 5 % of a core when idle).
-        used = server.cpu_seconds() - before
+        used = process_tree_cpu_seconds(server.proc.pid) - before
         result["server_cpu_percent"] = round(100 * used / (time.monotonic() - began), 1)
         result["server_cpu_us_per_request"] = round(used / result["requests"] * 1e6)
         out["fixed"].append(result)
@@ -424,7 +413,7 @@ def part_c(url: str, scheduler: str, args) -> dict[str, Any]:
                            "rounds": C_ROUNDS, "window_seconds": window, "batch_items_done": 0,
                            "load_before": load_average(), "fixed": []}
 
-    def under_batch_load(client, rate: float, record: list[float], counts: dict[str, int]) -> None:
+    def under_batch_load(client, rate: float, record: list[float]) -> dict[str, Any]:
         job = f"bench-{uuid.uuid4().hex[:8]}"
         items = [{"key": f"{i:06d}", "model": "simbatch", "op": "sim", "rows": ITEM_TEXTS,
                   "payload": {"texts": ITEM_TEXTS, "min_tokens": 16, "seed": i}} for i in range(n_items)]
@@ -432,11 +421,12 @@ def part_c(url: str, scheduler: str, args) -> dict[str, Any]:
                     settings={"models": {"simbatch": spec}, "lease_seconds": 60})
         try:
             time.sleep(2 * item_seconds + 0.5)  # the worker is computing batch items now
-            counted(asyncio.run(open_loop(url, message, rate, window, args.max_in_flight, record)), counts)
+            result = asyncio.run(open_loop(url, message, rate, window, args.max_in_flight, record))
             status = client.sync(client.scheduler.shoal_job_status, job=job)
             if status["complete"]:
                 raise RuntimeError("the batch job ran out before the busy window ended")
             out["batch_items_done"] += status["done"]
+            return result
         finally:
             client.sync(client.scheduler.shoal_job_release, job=job)
             time.sleep(item_seconds + 0.3)  # the item computing at release runs out
@@ -446,17 +436,16 @@ def part_c(url: str, scheduler: str, args) -> dict[str, Any]:
         for rate in (100, 1000):
             idle: list[float] = []
             busy: list[float] = []
-            idle_counts = {"errors": 0, "shed": 0}
-            busy_counts = {"errors": 0, "shed": 0}
+            idle_windows: list[dict[str, Any]] = []
+            busy_windows: list[dict[str, Any]] = []
             for round_ in range(C_ROUNDS):
                 for state in (("idle", "busy") if round_ % 2 == 0 else ("busy", "idle")):
                     if state == "idle":
-                        counted(asyncio.run(open_loop(url, message, rate, window, args.max_in_flight, idle)),
-                                idle_counts)
+                        idle_windows.append(asyncio.run(open_loop(url, message, rate, window, args.max_in_flight, idle)))
                     else:
-                        under_batch_load(client, rate, busy, busy_counts)
-            calm = summary(idle, idle_counts["errors"], idle_counts["shed"], rate, C_ROUNDS * window)
-            loaded = summary(busy, busy_counts["errors"], busy_counts["shed"], rate, C_ROUNDS * window)
+                        busy_windows.append(under_batch_load(client, rate, busy))
+            calm = pooled(idle, idle_windows, rate, C_ROUNDS * window)
+            loaded = pooled(busy, busy_windows, rate, C_ROUNDS * window)
             over = round(loaded["p99_ms"] - calm["p99_ms"], 3)
             out["fixed"].append({
                 "offered_rps": rate, "idle": calm, "busy": loaded, "p99_over_idle_ms": over,
@@ -466,9 +455,9 @@ def part_c(url: str, scheduler: str, args) -> dict[str, Any]:
     return out
 
 
-def counted(result: dict[str, Any], counts: dict[str, int]) -> None:
-    counts["errors"] += result["errors"]
-    counts["shed"] += result["shed"]
+def pooled(latencies: list[float], windows: list[dict[str, Any]], rate: float, seconds: float) -> dict[str, Any]:
+    """One summary of several open-loop windows' latencies, errors and shed requests."""
+    return summary(latencies, sum(w["errors"] for w in windows), sum(w["shed"] for w in windows), rate, seconds)
 
 
 # -- report ------------------------------------------------------------------------

@@ -28,12 +28,12 @@ def _machine_busy_seconds() -> tuple[float, float] | None:
     return busy / tick, (busy + idle + iowait) / tick
 
 
-def _own_cpu_seconds() -> float:
-    """CPU seconds of this process and its descendants (cluster workers), live or reaped."""
-    me = psutil.Process()
-    times = me.cpu_times()
+def process_tree_cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds of a process (this one by default) and its descendants (cluster workers), live or reaped."""
+    root = psutil.Process(pid)
+    times = root.cpu_times()
     total = times.user + times.system + times.children_user + times.children_system
-    for child in me.children(recursive=True):
+    for child in root.children(recursive=True):
         try:
             child_times = child.cpu_times()
         except psutil.Error:
@@ -50,7 +50,7 @@ class MachineMeter:
 
     def __enter__(self) -> MachineMeter:
         self._machine = _machine_busy_seconds()
-        self._own = _own_cpu_seconds()
+        self._own = process_tree_cpu_seconds()
         self._began = time.perf_counter()
         return self
 
@@ -61,5 +61,5 @@ class MachineMeter:
             return
         busy = machine[0] - self._machine[0]
         capacity = max(machine[1] - self._machine[1], 1e-9)
-        own = _own_cpu_seconds() - self._own
+        own = process_tree_cpu_seconds() - self._own
         self.other_share = min(1.0, max(0.0, busy - own) / capacity)
