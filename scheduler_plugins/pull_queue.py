@@ -379,7 +379,7 @@ class ShoalScheduler(SchedulerPlugin):
                     self._lease(work, worker)
                 if items:
                     view.resident.add(model)  # a holder now, loaded or not (see _lease_next)
-                    return self._online_reply(items)
+                    return self._items_reply(items)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {"items": []}
@@ -586,14 +586,14 @@ class ShoalScheduler(SchedulerPlugin):
         """A batch pull's reply: the items, their jobs' contexts, and demand for the worker's evictions."""
         holders = self._holders()
         return {
-            **self._online_reply(items),
+            **self._items_reply(items),
             "contexts": {j: self.jobs[j].context for j in {work.job for work in items}},
             # For the worker's eviction choice: waiting items and holders per model.
             "demand": {m: [self.queues.waiting_items(m), holders.get(m, 0)] for m in self.queues.models()},
         }
 
-    def _online_reply(self, items: list[WorkItem]) -> dict[str, Any]:
-        """The items with their leases, and their models' specs: all that an online pull's worker reads."""
+    def _items_reply(self, items: list[WorkItem]) -> dict[str, Any]:
+        """The items with their leases, and their models' specs: an online pull's whole reply, a batch pull's core."""
         messages = []
         for work in items:
             message = work.to_message()
