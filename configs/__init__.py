@@ -69,6 +69,10 @@ class ModelSpec(BaseModel):
                     f"model {self.name!r}: package {module_name!r} is not installed ({exc})"
                 ) from exc
             return str(module.get_model_path())
+        if self.source.startswith("hf:"):
+            from .model_resolution import hub_source_path
+
+            return hub_source_path(self.source)
         path = Path(self.source).expanduser()
         if not path.is_dir():
             raise ConfigError(f"model {self.name!r}: source directory {self.source!r} does not exist")
@@ -79,11 +83,12 @@ class Catalog(BaseModel):
     models: dict[str, ModelSpec]
 
     def get(self, name: str) -> ModelSpec:
-        try:
+        """The catalog entry, else the model's own files: a local folder or a cached Hugging Face id."""
+        if name in self.models:
             return self.models[name]
-        except KeyError:
-            known = ", ".join(sorted(self.models)) or "none"
-            raise ConfigError(f"unknown model {name!r}; the catalog has: {known}") from None
+        from .model_resolution import resolve_unlisted
+
+        return resolve_unlisted(name, sorted(self.models))
 
 
 class GatewaySettings(BaseModel):

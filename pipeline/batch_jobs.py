@@ -78,6 +78,11 @@ def model_for(catalog: Catalog, profile: Profile, name: str, kind: str) -> Model
     return spec
 
 
+def output_folder(model: str) -> str:
+    """A model's folder name under a several-model output: a path's last part, an HF id as the hub caches it."""
+    return model.rstrip("/").rsplit("/", 1)[-1] if model.startswith((".", "/", "~")) else model.replace("/", "--")
+
+
 def plan_job(job: BatchJob, profile: Profile) -> Plan:
     shards = list_shards(job.input, job.storage_options)
     read_footers(shards, job.storage_options)
@@ -102,6 +107,7 @@ class PreparedJob:
 
 def prepare_job(job: BatchJob, spec: ModelSpec, profile: Profile) -> PreparedJob:
     """Plan the job and find which of its parts the output already holds, current."""
+    job = replace(job, model=spec.name)  # items and queues name the resolved model, however it was given
     fingerprint = model_fingerprint(spec)
     params = job_params(job.operation, job.payload)
     plan = plan_job(job, profile)
@@ -266,7 +272,10 @@ def run_embed_models(
     the progress bar; the others' summaries follow it.
     """
     specs = [model_for(catalog, profile, name, "embedder") for name in models]  # refuse before any work
-    requests = [replace(request, model=name, output=f"{request.output.rstrip('/')}/{name}") for name in models]
+    requests = [
+        replace(request, model=spec.name, output=f"{request.output.rstrip('/')}/{output_folder(name)}")
+        for name, spec in zip(models, specs)
+    ]
     consoles = [console, *(Console(file=io.StringIO(), soft_wrap=True, width=console.width) for _ in models[1:])]
     with ThreadPoolExecutor(len(models)) as pool:
         futures = [

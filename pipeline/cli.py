@@ -59,7 +59,7 @@ def main() -> None:
 @main.command()
 @click.argument("input_url", metavar="INPUT")
 @click.argument("output_url", metavar="OUTPUT")
-@click.option("--model", required=True, help="Catalog name of the embedding model; several, comma-separated, write OUTPUT/<model>/ each.")
+@click.option("--model", required=True, help="Catalog name, model folder or cached Hugging Face id; several, comma-separated, write OUTPUT/<model>/ each.")
 @click.option("--text-column", default="text", show_default=True)
 @click.option("--id-column", default="id", show_default=True, help="Passed through unchanged; '' for none.")
 @click.option("--keep-columns", default="", help="Comma-separated input columns to copy to the output.")
@@ -78,8 +78,7 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
         profile_config = load_profile(profile)
         catalog_config = load_catalog(catalog)
         models = _columns(model)
-        for name in models:
-            catalog_config.get(name)
+        warm = [model_for(catalog_config, profile_config, name, "embedder").name for name in models]
         request = EmbedRequest(
             input=input_url,
             output=output_url,
@@ -89,7 +88,7 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
             keep_columns=_columns(keep_columns),
             storage_options=_storage_options(storage_options),
         )
-        with connect(scheduler, profile_config, catalog, warm=models) as client:
+        with connect(scheduler, profile_config, catalog, warm=warm) as client:
             if len(models) == 1:
                 outcomes = [run_embed(client, request, profile_config, catalog_config, console)]
             else:
@@ -263,6 +262,25 @@ def serve(profile, models, host, port, scheduler, catalog):
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
     sys.exit(code)
+
+
+@main.command(name="models")
+@click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
+@click.option("--catalog-only", is_flag=True, help="Only the catalog's entries, not the Hugging Face cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def list_models(catalog, catalog_only, as_json):
+    """List catalog models and cached Hugging Face models with their resolved kind, dim, window, normalize."""
+    from .model_listing import model_rows, render_models
+
+    try:
+        rows = model_rows(load_catalog(catalog), include_cache=not catalog_only)
+    except USER_ERRORS as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+    else:
+        render_models(rows, Console(soft_wrap=True))
 
 
 @main.command(name="run")

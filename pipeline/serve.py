@@ -62,14 +62,13 @@ def serve(
     scheduler: str | None,
     console: Console,
 ) -> int:
-    for name in models:
-        catalog.get(name)
+    pinned = {spec.name: spec for spec in map(catalog.get, models)}  # catalog names, folders, cached HF ids
     if scheduler and models:
         console.print("[yellow]note:[/yellow] --models pins only on an embedded cluster; there they load on first use")
     settings = profile.gateway.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
-    specs = {name: profile.tuned(spec).model_dump() for name, spec in catalog.models.items()}
+    specs = {name: profile.tuned(spec).model_dump() for name, spec in {**catalog.models, **pinned}.items()}
     stop = _stop_signal()
-    with _cluster(scheduler, profile, catalog_path, models) as (client, address):
+    with _cluster(scheduler, profile, catalog_path, list(pinned)) as (client, address):
         try:
             reply = client.sync(client.scheduler.shoal_gateway_start, settings=settings.model_dump(), models=specs)
         except OSError as exc:

@@ -1,0 +1,199 @@
+"""Models without a catalog entry: a local folder or a Hugging Face id from the local cache.
+
+A sentence-transformers or CrossEncoder folder already states what a catalog
+entry would repeat: its kind (``config_sentence_transformers.json``), output
+dimension (the last Pooling or Dense module), window (``max_seq_length``),
+whether it ends in a Normalize module, and roughly how much memory its
+weights take. Reading those from the files lets `--model` take any model the
+machine holds, as TEI and infinity do, while the catalog stays for short
+names and overrides (token budgets, batch caps).
+
+Hugging Face ids are looked up in the local hub cache only
+(``models--ORG--NAME/refs/main`` -> ``snapshots/REV``): nothing is fetched,
+``HF_HUB_OFFLINE`` stays on. The spec's source pins the revision
+(``hf:ORG/NAME@REV``), so workers load exactly the files the client
+fingerprinted, from their own cache. Nothing here imports torch: the
+scheduler and the client resolve models too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import ConfigError, ModelSpec
+
+HF_PREFIX = "hf:"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+SKIPPED_FOLDERS = {"onnx", "openvino", ".git"}  # other runtimes' copies of the same weights
+UNBOUNDED_LENGTH = 1_000_000  # tokenizers without a limit state ~1e30
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, found as huggingface_hub finds it, read at call time."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+
+
+def _repo_folder(repo_id: str) -> Path:
+    return hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, str]:
+    """(snapshot folder, revision) of a cached model; ConfigError saying where it looked and how to fetch it."""
+    repo = _repo_folder(repo_id)
+    if revision is None:
+        try:
+            revision = (repo / "refs" / "main").read_text().strip()
+        except OSError:
+            revision = None
+    snapshot = repo / "snapshots" / revision if revision else None
+    if snapshot is None or not snapshot.is_dir():
+        looked = snapshot or repo / "refs" / "main"
+        raise ConfigError(
+            f"model {repo_id!r} is not in the Hugging Face cache (looked in {looked}); nothing is downloaded at "
+            f"run time: fetch it where there is internet with `hf download {repo_id}` and copy the cache "
+            f"(HF_HOME or HF_HUB_CACHE), or save it to a folder with `SentenceTransformer({repo_id!r}).save(DIR)` "
+            f"and pass --model DIR"
+        )
+    return snapshot, revision
+
+
+def _json(path: Path) -> dict[str, Any] | list[Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not readable JSON: {exc}") from None
+
+
+@dataclass
+class ModelFiles:
+    """What a model folder says about itself."""
+
+    folder: Path
+
+    def modules(self) -> list[dict[str, Any]]:
+        modules = _json(self.folder / "modules.json")
+        return modules if isinstance(modules, list) else []
+
+    def _module_config(self, module: dict[str, Any]) -> dict[str, Any]:
+        config = _json(self.folder / module.get("path", "") / "config.json")
+        return config if isinstance(config, dict) else {}
+
+    def _transformer_folder(self) -> Path:
+        for module in self.modules():
+            if module.get("type", "").endswith("Transformer"):
+                return self.folder / module.get("path", "")
+        return self.folder
+
+    def kind(self) -> str:
+        settings = _json(self.folder / "config_sentence_transformers.json")
+        if isinstance(settings, dict) and settings.get("model_type") == "CrossEncoder":
+            return "reranker"
+        if not self.modules():  # a bare transformers folder: a classifier head scores pairs
+            architectures = _json(self.folder / "config.json").get("architectures") or []
+            if any(a.endswith("ForSequenceClassification") for a in architectures):
+                return "reranker"
+        return "embedder"
+
+    def dim(self, kind: str) -> int:
+        backbone = _json(self._transformer_folder() / "config.json")
+        if kind == "reranker":
+            return len(backbone.get("id2label") or {}) or int(backbone.get("num_labels", 1))
+        dim = backbone.get("hidden_size") or backbone.get("d_model") or 0
+        for module in self.modules():  # the last module that sets a width decides it
+            name = module.get("type", "")
+            config = self._module_config(module)
+            if name.endswith("Pooling"):
+                dim = config.get("embedding_dimension") or config.get("word_embedding_dimension") or dim
+            elif name.endswith("Dense"):
+                dim = config.get("out_features", dim)
+        if not dim:
+            raise ConfigError(f"{self.folder}: cannot tell the embedding dimension (no Pooling module, no hidden_size)")
+        return int(dim)
+
+    def max_seq_length(self) -> int:
+        folder = self._transformer_folder()
+        stated = _json(folder / "sentence_bert_config.json").get("max_seq_length")
+        limits = [stated] if stated else []
+        tokenizer_limit = _json(folder / "tokenizer_config.json").get("model_max_length")
+        if not stated and tokenizer_limit and tokenizer_limit < UNBOUNDED_LENGTH:
+            limits.append(tokenizer_limit)
+        positions = _json(folder / "config.json").get("max_position_embeddings")
+        if positions and not limits:
+            limits.append(positions)
+        if not limits:
+            raise ConfigError(f"{self.folder}: cannot tell the model's window (no max_seq_length, no model_max_length)")
+        return int(min(limits))
+
+    def normalize(self) -> bool:
+        return any(m.get("type", "").endswith("Normalize") for m in self.modules())
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weight files (safetensors if any, else .bin/.pt): the estimate before a load."""
+        files: list[Path] = []
+        for root, dirs, names in os.walk(self.folder):
+            dirs[:] = [d for d in dirs if d not in SKIPPED_FOLDERS]
+            files += [Path(root) / n for n in names if n.endswith(WEIGHT_SUFFIXES)]
+        safetensors = [f for f in files if f.suffix == ".safetensors"]
+        return sum(f.stat().st_size for f in (safetensors or files))
+
+    def spec(self, name: str, source: str) -> ModelSpec:
+        kind = self.kind()
+        return ModelSpec(
+            name=name,
+            kind=kind,
+            source=source,
+            dim=self.dim(kind),
+            max_seq_length=self.max_seq_length(),
+            normalize=self.normalize() if kind == "embedder" else False,
+            memory_bytes=max(1, self.weight_bytes()),
+        )
+
+
+def looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or os.sep in name and Path(name).expanduser().exists()
+
+
+def resolve_unlisted(name: str, known: list[str]) -> ModelSpec:
+    """The spec of a model that is not in the catalog: a local folder, or a cached Hugging Face id."""
+    unknown = f"unknown model {name!r}; the catalog has: {', '.join(known) or 'none'}"
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        folder = folder.resolve()
+        return ModelFiles(folder).spec(str(folder), str(folder))
+    if looks_like_path(name) or name.count("/") > 1:
+        raise ConfigError(f"{unknown}; and there is no such folder ({folder.resolve()})")
+    repo_id, _, revision = name.partition("@")
+    try:
+        snapshot, revision = hub_snapshot(repo_id, revision or None)
+    except ConfigError as exc:
+        raise ConfigError(f"{unknown}; it is not a local folder, and {exc}") from None
+    return ModelFiles(snapshot).spec(repo_id, f"{HF_PREFIX}{repo_id}@{revision}")
+
+
+def hub_source_path(source: str) -> str:
+    """The local snapshot folder of an ``hf:ORG/NAME@REV`` source, on this machine."""
+    repo_id, _, revision = source.removeprefix(HF_PREFIX).partition("@")
+    return str(hub_snapshot(repo_id, revision or None)[0])
+
+
+def cached_models() -> list[str]:
+    """Hugging Face ids with a snapshot in the local cache, for `shoal models`."""
+    root = hub_cache_dir()
+    if not root.is_dir():
+        return []
+    return sorted(
+        entry.name.removeprefix("models--").replace("--", "/")
+        for entry in root.iterdir()
+        if entry.name.startswith("models--") and (entry / "snapshots").is_dir()
+    )

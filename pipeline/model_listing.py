@@ -1,0 +1,46 @@
+"""`shoal models`: every model a job may name, with the fields Shoal resolved for it.
+
+Catalog entries first, then the Hugging Face ids in the local hub cache, each
+read from its own files the way `--model` reads it, so a user sees before a
+job what dimension, window and normalisation it would run with, or why a
+cached model cannot be used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from configs import Catalog, ConfigError
+from configs.model_resolution import cached_models, hub_cache_dir
+
+FIELDS = ("kind", "dim", "max_seq_length", "normalize", "memory_bytes", "source")
+
+
+def model_rows(catalog: Catalog, include_cache: bool = True) -> list[dict[str, Any]]:
+    """One row per model: where it came from, its resolved fields, or the reason it cannot be used."""
+    rows = [{"name": name, "from": "catalog", **spec.model_dump(include=set(FIELDS))} for name, spec in catalog.models.items()]
+    for repo_id in cached_models() if include_cache else []:
+        if repo_id in catalog.models:
+            continue
+        try:
+            rows.append({"name": repo_id, "from": "hf cache", **catalog.get(repo_id).model_dump(include=set(FIELDS))})
+        except ConfigError as exc:
+            rows.append({"name": repo_id, "from": "hf cache", "error": str(exc)})
+    return rows
+
+
+def render_models(rows: list[dict[str, Any]], console: Console) -> None:
+    table = Table("name", "from", "kind", "dim", "max tokens", "normalize", "weights MB", "source")
+    for row in rows:
+        if "error" in row:
+            table.add_row(row["name"], row["from"], f"[red]{row['error']}[/red]", *[""] * 5)
+            continue
+        table.add_row(
+            row["name"], row["from"], row["kind"], str(row["dim"]), str(row["max_seq_length"]),
+            "yes" if row["normalize"] else "no", f"{row['memory_bytes'] / 1e6:.0f}", row["source"],
+        )
+    console.print(table)
+    console.print(f"Hugging Face cache: {hub_cache_dir()}; a folder path works as --model too.", highlight=False)
