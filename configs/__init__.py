@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -24,6 +24,29 @@ DEFAULT_PROFILE = "cpu-local"
 
 class ConfigError(ValueError):
     """A catalog or profile that cannot be used, with the reason."""
+
+
+class RuntimeChoice(BaseModel):
+    """Which runtime and number format compute a model, with the quality gate's evidence.
+
+    ``gate`` holds the figures and verdict of ``shoal check-precision`` (or
+    ``shoal tune``) so a reader of the profile sees why this choice was made.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    runtime: Literal["torch", "onnx"] = "torch"
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"
+    gate: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _supported_pair(self) -> RuntimeChoice:
+        # torch int8 and ONNX Runtime half precision are slower than fp32 on CPUs: not offered.
+        if self.runtime == "torch" and self.dtype == "int8":
+            raise ValueError("dtype int8 runs on runtime onnx (dynamic quantization), not torch")
+        if self.runtime == "onnx" and self.dtype in ("float16", "bfloat16"):
+            raise ValueError(f"runtime onnx runs float32 or int8, not {self.dtype}")
+        return self
 
 
 class ModelSpec(BaseModel):
@@ -41,6 +64,7 @@ class ModelSpec(BaseModel):
     token_budget: dict[str, int] = Field(default_factory=lambda: {"cpu": 8192, "cuda": 65536})
     max_batch_size: int = Field(default=256, gt=0)
     requires: dict[str, float] = Field(default_factory=dict)
+    runtimes: dict[str, RuntimeChoice] = Field(default_factory=dict)  # by device kind; absent: torch
     # Simulated runtime only: timings of a device that is not there.
     load_seconds: float = 0.0
     batch_fixed_seconds: float = 0.0
@@ -136,6 +160,7 @@ class Profile(BaseModel):
     pinned: list[str] = Field(default_factory=list)
     token_budgets: dict[str, int] = Field(default_factory=dict)
     max_batch_sizes: dict[str, PositiveInt] = Field(default_factory=dict)  # per model, like token_budgets
+    runtimes: dict[str, RuntimeChoice] = Field(default_factory=dict)  # per model, on this profile's device kind
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     _path: str = PrivateAttr(default="")
 
@@ -160,6 +185,9 @@ class Profile(BaseModel):
             update["token_budget"] = {kind: budget for kind in ("cpu", "cuda")}
         if spec.name in self.max_batch_sizes:
             update["max_batch_size"] = self.max_batch_sizes[spec.name]
+        if spec.name in self.runtimes:
+            kinds = ("cpu", "cuda") if self.device == "auto" else (self.device,)
+            update["runtimes"] = {**spec.runtimes, **{kind: self.runtimes[spec.name] for kind in kinds}}
         return spec.model_copy(update=update) if update else spec
 
     def torch_threads(self, cores: int) -> int:

@@ -15,10 +15,14 @@ from configs import ModelSpec
 from .device_thread import DeviceThread
 from .devices import DevicePlan
 from .token_batching import plan_batches
+from .token_counts import count_tokens
 
 
 class CrossEncoderScorer:
-    def __init__(self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None) -> None:
+    def __init__(
+        self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None, dtype: str | None = None
+    ) -> None:
+        """`dtype`: the model's own choice (its profile entry); None takes the worker's."""
         import torch
         from sentence_transformers import CrossEncoder
 
@@ -27,9 +31,11 @@ class CrossEncoderScorer:
         self.model = CrossEncoder(
             spec.resolve_path(), device=plan.device, max_length=spec.max_seq_length, local_files_only=True
         )
-        if plan.dtype != "float32":
-            self.model.to(getattr(torch, plan.dtype))
+        self.dtype = dtype or plan.dtype
+        if self.dtype != "float32":
+            self.model.to(getattr(torch, self.dtype))
         self.model.eval()
+        self.tokenizer = self.model.tokenizer
         self.token_budget = spec.budget_for(plan.kind)
         if self.model.num_labels != spec.dim:
             raise ValueError(
@@ -44,18 +50,7 @@ class CrossEncoderScorer:
 
     def token_lengths(self, queries: list[str], passages: list[str]) -> tuple[np.ndarray, int]:
         """Token counts of each pair after truncation, and how many pairs were truncated."""
-        limit = self.spec.max_seq_length
-        ids = self.model.tokenizer(
-            queries,
-            passages,
-            add_special_tokens=True,
-            truncation="longest_first",
-            max_length=limit + 1,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )["input_ids"]
-        raw = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        return np.minimum(raw, limit), int((raw > limit).sum())
+        return count_tokens(self.tokenizer, self.spec.max_seq_length, queries, passages)
 
     def score(
         self, queries: list[str], passages: list[str], measured: tuple[np.ndarray, int] | None = None

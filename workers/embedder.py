@@ -20,10 +20,14 @@ from configs import ModelSpec
 from .device_thread import DeviceThread
 from .devices import DevicePlan
 from .token_batching import plan_batches
+from .token_counts import count_tokens
 
 
 class SentenceEmbedder:
-    def __init__(self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None) -> None:
+    def __init__(
+        self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None, dtype: str | None = None
+    ) -> None:
+        """`dtype`: the model's own choice (its profile entry); None takes the worker's."""
         import torch
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
@@ -35,9 +39,11 @@ class SentenceEmbedder:
             spec.resolve_path(), device=plan.device, local_files_only=True
         )
         self.model.max_seq_length = spec.max_seq_length
-        if plan.dtype != "float32":
-            self.model.to(getattr(torch, plan.dtype))
+        self.dtype = dtype or plan.dtype
+        if self.dtype != "float32":
+            self.model.to(getattr(torch, self.dtype))
         self.model.eval()
+        self.tokenizer = self.model.tokenizer
         self.torch_device = torch.device(plan.device)
         self.prompt = self.model.prompts.get(self.model.default_prompt_name) if self.model.default_prompt_name else None
         self.token_budget = spec.budget_for(plan.kind)
@@ -52,17 +58,7 @@ class SentenceEmbedder:
 
     def token_lengths(self, texts: list[str]) -> tuple[np.ndarray, int]:
         """Token counts after truncation, and how many texts were truncated."""
-        limit = self.spec.max_seq_length
-        ids = self.model.tokenizer(
-            texts,
-            add_special_tokens=True,
-            truncation=True,
-            max_length=limit + 1,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )["input_ids"]
-        raw = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        return np.minimum(raw, limit), int((raw > limit).sum())
+        return count_tokens(self.tokenizer, self.spec.max_seq_length, texts)
 
     def embed(self, texts: list[str], measured: tuple[np.ndarray, int] | None = None) -> tuple[np.ndarray, int]:
         """float32 vectors in input order, and the count of truncated texts.

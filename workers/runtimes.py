@@ -1,11 +1,51 @@
-"""Which runtime loads a catalog entry, by its kind."""
+"""Which runtime loads a catalog entry: by its kind, and the runtime and dtype chosen for this device kind.
+
+Every runtime offers the same interface to the operations: ``token_lengths``,
+``embed`` (embedders) or ``score`` (rerankers), ``memory_bytes``, ``close``,
+and the HF ``tokenizer``. A model without a choice for this device kind runs
+on torch in the worker's dtype (the profile's ``dtype``, fp16/bf16 on GPUs).
+"""
 
 from __future__ import annotations
 
-from configs import ModelSpec
+import importlib
+import logging
+import time
+
+from configs import ModelSpec, RuntimeChoice
 
 from .device_thread import DeviceThread
 from .devices import DevicePlan, apply_torch_threads
+
+logger = logging.getLogger("shoal.worker.runtimes")
+
+# The Python module each runtime needs, and the extra that installs it.
+RUNTIME_PACKAGES = {"torch": ("torch", "torch"), "onnx": ("onnxruntime", "onnx")}
+
+
+class RuntimeNotInstalled(RuntimeError):
+    """A profile or catalog names a runtime whose package this worker lacks."""
+
+
+def require_installed(runtime: str) -> None:
+    """Fail before any load, naming the extra that installs what `runtime` needs."""
+    module, extra = RUNTIME_PACKAGES[runtime]
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise RuntimeNotInstalled(
+            f"runtime {runtime!r} needs the Python package {module!r}, which does not import here ({exc}): "
+            f"pip install 'shoal[{extra}]'"
+        ) from None
+
+
+def choice_for(spec: ModelSpec, plan: DevicePlan) -> tuple[str, str]:
+    """(runtime, dtype) for `spec` on this worker's device kind; "auto" dtype is the worker's."""
+    choice = spec.runtimes.get(plan.kind) or RuntimeChoice()
+    dtype = plan.dtype if choice.dtype == "auto" else choice.dtype
+    if choice.runtime == "onnx" and dtype not in ("float32", "int8"):
+        dtype = "float32"  # the worker's half precision is a torch setting; ONNX graphs run fp32 or int8
+    return choice.runtime, dtype
 
 
 def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None):
@@ -14,13 +54,24 @@ def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread 
         from .sim_runtime import SimulatedRuntime
 
         return SimulatedRuntime(spec, plan.kind, device_thread)
+    if spec.kind not in ("embedder", "reranker"):
+        raise ValueError(f"model {spec.name!r}: no runtime for kind {spec.kind!r} yet")
+    runtime, dtype = choice_for(spec, plan)
+    require_installed(runtime)
+    began = time.perf_counter()
     apply_torch_threads(plan)
-    if spec.kind == "embedder":
+    if runtime == "onnx":
+        from .onnx_runtime import OnnxCrossEncoder, OnnxEmbedder
+
+        loaded = (OnnxEmbedder if spec.kind == "embedder" else OnnxCrossEncoder)(spec, plan, dtype, device_thread)
+        how = "exported and checked" if loaded.artifact.exported else "cached export"
+    elif spec.kind == "embedder":
         from .embedder import SentenceEmbedder
 
-        return SentenceEmbedder(spec, plan, device_thread)
-    if spec.kind == "reranker":
+        loaded, how = SentenceEmbedder(spec, plan, device_thread, dtype), "weights"
+    else:
         from .cross_encoder import CrossEncoderScorer
 
-        return CrossEncoderScorer(spec, plan, device_thread)
-    raise ValueError(f"model {spec.name!r}: no runtime for kind {spec.kind!r} yet")
+        loaded, how = CrossEncoderScorer(spec, plan, device_thread, dtype), "weights"
+    logger.info("loaded %s on %s %s (%s) in %.2f s", spec.name, runtime, dtype, how, time.perf_counter() - began)
+    return loaded

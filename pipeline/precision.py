@@ -1,0 +1,181 @@
+"""The quality gate: may a faster runtime or number format compute a model?
+
+A candidate (runtime, dtype) is compared with the model's fp32 torch runtime,
+the reference every other figure in Shoal is measured against, on a sample of
+the user's own texts (or the demo corpus):
+
+- embedders: cosine between the candidate's and fp32's vectors, mean >= 0.999
+  and minimum >= 0.99; and retrieval on a judged set (datasets/pydoc-sections,
+  nDCG@10 with the same metric code as ``shoal eval``) within 0.005 of fp32;
+- rerankers: Kendall's tau between the two score lists >= 0.99.
+
+Both sides run through the worker's own runtimes (workers/runtimes.py), so the
+figures describe exactly what a job would compute. The verdict and figures are
+written into the profile beside the choice (``runtimes.MODEL.gate``), so a
+reader of the profile sees why a model runs as it does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from configs import ModelSpec, RuntimeChoice
+
+from .beir import RetrievalSet, load_beir
+from .evaluation import evaluate
+from .retrieval import top_k
+
+ROOT = Path(__file__).resolve().parent.parent
+JUDGED_SET = str(ROOT / "datasets" / "pydoc-sections")
+COSINE_MEAN_AT_LEAST = 0.999
+COSINE_MIN_AT_LEAST = 0.99
+NDCG_DROP_AT_MOST = 0.005
+KENDALL_TAU_AT_LEAST = 0.99
+REFERENCE = RuntimeChoice(runtime="torch", dtype="float32")
+
+
+@dataclass
+class Verdict:
+    """The gate's answer for one candidate: its figures, and each figure that failed."""
+
+    model: str
+    choice: RuntimeChoice
+    figures: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    texts: int = 0
+    load_seconds: float = 0.0
+    texts_per_second: float = 0.0
+    reference_texts_per_second: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        figures = ", ".join(f"{name} {value:.4f}" for name, value in self.figures.items())
+        verdict = "pass" if self.passed else "refused: " + "; ".join(self.failures)
+        return f"{self.model} on {self.choice.runtime} {self.choice.dtype}: {figures} -> {verdict}"
+
+    def evidence(self) -> dict[str, Any]:
+        """What goes into the profile beside the choice."""
+        return {
+            "verdict": "pass" if self.passed else "refused",
+            **{name: round(value, 5) for name, value in self.figures.items()},
+            **({"failed": list(self.failures)} if self.failures else {}),
+            "texts": self.texts,
+            "checked": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        }
+
+
+def judge_vectors(candidate: np.ndarray, reference: np.ndarray) -> tuple[dict[str, float], list[str]]:
+    """Cosine figures of two row-aligned vector sets, and the thresholds they miss."""
+    cosine = np.sum(candidate * reference, axis=1) / (
+        np.linalg.norm(candidate, axis=1) * np.linalg.norm(reference, axis=1)
+    )
+    figures = {"cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min())}
+    failures = []
+    if not figures["cosine_mean"] >= COSINE_MEAN_AT_LEAST:
+        failures.append(f"cosine mean {figures['cosine_mean']:.4f} < {COSINE_MEAN_AT_LEAST}")
+    if not figures["cosine_min"] >= COSINE_MIN_AT_LEAST:
+        failures.append(f"cosine min {figures['cosine_min']:.4f} < {COSINE_MIN_AT_LEAST}")
+    return figures, failures
+
+
+def judge_retrieval(candidate_ndcg: float, reference_ndcg: float) -> tuple[dict[str, float], list[str]]:
+    figures = {"ndcg@10": candidate_ndcg, "ndcg@10_fp32": reference_ndcg}
+    drop = reference_ndcg - candidate_ndcg
+    failures = [] if drop <= NDCG_DROP_AT_MOST else [
+        f"nDCG@10 {candidate_ndcg:.4f} is {drop:.4f} below fp32's {reference_ndcg:.4f} (allowed {NDCG_DROP_AT_MOST})"
+    ]
+    return figures, failures
+
+
+def judge_scores(candidate: np.ndarray, reference: np.ndarray) -> tuple[dict[str, float], list[str]]:
+    """Kendall's tau (tau-b, ties counted) of two score lists over the same pairs."""
+    from scipy.stats import kendalltau
+
+    tau = float(kendalltau(candidate, reference).statistic)
+    figures = {"kendall_tau": tau}
+    failures = [] if tau >= KENDALL_TAU_AT_LEAST else [f"Kendall tau {tau:.4f} < {KENDALL_TAU_AT_LEAST}"]
+    return figures, failures
+
+
+class PrecisionGate:
+    """Checks candidates for one model against its fp32 torch runtime, loaded once."""
+
+    def __init__(self, spec: ModelSpec, plan, texts: list[str], judged_set: str | None = JUDGED_SET) -> None:
+        from workers.runtimes import load_runtime
+
+        if spec.kind not in ("embedder", "reranker"):
+            raise ValueError(f"model {spec.name!r}: the precision gate checks embedders and rerankers, not {spec.kind!r}")
+        self.spec, self.plan, self.texts = spec, plan, texts
+        self._load = load_runtime
+        self.judged: RetrievalSet | None = load_beir(judged_set) if judged_set and spec.kind == "embedder" else None
+        reference = self._runtime(REFERENCE)[0]
+        try:
+            self.reference_outputs, self.reference_rate = self._outputs(reference)
+            self.reference_ndcg = self._ndcg(reference) if self.judged else None
+        finally:
+            reference.close()
+
+    def check(self, choice: RuntimeChoice) -> Verdict:
+        runtime, load_seconds = self._runtime(choice)
+        try:
+            outputs, rate = self._outputs(runtime)
+            verdict = Verdict(self.spec.name, choice, texts=len(self.texts), load_seconds=load_seconds,
+                              texts_per_second=rate, reference_texts_per_second=self.reference_rate)
+            judged = (judge_vectors if self.spec.kind == "embedder" else judge_scores)(outputs, self.reference_outputs)
+            parts = [judged]
+            if self.reference_ndcg is not None:
+                parts.append(judge_retrieval(self._ndcg(runtime), self.reference_ndcg))
+        finally:
+            runtime.close()
+        for figures, failures in parts:
+            verdict.figures.update(figures)
+            verdict.failures.extend(failures)
+        return verdict
+
+    def _runtime(self, choice: RuntimeChoice):
+        import time
+
+        spec = self.spec.model_copy(update={"runtimes": {self.plan.kind: choice}})
+        began = time.perf_counter()
+        runtime = self._load(spec, self.plan)
+        return runtime, time.perf_counter() - began
+
+    def _outputs(self, runtime) -> tuple[np.ndarray, float]:
+        """The runtime's vectors (or scores) on the sample, and its rate in texts per second."""
+        import time
+
+        began = time.perf_counter()
+        if self.spec.kind == "embedder":
+            outputs = runtime.embed(self.texts)[0]
+        else:  # reranker: each text scored against the text before it, as (query, passage) pairs
+            outputs = runtime.score(self.texts[1:] + self.texts[:1], self.texts)[0]
+        return outputs, len(self.texts) / max(time.perf_counter() - began, 1e-9)
+
+    def _ndcg(self, runtime) -> float:
+        corpus_ids = [str(i) for i in self.judged.corpus.column("id").to_pylist()]
+        corpus = runtime.embed([str(t or "") for t in self.judged.corpus.column("text").to_pylist()])[0]
+        query_ids = [str(i) for i in self.judged.queries.column("id").to_pylist()]
+        queries = runtime.embed([str(t or "") for t in self.judged.queries.column("text").to_pylist()])[0]
+        nearest, _ = top_k(queries, corpus, 10)
+        rankings = {q: [corpus_ids[j] for j in row] for q, row in zip(query_ids, nearest)}
+        return evaluate(rankings, self.judged.qrels)["ndcg@10"]
+
+
+def candidates(device_kind: str) -> list[RuntimeChoice]:
+    """What the gate and `shoal tune` try on this kind of device, fastest-looking last."""
+    if device_kind == "cuda":
+        return [RuntimeChoice(runtime="torch", dtype=d) for d in ("float32", "float16", "bfloat16")]
+    return [
+        RuntimeChoice(runtime="torch", dtype="float32"),
+        RuntimeChoice(runtime="torch", dtype="bfloat16"),
+        RuntimeChoice(runtime="onnx", dtype="float32"),
+        RuntimeChoice(runtime="onnx", dtype="int8"),
+    ]

@@ -1,0 +1,151 @@
+"""Runtimes behind one interface: torch fp32/bf16 and ONNX Runtime fp32/int8, the export cache, missing extras.
+
+Every runtime is compared with a direct sentence-transformers call on the same
+texts (vectors) or pairs (scores), through the catalog and loading code a
+worker uses.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from sentence_transformers import CrossEncoder, SentenceTransformer
+
+from configs import ModelSpec, Profile, RuntimeChoice, load_catalog
+from pipeline.precision import judge_scores, judge_vectors
+from workers import onnx_cache
+from workers.devices import DevicePlan
+from workers.runtimes import RuntimeNotInstalled, load_runtime
+
+PLAN = DevicePlan("cpu", "cpu", "float32", 10**9, 2)
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory, monkeypatch):
+    """One export cache for the module: loads after the first reuse it, as on a worker's disk."""
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "shoal-cache"))
+
+
+def _spec(catalog_path, name: str, runtime: str, dtype: str) -> ModelSpec:
+    spec = load_catalog(catalog_path).get(name)
+    return spec.model_copy(update={"runtimes": {"cpu": RuntimeChoice(runtime=runtime, dtype=dtype)}})
+
+
+def _pairs(texts: list[str]) -> tuple[list[str], list[str]]:
+    return [texts[(i * 7) % len(texts)][:80] for i in range(len(texts))], texts
+
+
+@pytest.mark.parametrize("runtime,dtype", [("torch", "float32"), ("torch", "bfloat16"), ("onnx", "float32")])
+def test_tiny_embedder_on_every_runtime_matches_a_direct_encode(tiny_catalog, tiny_model, demo_texts, runtime, dtype):
+    texts = demo_texts[:96]
+    direct = SentenceTransformer(str(tiny_model), device="cpu").encode(texts, normalize_embeddings=True)
+    loaded = load_runtime(_spec(tiny_catalog, "tiny", runtime, dtype), PLAN)
+    try:
+        vectors, truncated = loaded.embed(texts)
+        assert loaded.tokenizer is not None and hasattr(loaded.tokenizer, "encode")  # chunking uses it
+        lengths, counted = loaded.token_lengths(texts)
+        assert counted == truncated and len(lengths) == len(texts)
+    finally:
+        loaded.close()
+    figures, failures = judge_vectors(vectors, direct)
+    assert failures == [], figures
+    if dtype == "float32":
+        assert figures["cosine_min"] > 0.99999
+
+
+@pytest.mark.parametrize("runtime,dtype", [("torch", "float32"), ("torch", "bfloat16"), ("onnx", "float32")])
+def test_cross_encoder_on_every_runtime_is_judged_by_score_order(tiny_catalog, tiny_reranker, demo_texts, runtime, dtype):
+    queries, passages = _pairs(demo_texts[:120])
+    direct = CrossEncoder(str(tiny_reranker), device="cpu", max_length=128).predict(list(zip(queries, passages)))
+    loaded = load_runtime(_spec(tiny_catalog, "tiny-reranker", runtime, dtype), PLAN)
+    try:
+        scores, _ = loaded.score(queries, passages)
+    finally:
+        loaded.close()
+    figures, failures = judge_scores(scores, np.asarray(direct))
+    if dtype == "float32":
+        assert failures == [], figures
+        np.testing.assert_allclose(scores, direct, atol=1e-4)
+    else:
+        # The tiny reranker's wide random weights put many scores within bf16's 3 significant
+        # digits of each other: bf16 reorders them, and the gate says so by name.
+        assert failures == [f"Kendall tau {figures['kendall_tau']:.4f} < 0.99"]
+        assert 0.8 < figures["kendall_tau"] < 0.99
+
+
+def test_onnx_int8_runs_and_is_smaller(tiny_catalog, demo_texts):
+    fp32 = load_runtime(_spec(tiny_catalog, "tiny", "onnx", "float32"), PLAN)
+    int8 = load_runtime(_spec(tiny_catalog, "tiny", "onnx", "int8"), PLAN)
+    vectors, _ = int8.embed(demo_texts[:32])
+    assert vectors.shape == (32, fp32.spec.dim) and np.isfinite(vectors).all()
+    assert int8.memory_bytes() < fp32.memory_bytes()
+
+
+def test_second_start_reuses_the_export_and_a_truncated_graph_is_rebuilt(tiny_catalog, demo_texts, monkeypatch):
+    spec = _spec(tiny_catalog, "tiny", "onnx", "float32")
+    first = load_runtime(spec, PLAN)
+    expected, _ = first.embed(demo_texts[:16])
+    graph = first.artifact.graph
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported again although the cache holds a valid graph")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(onnx_cache, "_build", no_export)
+        again = load_runtime(spec, PLAN)
+    assert not again.artifact.exported and again.artifact.graph == graph
+
+    data = graph.read_bytes()
+    graph.write_bytes(data[: len(data) // 2])  # a half-written file, as a killed copy leaves it
+    rebuilt = load_runtime(spec, PLAN)
+    assert rebuilt.artifact.exported and rebuilt.artifact.graph.stat().st_size == len(data)
+    np.testing.assert_allclose(rebuilt.embed(demo_texts[:16])[0], expected, atol=1e-5)
+
+    (rebuilt.artifact.directory / onnx_cache.RECORD_FILE).unlink()  # no record: never trusted
+    assert load_runtime(spec, PLAN).artifact.exported
+
+
+def test_export_check_catches_a_model_left_in_training_mode(tiny_catalog, monkeypatch):
+    """The trap: an export that leaves dropout on must never be cached."""
+    real = onnx_cache._embedder_graph
+
+    def left_in_train_mode(spec):
+        model, wrapper, inputs = real(spec)
+        wrapper.train()
+        wrapper.eval = lambda: wrapper  # as a wrapper nobody put in eval mode
+        return model, wrapper, inputs
+
+    monkeypatch.setattr(onnx_cache, "_embedder_graph", left_in_train_mode)
+    spec = _spec(tiny_catalog, "tiny", "onnx", "float32").model_copy(update={"max_seq_length": 100})
+    with pytest.raises(onnx_cache.ExportCheckFailed, match="training mode|does not reproduce"):
+        load_runtime(spec, PLAN)
+    assert not onnx_cache.entry_for(spec, "float32").exists()
+
+
+def test_missing_runtime_names_the_extra(tiny_catalog, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails, as without the package
+    with pytest.raises(RuntimeNotInstalled, match=r"pip install 'shoal\[onnx\]'"):
+        load_runtime(_spec(tiny_catalog, "tiny", "onnx", "float32"), PLAN)
+
+
+def test_profile_choice_reaches_the_spec_and_bad_pairs_are_refused():
+    spec = load_catalog().get("minilm")
+    profile = Profile(name="p", device="cpu", runtimes={"minilm": {"runtime": "onnx", "dtype": "float32"}})
+    assert profile.tuned(spec).runtimes["cpu"].runtime == "onnx"
+    assert "cuda" not in profile.tuned(spec).runtimes
+    with pytest.raises(ValueError, match="int8 runs on runtime onnx"):
+        RuntimeChoice(runtime="torch", dtype="int8")
+    with pytest.raises(ValueError, match="float32 or int8"):
+        RuntimeChoice(runtime="onnx", dtype="bfloat16")
+
+
+def test_without_a_choice_gpu_workers_keep_half_precision_torch():
+    from workers.runtimes import choice_for
+
+    spec = load_catalog().get("minilm")
+    assert choice_for(spec, DevicePlan("cuda:0", "cuda", "float16", 10**9)) == ("torch", "float16")
+    assert choice_for(spec, PLAN) == ("torch", "float32")
+    onnx_spec = spec.model_copy(update={"runtimes": {"cuda": RuntimeChoice(runtime="onnx")}})
+    assert choice_for(onnx_spec, DevicePlan("cuda:0", "cuda", "bfloat16", 10**9)) == ("onnx", "float32")

@@ -1,0 +1,102 @@
+"""ONNX Runtime behind the same interface as the torch runtimes.
+
+The graph comes from the export cache (onnx_cache): exported and checked once
+per model fingerprint, reused on every later start. Texts are tokenized by the
+model's own tokenizer (saved beside the graph, so a start needs no torch
+model at all), cut into the same token-budget batches as the torch path, and
+run one batch per device turn.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from configs import ModelSpec
+
+from .device_thread import DeviceThread
+from .devices import DevicePlan
+from .onnx_cache import RECORD_FILE, Artifact, ensure_artifact
+from .token_batching import plan_batches
+from .token_counts import count_tokens
+
+
+class OnnxModel:
+    """What both ONNX runtimes share: the cached graph, its session and its tokenizer."""
+
+    def __init__(self, spec: ModelSpec, plan: DevicePlan, dtype: str, device_thread: DeviceThread | None) -> None:
+        import onnxruntime as ort
+        from transformers import AutoTokenizer
+
+        self.spec = spec
+        self.device_thread = device_thread or DeviceThread()
+        self.token_budget = spec.budget_for(plan.kind)
+        self.artifact: Artifact = ensure_artifact(spec, dtype)
+        record = json.loads((self.artifact.directory / RECORD_FILE).read_text())
+        self.input_names: list[str] = record["inputs"]
+        self.prompt: str = record["prompt"]
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.artifact.directory))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = plan.threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        providers = ["CPUExecutionProvider"]
+        if plan.kind == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise RuntimeError(
+                    f"model {spec.name!r}: runtime onnx on {plan.device} needs onnxruntime-gpu "
+                    "(pip install onnxruntime-gpu)"
+                )
+            providers = [("CUDAExecutionProvider", {"device_id": int(plan.device.split(":")[1])})]
+        self.session = ort.InferenceSession(str(self.artifact.graph), options, providers=providers)
+
+    def memory_bytes(self) -> int:
+        return self.artifact.graph.stat().st_size
+
+    def _run(self, first: list[str], second: list[str] | None = None) -> np.ndarray:
+        encoded = self.tokenizer(
+            first, second, padding=True, truncation="longest_first",
+            max_length=self.spec.max_seq_length, return_tensors="np",
+        )
+        feeds = {name: np.asarray(encoded[name], dtype=np.int64) for name in self.input_names}
+        return self.session.run(None, feeds)[0]
+
+    def close(self) -> None:
+        self.session = None
+
+
+class OnnxEmbedder(OnnxModel):
+    def token_lengths(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        """Token counts after truncation, and how many texts were truncated."""
+        return count_tokens(self.tokenizer, self.spec.max_seq_length, [self.prompt + t for t in texts])
+
+    def embed(self, texts: list[str], measured: tuple[np.ndarray, int] | None = None) -> tuple[np.ndarray, int]:
+        """float32 vectors in input order, and the count of truncated texts."""
+        out = np.empty((len(texts), self.spec.dim), dtype=np.float32)
+        if not texts:
+            return out, 0
+        lengths, truncated = measured or self.token_lengths(texts)
+        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
+            with self.device_thread.turn():
+                out[batch] = self._run([self.prompt + texts[i] for i in batch])
+        return out, truncated
+
+
+class OnnxCrossEncoder(OnnxModel):
+    def token_lengths(self, queries: list[str], passages: list[str]) -> tuple[np.ndarray, int]:
+        """Token counts of each pair after truncation, and how many pairs were truncated."""
+        return count_tokens(self.tokenizer, self.spec.max_seq_length, queries, passages)
+
+    def score(
+        self, queries: list[str], passages: list[str], measured: tuple[np.ndarray, int] | None = None
+    ) -> tuple[np.ndarray, int]:
+        """One float32 score per pair in input order, and the count of truncated pairs."""
+        out = np.empty(len(queries), dtype=np.float32)
+        if not queries:
+            return out, 0
+        lengths, truncated = measured or self.token_lengths(queries, passages)
+        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
+            with self.device_thread.turn():
+                out[batch] = self._run([queries[i] for i in batch], [passages[i] for i in batch]).reshape(len(batch))
+        return out, truncated
