@@ -372,3 +372,47 @@ def tune(name, models, budget_minutes, input_url, text_column, sample_rows, onli
     except USER_ERRORS as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
+
+
+@main.command(name="check-precision")
+@click.option("--model", required=True, help="Catalog name of the embedder or reranker to check.")
+@click.option("--profile", default=None, help="Profile whose choice is checked and where the verdict is written.")
+@click.option("--texts", "texts_file", default=None, type=click.Path(dir_okay=False), help="Your sample: a .parquet file or one text per line. [default: the demo corpus]")
+@click.option("--text-column", default="text", show_default=True, help="The text column of a .parquet sample.")
+@click.option("--sample", default=512, show_default=True, help="Most texts drawn from the sample.")
+@click.option("--runtime", type=click.Choice(["torch", "onnx"]), default=None, help="Candidate runtime. [default: the profile's choice, else every candidate]")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16", "int8"]), default=None, help="Candidate dtype.")
+@click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
+def check_precision(model, profile, texts_file, text_column, sample, runtime, dtype, catalog):
+    """Gate a runtime/dtype against fp32 torch: cosine mean >= 0.999 and min >= 0.99 (and nDCG@10 within 0.005)
+    for embedders, Kendall tau >= 0.99 for rerankers. With --profile, one candidate's verdict is written into it.
+    Exit 1 when a single candidate is refused."""
+    from rich.table import Table
+
+    from .precision_record import gate_candidates, record_verdict
+
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        verdicts, single = gate_candidates(model, profile, catalog, texts_file, text_column, sample, runtime, dtype)
+    except (*USER_ERRORS, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    table = Table(title=f"precision gate: {model} against torch float32 on {verdicts[0].texts} texts")
+    names = list(dict.fromkeys(name for v in verdicts for name in v.figures))
+    for column in ("runtime", "dtype", "load s", "texts/s", "vs fp32", *names, "verdict"):
+        table.add_column(column, justify="left" if column in ("runtime", "dtype", "verdict") else "right")
+    for v in verdicts:
+        table.add_row(v.choice.runtime, v.choice.dtype, f"{v.load_seconds:.2f}", f"{v.texts_per_second:.1f}",
+                      f"{v.texts_per_second / v.reference_texts_per_second:.2f}x",
+                      *(f"{v.figures[n]:.4f}" if n in v.figures else "-" for n in names),
+                      "pass" if v.passed else "[red]refused[/red]")
+    out = Console(soft_wrap=True)
+    out.print(table)
+    for v in verdicts:
+        if not v.passed:
+            out.print(f"{v.choice.runtime} {v.choice.dtype} refused: " + "; ".join(v.failures))
+    if single and profile:
+        path = record_verdict(profile, verdicts[0], f"check-precision {verdicts[0].summary()}")
+        console.print(f"verdict written into {path} (runtimes.{model})")
+    if single and not verdicts[0].passed:
+        sys.exit(1)

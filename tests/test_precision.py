@@ -1,0 +1,92 @@
+"""The quality gate on the real MiniLM and through `shoal check-precision`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from configs import RuntimeChoice, load_catalog, load_profile
+from pipeline.precision import PrecisionGate, judge_retrieval, judge_scores, judge_vectors
+from workers.devices import DevicePlan
+
+SHOAL = str(Path(sys.executable).parent / "shoal")
+PLAN = DevicePlan("cpu", "cpu", "float32", 10**9, 2)
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "shoal-cache"))
+
+
+def test_judges_name_each_failing_figure():
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(50, 8)).astype(np.float32)
+    assert judge_vectors(reference * 3, reference)[1] == []  # cosine ignores scale
+    noisy = reference + rng.normal(scale=0.5, size=reference.shape).astype(np.float32)
+    figures, failures = judge_vectors(noisy, reference)
+    assert failures == [f"cosine mean {figures['cosine_mean']:.4f} < 0.999", f"cosine min {figures['cosine_min']:.4f} < 0.99"]
+    assert judge_retrieval(0.636, 0.640)[1] == []
+    assert "0.0100 below fp32's 0.6400" in judge_retrieval(0.630, 0.640)[1][0]
+    scores = rng.normal(size=200)
+    assert judge_scores(scores * 2 + 1, scores)[1] == []  # monotone: same order
+    assert judge_scores(-scores, scores)[1] == ["Kendall tau -1.0000 < 0.99"]
+
+
+@pytest.mark.slow
+def test_minilm_bf16_and_onnx_within_the_gate(demo_texts):
+    spec = load_catalog().get("minilm")
+    gate = PrecisionGate(spec, PLAN, demo_texts[::8][:160])
+    for choice in (RuntimeChoice(runtime="torch", dtype="bfloat16"), RuntimeChoice(runtime="onnx", dtype="float32")):
+        verdict = gate.check(choice)
+        assert verdict.passed, verdict.summary()
+        assert abs(verdict.figures["ndcg@10"] - verdict.figures["ndcg@10_fp32"]) <= 0.005
+
+
+def test_check_precision_writes_the_verdict_into_the_profile(tmp_path, tiny_catalog, demo_texts):
+    texts = tmp_path / "mine.txt"
+    texts.write_text("\n".join(demo_texts[:80]))
+    profile = tmp_path / "gated.yaml"
+    profile.write_text("# TUNED by a test.\nname: gated\ndevice: cpu\nthreads_per_worker: 2\n")
+    done = subprocess.run(
+        [SHOAL, "check-precision", "--model", "tiny", "--profile", str(profile), "--texts", str(texts),
+         "--runtime", "onnx", "--dtype", "float32", "--catalog", str(tiny_catalog)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert profile.read_text().startswith("# TUNED by a test.\n")  # provenance kept
+    choice = load_profile(str(profile)).runtimes["tiny"]
+    assert (choice.runtime, choice.dtype, choice.gate["verdict"], choice.gate["texts"]) == ("onnx", "float32", "pass", 80)
+    assert choice.gate["cosine_min"] > 0.9999
+    tuned = load_profile(str(profile)).tuned(load_catalog(str(tiny_catalog)).get("tiny"))
+    assert tuned.runtimes["cpu"].runtime == "onnx"  # what a job's items carry to the workers
+
+
+@pytest.mark.slow
+def test_check_precision_refuses_int8_minilm_and_keeps_fp32(tmp_path, demo_texts):
+    texts = tmp_path / "mine.txt"
+    texts.write_text("\n".join(demo_texts[:64]))
+    profile = tmp_path / "gated.yaml"
+    profile.write_text(yaml.safe_dump({"name": "gated", "device": "cpu", "threads_per_worker": 2}))
+    done = subprocess.run(
+        [SHOAL, "check-precision", "--model", "minilm", "--profile", str(profile), "--texts", str(texts),
+         "--runtime", "onnx", "--dtype", "int8"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "onnx int8 refused: cosine mean" in done.stdout and "< 0.999" in done.stdout  # names the figure
+    choice = load_profile(str(profile)).runtimes["minilm"]
+    assert (choice.runtime, choice.dtype, choice.gate["verdict"]) == ("torch", "float32", "refused")
+    assert choice.gate["refused_candidate"] == "onnx int8" and choice.gate["failed"]
+
+
+def test_bad_sample_file_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    done = subprocess.run([SHOAL, "check-precision", "--model", "minilm", "--texts", str(empty)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"{empty}: 0 non-empty texts" in done.stderr
