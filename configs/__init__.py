@@ -135,6 +135,11 @@ class GatewaySettings(BaseModel):
     request_timeout_seconds: float = Field(default=30.0, gt=0)  # then 504
     retry_after_seconds: int = Field(default=1, ge=0)
     max_attempts: int = Field(default=2, gt=0)  # leases of one request, as for batch items
+    # A connection's request head must arrive within this long of its opening or of its last answer
+    # (so an idle keep-alive connection closes then too); a slow-header client holds no socket for ever.
+    header_timeout_seconds: float = Field(default=60.0, gt=0)
+    body_timeout_seconds: float = Field(default=30.0, gt=0)  # a body not read within this long of its head: 408
+    max_connections: int = Field(default=1024, gt=0)  # open connections; one more is answered 503 and closed
 
 
 class Profile(BaseModel):

@@ -26,7 +26,7 @@ from .cluster import ClusterError
 from .fingerprints import model_fingerprint
 from .follower import follow, summarize
 from .manifest import build_manifest, read_manifest, remove_manifest, write_manifest
-from .planner import Plan, check_columns, list_shards, plan_items, read_footers
+from .planner import Plan, check_columns, check_output, list_shards, plan_items, read_footers
 from .resume import Inventory, PartStore, current_parts, job_params, stamp_items
 
 SHOWN_REJECTIONS = 10
@@ -84,7 +84,7 @@ def output_folder(model: str) -> str:
 
 
 def plan_job(job: BatchJob, profile: Profile) -> Plan:
-    shards = list_shards(job.input, job.storage_options)
+    shards = list_shards(job.input, job.storage_options, job.output)
     read_footers(shards, job.storage_options)
     check_columns(shards, job.required_columns)
     items = plan_items(shards, job.output, profile.rows_per_item, job.model, job.operation, job.payload)
@@ -172,7 +172,7 @@ def run_prepared(
     rejections = [message for result in status["results"] for message in result.get("rejections", [])]
     manifest["rejected_rows"] = sum(result.get("rejected", 0) for result in status["results"])
     manifest["rejected"] = sorted(rejections)
-    manifest_url = write_manifest(job.output, manifest, job.storage_options)
+    manifest_url, manifest_error = _write_manifest(job, manifest)
     if inventory.todo:
         summarize(status, console, job.output)
     console.print(
@@ -182,7 +182,29 @@ def run_prepared(
     for entry in unverified:
         console.print(f"[red]failed:[/red] {entry['payload']['part']}: {entry['errors'][0]}")
     _report_rejections(manifest, console)
+    if manifest_error:
+        console.print(f"[red]error:[/red] {manifest_error}")
     return JobOutcome(job_id, status, manifest, manifest_url, work)
+
+
+def _write_manifest(job: BatchJob, manifest: dict[str, Any]) -> tuple[str, str | None]:
+    """(its URL, None), or ("", why) when the store refuses it: the run still ends with its summary.
+
+    An output without a manifest is not known to be complete, so the job is
+    marked incomplete (exit 1; a reindex keeps _CURRENT where it was). The
+    parts written stay, and the next run checks and reuses them.
+    """
+    try:
+        return write_manifest(job.output, manifest, job.storage_options), None
+    except OSError as exc:
+        manifest["complete"] = False
+        return "", f"cannot write the manifest into {job.output!r} ({exc}); the parts written are kept: run again once it is writable"
+
+
+def preflight(input_url: str, output_url: str, storage_options: dict[str, Any]) -> None:
+    """What can be refused before a cluster starts: an OUTPUT that cannot be written, an INPUT with no shards."""
+    check_output(output_url, storage_options)
+    list_shards(input_url, storage_options, output_url)
 
 
 def _idle_status(job_id: str) -> dict[str, Any]:

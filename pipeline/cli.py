@@ -15,9 +15,9 @@ from rich.console import Console  # noqa: E402
 
 from configs import ConfigError, load_catalog, load_profile  # noqa: E402
 
-from .batch_jobs import EmbedRequest, model_for, run_embed, run_embed_models  # noqa: E402
+from .batch_jobs import EmbedRequest, model_for, preflight, run_embed, run_embed_models  # noqa: E402
 from .cluster import ClusterError, connect  # noqa: E402
-from .planner import PlanError  # noqa: E402
+from .planner import PlanError, check_output  # noqa: E402
 from .rerank_jobs import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank  # noqa: E402
 from .beir import load_beir  # noqa: E402
 from .evaluation import print_report, run_eval  # noqa: E402
@@ -35,7 +35,8 @@ USER_ERRORS = (ConfigError, PlanError, ClusterError)
 
 
 def _columns(value: str | None) -> list[str]:
-    return [c.strip() for c in (value or "").split(",") if c.strip()]
+    """A comma-separated list, each name once (`--model minilm,minilm` is one job, not two into one folder)."""
+    return list(dict.fromkeys(c.strip() for c in (value or "").split(",") if c.strip()))
 
 
 def _storage_options(value: str | None) -> dict:
@@ -50,7 +51,19 @@ def _storage_options(value: str | None) -> dict:
     return options
 
 
-@click.group()
+class _Interruptible(click.Group):
+    """Ctrl-C ends a command with 130 (128 + SIGINT), as shells expect, never 1 (the code of failed parts)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            Console(stderr=True).print("[yellow]interrupted:[/yellow] parts already written are kept; "
+                                       "the same command resumes")
+            sys.exit(130)
+
+
+@click.group(cls=_Interruptible)
 @click.version_option(package_name="shoal")
 def main() -> None:
     """Shoal: many small embedding and reranking models on one Dask cluster."""
@@ -88,6 +101,7 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
             keep_columns=_columns(keep_columns),
             storage_options=_storage_options(storage_options),
         )
+        preflight(request.input, request.output, request.storage_options)
         with connect(scheduler, profile_config, catalog, warm=warm) as client:
             if len(models) == 1:
                 outcomes = [run_embed(client, request, profile_config, catalog_config, console)]
@@ -142,6 +156,7 @@ def rerank(input_url, output_url, model, query_column, passage_column, candidate
             max_candidates=max_candidates,
             storage_options=_storage_options(storage_options),
         )
+        preflight(request.input, request.output, request.storage_options)
         with connect(scheduler, profile_config, catalog, warm=[model]) as client:
             outcome = run_rerank(client, request, profile_config, catalog_config, console)
     except USER_ERRORS as exc:
@@ -192,7 +207,9 @@ def _job(job_file: str, profile: str | None):
 def _reindex_once(job_file: str, console: Console, scheduler: str | None, profile: str | None = None) -> int:
     """One run; the job file is read again, so edits apply to the next scheduled run."""
     try:
-        return run_reindex(_job(job_file, profile), console, scheduler).exit_code
+        job = _job(job_file, profile)
+        check_output(job.output, job.storage_options)
+        return run_reindex(job, console, scheduler).exit_code
     except USER_ERRORS as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
@@ -299,6 +316,8 @@ def run_job_file(job_file, scheduler, profile, catalog):
         if spec.rerank:
             model_for(catalog_config, profile_config, spec.rerank.model, "reranker")
         warm = [spec.embed.model, *([spec.rerank.model] if spec.rerank else [])]
+        for stage_input in (spec.corpus.input, spec.queries.input):
+            preflight(stage_input, spec.output, spec.storage_options)
         with connect(scheduler, profile_config, catalog, warm=warm) as client:
             outcome = run_pipeline(client, spec, profile_config, catalog_config, console)
     except USER_ERRORS as exc:

@@ -20,6 +20,7 @@ from distributed import Client, LocalCluster
 from configs import Profile
 
 
+LOOPBACK = "127.0.0.1"  # where everything the embedded cluster starts listens, unless the caller says otherwise
 IN_PROCESS_SWITCH_SECONDS = 0.0005  # the interpreter's thread switch interval with in-process workers
 
 
@@ -74,7 +75,9 @@ def _local_cluster(profile: Profile, catalog: str | None, n_workers: int | None,
         threads_per_worker=1,
         scheduler_kwargs={"preload": ["scheduler_plugins"]},
         preload=["workers"],
-        dashboard_address=kwargs.pop("dashboard_address", ":0"),
+        # The dashboard serves /metrics, logs and worker pages without the gateway's token: loopback
+        # only, as Dask's scheduler, nanny and worker listeners already are in a LocalCluster.
+        dashboard_address=kwargs.pop("dashboard_address", f"{LOOPBACK}:0"),
         silence_logs=kwargs.pop("silence_logs", logging.ERROR),
     )
     if profile.in_process_workers:
@@ -113,7 +116,7 @@ def _in_process_cluster(
         argv += ["--shoal-catalog", os.path.abspath(catalog)]
     cluster = LocalCluster(n_workers=1, processes=False, protocol="inproc://", preload_argv=argv, **kwargs)
     try:
-        cluster.sync(cluster.scheduler.listen, "tcp://127.0.0.1:0")
+        cluster.sync(cluster.scheduler.listen, f"tcp://{LOOPBACK}:0")
     except BaseException:
         cluster.close()
         raise

@@ -1,7 +1,8 @@
-"""Planning a batch job: list the input shards, split them into work items.
+"""Planning a batch job: check the output can be written, list the input shards, split them into items.
 
-Shards are listed with fsspec (a file, a directory, or a glob on any store)
-and split by row groups into items of at most `rows_per_item` rows; a row
+Shards are listed with fsspec (a file, a directory, or a glob on any store),
+leaving out the job's own output (an OUTPUT inside INPUT is never read back
+as input), and split by row groups into items of at most `rows_per_item` rows; a row
 group larger than that is split by row ranges. Each item's output part is
 named from (shard, row range), so a retried or re-run item writes the same
 object. Footers are read in parallel; a shard whose footer cannot be read
@@ -13,13 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from workers.storage import open_fs
+from workers.storage import atomic_write, open_fs
 
 GLOB_CHARS = "*?["
 FOOTER_READERS = 8
@@ -53,33 +55,60 @@ class Plan:
         return sum(item["rows"] for item in self.items)
 
 
-def list_shards(input_url: str, storage_options: dict[str, Any] | None = None) -> list[Shard]:
-    """Every Parquet file INPUT names, in a stable order, with size and version."""
+def check_output(output_url: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Refuse an OUTPUT that cannot be written before any work starts: found at the end, it costs the job.
+
+    A probe file is written and removed, so what is checked is the store's
+    own answer (read-only mounts, permissions, a file in the way, refused
+    credentials), not a guess from mode bits.
+    """
+    fs, path = open_fs(output_url, storage_options)
     try:
-        return _list_shards(input_url, storage_options)
+        if fs.isfile(path):
+            raise PlanError(f"output {output_url!r} is a file; give a folder")
+        probe = f"{output_url.rstrip('/')}/.shoal-write-check-{uuid.uuid4().hex}"
+        atomic_write(probe, b"", storage_options)
+        fs.rm_file(open_fs(probe, storage_options)[1])
+    except PlanError:
+        raise
+    except Exception as exc:
+        reason = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+        raise PlanError(f"output {output_url!r} cannot be written: {reason}") from None
+
+
+def list_shards(
+    input_url: str, storage_options: dict[str, Any] | None = None, output_url: str | None = None
+) -> list[Shard]:
+    """Every Parquet file INPUT names, in a stable order, with size and version; none under `output_url`."""
+    try:
+        return _list_shards(input_url, storage_options, output_url)
     except PlanError:
         raise
     except Exception as exc:  # credentials, endpoint, permissions: say which input
         raise PlanError(f"cannot list input {input_url!r}: {type(exc).__name__}: {exc}") from exc
 
 
-def _list_shards(input_url: str, storage_options: dict[str, Any] | None) -> list[Shard]:
+def _list_shards(input_url: str, storage_options: dict[str, Any] | None, output_url: str | None) -> list[Shard]:
     fs, path = open_fs(input_url, storage_options)
     fs.invalidate_cache()  # filesystems are shared per process: a scheduled run must see today's shards
     if any(ch in path for ch in GLOB_CHARS):
         # Hidden names are temporary files (ours among them), never input.
         paths = [p for p in fs.glob(path) if not posixpath.basename(p).startswith(".") and fs.isfile(p)]
     elif fs.isdir(path):
-        # As Spark and Dask do, a directory's _metadata-style and hidden files are skipped.
+        # As Spark and Dask do, a directory's _metadata-style and hidden files and folders are skipped.
+        root = path.rstrip("/")
         paths = [
             p
             for p in fs.find(path)
-            if p.endswith(".parquet") and not posixpath.basename(p).startswith(("_", "."))
+            if p.endswith(".parquet")
+            and not any(name.startswith(("_", ".")) for name in posixpath.relpath(p, root).split("/"))
         ]
     elif fs.exists(path):
         paths = [path]
     else:
         raise PlanError(f"input {input_url!r} does not exist")
+    if output_url:
+        paths = _outside(paths, fs, output_url, storage_options)
     if not paths:
         raise PlanError(f"input {input_url!r} matches no Parquet files")
     infos = [fs.info(p) for p in sorted(paths)]
@@ -91,6 +120,15 @@ def _list_shards(input_url: str, storage_options: dict[str, Any] | None) -> list
         )
         for info in infos
     ]
+
+
+def _outside(paths: list[str], fs, output_url: str, storage_options: dict[str, Any] | None) -> list[str]:
+    """`paths` less those under the output: a job's own parts are never its input."""
+    output_fs, output = open_fs(output_url, storage_options)
+    if type(output_fs) is not type(fs):
+        return paths
+    output = output.rstrip("/")
+    return [p for p in paths if p != output and not p.startswith(f"{output}/")]
 
 
 def _version(info: dict[str, Any]) -> str | None:

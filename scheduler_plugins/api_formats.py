@@ -103,7 +103,29 @@ def _validate(schema: type[BaseModel], body: Any) -> Any:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()[:5]
         )
+        # A field name may hold a lone surrogate; the message must still encode in any reply.
+        problems = problems.encode("utf-8", "backslashreplace").decode()
         raise RequestError(400, f"invalid request: {problems}") from None
+
+
+def _encodable(texts: list[str], what: str) -> None:
+    """Refuse text that has no UTF-8 form (a lone surrogate, which JSON's \\ud800 escapes allow).
+
+    Such a string passes every other check but cannot be serialized on its
+    way to a worker; caught here it is the one request's 400, never a failed
+    message that carries other requests with it.
+    """
+    for i, text in enumerate(texts):
+        if text.isascii():
+            continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RequestError(
+                400,
+                f"{what}[{i}] is not valid UTF-8 text: U+{ord(text[exc.start]):04X} at character "
+                f"{exc.start} is a lone surrogate (or a byte that is not UTF-8)",
+            ) from None
 
 
 def _within_limits(texts: list[str], what: str, truncate: bool, limits: GatewaySettings) -> list[str]:
@@ -111,6 +133,7 @@ def _within_limits(texts: list[str], what: str, truncate: bool, limits: GatewayS
         raise RequestError(422, f"{what} is empty")
     if len(texts) > limits.max_inputs:
         raise RequestError(422, f"{len(texts)} {what}; at most {limits.max_inputs} per request")
+    _encodable(texts, what)
     cap = limits.max_input_chars
     for i, text in enumerate(texts):
         if len(text) > cap:

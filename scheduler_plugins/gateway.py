@@ -19,7 +19,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from configs import GatewaySettings
@@ -41,9 +41,14 @@ UNKNOWN_MODEL = "_unknown"  # metrics label for names not in the catalog (keeps 
 # Connections waiting to be accepted. aiohttp's 128 overflowed in bursts of new connections:
 # the kernel drops the SYN and the client retries 1 s later (a 1 s stall at 6,000 req/s here).
 LISTEN_BACKLOG = 2048
+CLIENT_CLOSED = 499  # metrics status of a request whose client went away before its body arrived (nginx's code)
+# The answer to a connection over `max_connections`, written before it is closed.
+TOO_MANY_CONNECTIONS = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+)
 ERROR_TYPES = {
     400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-    413: "too_large", 415: "unsupported_media_type", 422: "unprocessable", 429: "overloaded",
+    408: "body_timeout", 413: "too_large", 415: "unsupported_media_type", 422: "unprocessable", 429: "overloaded",
     500: "internal", 501: "not_implemented", 502: "worker_error", 503: "unavailable", 504: "timeout",
 }
 MODEL = web.RequestKey("shoal_model", str)  # metrics label, set once the route knows it
@@ -77,10 +82,15 @@ class Gateway:
                 web.get("/metrics", self.prometheus),
             ]
         )
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # aiohttp's keep-alive timer runs from a connection's opening and from each answer until the
+        # next request head is complete: it is the header timeout (and the idle keep-alive one).
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, keepalive_timeout=settings.header_timeout_seconds
+        )
 
     async def start(self) -> str:
         await self._runner.setup()
+        self._cap_connections()
         site = web.TCPSite(
             self._runner, self.settings.host, self.settings.port, reuse_address=True, backlog=LISTEN_BACKLOG
         )
@@ -103,6 +113,26 @@ class Gateway:
         await self._runner.cleanup()
         logger.info("online gateway on %s stopped", self.url)
 
+    def _cap_connections(self) -> None:
+        """Answer a connection over `max_connections` with a 503 and close it (aiohttp has no cap).
+
+        Each open connection holds a file descriptor and a parser; without a
+        cap, clients that open many and send nothing exhaust the process's
+        descriptors, the scheduler's comms included.
+        """
+        server = self._runner.server
+        admit = server.connection_made
+        cap = self.settings.max_connections
+
+        def connection_made(handler, transport) -> None:
+            admit(handler, transport)
+            if len(server.connections) > cap:
+                logger.debug("connection refused: %d open, the cap is %d", len(server.connections) - 1, cap)
+                transport.write(TOO_MANY_CONNECTIONS)
+                transport.close()
+
+        server.connection_made = connection_made
+
     # -- every request ------------------------------------------------------------
 
     @web.middleware
@@ -116,6 +146,9 @@ class Gateway:
             response = await handler(request)
         except RequestError as exc:
             response = self._error(request, exc.status, exc.message, exc.headers)
+        except ClientGone as exc:  # nobody to answer: counted, not logged as a failure
+            logger.debug("online request %s %s: %s", request.method, request.path, exc)
+            response = web.Response(status=CLIENT_CLOSED, reason="Client Closed Request")
         except web.HTTPException as exc:  # no such route or method, body over the limit
             message = "request body too large" if exc.status == 413 else exc.reason
             if exc.status == 413:
@@ -156,7 +189,22 @@ class Gateway:
         limit = self.settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise RequestError(413, f"request body too large; the limit is {limit} bytes")
-        return decode(await request.read(), sent, limit)
+        return decode(await self._read_body(request), sent, limit)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The body, within `body_timeout_seconds` of its head; a client gone mid-body is `ClientGone`."""
+        try:
+            if request.content.is_eof():  # the usual small body came with its head: no timer needed
+                return await request.read()
+            async with asyncio.timeout(self.settings.body_timeout_seconds):
+                return await request.read()
+        except TimeoutError:
+            raise RequestError(
+                408, f"the body did not arrive within {self.settings.body_timeout_seconds:g} s",
+                {"Connection": "close"},
+            ) from None
+        except (ConnectionError, ClientPayloadError) as exc:
+            raise ClientGone(f"the client closed the connection before its body arrived ({exc})") from None
 
     def _label(self, request: web.Request, model: str) -> None:
         request[MODEL] = model if model in self.queue.model_specs else UNKNOWN_MODEL
@@ -292,6 +340,10 @@ class Gateway:
 
     async def prometheus(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request could be read: no one to answer."""
 
 
 def _expire(future: asyncio.Future) -> None:

@@ -38,4 +38,9 @@ class BearerAuth:
         if self._token is None:
             return True
         scheme, _, given = (authorization or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token)
+        try:
+            # aiohttp keeps undecodable header bytes as lone surrogates, which have no UTF-8 form.
+            sent = given.strip().encode()
+        except UnicodeEncodeError:
+            return False
+        return scheme.lower() == "bearer" and hmac.compare_digest(sent, self._token)

@@ -34,7 +34,8 @@ class GatewayMetrics:
     def __init__(self, queue_depths: Callable[[], dict[tuple[str, str], int]]) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "shoal_online_requests", "Online requests answered, by model and HTTP status",
+            "shoal_online_requests",
+            "Online requests answered, by model and HTTP status (499: the client left before its body arrived)",
             ["model", "status"], registry=self.registry,
         )
         self.latency = Histogram(

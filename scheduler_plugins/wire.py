@@ -64,8 +64,13 @@ def decode(body: bytes, kind: str, max_bytes: int) -> Any:
                 max_array_len=max_bytes,
                 max_map_len=max_bytes,
                 max_ext_len=0,
+                # Bytes that are not UTF-8 become lone surrogates, refused by api_formats with the
+                # index of the text that holds them (a decode error here could not name it).
+                unicode_errors="surrogateescape",
             )
         return json.loads(body)
+    except RecursionError:  # JSON's decoder recurses per bracket; msgpack's has its own StackError
+        raise RequestError(400, "the body is nested too deeply") from None
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, UnicodeDecodeError) as exc:
         name = "MessagePack" if kind == MSGPACK else "JSON"
         raise RequestError(400, f"the body is not valid {name}: {exc}") from None

@@ -8,7 +8,7 @@ get a null embedding and are counted, never dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,13 +16,14 @@ import pyarrow as pa
 
 from configs import ModelSpec
 
-from .parquet_slices import read_slice, text_column, write_part
+from .parquet_slices import REPORTED_REJECTIONS, read_slice, text_column, write_part
 
 
 @dataclass
 class EmbedInput:
     table: pa.Table
     texts: list[str | None]
+    invalid: dict[int, str] = field(default_factory=dict)  # row -> why its text cannot be read
 
 
 def read(payload: dict[str, Any]) -> EmbedInput:
@@ -32,7 +33,9 @@ def read(payload: dict[str, Any]) -> EmbedInput:
         if name and name not in columns:
             columns.append(name)
     table = read_slice(payload, columns)
-    return EmbedInput(table, text_column(table, text_col, payload["input"]))
+    invalid: dict[int, str] = {}
+    texts = text_column(table, text_col, payload["input"], invalid)
+    return EmbedInput(table, texts, invalid)
 
 
 def compute(runtime, data: EmbedInput) -> dict[str, Any]:
@@ -67,14 +70,21 @@ def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], s
     table = pa.table(columns).replace_schema_metadata(payload.get("part_metadata"))
     size = write_part(payload["output"], table, payload.get("storage_options"))
     empty = sum(1 for t in data.texts if t is not None and not t.strip())
+    first = (payload.get("row_range") or [0, 0])[0]
+    rejections = [  # kept with a null embedding, like a null text, but reported: the job exits 1
+        f"{payload['input']} row {first + row}, column {payload['text_column']!r}: {problem}"
+        for row, problem in sorted(data.invalid.items())
+    ]
     return {
         "rows": rows,
         "part": payload["part"],
         "input": payload["input"],
         "row_range": payload.get("row_range"),
         "bytes": size,
-        "null_texts": rows - len(computed["present"]),
+        "null_texts": rows - len(computed["present"]) - len(rejections),
         "empty_texts": empty,
         "truncated": computed["truncated"],
+        "rejected": len(rejections),
+        "rejections": rejections[:REPORTED_REJECTIONS],
     }
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from . import embed_operation, online_operations, rerank_operation, sim_operation
 from .model_pool import ModelTooLarge
 from .parquet_slices import InputError
+from .storage import OutputRefused
 
 OPERATIONS = {
     "embed": embed_operation,
@@ -30,4 +31,4 @@ ONLINE_OPERATIONS = {
 }
 
 # Failures no retry can fix: the item (or online request) goes to dead letters at once.
-PERMANENT_ERRORS = (InputError, ModelTooLarge)
+PERMANENT_ERRORS = (InputError, ModelTooLarge, OutputRefused)

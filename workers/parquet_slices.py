@@ -15,6 +15,9 @@ import pyarrow.parquet as pq
 from .storage import atomic_write, open_fs
 
 
+REPORTED_REJECTIONS = 20  # rejected rows listed per part (ack and manifest); the count is always exact
+
+
 class InputError(ValueError):
     """Bad input data: retrying cannot help, so the item goes to dead letters."""
 
@@ -50,14 +53,37 @@ def read_slice(payload: dict[str, Any], columns: list[str]) -> pa.Table:
     return table
 
 
-def text_column(table: pa.Table, name: str, url: str) -> list[str | None]:
-    """The text column as Python strings (None for nulls), or a clear error."""
+def text_column(
+    table: pa.Table, name: str, url: str, invalid: dict[int, str] | None = None
+) -> list[str | None]:
+    """The text column as Python strings (None for nulls), or a clear error.
+
+    Parquet writers do not all check that strings are UTF-8. A value that is
+    not becomes None here and `invalid[row]` says why, so one bad row is
+    reported (the caller's rejection) instead of failing its whole item on
+    every retry; without `invalid` the first such row is an `InputError`.
+    """
     column = table.column(name)
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
     if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
         raise InputError(f"{url}: column {name!r} has type {column.type}, expected strings")
-    return column.to_pylist()
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:  # rare: decode row by row to find the bad ones
+        pass
+    raw = column.cast(pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()).to_pylist()
+    texts: list[str | None] = []
+    for row, value in enumerate(raw):
+        try:
+            texts.append(None if value is None else value.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            problem = f"not valid UTF-8 (byte 0x{value[exc.start]:02x} at offset {exc.start})"
+            if invalid is None:
+                raise InputError(f"{url}: column {name!r}, row {row} of the slice: {problem}") from None
+            invalid[row] = problem
+            texts.append(None)
+    return texts
 
 
 def write_part(url: str, table: pa.Table, storage_options: dict[str, Any] | None) -> int:

@@ -28,9 +28,7 @@ import pyarrow.compute as pc
 
 from configs import ModelSpec
 
-from .parquet_slices import InputError, read_slice, text_column, write_part
-
-REPORTED_REJECTIONS = 20  # per part; the count is always exact
+from .parquet_slices import REPORTED_REJECTIONS, InputError, read_slice, text_column, write_part
 
 
 @dataclass
@@ -53,11 +51,17 @@ def read(payload: dict[str, Any]) -> RerankInput:
     table = read_slice(payload, columns)
     url = payload["input"]
     data = RerankInput(table)
-    queries = text_column(table, query_col, url)
+    bad_queries: dict[int, str] = {}
+    queries = text_column(table, query_col, url, bad_queries)
+    bad_passages: dict[int, str] = {}
     if mode == "pairs":
-        _read_pairs(data, payload, queries, text_column(table, item_col, url))
+        _read_pairs(data, payload, queries, text_column(table, item_col, url, bad_passages))
     else:
         _read_candidates(data, payload, queries, _string_lists(table, item_col, url))
+    # Undecodable text reads as null above; its rejection says what it really is.
+    for column, bad in ((item_col, bad_passages), (query_col, bad_queries)):
+        for row, problem in bad.items():
+            data.rejected[row] = _where(payload, row, column, problem)
     return data
 
 
@@ -105,7 +109,10 @@ def _string_lists(table: pa.Table, name: str, url: str) -> list[list[str | None]
         pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)
     ):
         raise InputError(f"{url}: column {name!r} has type {kind}, expected a list of strings")
-    return column.to_pylist()
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{url}: column {name!r} holds a candidate that is not valid UTF-8: {exc}") from None
 
 
 def _list_lengths(table: pa.Table, name: str, url: str) -> list[int | None]:

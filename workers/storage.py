@@ -7,11 +7,21 @@ partial file under its final name, and a retried write replaces it whole.
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 from typing import Any
 
 import fsspec
+
+
+# A store that answers these to one write answers them to the next: read-only, no permission,
+# a file where a folder should be, no space left.
+REFUSING_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ENOSPC, errno.EEXIST})
+
+
+class OutputRefused(OSError):
+    """The store refuses the write for good: retrying the item would recompute the same rows for nothing."""
 
 
 def open_fs(url: str, storage_options: dict[str, Any] | None = None):
@@ -25,6 +35,15 @@ def is_local(fs) -> bool:
 
 
 def atomic_write(url: str, data: bytes, storage_options: dict[str, Any] | None = None) -> None:
+    try:
+        _atomic_write(url, data, storage_options)
+    except OSError as exc:
+        if isinstance(exc, PermissionError) or exc.errno in REFUSING_ERRNOS:
+            raise OutputRefused(exc.errno, f"{url}: cannot write: {exc.strerror or exc}") from exc
+        raise
+
+
+def _atomic_write(url: str, data: bytes, storage_options: dict[str, Any] | None) -> None:
     fs, path = open_fs(url, storage_options)
     if not is_local(fs):
         fs.pipe_file(path, data)
