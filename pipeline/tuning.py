@@ -39,7 +39,9 @@ from rich.table import Table
 
 from configs import Catalog, Profile, load_catalog, load_profile
 
+from .precision import JUDGED_SET
 from .tuning_profile import profile_fields, profile_path, write_profile
+from .tuning_runtimes import RuntimeSearch, choose_runtime
 from .tuning_sample import draw_sample
 from .tuning_search import CoordinateSearch, Dimension, Outcome, SearchResult, Trial
 from .tuning_trials import ClusterTrials, EmbedderTrials
@@ -126,6 +128,10 @@ class Tuner:
                 self.progress = progress
                 self.task = progress.add_task("sampling", total=self.deadline - self.began, trials=0,
                                               budget=f"{self.request.budget_minutes:g} min")
+                phase0 = self._phase0(plan, sample.texts)
+                self.base = self.base.model_copy(update={
+                    "runtimes": {**self.base.runtimes, **{m: r.choice for m, r in phase0.items()}}
+                })
                 tuned, sizes, phase1 = self._phase1(plan, grid, sample.texts)
                 base = self.base.model_copy(update={
                     "token_budgets": {**self.base.token_budgets, **{m: c["token_budget"] for m, c in tuned.items()}},
@@ -146,6 +152,7 @@ class Tuner:
             fields = {**profile_fields(base), **trials.profile_fields(phase2.best.config)}
             fields["name"] = self.path.stem
             comments = self._comments(plan, sample, cluster_sample, phase1, phase2, fractions, sizes, memory, p99_ms)
+            comments[comments.index("") + 1:comments.index("") + 1] = self._phase0_comments(phase0)
             profile = write_profile(self.path, fields, comments)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -160,6 +167,29 @@ class Tuner:
         return report
 
     # -- the phases ----------------------------------------------------------
+
+    def _phase0(self, plan, texts: list[str]) -> dict[str, RuntimeSearch]:
+        """Per embedder: the fastest runtime x dtype the quality gate accepts (pipeline/tuning_runtimes)."""
+        searches: dict[str, RuntimeSearch] = {}
+        for name in self.request.models:
+            spec = self.base.tuned(self.catalog.get(name))
+            if spec.kind != "embedder":
+                continue
+            self._describe(f"phase 0 {name}: runtime x dtype under the quality gate")
+            searches[name] = choose_runtime(spec, plan, texts, self.request.min_gain, JUDGED_SET)
+            for line in searches[name].lines(name):
+                self.progress.console.print(line, highlight=False)
+        return searches
+
+    def _phase0_comments(self, phase0: dict[str, RuntimeSearch]) -> list[str]:
+        if not phase0:
+            return []
+        lines = ["Phase 0, per model: runtime x dtype. Each candidate judged by the quality gate against fp32 torch on",
+                 "the sample (cosine mean >= 0.999, min >= 0.99; nDCG@10 on datasets/pydoc-sections within 0.005), then",
+                 "those that pass timed in alternation with fp32 torch (ratio of best runs):"]
+        for name, search in phase0.items():
+            lines.extend(search.lines(name))
+        return lines
 
     def _phase1(self, plan, grid, texts: list[str]) -> tuple[dict[str, dict], dict[str, int], dict[str, SearchResult]]:
         """Per model: the best (token budget, batch cap); measured sizes; the searches."""
@@ -284,7 +314,7 @@ class Tuner:
                 "re-run on a quiet machine (`make tune`)."
             )
         lines.append("")
-        lines.append("Phase 1, per model: token budget x batch cap, in-process on the worker's SentenceEmbedder; each trial")
+        lines.append("Phase 1, per model: token budget x batch cap, in-process on the worker's runtime of phase 0's choice; each trial")
         lines.append("timed in alternation with the start configuration (vs start: ratio of best runs, drift-proof):")
         for name, search in phase1.items():
             first, best = search.trials[0], search.best

@@ -1,7 +1,7 @@
 """The tuner's two kinds of trial, each an objective for the coordinate search.
 
 `EmbedderTrials` times one model's token budget and batch cap on the
-worker's own runtime (workers.embedder.SentenceEmbedder) in this process, on
+worker's own runtime (workers.runtimes.load_runtime) in this process, on
 the fixed sample: those knobs only change the model's compute, so a trial
 needs seconds and no cluster.
 
@@ -51,10 +51,10 @@ class EmbedderTrials:
 
     def __init__(self, spec: ModelSpec, plan, texts: list[str], rows_per_item: int, reference: Config,
                  repeats: int = 2) -> None:
-        from workers.embedder import SentenceEmbedder
+        from workers.runtimes import load_runtime
 
         self.spec = spec
-        self.embedder = SentenceEmbedder(spec, plan)
+        self.embedder = load_runtime(spec, plan)  # the runtime and dtype phase 0 chose
         self.items = [texts[i : i + rows_per_item] for i in range(0, len(texts), rows_per_item)]
         self.lengths = [self.embedder.token_lengths(item)[0] for item in self.items]
         self.rows = len(texts)

@@ -30,8 +30,10 @@ def test_tune_quick_mode_writes_a_valid_profile_with_its_evidence(tmp_path, tiny
     assert profile.max_batch_sizes["tiny"] > 0
     assert profile.workers * max(profile.threads_per_worker, 1) >= 1
     text = target.read_text()
-    for marker in ("TUNED by `shoal tune", "Phase 1", "Phase 2", "online load 2 req/s", "Every trial:", "<- chosen"):
+    for marker in ("TUNED by `shoal tune", "Phase 0", "tiny torch bfloat16", "tiny onnx int8", "Phase 1", "Phase 2",
+                   "online load 2 req/s", "Every trial:", "<- chosen"):
         assert marker in text
+    assert profile.runtimes["tiny"].runtime in ("torch", "onnx")  # phase 0's choice, written beside the budgets
     assert "trials in" in result.stderr and "shoal tune:" in result.stderr  # the summary table
     assert seconds < 300
 

@@ -1,0 +1,87 @@
+"""The tuner's phase 0: which runtime and dtype compute each model, under the quality gate.
+
+Every candidate for the device kind (pipeline/precision.candidates) is first
+judged by the gate against fp32 torch on the tuning sample; only those that
+pass are timed, each in alternation with fp32 torch on the same texts (the
+ratio of best runs, as phase 1 does, since a shared machine drifts). The
+fastest that beats fp32 by the search's minimum gain is chosen; the gate's
+figures and the measured ratio go into the profile beside the choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from configs import ModelSpec, RuntimeChoice
+
+from .precision import REFERENCE, PrecisionGate, Verdict, candidates
+from .tuning_meter import MachineMeter
+
+REPEATS = 2
+
+
+@dataclass
+class RuntimeSearch:
+    """Phase 0's result for one model: the choice, and every candidate's verdict and speed."""
+
+    choice: RuntimeChoice
+    verdicts: list[Verdict] = field(default_factory=list)
+    speedups: dict[str, float] = field(default_factory=dict)  # "runtime dtype" -> x fp32 torch, timed beside it
+
+    def lines(self, model: str) -> list[str]:
+        rows = []
+        for v in self.verdicts:
+            label = f"{v.choice.runtime} {v.choice.dtype}"
+            speed = f"{self.speedups[label]:.2f}x fp32" if label in self.speedups else "not timed"
+            figures = ", ".join(f"{k} {x:.4f}" for k, x in v.figures.items())
+            verdict = "pass" if v.passed else "refused (" + "; ".join(v.failures) + ")"
+            chosen = " <- chosen" if (v.choice.runtime, v.choice.dtype) == (self.choice.runtime, self.choice.dtype) else ""
+            rows.append(f"  {model} {label}: {speed}, {figures}: {verdict}{chosen}")
+        return rows
+
+
+def choose_runtime(spec: ModelSpec, plan, texts: list[str], min_gain: float, judged_set: str | None) -> RuntimeSearch:
+    """The fastest candidate the gate accepts for `spec` on this device (fp32 torch when none beats it)."""
+    from workers.runtimes import RuntimeNotInstalled, load_runtime, require_installed
+
+    offered = []
+    for choice in candidates(plan.kind):
+        try:
+            require_installed(choice.runtime)
+            offered.append(choice)
+        except RuntimeNotInstalled:
+            continue  # an uninstalled runtime is not a candidate on this machine
+    gate = PrecisionGate(spec, plan, texts, judged_set)
+    verdicts = [gate.check(choice) for choice in offered]
+    search = RuntimeSearch(REFERENCE, verdicts)
+    passing = [v.choice for v in verdicts if v.passed and v.choice != REFERENCE]
+    if not passing:
+        return search
+
+    def load(choice: RuntimeChoice):
+        return load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan)
+
+    reference = load(REFERENCE)
+    try:
+        reference.embed(texts[:32])
+        for choice in passing:
+            candidate = load(choice)
+            try:
+                candidate.embed(texts[:32])  # warm: kernels picked, caches filled
+                times: dict[bool, list[float]] = {True: [], False: []}
+                for r in range(REPEATS):
+                    for is_candidate in ((True, False) if r % 2 == 0 else (False, True)):
+                        with MachineMeter() as meter:
+                            (candidate if is_candidate else reference).embed(texts)
+                        times[is_candidate].append(meter.seconds)
+                search.speedups[f"{choice.runtime} {choice.dtype}"] = min(times[False]) / min(times[True])
+            finally:
+                candidate.close()
+    finally:
+        reference.close()
+    best_label, best = max(search.speedups.items(), key=lambda item: item[1])
+    if best >= 1 + min_gain:
+        verdict = next(v for v in verdicts if f"{v.choice.runtime} {v.choice.dtype}" == best_label)
+        evidence = {**verdict.evidence(), "speed_vs_fp32": round(best, 2)}
+        search.choice = verdict.choice.model_copy(update={"gate": evidence})
+    return search
