@@ -21,7 +21,10 @@ from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, ConfigError, ModelSpec, Profile
+from workers.chunking import ChunkSettings
+from workers.vector_precision import VectorFormat
 
+from .calibration import calibrate, stored_ranges, with_ranges
 from .cluster import ClusterError
 from .fingerprints import model_fingerprint
 from .follower import follow, summarize
@@ -55,6 +58,8 @@ class EmbedRequest:
     id_column: str | None = "id"
     keep_columns: list[str] = field(default_factory=list)
     storage_options: dict[str, Any] = field(default_factory=dict)
+    chunk: ChunkSettings | None = None  # split long texts into token windows
+    vectors: VectorFormat = field(default_factory=VectorFormat)  # stored precision and dimension
 
 
 @dataclass
@@ -76,6 +81,16 @@ def model_for(catalog: Catalog, profile: Profile, name: str, kind: str) -> Model
     if spec.kind != kind and not (spec.kind == "sim" and kind == "embedder"):  # the simulation embeds
         raise ConfigError(f"model {spec.name!r} is of kind {spec.kind!r}; this job needs a model of kind {kind!r}")
     return spec
+
+
+def check_embed_options(request: EmbedRequest, spec: ModelSpec) -> None:
+    """Refuse chunk and vector settings the model cannot meet, before any work (ConfigError: exit 2)."""
+    try:
+        if request.chunk:
+            request.chunk.check_window(spec.max_seq_length, spec.name)
+        request.vectors.check_model(spec.dim, spec.name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def output_folder(model: str) -> str:
@@ -141,6 +156,7 @@ def run_prepared(
         remove_manifest(job.output, job.storage_options)
     removed = store.remove(inventory.stale)
     final, status = inventory, _idle_status(job_id)
+    vectors = _vector_format(client, prepared, job_id, profile, console)
     if inventory.todo:
         status = _submit_and_follow(client, job_id, inventory.todo, job, spec, profile, console)
         # Trust only what is in the store now: a part acked but since overwritten is redone next run.
@@ -167,7 +183,7 @@ def run_prepared(
         prepared.plan.shards,
         list(final.done.values()),
         [*status["dead_letters"], *unverified],
-        {"params": prepared.params, "work": work, **(manifest_extra or {})},
+        {"params": prepared.params, "work": work, **({"vectors": vectors} if vectors else {}), **(manifest_extra or {})},
     )
     rejections = [message for result in status["results"] for message in result.get("rejections", [])]
     manifest["rejected_rows"] = sum(result.get("rejected", 0) for result in status["results"])
@@ -205,6 +221,31 @@ def preflight(input_url: str, output_url: str, storage_options: dict[str, Any]) 
     """What can be refused before a cluster starts: an OUTPUT that cannot be written, an INPUT with no shards."""
     check_output(output_url, storage_options)
     list_shards(input_url, storage_options, output_url)
+
+
+def _vector_format(
+    client: Client | None, prepared: PreparedJob, job_id: str, profile: Profile, console: Console
+) -> dict[str, Any] | None:
+    """The job's stored vector format for the manifest; int8/uint8 ranges reused or calibrated, put in every item."""
+    given = prepared.job.payload.get("vectors")
+    if not given:
+        return None
+    fmt = VectorFormat(**given)
+    if not fmt.needs_ranges:
+        return fmt.payload()
+    job = prepared.job
+    key = {"fingerprint": prepared.fingerprint, "params": prepared.params}
+    ranges = stored_ranges(job.output, job.storage_options, key)
+    if ranges is None and prepared.inventory.todo:
+        console.print(f"{fmt.precision}: calibrating ranges on the job's first item")
+        ranges = calibrate(
+            prepared.plan.items, fmt, job.output, job.storage_options, key,
+            lambda items: _submit_and_follow(client, f"{job_id}-calibration", items, job, prepared.spec, profile, console),
+        )
+    if ranges is None:  # nothing to run, and an older output without the file: the manifest keeps its own
+        return (prepared.previous or {}).get("vectors")
+    with_ranges(prepared.inventory.todo, ranges)
+    return {**fmt.payload(), "ranges": ranges}
 
 
 def _idle_status(job_id: str) -> dict[str, Any]:
@@ -266,6 +307,9 @@ def embed_job(request: EmbedRequest) -> BatchJob:
             "text_column": request.text_column,
             "id_column": request.id_column,
             "keep_columns": request.keep_columns,
+            # Only when asked for: the options digest (params) of existing outputs stays as it was.
+            **({"chunk": request.chunk.model_dump()} if request.chunk else {}),
+            **({} if request.vectors.is_default else {"vectors": request.vectors.payload()}),
         },
         required_columns=[request.text_column, *filter(None, [request.id_column]), *request.keep_columns],
         manifest_columns={"text": request.text_column, "id": request.id_column, "keep": request.keep_columns},
@@ -281,6 +325,7 @@ def run_embed(
     client: Client, request: EmbedRequest, profile: Profile, catalog: Catalog, console: Console
 ) -> JobOutcome:
     spec = model_for(catalog, profile, request.model, "embedder")
+    check_embed_options(request, spec)
     return run_job(client, embed_job(request), spec, profile, console)
 
 
@@ -294,6 +339,8 @@ def run_embed_models(
     the progress bar; the others' summaries follow it.
     """
     specs = [model_for(catalog, profile, name, "embedder") for name in models]  # refuse before any work
+    for spec in specs:
+        check_embed_options(request, spec)
     requests = [
         replace(request, model=spec.name, output=f"{request.output.rstrip('/')}/{output_folder(name)}")
         for name, spec in zip(models, specs)

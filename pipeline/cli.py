@@ -14,8 +14,12 @@ import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from configs import ConfigError, load_catalog, load_profile  # noqa: E402
+from workers.chunking import ChunkSettings  # noqa: E402
+from workers.vector_precision import PRECISIONS, VectorFormat  # noqa: E402
 
-from .batch_jobs import EmbedRequest, model_for, preflight, run_embed, run_embed_models  # noqa: E402
+from .batch_jobs import (  # noqa: E402
+    EmbedRequest, check_embed_options, model_for, preflight, run_embed, run_embed_models,
+)
 from .cluster import ClusterError, connect  # noqa: E402
 from .planner import PlanError, check_output  # noqa: E402
 from .rerank_jobs import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank  # noqa: E402
@@ -37,6 +41,16 @@ USER_ERRORS = (ConfigError, PlanError, ClusterError)
 def _columns(value: str | None) -> list[str]:
     """A comma-separated list, each name once (`--model minilm,minilm` is one job, not two into one folder)."""
     return list(dict.fromkeys(c.strip() for c in (value or "").split(",") if c.strip()))
+
+
+def _chunk(value: str | None) -> ChunkSettings | None:
+    if not value:
+        return None
+    try:
+        return ChunkSettings.parse(value)
+    except ValueError as exc:  # pydantic's ValidationError is one
+        reasons = "; ".join(e["msg"] for e in exc.errors()) if hasattr(exc, "errors") else str(exc)
+        raise click.BadParameter(reasons, param_hint="--chunk") from None
 
 
 def _storage_options(value: str | None) -> dict:
@@ -80,7 +94,11 @@ def main() -> None:
 @click.option("--storage-options", default=None, help="JSON object passed to fsspec (credentials, endpoint).")
 @click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local).")
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
-def embed(input_url, output_url, model, text_column, id_column, keep_columns, scheduler, storage_options, profile, catalog):
+@click.option("--chunk", default=None, metavar="tokens=N[,overlap=K]", help="Split texts longer than N tokens into windows overlapping by K; one row per window.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True, help="Stored vector type; int8/uint8 calibrate on a sample.")
+@click.option("--dim", type=click.IntRange(min=1), default=None, help="Keep the first N dimensions, re-normalised (Matryoshka models).")
+def embed(input_url, output_url, model, text_column, id_column, keep_columns, scheduler, storage_options, profile, catalog,
+          chunk, precision, dim):
     """Embed the TEXT column of every row of INPUT into Parquet parts under OUTPUT.
 
     INPUT is a Parquet file, a directory or a glob on any fsspec filesystem
@@ -100,7 +118,11 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
             id_column=id_column or None,
             keep_columns=_columns(keep_columns),
             storage_options=_storage_options(storage_options),
+            chunk=_chunk(chunk),
+            vectors=VectorFormat(precision=precision, dim=dim),
         )
+        for name in models:
+            check_embed_options(request, model_for(catalog_config, profile_config, name, "embedder"))
         preflight(request.input, request.output, request.storage_options)
         with connect(scheduler, profile_config, catalog, warm=warm) as client:
             if len(models) == 1:

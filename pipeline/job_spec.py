@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from configs import explain, read_yaml
 
+from workers.chunking import ChunkSettings
+
 from .rerank_jobs import DEFAULT_MAX_CANDIDATES
 
 
@@ -32,6 +34,7 @@ class TextSource(_Strict):
 
 class EmbedStage(_Strict):
     model: str
+    chunk: ChunkSettings | None = None  # corpus texts as token windows; results are still documents
 
 
 class RetrieveStage(_Strict):

@@ -7,7 +7,7 @@ Output layout::
     OUTPUT/v-<12 hex>/       parts and _manifest.json of one version
 
 A version is the model fingerprint plus the options that change the vectors
-(text, id and kept columns). A run for the current version redoes only new
+(text, id and kept columns, chunking, precision and dimension). A run for the current version redoes only new
 and changed shards and removes the parts of removed shards, in place (the
 resume path). A run after a model or option change builds the new version's
 directory beside the current one and rewrites ``_CURRENT`` only once that
@@ -33,7 +33,12 @@ from rich.console import Console
 from configs import Catalog, Profile, explain, load_catalog, load_profile, read_yaml
 from workers.storage import atomic_write, open_fs
 
-from .batch_jobs import EmbedRequest, JobOutcome, PreparedJob, embed_job, model_for, prepare_job, run_prepared
+from workers.chunking import ChunkSettings
+from workers.vector_precision import Precision, VectorFormat
+
+from .batch_jobs import (
+    EmbedRequest, JobOutcome, PreparedJob, check_embed_options, embed_job, model_for, prepare_job, run_prepared,
+)
 from .cluster import connect
 from .fingerprints import model_fingerprint
 from .job_lock import JobLock, LockHeld
@@ -70,6 +75,9 @@ class ReindexJob(BaseModel):
     output: str
     model: str
     columns: Columns = Field(default_factory=Columns)
+    chunk: ChunkSettings | None = None  # {tokens: N, overlap: K}: windows instead of truncation
+    precision: Precision = "float32"
+    dim: int | None = Field(default=None, gt=0)
     storage_options: dict[str, Any] = Field(default_factory=dict)
     profile: str | None = None
     catalog: str | None = None
@@ -86,6 +94,8 @@ class ReindexJob(BaseModel):
             id_column=self.columns.id or None,
             keep_columns=self.columns.keep,
             storage_options=self.storage_options,
+            chunk=self.chunk,
+            vectors=VectorFormat(precision=self.precision, dim=self.dim),
         )
 
 
@@ -215,6 +225,7 @@ def plan_reindex(job: ReindexJob, profile: Profile, catalog: Catalog) -> Reindex
     """Compare inputs and model with the target version's manifest; touches nothing."""
     layout = VersionedOutput(job.output, job.storage_options)
     spec = model_for(catalog, profile, job.model, "embedder")
+    check_embed_options(job.request(job.output), spec)
     probe = embed_job(job.request(job.output))
     version = version_name(model_fingerprint(spec), job_params(probe.operation, probe.payload))
     prepared = prepare_job(embed_job(job.request(layout.version_url(version))), spec, profile)

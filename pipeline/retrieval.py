@@ -61,18 +61,39 @@ def top_k(queries: np.ndarray, corpus: np.ndarray, k: int) -> tuple[np.ndarray, 
 
     Ties are broken by corpus position, so the result is deterministic.
     """
-    k = min(k, corpus.shape[0])
     corpus = _unit(corpus)
+    return _nearest(queries, lambda block: block @ corpus.T, corpus.shape[0], k)
+
+
+def top_k_documents(queries: np.ndarray, corpus: Vectors, k: int) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """For a chunked corpus: documents ranked by their best chunk's cosine.
+
+    Returns (document ids in first-seen order, each query's k nearest as
+    indices into them, their scores). A document with many chunks counts
+    once, so k documents come back, not k chunks of a few documents.
+    """
+    codes_by_id: dict[Any, int] = {}
+    codes = np.fromiter((codes_by_id.setdefault(i, len(codes_by_id)) for i in corpus.ids), dtype=np.int64, count=len(corpus.ids))
+    order = np.argsort(codes, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(codes[order]) != 0])
+    chunks = _unit(corpus.matrix)[order]
+    indices, scores = _nearest(queries, lambda block: np.maximum.reduceat(block @ chunks.T, starts, axis=1), len(starts), k)
+    return list(codes_by_id), indices, scores
+
+
+def _nearest(queries: np.ndarray, score, candidates: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of `candidates` columns of `score(unit query block)`, best first, ties by position."""
+    k = min(k, candidates)
     indices = np.empty((queries.shape[0], k), dtype=np.int64)
     scores = np.empty((queries.shape[0], k), dtype=np.float32)
     for lo in range(0, queries.shape[0], QUERY_BLOCK):
-        block = _unit(queries[lo : lo + QUERY_BLOCK]) @ corpus.T
-        nearest = np.argpartition(-block, k - 1, axis=1)[:, :k] if k < corpus.shape[0] else np.tile(np.arange(k), (len(block), 1))
-        for row, candidates in enumerate(nearest):
-            candidate_scores = block[row, candidates]
-            order = np.lexsort((candidates, -candidate_scores))
-            indices[lo + row] = candidates[order]
-            scores[lo + row] = candidate_scores[order]
+        block = score(_unit(queries[lo : lo + QUERY_BLOCK]))
+        nearest = np.argpartition(-block, k - 1, axis=1)[:, :k] if k < candidates else np.tile(np.arange(k), (len(block), 1))
+        for row, found in enumerate(nearest):
+            found_scores = block[row, found]
+            ranked = np.lexsort((found, -found_scores))
+            indices[lo + row] = found[ranked]
+            scores[lo + row] = found_scores[ranked]
     return indices, scores
 
 

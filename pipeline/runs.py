@@ -35,7 +35,7 @@ from .batch_jobs import EmbedRequest, JobOutcome, run_embed
 from .job_spec import JobSpec, TextSource
 from .planner import PlanError
 from .rerank_jobs import RerankRequest, run_rerank
-from .retrieval import read_texts, read_vectors, top_k
+from .retrieval import read_texts, read_vectors, top_k, top_k_documents
 
 PAIRS_PER_ITEM = 2048  # rerank work items are sized by pairs, not rows
 RANKED_NAME = "ranked.parquet"
@@ -71,9 +71,13 @@ def run_pipeline(client: Client, spec: JobSpec, profile: Profile, catalog: Catal
     queries = read_vectors(f"{output}/query-embeddings", spec.queries.id_column, spec.storage_options)
     if not len(corpus.ids):
         raise PlanError(f"{spec.corpus.input}: no corpus row has a text to retrieve")
-    nearest, cosine = top_k(queries.matrix, corpus.matrix, spec.retrieve.top_k)
+    if spec.embed.chunk:  # rows are windows: rank documents by their best window
+        documents, nearest, cosine = top_k_documents(queries.matrix, corpus, spec.retrieve.top_k)
+    else:
+        documents = corpus.ids
+        nearest, cosine = top_k(queries.matrix, corpus.matrix, spec.retrieve.top_k)
     record["stages"]["retrieve"] = {
-        "queries": len(queries.ids), "corpus": len(corpus.ids), "top_k": int(nearest.shape[1]),
+        "queries": len(queries.ids), "corpus": len(documents), "corpus_rows": len(corpus.ids), "top_k": int(nearest.shape[1]),
         "skipped_queries": queries.nulls, "skipped_corpus_rows": corpus.nulls,
         "seconds": round(time.perf_counter() - started, 3),
     }
@@ -83,12 +87,12 @@ def run_pipeline(client: Client, spec: JobSpec, profile: Profile, catalog: Catal
 
     reranked: dict[Any, list[dict]] = {}
     if spec.rerank:
-        rerank_input = _write_candidates(spec, queries.ids, [[corpus.ids[i] for i in row] for row in nearest])
+        rerank_input = _write_candidates(spec, queries.ids, [[documents[i] for i in row] for row in nearest])
         _stage(outcome, "reranked", lambda: run_rerank(client, _rerank_request(spec, rerank_input), _sized_by_pairs(profile, spec.rerank.top_k), catalog, console))
         if "reranked" not in record["failed"]:
             reranked = _read_rankings(f"{output}/reranked", spec.storage_options)
 
-    ranked = _ranked_table(queries.ids, [[corpus.ids[i] for i in row] for row in nearest], cosine, reranked)
+    ranked = _ranked_table(queries.ids, [[documents[i] for i in row] for row in nearest], cosine, reranked)
     outcome.ranked_url = f"{output}/{RANKED_NAME}"
     buffer = io.BytesIO()
     pq.write_table(ranked, buffer, compression="zstd")
@@ -120,6 +124,7 @@ def _embed_request(spec: JobSpec, source: TextSource, stage: str) -> EmbedReques
     return EmbedRequest(
         input=source.input, output=f"{spec.output.rstrip('/')}/{stage}", model=spec.embed.model,
         text_column=source.text_column, id_column=source.id_column, storage_options=spec.storage_options,
+        chunk=spec.embed.chunk if source is spec.corpus else None,  # queries are short: one vector each
     )
 
 

@@ -2,8 +2,10 @@
 
 Split in three stages so the pull loop can overlap them: `read` (storage,
 in an I/O thread), `compute` (the model, on the device thread), `write`
-(storage again). Every input row gives exactly one output row: null texts
-get a null embedding and are counted, never dropped.
+(storage again). Every input row gives exactly one output row (with a
+`chunk` setting: one row per window of its text, see chunking): null texts
+get a null embedding and are counted, never dropped. Vectors are stored in
+the item's format (see vector_precision): float32 unless asked otherwise.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import pyarrow as pa
 
 from configs import ModelSpec
 
+from .chunking import ChunkSettings, Windows, token_windows
 from .parquet_slices import REPORTED_REJECTIONS, read_slice, text_column, write_part
+from .vector_precision import VectorFormat, compact
 
 
 @dataclass
@@ -24,6 +28,7 @@ class EmbedInput:
     table: pa.Table
     texts: list[str | None]
     invalid: dict[int, str] = field(default_factory=dict)  # row -> why its text cannot be read
+    chunk: ChunkSettings | None = None  # split texts into token windows (see chunking)
 
 
 def read(payload: dict[str, Any]) -> EmbedInput:
@@ -35,37 +40,69 @@ def read(payload: dict[str, Any]) -> EmbedInput:
     table = read_slice(payload, columns)
     invalid: dict[int, str] = {}
     texts = text_column(table, text_col, payload["input"], invalid)
-    return EmbedInput(table, texts, invalid)
+    chunk = ChunkSettings(**payload["chunk"]) if payload.get("chunk") else None
+    return EmbedInput(table, texts, invalid, chunk)
 
 
 def compute(runtime, data: EmbedInput) -> dict[str, Any]:
     present = [i for i, text in enumerate(data.texts) if text is not None]
-    vectors, truncated = runtime.embed([data.texts[i] for i in present])
-    return {"present": present, "vectors": vectors, "truncated": truncated}
+    texts = [data.texts[i] for i in present]
+    windows = token_windows(runtime.tokenizer, texts, data.chunk) if data.chunk else None
+    vectors, truncated = runtime.embed(windows.texts if windows else texts)
+    return {"present": present, "windows": windows, "vectors": vectors, "truncated": truncated}
+
+
+def _output_rows(rows: int, present: list[int], windows: Windows | None) -> dict[str, np.ndarray]:
+    """Per output row: its source row, its vector (-1: null text) and, when chunked, chunk, start, end."""
+    present_rows = np.asarray(present, dtype=np.int64)
+    absent = np.setdiff1d(np.arange(rows, dtype=np.int64), present_rows)
+    if windows is None:
+        source, vector = np.concatenate([present_rows, absent]), np.arange(len(present) + len(absent))
+        vector[len(present):] = -1
+        order = np.argsort(source, kind="stable")
+        return {"source": source[order], "vector": vector[order]}
+    none = np.zeros(len(absent), dtype=np.int64)
+    source = np.concatenate([present_rows[windows.source], absent])
+    chunk = np.concatenate([windows.chunk, none])
+    order = np.lexsort((chunk, source))
+    return {
+        "source": source[order],
+        "vector": np.concatenate([np.arange(len(windows.texts)), none - 1])[order],
+        "chunk": chunk[order],
+        "start": np.concatenate([windows.start, none])[order],
+        "end": np.concatenate([windows.end, none])[order],
+    }
 
 
 def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
-    rows, dim = data.table.num_rows, spec.dim
-    flat = np.zeros((rows, dim), dtype=np.float32)
-    valid = np.zeros(rows, dtype=bool)
-    flat[computed["present"]] = computed["vectors"]
-    valid[computed["present"]] = True
+    fmt = VectorFormat(**payload.get("vectors", {}))
+    out = _output_rows(data.table.num_rows, computed["present"], computed["windows"])
+    rows, width, valid = len(out["source"]), fmt.width(spec.dim), out["vector"] >= 0
+    stored = compact(computed["vectors"], fmt)
+    flat = np.zeros((rows, width), dtype=stored.dtype)
+    flat[valid] = stored[out["vector"][valid]]
     mask = None if valid.all() else pa.array(~valid)
-    embedding = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), dim, mask=mask)
+    embedding = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1), type=fmt.arrow_type()), width, mask=mask)
+    source = data.table.take(pa.array(out["source"]))
     columns: dict[str, pa.Array] = {}
     id_col = payload.get("id_column")
     if id_col:
-        columns[id_col] = data.table.column(id_col)
+        columns[id_col] = source.column(id_col)
     else:  # no id column: where each row came from identifies it
         first = (payload.get("row_range") or [0, 0])[0]
         columns["source_file"] = pa.DictionaryArray.from_arrays(
             pa.array(np.zeros(rows, dtype=np.int32)), pa.array([payload["input"]])
         )
-        columns["source_row"] = pa.array(np.arange(first, first + rows, dtype=np.int64))
+        columns["source_row"] = pa.array(first + out["source"])
+    if "chunk" in out:  # null for a null text: it has no window
+        null = ~valid
+        columns["chunk"] = pa.array(out["chunk"].astype(np.int32), mask=null)
+        columns["start"] = pa.array(out["start"], mask=null)
+        columns["end"] = pa.array(out["end"], mask=null)
     columns["embedding"] = embedding
     for name in payload.get("keep_columns", []):
-        if name != id_col and name != "embedding":
-            columns[name] = data.table.column(name)
+        if name not in columns:
+            columns[name] = source.column(name)
     # The stamp (input version, model fingerprint, options) lets a re-run trust this part.
     table = pa.table(columns).replace_schema_metadata(payload.get("part_metadata"))
     size = write_part(payload["output"], table, payload.get("storage_options"))
@@ -81,9 +118,10 @@ def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], s
         "input": payload["input"],
         "row_range": payload.get("row_range"),
         "bytes": size,
-        "null_texts": rows - len(computed["present"]) - len(rejections),
+        "null_texts": data.table.num_rows - len(computed["present"]) - len(rejections),
         "empty_texts": empty,
         "truncated": computed["truncated"],
+        "chunks": len(computed["windows"].texts) if computed["windows"] else 0,
         "rejected": len(rejections),
         "rejections": rejections[:REPORTED_REJECTIONS],
     }
