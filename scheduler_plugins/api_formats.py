@@ -21,15 +21,28 @@ from configs import GatewaySettings
 from .wire import MSGPACK, RequestError
 
 
+PRECISIONS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")  # as batch jobs store them
+WIRE_DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1", "uint8": "u1", "binary": "i1", "ubinary": "u1"}
+
+
 @dataclass
 class EncodeCall:
     model: str
     texts: list[str]
     truncate: bool = True
     dtype: str = "float32"
+    precision: str = "float32"  # int8/uint8/binary/ubinary: quantized as a batch job stores them
+    dim: int | None = None  # the first `dim` dimensions, re-normalised
+    ranges: list[list[float]] | None = None  # int8/uint8: the batch job's calibration (its manifest's vectors.ranges)
 
     def payload(self) -> dict[str, Any]:
-        return {"texts": self.texts, "truncate": self.truncate, "dtype": self.dtype}
+        compact = {k: v for k, v in (("precision", self.precision), ("dim", self.dim), ("ranges", self.ranges)) if v not in (None, "float32")}
+        return {"texts": self.texts, "truncate": self.truncate, "dtype": self.dtype, **compact}
+
+    def check_dim(self, spec: dict[str, Any]) -> None:
+        """A shorter dimension only: the model's vectors cannot be made longer."""
+        if self.dim is not None and self.dim > spec["dim"]:
+            raise RequestError(400, f"model {self.model!r} gives {spec['dim']} dimensions, fewer than the {self.dim} asked for")
 
     @property
     def inputs(self) -> int:
@@ -62,6 +75,9 @@ class EncodeBody(_Native):
     texts: list[str]
     truncate: bool = True
     dtype: Literal["float32", "float16"] = "float32"
+    precision: Literal[PRECISIONS] = "float32"
+    dim: int | None = Field(default=None, gt=0)
+    ranges: list[list[float]] | None = None
 
 
 class RerankBody(_Native):
@@ -79,7 +95,7 @@ class OpenAIEmbeddingsBody(_Compat):
     model: str
     input: str | list[str]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: int | None = Field(default=None, gt=0)
 
 
 class CohereDocument(_Compat):
@@ -149,7 +165,14 @@ def _within_limits(texts: list[str], what: str, truncate: bool, limits: GatewayS
 def encode_call(model: str, body: Any, limits: GatewaySettings) -> EncodeCall:
     request = _validate(EncodeBody, body)
     texts = _within_limits(request.texts, "texts", request.truncate, limits)
-    return EncodeCall(model, texts, request.truncate, request.dtype)
+    if request.precision in ("int8", "uint8") and request.ranges is None:
+        raise RequestError(
+            422, f"precision {request.precision} needs `ranges`: the [min, max] per dimension of the batch job whose "
+            "vectors these are compared with (its _manifest.json vectors.ranges)"
+        )
+    if request.ranges is not None and (len(request.ranges) != 2 or len(request.ranges[0]) != len(request.ranges[1])):
+        raise RequestError(400, "invalid request: ranges must be two lists of equal length (minimum, maximum)")
+    return EncodeCall(model, texts, request.truncate, request.dtype, request.precision, request.dim, request.ranges)
 
 
 def score_call(model: str, body: Any, limits: GatewaySettings) -> ScoreCall:
@@ -165,7 +188,8 @@ def openai_call(body: Any, limits: GatewaySettings) -> tuple[EncodeCall, OpenAIE
         raise RequestError(400, "invalid request: input as token arrays is not supported; send text")
     request = _validate(OpenAIEmbeddingsBody, body)
     texts = [request.input] if isinstance(request.input, str) else request.input
-    return EncodeCall(request.model, _within_limits(texts, "input", True, limits)), request
+    call = EncodeCall(request.model, _within_limits(texts, "input", True, limits), dim=request.dimensions)
+    return call, request
 
 
 def cohere_call(body: Any, limits: GatewaySettings) -> tuple[ScoreCall, CohereRerankBody]:
@@ -179,8 +203,7 @@ def cohere_call(body: Any, limits: GatewaySettings) -> tuple[ScoreCall, CohereRe
 
 
 def _matrix(result: dict[str, Any]) -> np.ndarray:
-    dtype = "<f2" if result["dtype"] == "float16" else "<f4"
-    return np.frombuffer(result["embeddings"], dtype=dtype).reshape(result["shape"])
+    return np.frombuffer(result["embeddings"], dtype=WIRE_DTYPES[result["dtype"]]).reshape(result["shape"])
 
 
 def encode_response(call: EncodeCall, result: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -188,7 +211,8 @@ def encode_response(call: EncodeCall, result: dict[str, Any], kind: str) -> dict
     if kind == MSGPACK:
         response["embeddings"] = result["embeddings"]
     else:
-        response["embeddings"] = _matrix(result).astype(np.float32).tolist()
+        matrix = _matrix(result)
+        response["embeddings"] = (matrix.astype(np.float32) if matrix.dtype.kind == "f" else matrix).tolist()
     response["usage"] = {"tokens": result.get("tokens", 0)}
     return response
 

@@ -284,8 +284,9 @@ class Gateway:
         model = request.match_info["model"]
         self._label(request, model)
         body = await self._body(request, MSGPACK)
-        self._spec(request, model, EMBEDDING_KINDS, "encode")
+        spec = self._spec(request, model, EMBEDDING_KINDS, "encode")
         call = api.encode_call(model, body, self.settings)
+        call.check_dim(spec)
         result = await self._run(request, "encode", call)
         return self._reply(request, api.encode_response(call, result, request[REPLY]))
 
@@ -302,8 +303,7 @@ class Gateway:
         request[MODEL] = UNKNOWN_MODEL
         call, body = api.openai_call(await self._body(request, JSON), self.settings)
         spec = self._spec(request, call.model, EMBEDDING_KINDS, "embed")
-        if body.dimensions is not None and body.dimensions != spec["dim"]:
-            raise RequestError(400, f"model {call.model!r} gives {spec['dim']} dimensions, not {body.dimensions}")
+        call.check_dim(spec)
         result = await self._run(request, "encode", call)
         return self._reply(request, api.openai_response(call, body, result))
 

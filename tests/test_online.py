@@ -129,6 +129,25 @@ def test_openai_embeddings_request_answered_in_openai_shape(gateway, tiny_model)
     np.testing.assert_allclose(decoded, direct, atol=1e-5)
 
 
+def test_compact_vectors_online_equal_quantize_embeddings_of_direct_vectors(gateway, tiny_model):
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    direct = direct_vectors(tiny_model, TEXTS)
+    cut = direct[:, :16] / np.linalg.norm(direct[:, :16], axis=1, keepdims=True)
+    ranges = [(cut.min(0) - 0.05).tolist(), (cut.max(0) + 0.05).tolist()]
+    for body, dtype in (({"dim": 16}, "<f4"), ({"dim": 16, "precision": "int8", "ranges": ranges}, "i1"),
+                        ({"dim": 16, "precision": "ubinary"}, "u1")):
+        status, _, reply = gateway.post("/v1/encode/tiny", {"texts": TEXTS, **body})
+        assert status == 200, reply
+        got = np.frombuffer(reply["embeddings"], dtype).reshape(reply["shape"])
+        expected = quantize_embeddings(cut, precision=body.get("precision", "float32"), ranges=np.array(ranges, np.float32))
+        assert reply["dtype"] == body.get("precision", "float32") and got.shape == expected.shape
+        np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), atol=1e-5 if dtype == "<f4" else 1)
+    status, _, reply = gateway.post("/v1/embeddings", {"model": "tiny", "input": TEXTS, "dimensions": 16}, as_json=True)
+    assert status == 200
+    np.testing.assert_allclose([d["embedding"] for d in reply["data"]], cut, atol=1e-5)
+
+
 def test_rerank_native_and_cohere_shapes_equal_a_direct_model_call(gateway, tiny_reranker):
     from sentence_transformers import CrossEncoder
 
@@ -182,7 +201,8 @@ BAD_INPUTS = [
     ("too long, no truncation", "/v1/encode/tiny", {"texts": ["a" * 2001], "truncate": False}, None, 422, "2001 characters"),
     ("too many tokens, no truncation", "/v1/encode/tiny", {"texts": ["word " * 300], "truncate": False}, None, 422, "128 tokens"),
     ("token arrays", "/v1/embeddings", {"model": "tiny", "input": [[1, 2]]}, None, 400, "token arrays"),
-    ("dimensions", "/v1/embeddings", {"model": "tiny", "input": "a", "dimensions": 8}, None, 400, "32 dimensions"),
+    ("dimensions", "/v1/embeddings", {"model": "tiny", "input": "a", "dimensions": 64}, None, 400, "gives 32 dimensions"),
+    ("int8 without ranges", "/v1/encode/tiny", {"texts": ["a"], "precision": "int8"}, None, 422, "needs `ranges`"),
     ("media type", "/v1/encode/tiny", b"texts=a", {"Content-Type": "text/plain"}, 415, "application/msgpack"),
     ("bad timeout", "/v1/encode/tiny", {"texts": ["a"]}, {"X-Shoal-Timeout": "soon"}, 400, "X-Shoal-Timeout"),
     ("no route", "/v1/nothing", {"texts": ["a"]}, None, 404, "Not Found"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from .vector_precision import VectorFormat, compact
 
 WIRE_DTYPES = {"float32": "<f4", "float16": "<f2"}
 
@@ -25,7 +26,11 @@ def _too_long(limit: int) -> dict[str, Any]:
 
 
 def encode(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """{"texts", "truncate", "dtype"} per request -> {"embeddings", "shape", "dtype", "tokens"}."""
+    """{"texts", "truncate", "dtype"[, "precision", "dim", "ranges"]} per request -> {"embeddings", "shape", "dtype", "tokens"}.
+
+    With a precision other than float32, "dtype" names it and the bytes are
+    the quantized values (binary: packed bits), as a batch job stores them.
+    """
     results: list[dict[str, Any]] = [{} for _ in payloads]
     answered, texts = [], []
     for i, payload in enumerate(payloads):
@@ -43,15 +48,25 @@ def encode(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i in answered:
         payload = payloads[i]
         end = start + len(payload["texts"])
-        dtype = payload.get("dtype", "float32")
-        results[i] = {
-            "embeddings": np.ascontiguousarray(vectors[start:end], dtype=WIRE_DTYPES[dtype]).tobytes(),
-            "shape": [end - start, vectors.shape[1]],
-            "dtype": dtype,
-            "tokens": int(lengths[start:end].sum()),
-        }
+        results[i] = _encoded(vectors[start:end], payload)
+        results[i]["tokens"] = int(lengths[start:end].sum())
         start = end
     return results
+
+
+def _encoded(vectors: np.ndarray, payload: dict[str, Any]) -> dict[str, Any]:
+    """One request's vectors in its format: shortened and quantized if asked, else float32 or float16."""
+    dim = payload.get("dim") or vectors.shape[1]
+    if dim > vectors.shape[1]:
+        return {"error": f"dim {dim} is more than the model gives ({vectors.shape[1]})", "status": 422}
+    ranges = payload.get("ranges")
+    if ranges is not None and len(ranges[0]) != dim:
+        return {"error": f"ranges cover {len(ranges[0])} dimensions; the vectors have {dim}", "status": 422}
+    fmt = VectorFormat(precision=payload.get("precision", "float32"), dim=payload.get("dim"), ranges=ranges)
+    stored = compact(vectors, fmt)
+    dtype = fmt.precision if fmt.precision != "float32" else payload.get("dtype", "float32")
+    wire = WIRE_DTYPES.get(dtype, stored.dtype.str)
+    return {"embeddings": np.ascontiguousarray(stored, dtype=wire).tobytes(), "shape": list(stored.shape), "dtype": dtype}
 
 
 def score(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
