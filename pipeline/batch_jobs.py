@@ -47,6 +47,7 @@ class BatchJob:
     required_columns: list[str]
     manifest_columns: dict[str, Any]
     storage_options: dict[str, Any] = field(default_factory=dict)
+    output_root: str | None = None  # where all of this job's outputs live (a reindex's versions); never input
 
 
 @dataclass
@@ -99,7 +100,7 @@ def output_folder(model: str) -> str:
 
 
 def plan_job(job: BatchJob, profile: Profile) -> Plan:
-    shards = list_shards(job.input, job.storage_options, job.output)
+    shards = list_shards(job.input, job.storage_options, job.output_root or job.output)
     read_footers(shards, job.storage_options)
     check_columns(shards, job.required_columns)
     items = plan_items(shards, job.output, profile.rows_per_item, job.model, job.operation, job.payload)

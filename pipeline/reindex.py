@@ -228,7 +228,9 @@ def plan_reindex(job: ReindexJob, profile: Profile, catalog: Catalog) -> Reindex
     check_embed_options(job.request(job.output), spec)
     probe = embed_job(job.request(job.output))
     version = version_name(model_fingerprint(spec), job_params(probe.operation, probe.payload))
-    prepared = prepare_job(embed_job(job.request(layout.version_url(version))), spec, profile)
+    versioned = embed_job(job.request(layout.version_url(version)))
+    versioned.output_root = job.output  # the versions beside it are never input either (OUTPUT inside INPUT)
+    prepared = prepare_job(versioned, spec, profile)
     recorded = {i["url"]: (i["size"], i["version"]) for i in (prepared.previous or {}).get("inputs", [])}
     now = {s.url: (s.size, s.version) for s in prepared.plan.shards}
     return ReindexPlan(

@@ -472,3 +472,28 @@ def test_ctrl_c_exits_130_and_the_rerun_finishes_the_job(cluster, sim_catalog, t
     rerun = run_shoal(*args[1:])
     assert rerun.returncode == 0, rerun.stderr
     assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
+
+
+def test_a_reindex_with_its_output_inside_its_input_never_reads_its_versions_back(cluster, tiny_catalog, demo_texts, tmp_path):
+    _, client = cluster
+    ids = write_shards(tmp_path / "data", demo_texts[:200], shards=2, row_group_size=50)
+    catalog = yaml.safe_load(tiny_catalog.read_text())["models"]
+    catalog["tiny-raw"] = {**catalog["tiny"], "normalize": False}  # another fingerprint: a new version
+    (tmp_path / "catalog.yaml").write_text(yaml.safe_dump({"models": catalog}))
+    job = tmp_path / "job.yaml"
+
+    def run(model: str):
+        job.write_text(yaml.safe_dump({
+            "name": "docs", "input": str(tmp_path / "data"), "output": str(tmp_path / "data" / "index"),
+            "model": model, "catalog": str(tmp_path / "catalog.yaml"), "scheduler": client.scheduler.address,
+            "lock": {"settle_seconds": 0.1},
+        }))
+        return invoke_shoal("reindex", str(job))
+
+    assert run("tiny").returncode == 0
+    result = run("tiny-raw")  # the first version's parts now lie inside INPUT beside the new one
+    assert result.returncode == 0, result.stderr
+    version = (tmp_path / "data" / "index" / "_CURRENT").read_text().strip()
+    manifest = json.loads((tmp_path / "data" / "index" / version / "_manifest.json").read_text())
+    assert sorted(i["url"].rsplit("/", 1)[1] for i in manifest["inputs"]) == ["shard-000.parquet", "shard-001.parquet"]
+    assert sorted(read_output(tmp_path / "data" / "index" / version).column("id").to_pylist()) == sorted(ids)
