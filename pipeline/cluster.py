@@ -123,6 +123,19 @@ def _in_process_cluster(
     return cluster
 
 
+def check_runtimes(profile: Profile) -> None:
+    """A runtime the profile names but this machine lacks fails before any start, naming the extra."""
+    from rich.markup import escape
+
+    from workers.runtimes import RuntimeNotInstalled, require_installed
+
+    for model, choice in profile.runtimes.items():
+        try:
+            require_installed(choice.runtime)
+        except RuntimeNotInstalled as exc:  # escaped: the CLI prints errors as rich markup, and "[onnx]" is a tag
+            raise ClusterError(escape(f"profile {profile.name!r}, model {model!r}: {exc}")) from None
+
+
 def contact_address(cluster: LocalCluster) -> str:
     """Where other processes reach the embedded cluster's scheduler (never its inproc:// address)."""
     return next(
@@ -162,6 +175,7 @@ def connect(
             check_plugin(client)
             yield client
         return
+    check_runtimes(profile)  # the embedded workers share this machine's packages
     argv = [arg for name in dict.fromkeys(warm) for arg in ("--shoal-warm", name)]
     with start_local_cluster(profile, catalog, preload_argv=argv) as cluster, Client(cluster) as client:
         check_plugin(client)

@@ -7,9 +7,14 @@ worker uses.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
@@ -149,3 +154,21 @@ def test_without_a_choice_gpu_workers_keep_half_precision_torch():
     assert choice_for(spec, PLAN) == ("torch", "float32")
     onnx_spec = spec.model_copy(update={"runtimes": {"cuda": RuntimeChoice(runtime="onnx")}})
     assert choice_for(onnx_spec, DevicePlan("cuda:0", "cuda", "bfloat16", 10**9)) == ("onnx", "float32")
+
+
+def test_a_profile_naming_a_missing_runtime_fails_at_start(tmp_path, tiny_catalog):
+    """`shoal embed` with onnx in the profile, on a machine where onnxruntime does not import: exit 2, the extra named."""
+    shim = tmp_path / "shim" / "onnxruntime"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('No module named onnxruntime')\n")
+    profile = tmp_path / "onnx.yaml"
+    profile.write_text("name: onnx\ndevice: cpu\nruntimes:\n  tiny: {runtime: onnx, dtype: float32}\n")
+    pq.write_table(pa.table({"text": ["a text to embed"]}), tmp_path / "in.parquet")
+    env = {**os.environ, "PYTHONPATH": str(shim.parent)}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "shoal"), "embed", str(tmp_path / "in.parquet"), str(tmp_path / "out"),
+         "--model", "tiny", "--profile", str(profile), "--catalog", str(tiny_catalog)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "pip install 'shoal[onnx]'" in done.stderr and "model 'tiny'" in done.stderr

@@ -16,7 +16,7 @@ from .device_thread import DeviceThread
 from .devices import detect_device
 from .model_pool import ModelPool
 from .pull_loop import PullLoop
-from .runtimes import load_runtime
+from .runtimes import load_runtime, require_installed
 
 logger = logging.getLogger("shoal.worker")
 
@@ -41,6 +41,8 @@ class ShoalWorker(WorkerPlugin):
 
     async def setup(self, worker) -> None:
         profile = load_profile(self.profile_name)
+        for choice in profile.runtimes.values():
+            require_installed(choice.runtime)  # fail at start, naming the extra, not at the first item
         pinned = list(dict.fromkeys([*profile.pinned, *self.pinned]))
         plan = detect_device(profile, dict(worker.state.total_resources))
         self.device_thread = DeviceThread()  # every model call: batch items, and online groups first
