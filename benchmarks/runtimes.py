@@ -1,0 +1,326 @@
+#!/usr/bin/env python
+"""Runtimes and precision: what the tuned profile buys, against a direct fp32 encode and fastembed.
+
+Three parts, each side by side in one run (a shared machine drifts by tens of
+percent within minutes, so only ratios measured in alternation count):
+
+* ``runtimes``: per runtime/dtype candidate, in this process on the worker's
+  own runtimes, texts/s against fp32 torch and the quality gate's figures
+  (pipeline/precision.py) on the same sample;
+* ``batch``: whole processes over the same texts, in alternating order each
+  round: ``shoal embed --profile PROFILE``; a direct script
+  (``SentenceTransformer(path).encode(texts)``, fp32, as a user writes it);
+  and ``fastembed`` (ONNX Runtime) in its own venv under the scratch folder,
+  loading a local ONNX export of the same model (nothing downloaded). Each
+  side's vectors are judged by the gate against the direct script's;
+* ``online``: ``shoal serve --profile PROFILE`` against the same profile with
+  the model on fp32 torch (the path before runtimes), each with 32
+  concurrent clients sending one text per request, requests/s over a window.
+
+    .venv/bin/python benchmarks/runtimes.py                  # all parts, 2,000 texts, 2 rounds
+    .venv/bin/python benchmarks/runtimes.py --parts batch --limit 5000 --rounds 3
+
+Prints Markdown and writes JSON to --json. The fastembed venv is kept in
+--scratch between runs (its install needs the package registry once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import msgpack  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import yaml  # noqa: E402
+
+from configs import load_catalog, load_profile  # noqa: E402
+from online_latency import Connection, Server, post_message, short_queries  # noqa: E402
+from pipeline.precision import PrecisionGate, candidates, judge_vectors  # noqa: E402
+from pipeline.tuning_meter import MachineMeter  # noqa: E402
+
+SHOAL = str(Path(sys.executable).parent / "shoal")
+DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "runtimes.json")
+DEMO = ROOT / "datasets" / "demo"
+
+DIRECT_SCRIPT = '''
+import sys, numpy as np, pyarrow.parquet as pq
+from sentence_transformers import SentenceTransformer
+texts = pq.read_table(sys.argv[2], columns=["text"]).column("text").to_pylist()
+model = SentenceTransformer(sys.argv[1], device="cpu", local_files_only=True)
+np.save(sys.argv[3], model.encode(texts, normalize_embeddings=True))
+'''
+
+FASTEMBED_SCRIPT = '''
+import json, sys, numpy as np
+from fastembed import TextEmbedding
+texts = [json.loads(line) for line in open(sys.argv[2])]
+model = TextEmbedding("sentence-transformers/all-MiniLM-L6-v2", specific_model_path=sys.argv[1],
+                      threads=int(sys.argv[4]), local_files_only=True)
+np.save(sys.argv[3], np.stack(list(model.embed(texts))))
+'''
+
+
+def sample_texts(limit: int) -> list[str]:
+    shards = sorted(DEMO.glob("part-*.parquet"))
+    texts = [t for s in shards for t in pq.read_table(s, columns=["text"]).column("text").to_pylist() if t]
+    return list(np.random.default_rng(0).permutation(np.array(texts, dtype=object))[:limit])
+
+
+# -- part: runtimes -----------------------------------------------------------------
+
+
+def part_runtimes(texts: list[str], profile_name: str) -> list[dict[str, Any]]:
+    from workers.devices import apply_torch_threads, detect_device
+
+    profile = load_profile(profile_name)
+    plan = detect_device(profile, {})
+    apply_torch_threads(plan)
+    spec = profile.tuned(load_catalog().get("minilm"))
+    gate = PrecisionGate(spec, plan, texts)
+    rows = []
+    for choice in candidates(plan.kind):
+        verdict = gate.check(choice)
+        rows.append({"runtime": choice.runtime, "dtype": choice.dtype, "load_s": round(verdict.load_seconds, 2),
+                     "texts_per_s": round(verdict.texts_per_second, 1),
+                     "vs_fp32": round(verdict.texts_per_second / verdict.reference_texts_per_second, 2),
+                     **{k: round(v, 4) for k, v in verdict.figures.items()},
+                     "verdict": "pass" if verdict.passed else "refused: " + "; ".join(verdict.failures)})
+        print(f"  {rows[-1]}", flush=True)
+    return rows
+
+
+# -- part: batch (whole commands) ------------------------------------------------------
+
+
+def fastembed_setup(scratch: Path, model_path: str) -> tuple[str, Path]:
+    """fastembed's own venv (its pins may clash with sentence-transformers), and a local export it loads."""
+    venv = scratch / "fastembed-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "fastembed"], check=True)
+    folder = scratch / "fastembed-minilm"
+    if not (folder / "model.onnx").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        export_token_graph(model_path, folder)
+    version = subprocess.run([str(python), "-c", "import fastembed; print(fastembed.__version__)"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    return version, folder
+
+
+def export_token_graph(model_path: str, folder: Path) -> None:
+    """The transformer alone (fastembed pools and normalizes itself), with the tokenizer cut at 256 as ST does."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(model_path, device="cpu", local_files_only=True)
+    bert = model[0].model.eval()
+    encoded = model.tokenizer(["a short text", "and a somewhat longer one here"], padding=True, return_tensors="pt")
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    with torch.no_grad():
+        torch.onnx.export(bert, tuple(encoded[n] for n in names), str(folder / "model.onnx"), input_names=names,
+                          output_names=["last_hidden_state"], opset_version=17, dynamo=False, external_data=False,
+                          dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names},
+                                        "last_hidden_state": {0: "batch", 1: "tokens"}})
+    model.tokenizer.save_pretrained(str(folder))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["model_max_length"] = model.max_seq_length
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    bert.config.to_json_file(str(folder / "config.json"))
+
+
+def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float | None]:
+    with MachineMeter() as meter:
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[:3]} failed:\n{done.stderr[-3000:]}")
+    return meter.seconds, meter.other_share
+
+
+def read_ours(out_dir: Path, ids: list[str]) -> np.ndarray:
+    table = pa.concat_tables(pq.read_table(p) for p in sorted(out_dir.rglob("*.parquet")))
+    rows = {i: v for i, v in zip(table.column("id").to_pylist(), table.column("embedding").to_pylist())}
+    return np.array([rows[i] for i in ids], dtype=np.float32)
+
+
+def part_batch(texts: list[str], profile: str, rounds: int, scratch: Path, threads: int) -> dict[str, Any]:
+    model_path = load_catalog().get("minilm").resolve_path()
+    ids = [f"t{i}" for i in range(len(texts))]
+    inputs = scratch / "input"
+    inputs.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": ids, "text": texts}), inputs / "part-0.parquet", row_group_size=1024)
+    (scratch / "texts.jsonl").write_text("".join(json.dumps(t) + "\n" for t in texts))
+    (scratch / "direct_encode.py").write_text(DIRECT_SCRIPT)
+    (scratch / "fastembed_encode.py").write_text(FASTEMBED_SCRIPT)
+    version, fe_model = fastembed_setup(scratch, model_path)
+    fe_python = str(scratch / "fastembed-venv" / "bin" / "python")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    commands = {
+        "direct fp32 encode": [sys.executable, str(scratch / "direct_encode.py"), model_path,
+                               str(inputs / "part-0.parquet"), str(scratch / "direct.npy")],
+        f"fastembed {version}": [fe_python, str(scratch / "fastembed_encode.py"), str(fe_model),
+                                 str(scratch / "texts.jsonl"), str(scratch / "fastembed.npy"), str(threads)],
+        f"shoal embed --profile {profile}": [SHOAL, "embed", str(inputs), str(scratch / "ours"), "--model", "minilm",
+                                             "--profile", profile, "--id-column", "id"],
+    }
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
+    names = list(commands)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:  # each side goes first in turn
+            shutil.rmtree(scratch / "ours", ignore_errors=True)
+            seconds, other = timed(commands[name], env)
+            runs[name].append({"seconds": round(seconds, 2), "other_cpu": None if other is None else round(other, 3)})
+            print(f"  round {r + 1} {name}: {seconds:.1f} s ({len(texts) / seconds:.1f} texts/s)", flush=True)
+    reference = np.load(scratch / "direct.npy")
+    outputs = {names[1]: np.load(scratch / "fastembed.npy"), names[2]: read_ours(scratch / "ours", ids)}
+    best = {name: min(r["seconds"] for r in rs) for name, rs in runs.items()}
+    rows = []
+    for name in names:
+        figures = judge_vectors(outputs[name], reference)[0] if name in outputs else {"cosine_mean": 1.0, "cosine_min": 1.0}
+        rows.append({"command": name, "best_s": best[name], "texts_per_s": round(len(texts) / best[name], 1),
+                     "vs_direct": round(best[names[0]] / best[name], 2), "vs_fastembed": round(best[names[1]] / best[name], 2),
+                     **{k: round(v, 4) for k, v in figures.items()}, "runs": runs[name]})
+    return {"texts": len(texts), "rounds": rounds, "rows": rows}
+
+
+# -- part: online (32 concurrent single-text clients) -------------------------------------
+
+
+async def closed_loop(url: str, texts: list[str], clients: int, seconds: float) -> dict[str, Any]:
+    host, port = url.split("//")[1].split(":")
+    messages = [post_message(url, "/v1/encode/minilm", msgpack.packb({"texts": [t]})) for t in texts]
+    done, errors = 0, 0
+    stop = time.monotonic() + seconds
+
+    async def client(k: int) -> None:
+        nonlocal done, errors
+        connection = await Connection.open(host, int(port))
+        i = k
+        try:
+            while time.monotonic() < stop:
+                status = await connection.request(messages[i % len(messages)])
+                done, errors = done + (status == 200), errors + (status != 200)
+                i += clients
+        finally:
+            connection.close()
+
+    began = time.monotonic()
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    elapsed = time.monotonic() - began
+    return {"requests_per_s": round(done / elapsed, 1), "ok": done, "errors": errors, "seconds": round(elapsed, 1)}
+
+
+def part_online(profile: str, rounds: int, scratch: Path, clients: int, seconds: float) -> dict[str, Any]:
+    tuned = load_profile(profile)
+    fields = yaml.safe_load(Path(tuned.path).read_text())
+    fields["runtimes"] = {**(fields.get("runtimes") or {}), "minilm": {"runtime": "torch", "dtype": "float32"}}
+    fields["name"] = f"{tuned.name}-fp32"
+    fp32_path = scratch / f"{tuned.name}-fp32.yaml"
+    fp32_path.write_text(yaml.safe_dump(fields))
+    profiles = {f"shoal serve --profile {profile}": Path(tuned.path), "same profile, minilm on fp32 torch": fp32_path}
+    texts = short_queries(2000)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in profiles}
+    names = list(profiles)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            server = Server(ROOT / "configs" / "catalog.yaml", profiles[name], ["minilm"])
+            try:
+                asyncio.run(closed_loop(server.url, texts, clients, 3.0))  # warm: model loaded, kernels picked
+                result = asyncio.run(closed_loop(server.url, texts, clients, seconds))
+            finally:
+                server.stop()
+            runs[name].append(result)
+            print(f"  round {r + 1} {name}: {result}", flush=True)
+    best = {name: max(x["requests_per_s"] for x in rs) for name, rs in runs.items()}
+    return {"clients": clients, "window_s": seconds, "rounds": rounds,
+            "rows": [{"server": n, "best_requests_per_s": best[n], "vs_fp32": round(best[n] / best[names[1]], 2),
+                      "runs": runs[n]} for n in names]}
+
+
+# -- report ----------------------------------------------------------------------------
+
+
+def markdown(results: dict[str, Any]) -> str:
+    out = [f"runtimes benchmark, {results['when']}, {results['machine']}; other processes' CPU share per run in the JSON", ""]
+    if "runtimes" in results:
+        out += ["| runtime | dtype | load s | texts/s | vs fp32 | cosine mean | cosine min | nDCG@10 (fp32) | gate |",
+                "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        for r in results["runtimes"]:
+            out.append(f"| {r['runtime']} | {r['dtype']} | {r['load_s']} | {r['texts_per_s']} | {r['vs_fp32']}x | "
+                       f"{r['cosine_mean']} | {r['cosine_min']} | {r['ndcg@10']} ({r['ndcg@10_fp32']}) | {r['verdict']} |")
+        out.append("")
+    if "batch" in results:
+        b = results["batch"]
+        out += [f"Whole commands, {b['texts']} texts, best of {b['rounds']} alternating rounds:", "",
+                "| command | best s | texts/s | vs direct fp32 | vs fastembed | cosine mean | cosine min |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in b["rows"]:
+            out.append(f"| {r['command']} | {r['best_s']} | {r['texts_per_s']} | {r['vs_direct']}x | "
+                       f"{r['vs_fastembed']}x | {r['cosine_mean']} | {r['cosine_min']} |")
+        out.append("")
+    if "online" in results:
+        o = results["online"]
+        out += [f"Online, {o['clients']} concurrent single-text clients, {o['window_s']:g} s windows, best of {o['rounds']}:", "",
+                "| server | requests/s | vs fp32 |", "| --- | ---: | ---: |"]
+        for r in o["rows"]:
+            out.append(f"| {r['server']} | {r['best_requests_per_s']} | {r['vs_fp32']}x |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="runtimes,batch,online")
+    parser.add_argument("--profile", default="cpu-2core")
+    parser.add_argument("--limit", type=int, default=2000, help="texts for the batch part (runtimes part: 512)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--window", type=float, default=20.0, help="seconds of each online measurement")
+    parser.add_argument("--threads", type=int, default=2, help="cores fastembed and the direct script may use")
+    parser.add_argument("--scratch", default=str(ROOT / "out" / "bench-runtimes"))
+    parser.add_argument("--json", default=DEFAULT_JSON)
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    scratch = Path(args.scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    texts = sample_texts(args.limit)
+    results: dict[str, Any] = {
+        "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+        "command": " ".join(["benchmarks/runtimes.py", *sys.argv[1:]]),
+        "profile": args.profile,
+    }
+    if "runtimes" in parts:
+        print("runtimes (in process, 512 texts):", flush=True)
+        results["runtimes"] = part_runtimes(texts[:512], args.profile)
+    if "batch" in parts:
+        print(f"batch (whole commands, {len(texts)} texts):", flush=True)
+        results["batch"] = part_batch(texts, args.profile, args.rounds, scratch, args.threads)
+    if "online" in parts:
+        print(f"online ({args.clients} clients):", flush=True)
+        results["online"] = part_online(args.profile, args.rounds, scratch, args.clients, args.window)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
