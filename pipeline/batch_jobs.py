@@ -26,6 +26,7 @@ from workers.vector_precision import VectorFormat
 
 from .calibration import calibrate, stored_ranges, with_ranges
 from .cluster import ClusterError
+from .lance_output import commit_parts
 from .fingerprints import model_fingerprint
 from .follower import follow, summarize
 from .manifest import build_manifest, read_manifest, remove_manifest, write_manifest
@@ -61,6 +62,7 @@ class EmbedRequest:
     storage_options: dict[str, Any] = field(default_factory=dict)
     chunk: ChunkSettings | None = None  # split long texts into token windows
     vectors: VectorFormat = field(default_factory=VectorFormat)  # stored precision and dimension
+    lance: str | None = None  # a Lance dataset URI: rows go there, `output` holds the markers (lance_output)
 
 
 @dataclass
@@ -186,6 +188,8 @@ def run_prepared(
         [*status["dead_letters"], *unverified],
         {"params": prepared.params, "work": work, **({"vectors": vectors} if vectors else {}), **(manifest_extra or {})},
     )
+    if job.payload.get("lance"):
+        manifest["lance"] = _commit_lance(job, manifest, console)
     rejections = [message for result in status["results"] for message in result.get("rejections", [])]
     manifest["rejected_rows"] = sum(result.get("rejected", 0) for result in status["results"])
     manifest["rejected"] = sorted(rejections)
@@ -222,6 +226,17 @@ def preflight(input_url: str, output_url: str, storage_options: dict[str, Any]) 
     """What can be refused before a cluster starts: an OUTPUT that cannot be written, an INPUT with no shards."""
     check_output(output_url, storage_options)
     list_shards(input_url, storage_options, output_url)
+
+
+def _commit_lance(job: BatchJob, manifest: dict[str, Any], console: Console) -> dict[str, Any]:
+    """A complete run's fragments as the dataset's next version; an incomplete one commits nothing."""
+    dataset = job.payload["lance"]
+    if not manifest["complete"]:
+        console.print(f"[yellow]lance:[/yellow] {dataset} not committed: the run is incomplete; its readers keep the last version")
+        return {"dataset": dataset, "version": None}
+    version = commit_parts(dataset, job.output, [part["name"] for part in manifest["parts"]], job.storage_options)
+    console.print(f"lance: {dataset} at version {version}")
+    return {"dataset": dataset, "version": version}
 
 
 def _vector_format(
@@ -311,6 +326,7 @@ def embed_job(request: EmbedRequest) -> BatchJob:
             # Only when asked for: the options digest (params) of existing outputs stays as it was.
             **({"chunk": request.chunk.model_dump()} if request.chunk else {}),
             **({} if request.vectors.is_default else {"vectors": request.vectors.payload()}),
+            **({"lance": request.lance} if request.lance else {}),
         },
         required_columns=[request.text_column, *filter(None, [request.id_column]), *request.keep_columns],
         manifest_columns={"text": request.text_column, "id": request.id_column, "keep": request.keep_columns},

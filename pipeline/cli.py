@@ -21,6 +21,7 @@ from .batch_jobs import (  # noqa: E402
     EmbedRequest, check_embed_options, model_for, preflight, run_embed, run_embed_models,
 )
 from .cluster import ClusterError, connect  # noqa: E402
+from .lance_output import LanceTarget  # noqa: E402
 from .planner import PlanError, check_output  # noqa: E402
 from .rerank_jobs import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank  # noqa: E402
 from .beir import load_beir  # noqa: E402
@@ -97,8 +98,10 @@ def main() -> None:
 @click.option("--chunk", default=None, metavar="tokens=N[,overlap=K]", help="Split texts longer than N tokens into windows overlapping by K; one row per window.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True, help="Stored vector type; int8/uint8 calibrate on a sample.")
 @click.option("--dim", type=click.IntRange(min=1), default=None, help="Keep the first N dimensions, re-normalised (Matryoshka models).")
+@click.option("--format", "output_format", type=click.Choice(["parquet", "lance"]), default="parquet", show_default=True,
+              help="lance: OUTPUT is a Lance dataset (also OUTPUT=lance://PATH), committed as one version per run.")
 def embed(input_url, output_url, model, text_column, id_column, keep_columns, scheduler, storage_options, profile, catalog,
-          chunk, precision, dim):
+          chunk, precision, dim, output_format):
     """Embed the TEXT column of every row of INPUT into Parquet parts under OUTPUT.
 
     INPUT is a Parquet file, a directory or a glob on any fsspec filesystem
@@ -110,9 +113,13 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
         catalog_config = load_catalog(catalog)
         models = _columns(model)
         warm = [model_for(catalog_config, profile_config, name, "embedder").name for name in models]
+        lance = LanceTarget.of(output_url, output_format)
+        if lance and len(models) > 1:
+            raise ConfigError("a Lance OUTPUT is one dataset: give one model (or one OUTPUT per model)")
         request = EmbedRequest(
             input=input_url,
-            output=output_url,
+            output=lance.staging if lance else output_url,
+            lance=lance.dataset if lance else None,
             model=models[0],
             text_column=text_column,
             id_column=id_column or None,

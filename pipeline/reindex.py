@@ -25,7 +25,7 @@ import posixpath
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
@@ -78,6 +78,7 @@ class ReindexJob(BaseModel):
     chunk: ChunkSettings | None = None  # {tokens: N, overlap: K}: windows instead of truncation
     precision: Precision = "float32"
     dim: int | None = Field(default=None, gt=0)
+    format: Literal["parquet", "lance"] = "parquet"  # lance: OUTPUT is a Lance dataset, a version per changed run
     storage_options: dict[str, Any] = Field(default_factory=dict)
     profile: str | None = None
     catalog: str | None = None
@@ -96,6 +97,7 @@ class ReindexJob(BaseModel):
             storage_options=self.storage_options,
             chunk=self.chunk,
             vectors=VectorFormat(precision=self.precision, dim=self.dim),
+            lance=self.output if self.format == "lance" else None,
         )
 
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 from configs import ModelSpec
 
 from .chunking import ChunkSettings, Windows, token_windows
+from .lance_fragments import write_fragment
 from .parquet_slices import REPORTED_REJECTIONS, read_slice, text_column, write_part
 from .vector_precision import VectorFormat, compact
 
@@ -105,6 +106,8 @@ def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], s
             columns[name] = source.column(name)
     # The stamp (input version, model fingerprint, options) lets a re-run trust this part.
     table = pa.table(columns).replace_schema_metadata(payload.get("part_metadata"))
+    if payload.get("lance"):  # the rows go to a Lance fragment; the part is its marker
+        table = write_fragment(payload["lance"], table, payload.get("storage_options"))
     size = write_part(payload["output"], table, payload.get("storage_options"))
     empty = sum(1 for t in data.texts if t is not None and not t.strip())
     first = (payload.get("row_range") or [0, 0])[0]

@@ -1,0 +1,129 @@
+"""The Lance sink: workers write fragments, the client commits one dataset version per run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import ROOT, SHOAL, invoke_shoal, write_profile, write_shards
+from distributed import Client
+
+from configs import load_profile
+from pipeline.cluster import start_local_cluster
+
+lance = pytest.importorskip("lance")
+
+
+def rows(dataset: str) -> list[dict]:
+    return lance.dataset(dataset).to_table().to_pylist()
+
+
+def wait_until(condition, timeout: float = 120, step: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(step)
+
+
+def test_lance_output_every_row_once_and_lancedb_finds_the_nearest_neighbour(cluster, tiny_model, tiny_catalog, demo_texts, tmp_path):
+    import lancedb
+    from sentence_transformers import SentenceTransformer
+
+    _, client = cluster
+    texts = demo_texts[:400]
+    ids = write_shards(tmp_path / "in", texts, shards=2, row_group_size=100)
+    dataset = str(tmp_path / "db" / "docs.lance")
+    result = invoke_shoal("embed", str(tmp_path / "in"), f"lance://{dataset}", "--model", "tiny", "--catalog", str(tiny_catalog),
+                          "--scheduler", client.scheduler.address)
+    assert result.returncode == 0, result.stderr
+    table = rows(dataset)
+    assert sorted(r["id"] for r in table) == sorted(ids)  # every row once
+    direct = SentenceTransformer(str(tiny_model), device="cpu").encode(texts)
+    by_id = {r["id"]: r["embedding"] for r in table}
+    np.testing.assert_allclose([by_id[i] for i in ids], direct, atol=2e-5)
+    assert lance.dataset(dataset).version == 1
+
+    again = invoke_shoal("embed", str(tmp_path / "in"), f"lance://{dataset}", "--model", "tiny", "--catalog", str(tiny_catalog),
+                         "--scheduler", client.scheduler.address)
+    assert again.returncode == 0 and lance.dataset(dataset).version == 1  # nothing changed: no new version
+
+    hits = lancedb.connect(str(tmp_path / "db")).open_table("docs").search(direct[123]).metric("cosine").limit(3).to_list()
+    assert hits[0]["id"] == ids[123]
+
+
+def test_client_killed_then_rerun_commits_every_row_once(cluster, tiny_catalog, demo_texts, tmp_path):
+    local, client = cluster
+    plugin = local.scheduler.extensions["shoal"]
+    ids = write_shards(tmp_path / "in", demo_texts[:300], shards=2, row_group_size=5)
+    profile = write_profile(tmp_path, name="lance-resume", rows_per_item=5)  # 60 small items
+    dataset = str(tmp_path / "docs.lance")
+    args = ["embed", str(tmp_path / "in"), dataset, "--format", "lance", "--model", "tiny", "--catalog", str(tiny_catalog),
+            "--scheduler", client.scheduler.address, "--profile", str(profile)]
+    acked = plugin.events["acked"]
+    job = subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: plugin.events["acked"] >= acked + 2 or job.poll() is not None, step=0.01)
+    job.send_signal(signal.SIGKILL)
+    assert job.wait() == -signal.SIGKILL, "the job ended before it could be killed"
+    with pytest.raises((ValueError, OSError)):  # fragments written, no version committed: no half dataset
+        lance.dataset(dataset)
+    result = invoke_shoal(*args)
+    assert result.returncode == 0, result.stderr
+    assert sorted(r["id"] for r in rows(dataset)) == sorted(ids)
+    assert lance.dataset(dataset).version == 1
+
+
+def test_worker_killed_mid_job_loses_no_row_and_duplicates_none(demo_texts, tmp_path):
+    profile = load_profile(str(write_profile(tmp_path, name="lance-kill", rows_per_item=100, lease_seconds=30)))
+    ids = write_shards(tmp_path / "in", demo_texts[:1600], shards=4, row_group_size=50)
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": {"slow-sim": {
+        "kind": "sim", "dim": 8, "max_seq_length": 256, "memory_bytes": 10**6,
+        "load_seconds": 0.1, "batch_fixed_seconds": 0.05, "per_token_seconds": 1e-4,
+    }}}))
+    dataset = str(tmp_path / "docs.lance")
+    with start_local_cluster(profile) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        plugin = cluster.scheduler.extensions["shoal"]
+        job = subprocess.Popen(
+            [SHOAL, "embed", str(tmp_path / "in"), f"lance://{dataset}", "--model", "slow-sim", "--catalog", str(catalog),
+             "--scheduler", cluster.scheduler_address, "--profile", profile.path],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        victim = None
+        deadline = time.monotonic() + 240
+        while victim is None and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+            if plugin.events["acked"] >= 1:
+                busy = [w for w, items in plugin.leased_by_worker.items() if items]
+                victim = busy[0] if busy else None
+        assert victim is not None, "the job ended before a worker could be killed"
+        nanny = next(n for n in cluster.workers.values() if n.worker_address == victim)
+        os.kill(nanny.process.process.pid, signal.SIGKILL)
+        _, stderr = job.communicate(timeout=300)
+        assert job.returncode == 0, stderr
+        assert plugin.events["lost"] >= 1
+    assert sorted(r["id"] for r in rows(dataset)) == sorted(ids)  # every row exactly once
+
+
+def test_reindex_into_lance_adds_a_version_when_inputs_change(cluster, tiny_catalog, demo_texts, tmp_path):
+    _, client = cluster
+    ids = write_shards(tmp_path / "in", demo_texts[:200], shards=2, row_group_size=50)
+    dataset = str(tmp_path / "docs.lance")
+    job = {"name": "docs", "input": str(tmp_path / "in"), "output": dataset, "format": "lance", "model": "tiny",
+           "catalog": str(tiny_catalog), "scheduler": client.scheduler.address, "lock": {"settle_seconds": 0.1}}
+    (tmp_path / "docs.yaml").write_text(yaml.safe_dump(job))
+    assert invoke_shoal("reindex", str(tmp_path / "docs.yaml")).returncode == 0
+    assert lance.dataset(dataset).version == 1 and sorted(r["id"] for r in rows(dataset)) == sorted(ids)
+    more = [f"new-{i}" for i in range(60)]
+    pq.write_table(pa.table({"id": more, "text": demo_texts[200:260]}), tmp_path / "in" / "shard-new.parquet")
+    result = invoke_shoal("reindex", str(tmp_path / "docs.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert lance.dataset(dataset).version == 2  # a reindex is a new version
+    assert sorted(r["id"] for r in rows(dataset)) == sorted(ids + more)
+    assert sorted(r["id"] for r in lance.dataset(dataset, version=1).to_table().to_pylist()) == sorted(ids)
