@@ -240,8 +240,15 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
         for name, entry in entries.items():
             entry = dict(entry or {})
             source = str(entry.get("source", ""))
-            if source and not source.startswith("package:") and not Path(source).expanduser().is_absolute():
+            if source and not source.startswith(("package:", "hf:")) and not Path(source).expanduser().is_absolute():
                 entry["source"] = str((path.parent / source).resolve())  # relative to the catalog file
+            if source and not {"kind", "dim", "max_seq_length"} <= entry.keys():  # the rest from the model's files
+                from .model_resolution import fields_from_source
+
+                try:
+                    entry = {**fields_from_source(name, entry["source"]), **entry}
+                except ConfigError as exc:
+                    raise ConfigError(f"{path}: models.{name}: {exc}") from None
             try:
                 models[name] = ModelSpec(**{"name": name, **entry}).model_dump()
             except ValidationError as exc:

@@ -181,6 +181,19 @@ def resolve_unlisted(name: str, known: list[str]) -> ModelSpec:
     return ModelFiles(snapshot).spec(repo_id, f"{HF_PREFIX}{repo_id}@{revision}")
 
 
+def fields_from_source(name: str, source: str) -> dict[str, Any]:
+    """What a catalog entry leaves out (kind, dim, window, normalize, memory), read from its source's files."""
+    if source.startswith(HF_PREFIX):
+        folder = Path(hub_source_path(source))
+    elif source.startswith("package:"):
+        folder = Path(ModelSpec(name=name, kind="embedder", source=source, dim=1, max_seq_length=1).resolve_path())
+    else:
+        folder = Path(source).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"source directory {source!r} does not exist")
+    return ModelFiles(folder).spec(name, source).model_dump(include={"kind", "dim", "max_seq_length", "normalize", "memory_bytes"})
+
+
 def hub_source_path(source: str) -> str:
     """The local snapshot folder of an ``hf:ORG/NAME@REV`` source, on this machine."""
     repo_id, _, revision = source.removeprefix(HF_PREFIX).partition("@")

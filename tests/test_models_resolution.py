@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import invoke_shoal, read_output, write_shards
 
-from configs import load_catalog
+from configs import ConfigError, load_catalog
 from configs.model_resolution import ModelFiles
 
 REPO_ID = "test-org/tiny-embedder"
@@ -134,3 +134,21 @@ def test_models_lists_catalog_and_cached_models(hub_cache, tiny_catalog):
     cached = rows[REPO_ID]
     assert cached["from"] == "hf cache" and cached["source"] == f"hf:{REPO_ID}@{REVISION}"
     assert (cached["kind"], cached["dim"], cached["max_seq_length"], cached["normalize"]) == ("embedder", 32, 128, True)
+
+
+def test_a_catalog_entry_states_only_what_it_overrides(hub_cache, tiny_model, tmp_path):
+    import yaml
+
+    path = tmp_path / "catalog.yaml"
+    path.write_text(yaml.safe_dump({"models": {
+        "short": {"source": str(tiny_model), "token_budget": {"cpu": 1024}},
+        "cached": {"source": f"hf:{REPO_ID}", "normalize": False, "max_seq_length": 64},
+    }}))
+    catalog = load_catalog(path)
+    short, cached = catalog.get("short"), catalog.get("cached")
+    assert (short.kind, short.dim, short.max_seq_length, short.normalize, short.token_budget) == ("embedder", 32, 128, True, {"cpu": 1024})
+    assert (cached.dim, cached.max_seq_length, cached.normalize) == (32, 64, False)  # the entry's own values win
+    assert cached.resolve_path() == str(hub_cache / "models--test-org--tiny-embedder" / "snapshots" / REVISION)
+    path.write_text(yaml.safe_dump({"models": {"gone": {"source": str(tmp_path / "nowhere")}}}))
+    with pytest.raises(ConfigError, match=r"catalog\.yaml: models\.gone: source directory .*nowhere.* does not exist"):
+        load_catalog(path)
