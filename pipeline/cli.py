@@ -310,6 +310,30 @@ def serve(profile, models, host, port, scheduler, catalog):
     sys.exit(code)
 
 
+@main.command(name="gateway")
+@click.option("--scheduler", required=True, envvar="DASK_SCHEDULER_ADDRESS", help="tcp://host:port of the cluster's scheduler.")
+@click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local); its `gateway:` section sets the limits.")
+@click.option("--host", default=None, help="Address to listen on. Default: the profile's, 127.0.0.1 (loopback only).")
+@click.option("--port", type=int, default=None, help="Port to listen on (0: any free one). Default: the profile's, 8790.")
+@click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
+def gateway(scheduler, profile, host, port, catalog):
+    """Serve the online endpoint in this process, for a running cluster.
+
+    The same routes as `shoal serve`, with HTTP handled here instead of in the
+    scheduler: run several, behind any load balancer, to serve one cluster.
+    Waits for the scheduler if it is not up yet; SIGINT or SIGTERM exits 0.
+    """
+    from .gateway_process import gateway as run_gateway
+
+    console = Console(stderr=True, soft_wrap=True)
+    try:
+        code = run_gateway(load_profile(profile), load_catalog(catalog), scheduler, host, port, console)
+    except USER_ERRORS as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
+    sys.exit(code)
+
+
 @main.command(name="models")
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
 @click.option("--catalog-only", is_flag=True, help="Only the catalog's entries, not the Hugging Face cache.")

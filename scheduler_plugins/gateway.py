@@ -1,10 +1,13 @@
-"""The online gateway: HTTP in the scheduler process, on the scheduler's event loop.
+"""The online gateway: HTTP in front of the pull queue.
 
 A request is checked (auth, size, shape, limits), becomes an ONLINE item on its
-model's queue, and waits for the future a worker's ack resolves. There is no
-RPC and no thread hop between the HTTP handler and the queue: the gateway
-calls the pull-queue plugin directly. aiohttp serves it (its C parser is about
-twice tornado's speed here); it runs on the same asyncio loop as Dask.
+model's queue, and waits for a worker's answer. The gateway reaches the queue
+through a backend (gateway_link.GatewayBackend): in the scheduler's process
+(`shoal serve`) it calls the queue directly, with no message and no thread
+hop; in a process of its own (`shoal gateway`) it sends requests to the
+scheduler and receives answers in batches, so HTTP parsing, auth and encoding
+leave the scheduler's one event loop and several gateways serve one cluster.
+aiohttp serves it (its C parser is faster than tornado's).
 
 Routes: Shoal's own ``POST /v1/encode/{model}`` and ``/v1/rerank/{model}``
 (MessagePack first, JSON when asked), OpenAI's ``POST /v1/embeddings``,
@@ -27,12 +30,10 @@ from configs import GatewaySettings
 from . import api_formats as api
 from .gateway_auth import BearerAuth
 from .gateway_metrics import GatewayMetrics
-from .online_requests import OnlineFailure
-from .work_items import BATCH, ONLINE
 from .wire import JSON, MSGPACK, RequestError, decode, encode, media_type, response_type
 
 if TYPE_CHECKING:
-    from .pull_queue import ShoalScheduler
+    from .gateway_link import GatewayBackend
 
 logger = logging.getLogger("shoal.gateway")
 
@@ -59,11 +60,12 @@ SCORING_KINDS = ("reranker",)
 
 
 class Gateway:
-    def __init__(self, queue: ShoalScheduler, settings: GatewaySettings) -> None:
-        self.queue = queue
+    def __init__(self, backend: GatewayBackend, settings: GatewaySettings) -> None:
+        """`backend`: the queue in this process (OnlineQueue.local_backend) or a link to a scheduler's."""
+        self.backend = backend
         self.settings = settings
         self.auth = BearerAuth.from_settings(settings)
-        self.metrics = GatewayMetrics(self._queue_depths)
+        self.metrics = GatewayMetrics(backend.queue_depths)
         self.accepting = False
         self.url = ""
         self._in_flight = 0
@@ -207,13 +209,14 @@ class Gateway:
             raise ClientGone(f"the client closed the connection before its body arrived ({exc})") from None
 
     def _label(self, request: web.Request, model: str) -> None:
-        request[MODEL] = model if model in self.queue.model_specs else UNKNOWN_MODEL
+        request[MODEL] = model if model in self.backend.specs() else UNKNOWN_MODEL
 
     def _spec(self, request: web.Request, model: str, kinds: tuple[str, ...], action: str) -> dict[str, Any]:
         self._label(request, model)
-        spec = self.queue.model_specs.get(model)
+        specs = self.backend.specs()
+        spec = specs.get(model)
         if spec is None:
-            known = ", ".join(sorted(self.queue.model_specs)) or "none"
+            known = ", ".join(sorted(specs)) or "none"
             raise RequestError(404, f"unknown model {model!r}; this gateway serves: {known}")
         if spec["kind"] not in kinds:
             raise RequestError(400, f"model {model!r} is of kind {spec['kind']!r}; it cannot {action}")
@@ -221,26 +224,8 @@ class Gateway:
 
     async def _run(self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall) -> dict[str, Any]:
         """Queue the call as one ONLINE item and wait for a worker's answer."""
-        if not self.queue.scheduler.workers:
-            raise RequestError(503, "no workers are connected")
-        if self.queue.online_pending(call.model) >= self.settings.max_queue_depth:
-            raise RequestError(429, f"too many requests waiting for {call.model!r}")
         timeout = self._timeout(request)
-        item, future = self.queue.submit_online(call.model, op, call.payload(), call.inputs, self.settings)
-        # The future itself carries the deadline: `wait_for` would add a future and a loop pass per answer.
-        deadline = asyncio.get_running_loop().call_later(timeout, _expire, future)
-        try:
-            result = await future
-        except asyncio.TimeoutError:
-            self.queue.cancel_online(item)
-            raise RequestError(504, f"no answer within {timeout:g} s") from None
-        except OnlineFailure as exc:
-            raise RequestError(502, f"model {call.model!r} failed: {exc}") from None
-        except asyncio.CancelledError:
-            self.queue.cancel_online(item)
-            raise
-        finally:
-            deadline.cancel()
+        result = await self.backend.answer(call.model, op, call.payload(), call.inputs, timeout, self.settings)
         if "error" in result:
             raise RequestError(int(result.get("status", 422)), result["error"])
         request[TIMING] = result.get("timing")
@@ -262,21 +247,6 @@ class Gateway:
     def _reply(self, request: web.Request, body: dict[str, Any]) -> web.Response:
         kind = request[REPLY]
         return web.Response(body=encode(body, kind), content_type=kind)
-
-    def _queue_depths(self) -> dict[tuple[str, str], int]:
-        queues = self.queue.queues
-        return {
-            (model, name): queues.depth(model, priority)
-            for model in self.queue.model_specs
-            for priority, name in ((ONLINE, "online"), (BATCH, "batch"))
-        }
-
-    def _resident_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for view in self.queue.worker_views.values():
-            for model in view.ready:
-                counts[model] = counts.get(model, 0) + 1
-        return counts
 
     # -- routes -----------------------------------------------------------------------
 
@@ -318,13 +288,13 @@ class Gateway:
         request[REPLY] = response_type(request.headers.get("Accept"), JSON)
         if not self.auth.allows(request.headers.get("Authorization")):
             raise RequestError(401, "missing or wrong bearer token")
-        resident = self._resident_counts()
+        loaded = self.backend.loaded_counts()
         data = [
             {
                 "id": name, "object": "model", "owned_by": "shoal", "kind": spec["kind"], "dim": spec["dim"],
-                "max_seq_length": spec["max_seq_length"], "resident_workers": resident.get(name, 0),
+                "max_seq_length": spec["max_seq_length"], "resident_workers": loaded.get(name, 0),
             }
-            for name, spec in sorted(self.queue.model_specs.items())
+            for name, spec in sorted(self.backend.specs().items())
         ]
         return self._reply(request, {"object": "list", "data": data})
 
@@ -333,7 +303,7 @@ class Gateway:
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready: accepting, and at least one Shoal worker is pulling."""
-        workers = sum(1 for w in self.queue.worker_views if w in self.queue.scheduler.workers)
+        workers = self.backend.workers()
         ready = self.accepting and workers > 0
         body = {"ready": ready, "accepting": self.accepting, "workers": workers}
         return web.json_response(body, status=200 if ready else 503)
@@ -344,9 +314,3 @@ class Gateway:
 
 class ClientGone(Exception):
     """The client disconnected before its request could be read: no one to answer."""
-
-
-def _expire(future: asyncio.Future) -> None:
-    """A request's deadline: its waiter gets TimeoutError (the gateway then cancels the queued item)."""
-    if not future.done():
-        future.set_exception(asyncio.TimeoutError())

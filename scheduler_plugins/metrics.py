@@ -59,8 +59,9 @@ class ShoalMetrics:
         overview = self.queue.overview()
         stats = self.queue.placement.stats
         rates = self.rates()
-        online = self.queue.online  # a standing job per model; its items are the requests not yet answered
-        models = sorted(set(overview["queues"]) | set(stats.rows) | set(online))
+        pending = self.queue.online.pending_by_model()  # requests not answered yet, per model
+        standing = self.queue.online.job_ids()  # online requests' jobs: not shown as jobs
+        models = sorted(set(overview["queues"]) | set(stats.rows) | set(pending))
         workers = {}
         for address, view in overview["workers"].items():
             state = self.queue.scheduler.workers.get(address)
@@ -77,7 +78,7 @@ class ShoalMetrics:
             "models": {
                 model: {
                     **overview["queues"].get(model, {"online": 0, "batch": 0}),
-                    "online_pending": len(online[model].items) if model in online else 0,
+                    "online_pending": pending.get(model, 0),
                     "rows_per_second": rates.get(model, 0.0),
                     "rows_done": stats.rows.get(model, 0.0),
                     "compute_seconds": stats.seconds.get(model, 0.0),
@@ -88,7 +89,7 @@ class ShoalMetrics:
             "jobs": {
                 job_id: {key: job[key] for key in ("rows_done", "rows_total", "done", "failed", "items", "elapsed", "complete")}
                 for job_id, job in overview["jobs"].items()
-                if job_id not in {job.id for job in online.values()}
+                if job_id not in standing
             },
             "events": overview["events"],
         }

@@ -9,9 +9,10 @@ queued (a late ack from a worker thought lost) is skipped at the head, and
 
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
+from collections.abc import Callable
 
-from .work_items import ItemState, WorkItem
+from .work_items import BATCH, ONLINE, ItemState, WorkItem
 
 
 class _JobFifos:
@@ -54,15 +55,22 @@ class _JobFifos:
 
 
 class ModelQueues:
-    def __init__(self) -> None:
+    """Waiting items per model and priority, with counts kept as items come and go.
+
+    `on_change`: called with a model whose waiting batch work changed (the
+    steal index orders models by it).
+    """
+
+    def __init__(self, on_change: Callable[[str], None] = lambda model: None) -> None:
         self._queues: dict[str, dict[int, _JobFifos]] = defaultdict(lambda: defaultdict(_JobFifos))
-        self._waiting_rows: dict[str, int] = defaultdict(int)
-        self._waiting_items: dict[str, int] = defaultdict(int)
+        self._rows: Counter[tuple[str, int]] = Counter()
+        self._items: Counter[tuple[str, int]] = Counter()
+        self._backlog: dict[int, dict[str, None]] = defaultdict(dict)  # priority -> models with items waiting
+        self._on_change = on_change
 
     def push(self, item: WorkItem, front: bool = False) -> None:
         self._queues[item.model][item.priority].push(item, front)
-        self._waiting_rows[item.model] += item.rows
-        self._waiting_items[item.model] += 1
+        self._count(item, +1)
 
     def head(self, model: str, priority: int) -> WorkItem | None:
         """The oldest waiting item of a model at one priority."""
@@ -73,16 +81,29 @@ class ModelQueues:
         queue = self._queues.get(model, {}).get(priority)
         taken = queue.take(limit) if queue is not None else []
         for item in taken:
-            self._count_out(item)
+            self._count(item, -1)
         return taken
 
     def forget(self, item: WorkItem) -> None:
         """A queued item left the queue by another way (late ack, job released)."""
-        self._count_out(item)
+        self._count(item, -1)
 
-    def _count_out(self, item: WorkItem) -> None:
-        self._waiting_rows[item.model] -= item.rows
-        self._waiting_items[item.model] -= 1
+    def _count(self, item: WorkItem, delta: int) -> None:
+        key = (item.model, item.priority)
+        self._rows[key] += delta * item.rows
+        self._items[key] += delta
+        if self._items[key] > 0:
+            self._backlog[item.priority][item.model] = None
+        else:
+            del self._items[key], self._rows[key]
+            self._backlog[item.priority].pop(item.model, None)
+            queue = self._queues.get(item.model, {}).get(item.priority)
+            if queue is not None and not len(queue):
+                del self._queues[item.model][item.priority]
+                if not self._queues[item.model]:
+                    del self._queues[item.model]
+        if item.priority != ONLINE:
+            self._on_change(item.model)
 
     def depth(self, model: str, priority: int | None = None) -> int:
         """Entries waiting (stale ones count until they reach a head)."""
@@ -92,11 +113,18 @@ class ModelQueues:
             return len(queue) if queue is not None else 0
         return sum(len(q) for q in per_priority.values())
 
-    def waiting_items(self, model: str) -> int:
-        return self._waiting_items.get(model, 0)
+    def waiting_items(self, model: str, priority: int | None = None) -> int:
+        if priority is not None:
+            return self._items.get((model, priority), 0)
+        return self._items.get((model, ONLINE), 0) + self._items.get((model, BATCH), 0)
 
-    def waiting_rows(self, model: str) -> int:
-        return self._waiting_rows.get(model, 0)
+    def waiting_rows(self, model: str, priority: int | None = None) -> int:
+        if priority is not None:
+            return self._rows.get((model, priority), 0)
+        return self._rows.get((model, ONLINE), 0) + self._rows.get((model, BATCH), 0)
 
-    def models(self) -> list[str]:
-        return [m for m, n in self._waiting_items.items() if n > 0]
+    def models(self, priority: int | None = None) -> list[str]:
+        """Models with items waiting (at `priority`, or at any)."""
+        if priority is not None:
+            return list(self._backlog[priority])
+        return list(dict.fromkeys([*self._backlog[ONLINE], *self._backlog[BATCH]]))

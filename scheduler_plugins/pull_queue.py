@@ -15,16 +15,20 @@ Routes (all declared in ``ShoalScheduler.start``):
 - ``shoal_extend``: extend a worker's leases; answers which it no longer holds
 - ``shoal_job_status`` / ``shoal_job_release``: follow and forget a job
 - ``shoal_overview``: queue depths and workers, for status and metrics
-- ``shoal_pull_online``: lease every waiting online request of one model
-  (continuous batching); a worker keeps one waiting beside its batch pulls
-- ``shoal_ack_many``: finish a group of online items in one message
+- the online path's routes (``shoal_pull_online``, ``shoal_ack_many``, and
+  those of gateways in their own processes) are declared by ``OnlineQueue``
+  (online_queue.py), started beside this plugin
 - ``shoal_gateway_start`` / ``shoal_gateway_stop``: the online HTTP gateway
   (scheduler_plugins/gateway.py), on this scheduler's event loop
+
+Per event (pull, ack, request) the plugin does O(1) or O(log n) work in
+workers, models and leased items: worker views, waiting pulls, leases and
+placement's candidates are indexes kept up to date as events happen, and new
+work wakes only the pulls that may take it (see waiting_pulls).
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import time
@@ -39,16 +43,18 @@ from configs import GatewaySettings
 from .dashboard import start_dashboard
 from .gateway import Gateway
 from .jobs import Job
+from .leases import Leases
 from .metrics import start_metrics
 from .model_queues import ModelQueues
-from .online_requests import OnlineJob, leased_at
-from .placement import Placement, WorkerView, can_host
+from .online_queue import MAX_ONLINE_BATCH, OnlineQueue
+from .placement import Placement
+from .waiting_pulls import WaitingBatchPulls, WaitingPull
 from .work_items import BATCH, ONLINE, ItemState, WorkItem
+from .worker_views import WorkerView, WorkerViews, can_host
 
 logger = logging.getLogger("shoal.scheduler")
 
 NAME = "shoal-pull-queue"
-MAX_ONLINE_BATCH = 512
 LEASE_CHECK_MS = 500
 
 
@@ -57,22 +63,29 @@ class ShoalScheduler(SchedulerPlugin):
 
     def __init__(self, gateway: GatewaySettings | None = None, models: dict[str, dict[str, Any]] | None = None) -> None:
         """`gateway`: start the online gateway with these settings; `models`: specs it serves."""
-        self.queues = ModelQueues()
+        self.model_specs: dict[str, dict[str, Any]] = dict(models or {})
+        self.specs_version = 0  # counts changes to model_specs, for gateways in other processes
         self.jobs: dict[str, Job] = {}
         self.items: dict[str, WorkItem] = {}
-        self.leased_by_worker: dict[str, set[str]] = defaultdict(set)
-        self.worker_views: dict[str, WorkerView] = {}
-        self.placement = Placement()
-        self.model_specs: dict[str, dict[str, Any]] = dict(models or {})
-        self.online: dict[str, OnlineJob] = {}
-        self._online_pullers: dict[str, bool] = {}  # worker -> busy, for each online pull waiting
-        self._online_waiters: set[asyncio.Future] = set()  # online pulls waiting: a request wakes no batch pull
+        self.views = WorkerViews(on_holders=self._holders_changed)
+        self.queues = ModelQueues(on_change=self._batch_work_changed)
+        self.placement = Placement(self.queues, self.views, self.model_specs)
+        self.leases = Leases()
+        self.batch_pulls = WaitingBatchPulls()
+        self.online = OnlineQueue(self)
         self.gateway: Gateway | None = None
         self._gateway_settings = gateway
-        self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead
-        self._work_added = asyncio.Event()
+        self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead, taken_back
         self._lease_checker: PeriodicCallback | None = None
         self._unplaceable_since: dict[str, float] = {}
+
+    @property
+    def worker_views(self) -> dict[str, WorkerView]:
+        return self.views.views
+
+    @property
+    def leased_by_worker(self) -> dict[str, dict[str, WorkItem]]:
+        return self.leases.by_worker
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
@@ -87,10 +100,9 @@ class ShoalScheduler(SchedulerPlugin):
                 "shoal_job_status": self.job_status,
                 "shoal_job_release": self.job_release,
                 "shoal_overview": self.overview,
-                "shoal_pull_online": self.pull_online,
-                "shoal_ack_many": self.ack_many,
                 "shoal_gateway_start": self.gateway_start,
                 "shoal_gateway_stop": self.gateway_stop,
+                **self.online.handlers(),
             }
         )
         scheduler.extensions["shoal"] = self
@@ -101,8 +113,7 @@ class ShoalScheduler(SchedulerPlugin):
         if self._gateway_settings is not None:
             await self.gateway_start(self._gateway_settings.model_dump())
         # Everything alive now lives as long as the process: out of the collector's sight, a full
-        # collection no longer scans it. Before, one took ~60 ms in `shoal serve`, a stall for
-        # every request in flight, and came every few seconds at 1,000 req/s.
+        # collection no longer scans it (it stalled every request in flight in `shoal serve`).
         gc.collect()
         gc.freeze()
 
@@ -110,6 +121,7 @@ class ShoalScheduler(SchedulerPlugin):
         if self._lease_checker is not None:
             self._lease_checker.stop()
         await self.gateway_stop()
+        self.online.close()
 
     # -- handlers -----------------------------------------------------------
 
@@ -121,7 +133,7 @@ class ShoalScheduler(SchedulerPlugin):
             raise ValueError(f"job {job!r}: no model spec for {sorted(unknown)}")
         settings = settings or {}
         priority = int(settings.get("priority", BATCH))
-        self.model_specs.update(settings.get("models", {}))
+        self.add_specs(settings.get("models", {}))
         work = [
             WorkItem(
                 id=f"{job}/{spec['key']}",
@@ -138,8 +150,16 @@ class ShoalScheduler(SchedulerPlugin):
         for item in work:
             self.items[item.id] = item
             self.queues.push(item)
-        self._notify()
+        for model, count in Counter(item.model for item in work).items():
+            self._work_queued(model, priority, count)
         return {"job": job, "items": len(work)}
+
+    def add_specs(self, models: dict[str, dict[str, Any]]) -> None:
+        """Model specs join the plugin-wide table that pulls send with items."""
+        if models:
+            self.model_specs.update(models)
+            self.specs_version += 1
+            self.placement.specs_changed()
 
     async def pull(
         self,
@@ -160,14 +180,13 @@ class ShoalScheduler(SchedulerPlugin):
         budget and measured load times with every pull, so placement always
         sees its present state.
         """
-        view = self._reported(worker, resident, ready)
+        state = self.scheduler.workers.get(worker)
+        view = self.reported(
+            worker, resident, ready, budget=budget, free_bytes=free_bytes, load_seconds=load_seconds or {},
+            resources=dict(getattr(state, "resources", None) or {}),
+        )
         if view is None:
             return {"items": [], "reason": "unknown worker"}
-        view.budget = budget
-        view.free_bytes = free_bytes
-        view.load_seconds.update(load_seconds or {})
-        state = self.scheduler.workers.get(worker)
-        view.resources = dict(getattr(state, "resources", None) or {})
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             if worker not in self.scheduler.workers:
@@ -176,15 +195,16 @@ class ShoalScheduler(SchedulerPlugin):
             if not items and held == 0:
                 items = self._take_back(view)
             if items:
-                return self._pull_reply(items)
+                return self._pull_reply(items, view)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return {"items": []}
-            event = self._work_added
+            waiting = WaitingPull(view)
+            self.batch_pulls.add(waiting)
             try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
+                await waiting.wait(remaining)
+            finally:
+                self.batch_pulls.discard(waiting)
 
     def start_item(self, worker: str, item: str) -> dict[str, Any]:
         """True when `worker` still holds the lease: the item is now running there."""
@@ -192,6 +212,7 @@ class ShoalScheduler(SchedulerPlugin):
         if work is None or work.state is not ItemState.LEASED or work.worker != worker:
             return {"ok": False}
         work.started = True
+        self.placement.started(work)
         return {"ok": True}
 
     def ack(self, worker: str, item: str, result: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +222,9 @@ class ShoalScheduler(SchedulerPlugin):
         if work.state is ItemState.QUEUED:
             self.queues.forget(work)
         self._unlease(work)
-        self.placement.stats.record(work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0)))
+        if work.priority == BATCH:
+            self.placement.stats.record(work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0)))
+            self.placement.model_changed(work.model)
         job = self.jobs[work.job]
         job.dead_letters.pop(work.id, None)
         job.record_done(work, worker, result)
@@ -229,6 +252,7 @@ class ShoalScheduler(SchedulerPlugin):
                 lost.append(item_id)
                 continue
             work.deadline = now + self.jobs[work.job].lease_seconds
+            self.leases.extended(work)
         return {"lost": lost}
 
     def job_status(self, job: str, results: bool = False) -> dict[str, Any]:
@@ -257,10 +281,10 @@ class ShoalScheduler(SchedulerPlugin):
                 }
                 for model in self.queues.models()
             },
-            "leased": {w: len(ids) for w, ids in self.leased_by_worker.items() if ids},
+            "leased": {w: len(ids) for w, ids in self.leases.by_worker.items() if ids},
             "workers": {
                 address: {"resident": sorted(view.ready), "budget": view.budget, "free_bytes": view.free_bytes}
-                for address, view in self.worker_views.items()
+                for address, view in self.views.views.items()
             },
             "jobs": {job_id: {**job.status(), "models": self._item_states(job)} for job_id, job in self.jobs.items()},
             "events": dict(self.events),
@@ -274,7 +298,7 @@ class ShoalScheduler(SchedulerPlugin):
             states[item.model][item.state.value] += 1
         return {model: dict(counts) for model, counts in states.items()}
 
-    # -- online requests ------------------------------------------------------
+    # -- the embedded gateway -------------------------------------------------
 
     async def gateway_start(
         self, settings: dict[str, Any] | None = None, models: dict[str, dict[str, Any]] | None = None,
@@ -287,9 +311,9 @@ class ShoalScheduler(SchedulerPlugin):
         """
         if self.gateway is not None and not replace:
             return {"error": f"this scheduler already serves the online gateway on {self.gateway.url}"}
-        self.model_specs.update(models or {})
+        self.add_specs(models or {})
         await self.gateway_stop()
-        gateway = Gateway(self, GatewaySettings(**(settings or {})))
+        gateway = Gateway(self.online.local_backend(), GatewaySettings(**(settings or {})))
         url = await gateway.start()
         self.gateway = gateway
         return {"url": url}
@@ -301,154 +325,23 @@ class ShoalScheduler(SchedulerPlugin):
             await gateway.stop()
         return {"stopped": gateway is not None}
 
-    def submit_online(
-        self, model: str, op: str, payload: dict[str, Any], rows: int, settings: GatewaySettings
-    ) -> tuple[WorkItem, asyncio.Future]:
-        """Queue one online request, in-process (the gateway calls this); its future gets the result."""
-        job = self.online.get(model)
-        if job is None:
-            job = self.online[model] = OnlineJob(model, 0.0, 0, lambda item: self.items.pop(item.id, None))
-            self.jobs[job.id] = job
-        # A request never outlives its deadline, so that is its lease too.
-        job.lease_seconds = settings.request_timeout_seconds
-        job.max_attempts = settings.max_attempts
-        item, future = job.new_item(op, payload, rows, ONLINE)
-        self.items[item.id] = item
-        self.queues.push(item)
-        for waiter in self._online_waiters:
-            _settle(waiter)
-        self._online_waiters.clear()
-        return item, future
+    # -- what gateways and metrics read -----------------------------------------
 
-    def online_pending(self, model: str) -> int:
-        """Requests of `model` not answered yet: queued, or leased and waiting on a worker."""
-        job = self.online.get(model)
-        return len(job.futures) if job is not None else 0
+    def submit_online(self, model: str, op: str, payload: dict[str, Any], rows: int, settings: GatewaySettings):
+        """Queue one online request in-process; its future gets the result (see OnlineQueue.submit)."""
+        return self.online.submit(model, op, payload, rows, settings)
 
     def cancel_online(self, item: WorkItem) -> None:
-        """The request is gone (deadline, shutdown): drop its item wherever it is."""
-        if item.state is ItemState.QUEUED:
-            self.queues.forget(item)
-        elif item.state is not ItemState.LEASED:
-            return
-        self._unlease(item)
-        self.jobs[item.job].cancel(item)
+        self.online.cancel(item)
 
-    def _reported(self, worker: str, resident: list[str] | None, ready: list[str] | None) -> WorkerView | None:
-        """The view of `worker`, updated with what its pull reports; None for a removed worker.
+    def online_pending(self, model: str) -> int:
+        return self.online.pending(model)
 
-        A late pull of a removed worker must not recreate its view: the view
-        would stay a holder of its models forever, keeping their requests from
-        other workers.
-        """
-        if worker not in self.scheduler.workers:
-            return None
-        view = self.worker_views.setdefault(worker, WorkerView(worker))
-        view.report(resident, ready)
-        return view
-
-    async def pull_online(
-        self,
-        worker: str,
-        resident: list[str] | None = None,
-        timeout: float = 2.0,
-        busy: bool = False,
-        ready: list[str] | None = None,
-    ) -> dict[str, Any]:
-        """Lease every waiting online request of one model to `worker`, waiting up to `timeout`.
-
-        Workers keep one of these waiting besides their batch pulls, so a
-        request is taken the moment it is queued, even while batch items fill
-        the worker. Only models resident here, or held by no worker (one has
-        to load it), so a request never waits for a load another worker spared.
-        A `busy` worker (its device computing) leaves requests to an idle one
-        waiting here too, so they do not wait for its running batch.
-        """
-        view = self._reported(worker, resident, ready)
-        if view is None:
-            return {"items": [], "reason": "unknown worker"}
-        self._online_pullers[worker] = busy
-        deadline = time.monotonic() + max(0.0, timeout)
-        try:
-            while True:
-                if worker not in self.scheduler.workers:
-                    return {"items": [], "reason": "unknown worker"}
-                model = self._online_model_for(view, busy)
-                items = self.queues.take(model, ONLINE, MAX_ONLINE_BATCH) if model else []
-                for work in items:
-                    self._lease(work, worker)
-                if items:
-                    view.resident.add(model)  # a holder now, loaded or not (see _lease_next)
-                    return self._items_reply(items)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return {"items": []}
-                await self._online_request_queued(remaining)
-        finally:
-            self._online_pullers.pop(worker, None)
-
-    async def _online_request_queued(self, timeout: float) -> None:
-        """Until the gateway queues a request, or `timeout` seconds.
-
-        A bare future and a timer: `wait_for(event.wait())` cost a task per
-        wait, and every online request wakes a waiting pull.
-        """
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-        self._online_waiters.add(waiter)
-        timer = loop.call_later(timeout, _settle, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._online_waiters.discard(waiter)
-
-    def _online_model_for(self, view: WorkerView, busy: bool) -> str | None:
-        """The model whose online requests this online pull takes, oldest head first.
-
-        A request goes to a worker holding its model, or to any when none does.
-        Among the workers pulling now, one with the model loaded goes before
-        one still loading it, and an idle one before a busy one: a request
-        waits for a running forward batch rather than a load, and for neither
-        when it need not.
-        """
-        held = {m for v in self.worker_views.values() for m in v.resident}
-
-        def may_serve(address: str, model: str) -> bool:
-            other = self.worker_views.get(address)
-            return other is not None and (model in other.resident or model not in held)
-
-        def better_elsewhere(model: str) -> bool:
-            mine = (model in view.ready, not busy)
-            return any(
-                (model in self.worker_views[w].ready, not b) > mine
-                for w, b in self._online_pullers.items()
-                if w != view.address and may_serve(w, model)
-            )
-
-        heads = [
-            (model not in view.resident, head.enqueued_at, model)
-            for model in self.queues.models()
-            if may_serve(view.address, model)
-            and (head := self.queues.head(model, ONLINE)) is not None
-            and not better_elsewhere(model)
-        ]
-        return min(heads)[2] if heads else None
+    async def pull_online(self, worker: str, **report: Any) -> dict[str, Any]:
+        return await self.online.pull(worker, **report)
 
     def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> dict[str, Any]:
-        """Finish a worker's group of online items: `results` is [[item id, result], ...].
-
-        Each result gets the stage timings the gateway reports: queue (enqueued
-        to leased, here) and compute (the group's one model call, on the worker).
-        """
-        accepted = 0
-        for item_id, result in results:
-            work = self.items.get(item_id)
-            if work is not None and work.state is ItemState.LEASED:
-                lease_seconds = self.jobs[work.job].lease_seconds
-                result["timing"] = {"queue": leased_at(work, lease_seconds) - work.enqueued_at, "compute": compute_seconds}
-            accepted += self.ack(worker, item_id, result)["accepted"]
-        return {"accepted": accepted}
+        return self.online.ack_many(worker, results, compute_seconds)
 
     # -- scheduler events ---------------------------------------------------
 
@@ -462,40 +355,42 @@ class ShoalScheduler(SchedulerPlugin):
             self.job_release(job_id)
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str = "", **kwargs) -> None:
-        """A lost worker's leased items go back to the front of their queues."""
-        self.worker_views.pop(worker, None)
-        item_ids = self.leased_by_worker.pop(worker, set())
-        for item_id in item_ids:
-            work = self.items.get(item_id)
-            if work is not None and work.state is ItemState.LEASED:
+        """A lost worker's leased items go back to the front of their queues, and wake their takers."""
+        self.views.remove(worker)
+        self.placement.worker_removed(worker)
+        held = list(self.leases.of_worker(worker).values())
+        for work in held:
+            self.leases.remove(work)
+            if work.state is ItemState.LEASED:
                 work.errors.append(f"attempt {work.attempts}: worker {worker} was lost")
                 self.events["lost"] += 1
                 self._retry_or_bury(work, permanent=False, front=True)
-        if item_ids:
-            logger.warning("worker %s lost; %d leased items put back", worker, len(item_ids))
+        if held:
+            logger.warning("worker %s lost; %d leased items put back", worker, len(held))
 
     def check_leases_and_placement(self) -> None:
         self.expire_leases()
         self.bury_unplaceable()
+        self.online.forget_gone_gateways()
 
     def bury_unplaceable(self) -> None:
         """Items of a model that no worker can host go to dead letters, after a grace.
 
         The grace (the job's `unplaceable_seconds`) lets a worker that can host
         it join first, as under an autoscaler. Until some worker has pulled,
-        nothing is judged.
+        nothing is judged. Each model is checked against the distinct worker
+        capabilities, not against every worker.
         """
-        if not self.worker_views:
+        if not len(self.views):
             return
         now = time.monotonic()
         for model in self.queues.models():
             spec = self.model_specs.get(model, {})
-            views = list(self.worker_views.values())
-            if any(model in v.resident or can_host(spec, v) for v in views):
+            if self.views.holders.get(model) or self.views.anyone_can_host(spec):
                 self._unplaceable_since.pop(model, None)
                 continue
             since = self._unplaceable_since.setdefault(model, now)
-            reason = _unplaceable_reason(model, spec, views)
+            reason = _unplaceable_reason(model, spec, self.views.largest_budget())
             for priority in (ONLINE, BATCH):
                 for work in self.queues.take(model, priority, len(self.items)):
                     job = self.jobs[work.job]
@@ -507,30 +402,38 @@ class ShoalScheduler(SchedulerPlugin):
                         self.queues.push(work)
 
     def expire_leases(self) -> None:
-        now = time.monotonic()
-        for worker, item_ids in list(self.leased_by_worker.items()):
-            for item_id in list(item_ids):
-                work = self.items.get(item_id)
-                if work is None or work.state is not ItemState.LEASED:
-                    item_ids.discard(item_id)
-                elif work.deadline < now:
-                    item_ids.discard(item_id)
-                    work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
-                    self.events["expired"] += 1
-                    self._retry_or_bury(work, permanent=False, front=True)
+        for work in self.leases.expired(time.monotonic()):
+            worker = work.worker
+            self._unlease(work)
+            work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
+            self.events["expired"] += 1
+            self._retry_or_bury(work, permanent=False, front=True)
 
     # -- internals ----------------------------------------------------------
 
-    def _holders(self) -> dict[str, int]:
-        """How many workers hold (or are loading) each model."""
-        holders: dict[str, int] = defaultdict(int)
-        for view in self.worker_views.values():
-            for model in view.resident:
-                holders[model] += 1
-        return holders
+    def reported(self, worker: str, resident: list[str] | None, ready: list[str] | None, **capability: Any) -> WorkerView | None:
+        """The view of `worker`, updated with what its pull reports; None for a removed worker.
+
+        A late pull of a removed worker must not recreate its view: the view
+        would stay a holder of its models forever, keeping their requests from
+        other workers.
+        """
+        if worker not in self.scheduler.workers:
+            return None
+        view = self.views.report(worker, resident, ready, **capability)
+        self.placement.holder_changed(worker)
+        self.online.view_changed(view)
+        return view
+
+    def hold(self, view: WorkerView, model: str) -> None:
+        """The worker was given `model`'s work: it loads it now, so count it as a holder before
+        its next pull says so, or every idle worker would steal the same hot model at once."""
+        if model not in view.resident:
+            self.views.hold(view, model)
+            self.online.view_changed(view)
 
     def _lease_next(self, worker: WorkerView, room: int) -> list[WorkItem]:
-        choice = self.placement.choose(self.queues, worker, self.model_specs, self._holders())
+        choice = self.placement.choose(worker)
         if choice is None:
             return []
         model, priority = choice
@@ -539,60 +442,45 @@ class ShoalScheduler(SchedulerPlugin):
         limit = MAX_ONLINE_BATCH if priority == ONLINE else room if model in worker.resident else 1
         items = self.queues.take(model, priority, limit)
         for work in items:
-            self._lease(work, worker.address)
-        # The worker loads it now: count it as a holder before its next pull
-        # says so, or every idle worker would steal the same hot model at once.
-        worker.resident.add(model)
+            self.lease(work, worker.address)
+        self.hold(worker, model)
         return items
 
     def _take_back(self, worker: WorkerView) -> list[WorkItem]:
         """An idle worker takes one item another worker leased but has not started.
 
-        Only where it starts sooner here (see Placement.take_back_gain), the
-        largest gain first; never online items (they are pulled together and
-        start at once). The first holder learns it lost the item when it asks
-        to start it.
+        Only where it starts sooner here (see Placement.take_back); never
+        online items (they are pulled together and start at once). The first
+        holder learns it lost the item when it asks to start it.
         """
-        best: tuple[float, WorkItem] | None = None
-        for address, item_ids in self.leased_by_worker.items():
-            if address == worker.address:
-                continue
-            leased = [self.items[i] for i in item_ids]
-            ahead = [w for w in leased if w.started]
-            for work in leased:
-                if work.started or work.priority != BATCH:
-                    continue
-                if work.model not in worker.resident and not can_host(self.model_specs.get(work.model, {}), worker):
-                    continue
-                gain = self.placement.take_back_gain(
-                    work, worker, self.worker_views.get(address), ahead, self.model_specs
-                )
-                if gain > 0 and (best is None or gain > best[0]):
-                    best = (gain, work)
-        if best is None:
+        work = self.placement.take_back(worker)
+        if work is None:
             return []
-        work = best[1]
         self._unlease(work)
-        self._lease(work, worker.address, counts_as_attempt=False)
+        self.lease(work, worker.address, counts_as_attempt=False)
+        self.hold(worker, work.model)
         self.events["taken_back"] += 1
         return [work]
 
-    def _lease(self, work: WorkItem, worker: str, counts_as_attempt: bool = True) -> None:
+    def lease(self, work: WorkItem, worker: str, counts_as_attempt: bool = True) -> None:
         work.lease(worker, self.jobs[work.job].lease_seconds, counts_as_attempt)
-        self.leased_by_worker[worker].add(work.id)
+        self.leases.add(work)
+        self.placement.leased(work)
         self.events["leased"] += 1
 
-    def _pull_reply(self, items: list[WorkItem]) -> dict[str, Any]:
-        """A batch pull's reply: the items, their jobs' contexts, and demand for the worker's evictions."""
-        holders = self._holders()
+    def _pull_reply(self, items: list[WorkItem], view: WorkerView) -> dict[str, Any]:
+        """A batch pull's reply: the items, their jobs' contexts, and demand for the worker's evictions.
+
+        Demand (waiting items and holders) is sent for the models the worker
+        holds, the only ones it may evict: per pull, not per model in the cluster.
+        """
         return {
-            **self._items_reply(items),
+            **self.items_reply(items),
             "contexts": {j: self.jobs[j].context for j in {work.job for work in items}},
-            # For the worker's eviction choice: waiting items and holders per model.
-            "demand": {m: [self.queues.waiting_items(m), holders.get(m, 0)] for m in self.queues.models()},
+            "demand": {m: [self.queues.waiting_items(m), self.views.holders.get(m, 0)] for m in view.resident},
         }
 
-    def _items_reply(self, items: list[WorkItem]) -> dict[str, Any]:
+    def items_reply(self, items: list[WorkItem]) -> dict[str, Any]:
         """The items with their leases, and their models' specs: an online pull's whole reply, a batch pull's core."""
         messages = []
         for work in items:
@@ -603,7 +491,8 @@ class ShoalScheduler(SchedulerPlugin):
 
     def _unlease(self, work: WorkItem) -> None:
         if work.worker is not None:
-            self.leased_by_worker.get(work.worker, set()).discard(work.id)
+            self.placement.unleased(work)
+            self.leases.remove(work)
 
     def _retry_or_bury(self, work: WorkItem, permanent: bool, front: bool = False) -> None:
         job = self.jobs[work.job]
@@ -613,22 +502,27 @@ class ShoalScheduler(SchedulerPlugin):
             return
         work.requeue()
         self.queues.push(work, front=front)
-        self._notify()
+        self._work_queued(work.model, work.priority, 1)
 
-    def _notify(self) -> None:
-        """Wake every waiting pull; each then tries to lease again."""
-        self._work_added.set()
-        self._work_added = asyncio.Event()
+    def _work_queued(self, model: str, priority: int, count: int) -> None:
+        """Wake the pulls that may take `count` new items of `model`, and no others."""
+        if priority == ONLINE:
+            self.online.wake(model)
+            return
+        spec = self.model_specs.get(model, {})
+        self.batch_pulls.wake(model, count, lambda view: model in view.resident or can_host(spec, view))
+
+    def _batch_work_changed(self, model: str) -> None:
+        self.placement.model_changed(model)
+
+    def _holders_changed(self, model: str) -> None:
+        self.placement.model_changed(model)
+        if not self.views.holders.get(model) and self.queues.waiting_items(model, ONLINE):
+            self.online.wake(model)  # its requests may now go to any worker
 
 
-def _settle(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-def _unplaceable_reason(model: str, spec: dict[str, Any], views: list[WorkerView]) -> str:
+def _unplaceable_reason(model: str, spec: dict[str, Any], largest_budget: int | None) -> str:
     needs = [f"{spec.get('memory_bytes', 0) / 1e9:.2f} GB of model memory"]
     needs += [f"{resource}={amount:g}" for resource, amount in (spec.get("requires") or {}).items()]
-    budgets = [v.budget for v in views if v.budget is not None]
-    largest = f"; the largest worker budget is {max(budgets) / 1e9:.2f} GB" if budgets else ""
+    largest = f"; the largest worker budget is {largest_budget / 1e9:.2f} GB" if largest_budget is not None else ""
     return f"no worker can host model {model!r}: it needs {', '.join(needs)}{largest}"

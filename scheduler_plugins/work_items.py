@@ -36,6 +36,7 @@ class WorkItem:
     worker: str | None = None
     deadline: float = 0.0
     started: bool = False
+    expected_seconds: float = 0.0  # its compute as expected when it started (placement's take-back)
     errors: list[str] = field(default_factory=list)
     enqueued_at: float = field(default_factory=time.monotonic)
 

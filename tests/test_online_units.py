@@ -101,7 +101,7 @@ def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused():
         await plugin.pull_online("w1", resident=["m"], timeout=0)
         plugin.cancel_online(leased)
         assert plugin.ack_many("w1", [[leased.id, {}]]) == {"accepted": 0}
-        assert not plugin.leased_by_worker["w1"]
+        assert not plugin.leases.of_worker("w1")
         await plugin.close()
 
     asyncio.run(go())
@@ -355,7 +355,6 @@ def test_no_workers_and_shutting_down_are_503_with_retry_after():
 def test_a_busy_worker_leaves_online_requests_to_an_idle_one():
     async def go():
         plugin = await plugin_with_model()
-        plugin.worker_views.clear()
         idle = asyncio.create_task(plugin.pull_online("w2", resident=["m"], timeout=1))
         busy = asyncio.create_task(plugin.pull_online("w1", resident=["m"], timeout=1, busy=True))
         await asyncio.sleep(0)

@@ -1,0 +1,207 @@
+"""How a gateway reaches the online queue: the interface, and the link from a process of its own.
+
+`GatewayBackend` is all the gateway knows of the queue. In the scheduler's
+process it is `online_queue.LocalBackend`: direct calls. In a `shoal gateway`
+process it is `SchedulerLink`, the client wrapper of the queue's remote
+routes: requests gathered during one loop pass travel to the scheduler in one
+``shoal_online_submit`` message, and one long poll (``shoal_online_answers``)
+brings back every answer ready. The gateway holds no state a restart would
+lose beyond its own requests in flight, so any number of them can stand
+behind a load balancer. A link that loses the scheduler answers 503 (with
+Retry-After) to what it had in flight and to new requests, and reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from typing import Any, Protocol
+
+from distributed.core import rpc
+
+from configs import GatewaySettings
+
+logger = logging.getLogger("shoal.gateway")
+
+RECONNECT_SECONDS = 1.0
+ANSWER_POLL_SECONDS = 2.0
+MODELS_REFRESH_SECONDS = 5.0
+LATE_ANSWER_SECONDS = 5.0  # past its deadline, a request whose answer never came is answered 504 here
+
+
+class GatewayBackend(Protocol):
+    def specs(self) -> dict[str, dict[str, Any]]:
+        """The models served, by name."""
+
+    def workers(self) -> int:
+        """Workers connected (0: requests get 503)."""
+
+    def loaded_counts(self) -> dict[str, int]:
+        """Workers with each model loaded, for /v1/models."""
+
+    def queue_depths(self) -> dict[tuple[str, str], int]:
+        """Waiting items by (model, "online"|"batch"), for the gateway's /metrics; may be empty."""
+
+    async def answer(
+        self, model: str, op: str, payload: dict[str, Any], rows: int, timeout: float, settings: GatewaySettings
+    ) -> dict[str, Any]:
+        """The worker's result, or {"status", "error"} for a request that cannot be answered."""
+
+    async def close(self) -> None:
+        """Let go of connections and answer what is in flight."""
+
+
+class SchedulerLink:
+    """A gateway process's link to the scheduler's online queue."""
+
+    def __init__(
+        self, address: str, connection_args: dict[str, Any] | None = None, models: dict[str, dict[str, Any]] | None = None
+    ) -> None:
+        """`models`: specs to register with the scheduler on each connection (the gateway's catalog)."""
+        self.address = address
+        self._offered = dict(models or {})
+        self.name = f"gateway-{uuid.uuid4().hex[:12]}"
+        self.connected = False
+        self._rpc = rpc(address, connection_args=connection_args or {})
+        self._specs: dict[str, dict[str, Any]] = {}
+        self._specs_version: Any = None
+        self._workers = 0
+        self._loaded: dict[str, int] = {}
+        self._ids = itertools.count()
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._outgoing: list[list[Any]] = []
+        self._cancelled: list[int] = []
+        self._settings: dict[str, Any] = {}
+        self._flush_due = False
+        self._task: asyncio.Task | None = None
+        self._sends: set[asyncio.Task] = set()
+        self.connected_once = asyncio.Event()
+
+    async def start(self) -> None:
+        """Start connecting in the background: a gateway may start before its scheduler."""
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._answer_all({"status": 503, "error": "the gateway is shutting down"})
+        await self._rpc.close_rpc()
+
+    # -- GatewayBackend --------------------------------------------------------------
+
+    def specs(self) -> dict[str, dict[str, Any]]:
+        return self._specs
+
+    def workers(self) -> int:
+        return self._workers if self.connected else 0
+
+    def loaded_counts(self) -> dict[str, int]:
+        return self._loaded
+
+    def queue_depths(self) -> dict[tuple[str, str], int]:
+        return {}  # the scheduler's /metrics has them; a gateway would only repeat them late
+
+    async def answer(
+        self, model: str, op: str, payload: dict[str, Any], rows: int, timeout: float, settings: GatewaySettings
+    ) -> dict[str, Any]:
+        if not self.connected:
+            return {"status": 503, "error": f"the scheduler at {self.address} is not reachable; retry shortly"}
+        if not self._workers:
+            return {"status": 503, "error": "no workers are connected"}
+        loop = asyncio.get_running_loop()
+        request_id = next(self._ids)
+        future = self._waiting[request_id] = loop.create_future()
+        self._settings = {
+            "request_timeout_seconds": settings.request_timeout_seconds,
+            "max_attempts": settings.max_attempts,
+            "max_queue_depth": settings.max_queue_depth,
+        }
+        self._outgoing.append([request_id, model, op, payload, rows, timeout])
+        self._flush_soon()
+        # The scheduler answers 504 at the deadline; this only covers an answer lost on the way.
+        late = loop.call_later(timeout + LATE_ANSWER_SECONDS, self._resolve, request_id,
+                               {"status": 504, "error": f"no answer within {timeout:g} s"})
+        try:
+            return await future
+        except asyncio.CancelledError:  # the client went away: the scheduler drops the request
+            if self._waiting.pop(request_id, None) is not None:
+                self._cancelled.append(request_id)
+                self._flush_soon()
+            raise
+        finally:
+            late.cancel()
+
+    # -- batching ------------------------------------------------------------------------
+
+    def _flush_soon(self) -> None:
+        """One message per loop pass, whatever the number of requests that arrived in it."""
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        requests, self._outgoing = self._outgoing, []
+        cancel, self._cancelled = self._cancelled, []
+        if requests or cancel:
+            task = asyncio.create_task(self._send(requests, cancel))
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
+
+    async def _send(self, requests: list[list[Any]], cancel: list[int]) -> None:
+        try:
+            await self._rpc.shoal_online_submit(
+                gateway=self.name, requests=requests, settings=self._settings, cancel=cancel
+            )
+        except Exception as exc:  # the scheduler is gone: these requests were never queued
+            logger.warning("could not send %d requests to %s (%s: %s)", len(requests), self.address, type(exc).__name__, exc)
+            for request in requests:
+                self._resolve(request[0], {"status": 503, "error": "the scheduler is not reachable; retry shortly"})
+
+    # -- answers --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._refresh_models(self._offered)
+                if not self.connected:
+                    logger.info("gateway %s connected to %s", self.name, self.address)
+                self.connected = True
+                self.connected_once.set()
+                refreshed = asyncio.get_running_loop().time()
+                while True:
+                    reply = await self._rpc.shoal_online_answers(gateway=self.name, timeout=ANSWER_POLL_SECONDS)
+                    for request_id, outcome in reply["answers"]:
+                        self._resolve(request_id, outcome)
+                    self._workers = reply["workers"]
+                    now = asyncio.get_running_loop().time()
+                    if reply["specs"] != self._specs_version or now - refreshed > MODELS_REFRESH_SECONDS:
+                        await self._refresh_models()
+                        refreshed = now
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.connected:
+                    logger.warning("gateway lost the scheduler at %s (%s: %s); reconnecting", self.address, type(exc).__name__, exc)
+                self.connected = False
+                self._answer_all({"status": 503, "error": "the scheduler connection was lost; retry shortly"})
+                await asyncio.sleep(RECONNECT_SECONDS)
+
+    async def _refresh_models(self, offered: dict[str, dict[str, Any]] | None = None) -> None:
+        reply = await self._rpc.shoal_online_models(models=offered)
+        self._specs = reply["models"]
+        self._specs_version = reply["specs"]
+        self._workers = reply["workers"]
+        self._loaded = reply["loaded"]
+
+    def _resolve(self, request_id: int, outcome: dict[str, Any]) -> None:
+        future = self._waiting.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(outcome)
+
+    def _answer_all(self, outcome: dict[str, Any]) -> None:
+        for request_id in list(self._waiting):
+            self._resolve(request_id, outcome)

@@ -1,0 +1,390 @@
+"""The online path of the pull queue: requests in, online pulls, group acks, answers out.
+
+An online request is an ONLINE-priority item on its model's queue (see
+online_requests), so it shares leases, retries and worker-loss handling with
+batch items. Each worker keeps one online pull waiting beside its batch
+pulls; a new request wakes the one waiting pull placement ranks best for it
+(waiting_pulls), which then takes every request of that model queued by the
+time it runs: continuous batching, at one wake-up per model per loop pass.
+
+Requests come from a gateway in this process (`local_backend`) or from
+gateways in their own processes, which send requests and receive answers in
+batches: ``shoal_online_submit`` (one message per gateway per loop pass) and
+``shoal_online_answers`` (a long poll returning every answer ready).
+
+Routes declared here: ``shoal_pull_online``, ``shoal_ack_many``,
+``shoal_online_submit``, ``shoal_online_answers``, ``shoal_online_models``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from configs import GatewaySettings
+
+from .online_requests import OnlineFailure, OnlineJob, leased_at
+from .placement import online_rank
+from .waiting_pulls import WaitingOnlinePulls, WaitingPull
+from .work_items import BATCH, ONLINE, ItemState, WorkItem
+from .worker_views import WorkerView, can_host
+
+if TYPE_CHECKING:
+    from .pull_queue import ShoalScheduler
+
+logger = logging.getLogger("shoal.online")
+
+MAX_ONLINE_BATCH = 512
+GATEWAY_GONE_SECONDS = 30.0  # a remote gateway that stops asking for answers this long is forgotten
+
+
+class OnlineQueue:
+    def __init__(self, core: ShoalScheduler) -> None:
+        self.core = core
+        self.jobs: dict[str, OnlineJob] = {}  # one standing job per model
+        self.pulls = WaitingOnlinePulls(online_rank)
+        self._claims: dict[str, WaitingPull] = {}  # model -> the pull woken for its requests, not yet run
+        self.gateways: dict[str, RemoteGateway] = {}
+
+    def handlers(self) -> dict[str, Any]:
+        return {
+            "shoal_pull_online": self.pull,
+            "shoal_ack_many": self.ack_many,
+            "shoal_online_submit": self.remote_submit,
+            "shoal_online_answers": self.remote_answers,
+            "shoal_online_models": self.remote_models,
+        }
+
+    def close(self) -> None:
+        for gateway in self.gateways.values():
+            gateway.close()
+        self.gateways.clear()
+
+    # -- requests ------------------------------------------------------------------
+
+    def submit(
+        self, model: str, op: str, payload: dict[str, Any], rows: int, settings: GatewaySettings
+    ) -> tuple[WorkItem, asyncio.Future]:
+        """Queue one online request; its future gets the worker's result (or OnlineFailure)."""
+        job = self.jobs.get(model)
+        if job is None:
+            job = self.jobs[model] = OnlineJob(model, 0.0, 0, lambda item: self.core.items.pop(item.id, None))
+            self.core.jobs[job.id] = job
+        # A request never outlives its deadline, so that is its lease too.
+        job.lease_seconds = settings.request_timeout_seconds
+        job.max_attempts = settings.max_attempts
+        item, future = job.new_item(op, payload, rows, ONLINE)
+        self.core.items[item.id] = item
+        self.core.queues.push(item)
+        self.wake(model)
+        return item, future
+
+    def pending(self, model: str) -> int:
+        """Requests of `model` not answered yet: queued, or leased and waiting on a worker."""
+        job = self.jobs.get(model)
+        return len(job.futures) if job is not None else 0
+
+    def pending_by_model(self) -> dict[str, int]:
+        return {model: len(job.futures) for model, job in self.jobs.items()}
+
+    def job_ids(self) -> set[str]:
+        """The standing jobs online requests belong to (one per model)."""
+        return {job.id for job in self.jobs.values()}
+
+    def cancel(self, item: WorkItem) -> None:
+        """The request is gone (deadline, shutdown, client): drop its item wherever it is."""
+        if item.state is ItemState.QUEUED:
+            self.core.queues.forget(item)
+        elif item.state is not ItemState.LEASED:
+            return
+        self.core._unlease(item)
+        self.core.jobs[item.job].cancel(item)
+
+    def local_backend(self) -> LocalBackend:
+        return LocalBackend(self)
+
+    # -- online pulls --------------------------------------------------------------
+
+    async def pull(
+        self,
+        worker: str,
+        resident: list[str] | None = None,
+        timeout: float = 2.0,
+        busy: bool = False,
+        ready: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """Lease every waiting online request of one model to `worker`, waiting up to `timeout`.
+
+        Workers keep one of these waiting besides their batch pulls, so a
+        request is taken the moment it is queued, even while batch items fill
+        the worker. Which model, and which waiting pull a new request wakes,
+        is placement's (Placement.online_model_for, online_rank).
+        """
+        view = self.core.reported(worker, resident, ready)
+        if view is None:
+            return {"items": [], "reason": "unknown worker"}
+        deadline = time.monotonic() + max(0.0, timeout)
+        claim: str | None = None
+        while True:
+            if worker not in self.core.scheduler.workers:
+                if claim is not None:
+                    self.wake(claim)
+                return {"items": [], "reason": "unknown worker"}
+            model = claim if claim and self.core.queues.waiting_items(claim, ONLINE) else None
+            model = model or self.core.placement.online_model_for(view, busy, self.pulls, self._claims)
+            items = self.core.queues.take(model, ONLINE, MAX_ONLINE_BATCH) if model else []
+            if items:
+                for work in items:
+                    self.core.lease(work, worker)
+                self.core.hold(view, model)  # a holder now, loaded or not
+                self.wake(model)  # more than one group's worth waits: the next pull takes the rest
+                return self.core.items_reply(items)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {"items": []}
+            waiting = WaitingPull(view, busy)
+            self.pulls.add(waiting)
+            try:
+                await waiting.wait(remaining)
+            finally:
+                self.pulls.discard(waiting)
+                claim = waiting.claim
+                if claim is not None and self._claims.get(claim) is waiting:
+                    del self._claims[claim]
+
+    def wake(self, model: str) -> None:
+        """Wake the one waiting pull that should take `model`'s queued requests, if none is on its way."""
+        if model in self._claims or not self.core.queues.waiting_items(model, ONLINE):
+            return
+        held = bool(self.core.views.holders.get(model))
+        spec = self.core.model_specs.get(model, {})
+        while (pull := self.pulls.take(model, held, lambda view: model in view.resident or can_host(spec, view))) is not None:
+            if pull.wake(model):  # else its timeout woke it: it leaves the index and the next one is asked
+                self._claims[model] = pull
+                return
+
+    def view_changed(self, view: WorkerView) -> None:
+        """A worker's pull reported or it was given a model: its waiting online pull is filed anew,
+        and wakes for requests of a model it now holds that nobody was woken for."""
+        if self.pulls.refile(view.address) is None:
+            return
+        for model in view.resident:
+            if self.core.queues.waiting_items(model, ONLINE) and model not in self._claims:
+                self.wake(model)
+
+    def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> dict[str, Any]:
+        """Finish a worker's group of online items: `results` is [[item id, result], ...].
+
+        Each result gets the stage timings the gateway reports: queue (enqueued
+        to leased, here) and compute (the group's one model call, on the worker).
+        """
+        accepted = 0
+        for item_id, result in results:
+            work = self.core.items.get(item_id)
+            if work is not None and work.state is ItemState.LEASED:
+                lease_seconds = self.core.jobs[work.job].lease_seconds
+                result["timing"] = {"queue": leased_at(work, lease_seconds) - work.enqueued_at, "compute": compute_seconds}
+            accepted += self.core.ack(worker, item_id, result)["accepted"]
+        return {"accepted": accepted}
+
+    # -- gateways in their own processes -------------------------------------------
+
+    def remote_submit(
+        self, gateway: str, requests: list[list[Any]], settings: dict[str, Any] | None = None, cancel: list[int] | None = None
+    ) -> dict[str, Any]:
+        """Queue a gateway's batch of requests: [[request id, model, op, payload, rows, timeout], ...].
+
+        Answers come back through ``shoal_online_answers``; a request refused
+        at once (no workers, queue full, unknown model) is answered there too.
+        `cancel`: ids of requests the gateway gave up (client gone).
+        """
+        remote = self.gateways.get(gateway)
+        if remote is None:
+            remote = self.gateways[gateway] = RemoteGateway(gateway)
+        remote.seen()
+        if settings is not None:
+            remote.settings = GatewaySettings(**settings)
+        for request_id in cancel or ():
+            item = remote.forget(request_id)
+            if item is not None:
+                self.cancel(item)
+        for request_id, model, op, payload, rows, timeout in requests:
+            refusal = self.refusal(model, remote.settings)
+            if refusal is not None:
+                remote.answer(request_id, refusal)
+                continue
+            item, future = self.submit(model, op, payload, rows, remote.settings)
+            remote.track(request_id, item, future, min(float(timeout), remote.settings.request_timeout_seconds), self.cancel)
+        return {"queued": len(requests)}
+
+    async def remote_answers(self, gateway: str, timeout: float = 2.0) -> dict[str, Any]:
+        """Every answer ready for `gateway`, waiting up to `timeout` for one: a long poll."""
+        remote = self.gateways.get(gateway)
+        if remote is None:
+            remote = self.gateways[gateway] = RemoteGateway(gateway)
+        remote.seen()
+        answers = await remote.collect(timeout)
+        return {"answers": answers, "workers": len(self.core.scheduler.workers), "specs": self.core.specs_version}
+
+    def remote_models(self, models: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """What a gateway validates requests against and lists: specs, workers, loaded copies.
+
+        `models`: specs the gateway brings from its own catalog (as `shoal serve`
+        does for the embedded gateway), added to those known.
+        """
+        self.core.add_specs(models or {})
+        return {
+            "models": self.core.model_specs,
+            "specs": self.core.specs_version,
+            "workers": len(self.core.scheduler.workers),
+            "loaded": dict(self.core.views.loaded),
+        }
+
+    def forget_gone_gateways(self) -> None:
+        """Requests of a gateway that stopped asking for answers are cancelled: nobody waits for them."""
+        now = time.monotonic()
+        for name in [n for n, g in self.gateways.items() if now - g.last_seen > GATEWAY_GONE_SECONDS]:
+            logger.warning("gateway %s stopped asking for answers; cancelling its requests", name)
+            for item in self.gateways.pop(name).close():
+                self.cancel(item)
+
+    def refusal(self, model: str, settings: GatewaySettings) -> dict[str, Any] | None:
+        if model not in self.core.model_specs:
+            return {"status": 404, "error": f"unknown model {model!r}"}
+        if not self.core.scheduler.workers:
+            return {"status": 503, "error": "no workers are connected"}
+        if self.pending(model) >= settings.max_queue_depth:
+            return {"status": 429, "error": f"too many requests waiting for {model!r}"}
+        return None
+
+
+class RemoteGateway:
+    """What the scheduler keeps for one gateway process: its requests in flight and answers to send."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.settings = GatewaySettings()
+        self.last_seen = time.monotonic()
+        self._requests: dict[int, tuple[WorkItem, asyncio.TimerHandle]] = {}
+        self._answers: list[list[Any]] = []
+        self._waiter: asyncio.Future | None = None
+
+    def seen(self) -> None:
+        self.last_seen = time.monotonic()
+
+    def track(self, request_id: int, item: WorkItem, future: asyncio.Future, timeout: float, cancel) -> None:
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(timeout, self._expire, request_id, timeout, cancel)
+        self._requests[request_id] = (item, timer)
+        future.add_done_callback(lambda done: self._resolved(request_id, done))
+
+    def forget(self, request_id: int) -> WorkItem | None:
+        entry = self._requests.pop(request_id, None)
+        if entry is None:
+            return None
+        entry[1].cancel()
+        return entry[0]
+
+    def answer(self, request_id: int, outcome: dict[str, Any]) -> None:
+        self._answers.append([request_id, outcome])
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def collect(self, timeout: float) -> list[list[Any]]:
+        if not self._answers and timeout > 0:
+            loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
+            timer = loop.call_later(timeout, lambda w=self._waiter: w.done() or w.set_result(None))
+            try:
+                await self._waiter
+                await asyncio.sleep(0)  # answers resolved in this same loop pass travel together
+            finally:
+                timer.cancel()
+                self._waiter = None
+        answers, self._answers = self._answers, []
+        return answers
+
+    def close(self) -> list[WorkItem]:
+        """Forget every request; the items are returned for cancelling."""
+        items = [self.forget(request_id) for request_id in list(self._requests)]
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        return [item for item in items if item is not None]
+
+    def _resolved(self, request_id: int, future: asyncio.Future) -> None:
+        item = self.forget(request_id)
+        if item is None or future.cancelled():
+            return
+        error = future.exception()
+        if error is None:
+            self.answer(request_id, future.result())
+        elif isinstance(error, OnlineFailure):
+            self.answer(request_id, {"status": 502, "error": f"model {item.model!r} failed: {error}"})
+        else:
+            self.answer(request_id, {"status": 500, "error": f"{type(error).__name__}: {error}"})
+
+    def _expire(self, request_id: int, timeout: float, cancel) -> None:
+        item = self.forget(request_id)
+        if item is not None:
+            cancel(item)
+            self.answer(request_id, {"status": 504, "error": f"no answer within {timeout:g} s"})
+
+
+class LocalBackend:
+    """The gateway's view of a queue in its own process: no message, no serialization."""
+
+    def __init__(self, online: OnlineQueue) -> None:
+        self.online = online
+        self.core = online.core
+
+    def specs(self) -> dict[str, dict[str, Any]]:
+        return self.core.model_specs
+
+    def workers(self) -> int:
+        """Shoal workers connected and pulling."""
+        return sum(1 for w in self.core.views.views if w in self.core.scheduler.workers)
+
+    def loaded_counts(self) -> dict[str, int]:
+        return dict(self.core.views.loaded)
+
+    def queue_depths(self) -> dict[tuple[str, str], int]:
+        queues = self.core.queues
+        return {
+            (model, name): queues.depth(model, priority)
+            for model in self.core.model_specs
+            for priority, name in ((ONLINE, "online"), (BATCH, "batch"))
+        }
+
+    async def answer(
+        self, model: str, op: str, payload: dict[str, Any], rows: int, timeout: float, settings: GatewaySettings
+    ) -> dict[str, Any]:
+        """The worker's result for one request, or {"status", "error"} when it cannot be had."""
+        refusal = self.online.refusal(model, settings)
+        if refusal is not None:
+            return refusal
+        item, future = self.online.submit(model, op, payload, rows, settings)
+        # The future itself carries the deadline: `wait_for` would add a future and a loop pass per answer.
+        deadline = asyncio.get_running_loop().call_later(timeout, _expire, future)
+        try:
+            return await future
+        except asyncio.TimeoutError:
+            self.online.cancel(item)
+            return {"status": 504, "error": f"no answer within {timeout:g} s"}
+        except OnlineFailure as exc:
+            return {"status": 502, "error": f"model {model!r} failed: {exc}"}
+        except asyncio.CancelledError:
+            self.online.cancel(item)
+            raise
+        finally:
+            deadline.cancel()
+
+    async def close(self) -> None:
+        """Nothing to let go of: the queue outlives its gateway."""
+
+
+def _expire(future: asyncio.Future) -> None:
+    """A request's deadline: its waiter gets TimeoutError (the gateway then cancels the queued item)."""
+    if not future.done():
+        future.set_exception(asyncio.TimeoutError())

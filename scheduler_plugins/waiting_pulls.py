@@ -1,0 +1,158 @@
+"""Pulls waiting for work, indexed by what they may take, so new work wakes only its takers.
+
+A pull that finds nothing waits (a bounded long poll). Waking every waiting
+pull for each new item costs O(workers) per item, and O(workers²) per
+online request once each woken pull looks at the others. Instead each
+waiting pull is filed under the models its worker holds: k new batch items
+of a model wake at most k pulls, holders first; an online request wakes the
+one pull placement ranks best for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from .worker_views import WorkerView
+
+RANKS = 4  # placement.online_rank's range
+
+
+class WaitingPull:
+    """One waiting pull: its worker's view, and the future that wakes it."""
+
+    __slots__ = ("view", "busy", "future", "models", "claim")
+
+    def __init__(self, view: WorkerView, busy: bool = False) -> None:
+        self.view = view
+        self.busy = busy
+        self.future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.models: list[tuple[str, int]] = []  # (model, rank) it is filed under
+        self.claim: str | None = None  # an online pull woken for this model's requests
+
+    def wake(self, claim: str | None = None) -> bool:
+        """False when it was woken already (its timeout fired): it runs once, whatever wakes it again."""
+        if self.future.done():
+            return False
+        self.claim = claim
+        self.future.set_result(None)
+        return True
+
+    async def wait(self, timeout: float) -> None:
+        """Until woken, or `timeout` seconds (a bare future and a timer: no task per wait)."""
+        timer = asyncio.get_running_loop().call_later(timeout, self.wake)
+        try:
+            await self.future
+        finally:
+            timer.cancel()
+
+
+class WaitingBatchPulls:
+    """Batch pulls waiting, each filed under its worker's held models and in one FIFO of all."""
+
+    def __init__(self) -> None:
+        self.by_model: dict[str, dict[str, WaitingPull]] = {}
+        self.all: dict[str, WaitingPull] = {}
+
+    def add(self, pull: WaitingPull) -> None:
+        address = pull.view.address
+        self.all[address] = pull
+        pull.models = [(model, 0) for model in pull.view.resident]
+        for model, _ in pull.models:
+            self.by_model.setdefault(model, {})[address] = pull
+
+    def discard(self, pull: WaitingPull) -> None:
+        address = pull.view.address
+        if self.all.get(address) is not pull:
+            return
+        del self.all[address]
+        for model, _ in pull.models:
+            pulls = self.by_model.get(model)
+            if pulls is not None:
+                pulls.pop(address, None)
+                if not pulls:
+                    del self.by_model[model]
+
+    def wake(self, model: str, count: int, may_take: Callable[[WorkerView], bool]) -> int:
+        """Wake up to `count` pulls for new work of `model`: holders first, then workers that may host it."""
+        woken = 0
+        for group in (self.by_model.get(model, {}), self.all):
+            for pull in _first(group, lambda p: may_take(p.view), count - woken):
+                self.discard(pull)
+                woken += pull.wake()
+        return woken
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+
+class WaitingOnlinePulls:
+    """Online pulls waiting, filed per held model by rank, and as idle or busy for unheld models."""
+
+    def __init__(self, rank: Callable[[WorkerView, str, bool], int]) -> None:
+        self._rank = rank
+        self.by_model: dict[str, list[dict[str, WaitingPull]]] = {}
+        self.idle: dict[str, WaitingPull] = {}
+        self.busy: dict[str, WaitingPull] = {}
+
+    def add(self, pull: WaitingPull) -> None:
+        address = pull.view.address
+        (self.busy if pull.busy else self.idle)[address] = pull
+        pull.models = [(model, self._rank(pull.view, model, pull.busy)) for model in pull.view.resident]
+        for model, rank in pull.models:
+            self.by_model.setdefault(model, [{} for _ in range(RANKS)])[rank][address] = pull
+
+    def discard(self, pull: WaitingPull) -> None:
+        address = pull.view.address
+        group = self.busy if pull.busy else self.idle
+        if group.get(address) is not pull:
+            return
+        del group[address]
+        for model, rank in pull.models:
+            buckets = self.by_model.get(model)
+            if buckets is not None:
+                buckets[rank].pop(address, None)
+                if not any(buckets):
+                    del self.by_model[model]
+
+    def refile(self, address: str) -> WaitingPull | None:
+        """The worker's view changed while its pull waits: file it under what it holds now."""
+        pull = self.idle.get(address) or self.busy.get(address)
+        if pull is not None:
+            self.discard(pull)
+            self.add(pull)
+        return pull
+
+    def best_rank(self, model: str, held: bool) -> int | None:
+        """The best rank among waiting pulls that may take `model`'s requests; None if there is none."""
+        if held:
+            buckets = self.by_model.get(model, ())
+            return next((rank for rank, bucket in enumerate(buckets) if bucket), None)
+        return 2 if self.idle else 3 if self.busy else None
+
+    def take(self, model: str, held: bool, may_host: Callable[[WorkerView], bool]) -> WaitingPull | None:
+        """The one pull that should take `model`'s requests, out of the index; None if none may."""
+        if held:
+            groups: list[dict[str, WaitingPull]] = list(self.by_model.get(model, ()))
+        else:
+            groups = [self.idle, self.busy]
+        for group in groups:
+            for pull in _first(group, lambda p: may_host(p.view), 1):
+                self.discard(pull)
+                return pull
+        return None
+
+    def __len__(self) -> int:
+        return len(self.idle) + len(self.busy)
+
+
+def _first(group: dict[str, WaitingPull], keep: Callable[[WaitingPull], bool], count: int) -> list[WaitingPull]:
+    """Up to `count` pulls of `group` that `keep` accepts, in filing order, without copying the group."""
+    chosen: list[WaitingPull] = []
+    if count > 0:
+        for pull in group.values():
+            if keep(pull):
+                chosen.append(pull)
+                if len(chosen) >= count:
+                    break
+    return chosen

@@ -1,0 +1,141 @@
+"""What the scheduler knows of its workers, kept as indexes as pulls report.
+
+Every pull reports the models a worker holds (loaded, loading, or named by
+work in hand) and those loaded now. Placement asks, per event, how many
+workers hold a model, how many have it loaded, and whether any worker could
+host it at all: counting those over every worker on each pull would make
+the scheduler's cost grow with the cluster, so the counts are updated from
+the difference each report makes, and when a worker leaves.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class WorkerView:
+    """What placement knows of one worker: reported on each pull."""
+
+    address: str
+    resident: set[str] = field(default_factory=set)  # held: loaded, loading, or named by work in hand
+    ready: set[str] = field(default_factory=set)  # loaded now
+    resources: dict[str, float] = field(default_factory=dict)
+    budget: int | None = None
+    free_bytes: int | None = None
+    load_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def capability(self) -> tuple[int | None, frozenset[tuple[str, float]]]:
+        """What decides which models it may host: budget and Dask resources."""
+        return self.budget, frozenset(self.resources.items())
+
+
+def can_host(spec: dict[str, Any], worker: WorkerView) -> bool:
+    for resource, amount in (spec.get("requires") or {}).items():
+        if worker.resources.get(resource, 0) < amount:
+            return False
+    return worker.budget is None or spec.get("memory_bytes", 0) <= worker.budget
+
+
+class WorkerViews:
+    """Each worker's view, with holder counts per model and the distinct capabilities.
+
+    `on_holders`: called with a model whose holder count changed (placement's
+    steal index depends on it).
+    """
+
+    def __init__(self, on_holders: Callable[[str], None] = lambda model: None) -> None:
+        self.views: dict[str, WorkerView] = {}
+        self.holders: Counter[str] = Counter()  # workers holding each model
+        self.loaded: Counter[str] = Counter()  # workers with each model loaded now
+        self._capabilities: dict[tuple, list[Any]] = {}  # capability -> [workers with it, a view of it]
+        self._on_holders = on_holders
+
+    def get(self, address: str) -> WorkerView | None:
+        return self.views.get(address)
+
+    def __contains__(self, address: str) -> bool:
+        return address in self.views
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def values(self) -> Iterable[WorkerView]:
+        return self.views.values()
+
+    def report(
+        self, address: str, resident: list[str] | None, ready: list[str] | None, **capability: Any
+    ) -> WorkerView:
+        """A pull's report; a worker that does not say what is loaded counts all it holds.
+
+        `capability`: budget, free_bytes, resources and load_seconds, where the pull sent them.
+        """
+        view = self.views.get(address)
+        if view is None:
+            view = self.views[address] = WorkerView(address)
+            self._count_capability(view, +1)
+        held = set(resident or [])
+        loaded = set(ready) if ready is not None else set(held)
+        for model in held - view.resident:
+            self._hold(model, +1)
+        for model in view.resident - held:
+            self._hold(model, -1)
+        for model in loaded - view.ready:
+            _count(self.loaded, model, +1)
+        for model in view.ready - loaded:
+            _count(self.loaded, model, -1)
+        view.resident, view.ready = held, loaded
+        if capability:
+            self._count_capability(view, -1)
+            view.budget = capability.get("budget", view.budget)
+            view.free_bytes = capability.get("free_bytes", view.free_bytes)
+            view.resources = dict(capability.get("resources", view.resources))
+            view.load_seconds.update(capability.get("load_seconds") or {})
+            self._count_capability(view, +1)
+        return view
+
+    def hold(self, view: WorkerView, model: str) -> None:
+        """`view`'s worker was given `model`'s work: a holder from now, before its next pull says so."""
+        if model not in view.resident:
+            view.resident.add(model)
+            self._hold(model, +1)
+
+    def remove(self, address: str) -> WorkerView | None:
+        view = self.views.pop(address, None)
+        if view is not None:
+            for model in view.resident:
+                self._hold(model, -1)
+            for model in view.ready:
+                _count(self.loaded, model, -1)
+            self._count_capability(view, -1)
+        return view
+
+    def anyone_can_host(self, spec: dict[str, Any]) -> bool:
+        """Some worker's budget and resources admit the model: one check per distinct capability."""
+        return any(can_host(spec, view) for _, view in self._capabilities.values())
+
+    def largest_budget(self) -> int | None:
+        budgets = [view.budget for _, view in self._capabilities.values() if view.budget is not None]
+        return max(budgets) if budgets else None
+
+    def _hold(self, model: str, delta: int) -> None:
+        _count(self.holders, model, delta)
+        self._on_holders(model)
+
+    def _count_capability(self, view: WorkerView, delta: int) -> None:
+        budget, resources = key = view.capability
+        entry = self._capabilities.setdefault(key, [0, WorkerView("", resources=dict(resources), budget=budget)])
+        entry[0] += delta
+        if entry[0] <= 0:
+            del self._capabilities[key]
+
+
+def _count(counter: Counter[str], key: str, delta: int) -> None:
+    """Add `delta`, dropping keys that reach zero so the counter lists only what is there."""
+    counter[key] += delta
+    if counter[key] <= 0:
+        del counter[key]

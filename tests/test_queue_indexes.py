@@ -1,0 +1,352 @@
+"""The pull queue at cluster scale: new work wakes only its takers, and every index the
+scheduler keeps stays equal to a recomputation from scratch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from configs import GatewaySettings
+from scheduler_plugins.pull_queue import ShoalScheduler
+from scheduler_plugins.work_items import BATCH, ONLINE, ItemState
+from scheduler_plugins.worker_views import can_host
+
+SETTINGS = GatewaySettings(request_timeout_seconds=30, max_attempts=2)
+
+
+class CountingWorkers(dict):
+    """The scheduler's worker table, counting membership checks: each pull asks once per pass of
+    its loop, so the count after an event is the number of pulls that woke for it."""
+
+    checks = 0
+
+    def __contains__(self, address) -> bool:
+        CountingWorkers.checks += 1
+        return super().__contains__(address)
+
+
+class FakeScheduler:
+    def __init__(self, workers) -> None:
+        self.workers = CountingWorkers({w: object() for w in workers})
+        self.handlers: dict = {}
+        self.extensions: dict = {}
+        self.periodic_callbacks: dict = {}
+
+
+async def started(workers, models=("m", "n")) -> ShoalScheduler:
+    plugin = ShoalScheduler(models={m: {"name": m, "kind": "sim"} for m in models})
+    await plugin.start(FakeScheduler(workers))
+    return plugin
+
+
+def items(model: str, n: int, rows: int = 10, prefix: str = "") -> list[dict]:
+    return [{"key": f"{prefix}{model}-{i}", "model": model, "op": "embed", "rows": rows, "payload": {}} for i in range(n)]
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def wakes_after(event) -> int:
+    """How many waiting pulls ran a pass of their loop because of `event`."""
+    await settle()
+    CountingWorkers.checks = 0
+    event()
+    await settle()
+    return CountingWorkers.checks
+
+
+WORKERS = [f"w{i}" for i in range(256)]
+
+
+def test_an_online_request_wakes_one_waiting_pull_whatever_the_number_of_workers():
+    async def go():
+        plugin = await started(WORKERS)
+        pulls = [
+            asyncio.create_task(plugin.pull_online(w, resident=["m"], ready=["m"], timeout=30)) for w in WORKERS
+        ]
+        woken = await wakes_after(lambda: plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS))
+        assert woken <= 2, woken
+        assert sum(1 for p in pulls if p.done() and p.result()["items"]) == 1
+        for p in pulls:
+            p.cancel()
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_a_batch_submit_of_k_items_wakes_at_most_k_batch_pulls():
+    async def go():
+        plugin = await started(WORKERS)
+        pulls = [asyncio.create_task(plugin.pull(w, resident=["m"], timeout=30, held=1)) for w in WORKERS]
+        woken = await wakes_after(lambda: plugin.submit("j", items("m", 3), {}))
+        assert woken <= 3, woken
+        assert sum(len(p.result()["items"]) for p in pulls if p.done()) == 3
+        for p in pulls:
+            p.cancel()
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_a_batch_submit_wakes_holders_before_other_workers():
+    async def go():
+        plugin = await started(["holder", "other"])
+        other = asyncio.create_task(plugin.pull("other", resident=["n"], timeout=30, held=1))
+        holder = asyncio.create_task(plugin.pull("holder", resident=["m"], timeout=30, held=1))
+        await settle()
+        plugin.submit("j", items("m", 1), {})
+        await settle()
+        assert holder.done() and [i["model"] for i in holder.result()["items"]] == ["m"]
+        assert not other.done()
+        other.cancel()
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_online_items_of_a_lost_worker_wake_a_waiting_online_pull_at_once():
+    async def go():
+        plugin = await started(["w1", "w2"])
+        item, future = plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        assert (await plugin.pull_online("w1", resident=["m"], ready=["m"], timeout=0))["items"]
+        survivor = asyncio.create_task(plugin.pull_online("w2", resident=["m"], ready=["m"], timeout=30))
+        await settle()
+        del plugin.scheduler.workers["w1"]
+        plugin.remove_worker(plugin.scheduler, "w1")
+        await settle()
+        assert survivor.done(), "the requeued request waited for the survivor's next pull timeout"
+        assert [m["id"] for m in survivor.result()["items"]] == [item.id] and not future.done()
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_a_waiting_online_pull_of_a_worker_that_just_took_a_model_serves_its_requests():
+    """A batch steal makes w1 a holder while its online pull waits: the request must reach it."""
+
+    async def go():
+        plugin = await started(["w1"])
+        online = asyncio.create_task(plugin.pull_online("w1", resident=[], ready=[], timeout=30))
+        await settle()
+        plugin.submit("j", items("m", 1), {})
+        assert (await plugin.pull("w1", resident=[], timeout=0))["items"]  # a steal: w1 holds m now
+        plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        await settle()
+        assert online.done() and len(online.result()["items"]) == 1
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+# -- every index against a recomputation from scratch ------------------------------------
+
+MODELS = ["a", "b", "c", "g"]
+POOL = ["w0", "w1", "w2", "w3", "w4"]
+
+step = st.one_of(
+    st.tuples(st.just("submit"), st.sampled_from(MODELS), st.integers(1, 4), st.integers(1, 300)),
+    st.tuples(st.just("online"), st.sampled_from(MODELS)),
+    st.tuples(
+        st.just("pull"), st.sampled_from(POOL), st.lists(st.sampled_from(MODELS), max_size=3),
+        st.lists(st.sampled_from(MODELS), max_size=3), st.integers(1, 3), st.integers(0, 2),
+    ),
+    st.tuples(st.just("pull_online"), st.sampled_from(POOL), st.lists(st.sampled_from(MODELS), max_size=3), st.booleans()),
+    st.tuples(st.just("start"), st.integers(0, 50)),
+    st.tuples(st.just("ack"), st.integers(0, 50), st.floats(0.01, 2.0)),
+    st.tuples(st.just("fail"), st.integers(0, 50), st.booleans()),
+    st.tuples(st.just("expire"), st.integers(0, 50)),
+    st.tuples(st.just("remove"), st.sampled_from(POOL)),
+    st.tuples(st.just("rejoin"), st.sampled_from(POOL)),
+)
+
+
+def leased_items(plugin: ShoalScheduler) -> list:
+    return sorted((w for w in plugin.items.values() if w.state is ItemState.LEASED), key=lambda w: w.id)
+
+
+def check_indexes(plugin: ShoalScheduler) -> None:
+    views = plugin.views
+    assert views.holders == Counter(m for v in views.values() for m in v.resident)
+    assert views.loaded == Counter(m for v in views.values() for m in v.ready)
+    for model in MODELS:
+        spec = plugin.model_specs.get(model, {})
+        assert views.anyone_can_host(spec) == any(can_host(spec, v) for v in views.values())
+    leased = leased_items(plugin)
+    by_worker = defaultdict(set)
+    for work in leased:
+        by_worker[work.worker].add(work.id)
+    assert {w: set(ids) for w, ids in plugin.leases.by_worker.items()} == dict(by_worker)
+    placement = plugin.placement
+    unstarted = defaultdict(set)
+    ahead: dict[str, float] = defaultdict(float)
+    for work in leased:
+        if work.priority == BATCH and not work.started:
+            unstarted[work.worker].add(work.id)
+        elif work.started:
+            ahead[work.worker] += work.expected_seconds
+    assert {w: set(i) for w, i in placement._unstarted.items() if i} == dict(unstarted)
+    for worker, seconds in ahead.items():
+        assert abs(placement._ahead.get(worker, 0.0) - seconds) < 1e-6
+    for model in MODELS:
+        for priority in (ONLINE, BATCH):
+            queued = [w for w in plugin.items.values() if w.state is ItemState.QUEUED and w.model == model and w.priority == priority]
+            assert plugin.queues.waiting_items(model, priority) == len(queued)
+            assert plugin.queues.waiting_rows(model, priority) == sum(w.rows for w in queued)
+            assert (model in plugin.queues.models(priority)) == bool(queued)
+
+
+def best_steal_gain(plugin: ShoalScheduler, view) -> tuple[int, float] | None:
+    """The old scan over every model: (unheld, gain) of the best steal, or None."""
+    placement, queues = plugin.placement, plugin.queues
+    best = None
+    for model in queues.models(BATCH):
+        if model in view.resident or not can_host(plugin.model_specs.get(model, {}), view):
+            continue
+        holders = plugin.views.holders.get(model, 0)
+        if holders == 0:
+            candidate = (1, float(queues.waiting_rows(model, BATCH)))
+        else:
+            drain = queues.waiting_rows(model, BATCH) / (placement.stats.rows_per_second(model) * holders)
+            gain = drain - placement.steal_factor * placement._load_seconds(view, model)
+            if gain <= 0:
+                continue
+            candidate = (0, gain)
+        best = candidate if best is None or candidate > best else best
+    return best
+
+
+def best_take_back_gain(plugin: ShoalScheduler, thief) -> float | None:
+    """The old scan over every leased item of every worker."""
+    placement = plugin.placement
+    best = None
+    for work in leased_items(plugin):
+        if work.worker == thief.address or work.started or work.priority != BATCH:
+            continue
+        if work.model not in thief.resident and not can_host(plugin.model_specs.get(work.model, {}), thief):
+            continue
+        holder = plugin.views.get(work.worker)
+        on_holder = placement._ahead.get(work.worker, 0.0)
+        if holder is not None and work.model not in holder.ready:
+            on_holder += placement._load_seconds(holder, work.model)
+        on_thief = 0.0 if work.model in thief.ready else placement.steal_factor * placement._load_seconds(thief, work.model)
+        gain = on_holder - on_thief
+        if gain > 0 and (best is None or gain > best):
+            best = gain
+    return best
+
+
+def check_choices(plugin: ShoalScheduler) -> None:
+    """Steal and take-back picks from the indexes are as good as the old scans' (equal gain)."""
+    placement = plugin.placement
+    for view in list(plugin.views.values()):
+        expected = best_steal_gain(plugin, view)
+        chosen = placement._steal(view)
+        if expected is None:
+            assert chosen is None
+        else:
+            holders = plugin.views.holders.get(chosen, 0)
+            rows = plugin.queues.waiting_rows(chosen, BATCH)
+            if expected[0] == 1:
+                assert holders == 0 and rows == expected[1]
+            else:
+                drain = rows / (placement.stats.rows_per_second(chosen) * holders)
+                gain = drain - placement.steal_factor * placement._load_seconds(view, chosen)
+                assert abs(gain - expected[1]) < 1e-9
+        expected_back = best_take_back_gain(plugin, view)
+        taken = placement.take_back(view)
+        if expected_back is None:
+            assert taken is None
+        else:
+            assert taken is not None
+            holder = plugin.views.get(taken.worker)
+            on_holder = placement._ahead.get(taken.worker, 0.0)
+            if holder is not None and taken.model not in holder.ready:
+                on_holder += placement._load_seconds(holder, taken.model)
+            on_thief = 0.0 if taken.model in view.ready else placement._load_seconds(view, taken.model)
+            assert abs((on_holder - on_thief) - expected_back) < 1e-9
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(step, min_size=1, max_size=60))
+def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
+    async def go():
+        plugin = ShoalScheduler(
+            models={
+                "a": {"name": "a", "kind": "sim", "load_seconds": 2.0},
+                "b": {"name": "b", "kind": "sim", "load_seconds": 0.5},
+                "c": {"name": "c", "kind": "sim"},
+                "g": {"name": "g", "kind": "sim", "requires": {"GPU": 1}, "memory_bytes": 10**9},
+            }
+        )
+        scheduler = FakeScheduler([])
+        scheduler.workers = CountingWorkers(
+            {w: type("W", (), {"resources": {"GPU": 1} if w == "w0" else {}})() for w in POOL}
+        )
+        removed: dict[str, object] = {}
+        await plugin.start(scheduler)
+        jobs = 0
+        for op, *args in steps:
+            leased = leased_items(plugin)
+            if op == "submit":
+                model, count, rows = args
+                jobs += 1
+                plugin.submit(f"j{jobs}", items(model, count, rows), {"lease_seconds": 60})
+            elif op == "online":
+                plugin.submit_online(args[0], "encode", {"texts": ["x"]}, 1, SETTINGS)
+            elif op == "pull":
+                worker, resident, ready, room, held = args
+                budget = 10**10 if worker in ("w0", "w1") else 10**8
+                await plugin.pull(
+                    worker, resident=resident, ready=[m for m in ready if m in resident], room=room,
+                    held=held, timeout=0, budget=budget, load_seconds={m: 1.0 for m in resident[:1]},
+                )
+            elif op == "pull_online":
+                worker, resident, busy = args
+                await plugin.pull_online(worker, resident=resident, ready=resident[:1], busy=busy, timeout=0)
+            elif op == "start" and leased:
+                work = leased[args[0] % len(leased)]
+                plugin.start_item(work.worker, work.id)
+            elif op == "ack" and leased:
+                work = leased[args[0] % len(leased)]
+                if work.job.startswith("online-"):
+                    plugin.ack_many(work.worker, [[work.id, {}]], compute_seconds=args[1])
+                else:
+                    plugin.ack(work.worker, work.id, {"rows": work.rows, "compute_seconds": args[1]})
+            elif op == "fail" and leased:
+                work = leased[args[0] % len(leased)]
+                plugin.fail(work.worker, work.id, "boom", permanent=args[1])
+            elif op == "expire" and leased:
+                work = leased[args[0] % len(leased)]
+                work.deadline = 0.0
+                plugin.leases.extended(work)
+                plugin.expire_leases()
+            elif op == "remove" and args[0] in scheduler.workers:
+                removed[args[0]] = dict.pop(scheduler.workers, args[0])
+                plugin.remove_worker(scheduler, args[0])
+            elif op == "rejoin" and args[0] in removed:
+                scheduler.workers[args[0]] = removed.pop(args[0])
+            check_indexes(plugin)
+            check_choices(plugin)
+            check_indexes(plugin)
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_a_gpu_only_model_is_judged_unplaceable_from_worker_capabilities():
+    async def go():
+        plugin = await started(["cpu"])
+        plugin.submit("j", items("m", 1), {"models": {"m": {"name": "m", "requires": {"GPU": 1}}}, "unplaceable_seconds": 0})
+        await plugin.pull("cpu", resident=[], timeout=0, held=1)
+        plugin.bury_unplaceable()
+        status = plugin.job_status("j")
+        assert status["failed"] == 1 and "GPU=1" in status["dead_letters"][0]["errors"][0]
+        await plugin.close()
+
+    asyncio.run(go())
+
