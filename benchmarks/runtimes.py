@@ -136,8 +136,18 @@ def export_token_graph(model_path: str, folder: Path) -> None:
     bert = model[0].model.eval()
     encoded = model.tokenizer(["a short text", "and a somewhat longer one here"], padding=True, return_tensors="pt")
     names = ["input_ids", "attention_mask", "token_type_ids"]
+
+    class TokenGraph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                             token_type_ids=token_type_ids).last_hidden_state
+
     with torch.no_grad():
-        torch.onnx.export(bert, tuple(encoded[n] for n in names), str(folder / "model.onnx"), input_names=names,
+        torch.onnx.export(TokenGraph().eval(), tuple(encoded[n] for n in names), str(folder / "model.onnx"), input_names=names,
                           output_names=["last_hidden_state"], opset_version=17, dynamo=False, external_data=False,
                           dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names},
                                         "last_hidden_state": {0: "batch", 1: "tokens"}})

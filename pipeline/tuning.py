@@ -186,7 +186,7 @@ class Tuner:
             return []
         lines = ["Phase 0, per model: runtime x dtype. Each candidate judged by the quality gate against fp32 torch on",
                  "the sample (cosine mean >= 0.999, min >= 0.99; nDCG@10 on datasets/pydoc-sections within 0.005), then",
-                 "those that pass timed in alternation with fp32 torch (ratio of best runs):"]
+                 "those that pass timed in back-to-back pairs with fp32 torch (median of the pairs' ratios):"]
         for name, search in phase0.items():
             lines.extend(search.lines(name))
         return lines

@@ -2,8 +2,9 @@
 
 Every candidate for the device kind (pipeline/precision.candidates) is first
 judged by the gate against fp32 torch on the tuning sample; only those that
-pass are timed, each in alternation with fp32 torch on the same texts (the
-ratio of best runs, as phase 1 does, since a shared machine drifts). The
+pass are timed, each in back-to-back pairs with fp32 torch on the same texts
+(which goes first alternates), and scored by the median of the pairs' ratios:
+a shared machine drifts and spikes, and a pair shares its spell. The
 fastest that beats fp32 by the search's minimum gain is chosen; the gate's
 figures and the measured ratio go into the profile beside the choice.
 """
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from configs import ModelSpec, RuntimeChoice
 
 from .precision import REFERENCE, PrecisionGate, Verdict, candidates
 from .tuning_meter import MachineMeter
 
-REPEATS = 2
+PAIRS = 3
 
 
 @dataclass
@@ -68,13 +71,15 @@ def choose_runtime(spec: ModelSpec, plan, texts: list[str], min_gain: float, jud
             candidate = load(choice)
             try:
                 candidate.embed(texts[:32])  # warm: kernels picked, caches filled
-                times: dict[bool, list[float]] = {True: [], False: []}
-                for r in range(REPEATS):
+                ratios = []
+                for r in range(PAIRS):
+                    seconds: dict[bool, float] = {}
                     for is_candidate in ((True, False) if r % 2 == 0 else (False, True)):
                         with MachineMeter() as meter:
                             (candidate if is_candidate else reference).embed(texts)
-                        times[is_candidate].append(meter.seconds)
-                search.speedups[f"{choice.runtime} {choice.dtype}"] = min(times[False]) / min(times[True])
+                        seconds[is_candidate] = meter.seconds
+                    ratios.append(seconds[False] / seconds[True])
+                search.speedups[f"{choice.runtime} {choice.dtype}"] = float(np.median(ratios))
             finally:
                 candidate.close()
     finally:
