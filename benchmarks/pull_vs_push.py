@@ -69,8 +69,9 @@ import numpy as np  # noqa: E402
 from distributed import Client, LocalCluster, get_worker  # noqa: E402
 
 from configs import GatewaySettings, ModelSpec  # noqa: E402
-from scheduler_plugins.placement import WorkerView  # noqa: E402
-from scheduler_plugins.pull_queue import MAX_ONLINE_BATCH, ShoalScheduler  # noqa: E402
+from scheduler_plugins.online_queue import MAX_ONLINE_BATCH  # noqa: E402
+from scheduler_plugins.worker_views import WorkerView  # noqa: E402
+from scheduler_plugins.pull_queue import ShoalScheduler  # noqa: E402
 from scheduler_plugins.work_items import BATCH, ONLINE, ItemState, WorkItem  # noqa: E402
 from workers import online_operations, sim_operation  # noqa: E402
 from workers.sim_runtime import CHARS_PER_TOKEN, SimulatedRuntime  # noqa: E402
@@ -222,6 +223,26 @@ class PushScheduler(ShoalScheduler):
             lambda: {ONLINE: defaultdict(deque), BATCH: defaultdict(deque)}
         )
         self.routes: dict[str, list[str]] = {}
+        self._queued = asyncio.Event()  # set by every queued item: push wakes every waiting pull
+
+    async def start(self, scheduler) -> None:
+        await super().start(scheduler)
+        scheduler.handlers["shoal_pull_online"] = self.pull_online
+
+    def submit_online(self, *args, **kwargs):
+        submitted = super().submit_online(*args, **kwargs)
+        self._wake_all()
+        return submitted
+
+    def _work_queued(self, model: str, priority: int, count: int) -> None:
+        for pull in list(self.batch_pulls.all.values()):
+            self.batch_pulls.discard(pull)
+            pull.wake()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        self._queued.set()
+        self._queued = asyncio.Event()
 
     def targets(self, model: str) -> list[str]:
         by_name = {str(ws.name): address for address, ws in self.scheduler.workers.items()}
@@ -232,7 +253,7 @@ class PushScheduler(ShoalScheduler):
     def _backlog(self, address: str) -> int:
         queued = sum(w.rows for fifos in self.routed[address].values() for q in fifos.values()
                      for w in q if w.state is ItemState.QUEUED)
-        leased = sum(self.items[i].rows for i in self.leased_by_worker.get(address, ()) if i in self.items)
+        leased = sum(w.rows for w in self.leases.of_worker(address).values())
         return queued + leased
 
     def _route(self) -> None:
@@ -265,7 +286,7 @@ class PushScheduler(ShoalScheduler):
             if work.state is ItemState.QUEUED:
                 items.append(work)
         for work in items:
-            self._lease(work, view.address)
+            self.lease(work, view.address)
         return items
 
     def _lease_next(self, worker: WorkerView, room: int) -> list[WorkItem]:
@@ -279,8 +300,9 @@ class PushScheduler(ShoalScheduler):
         self, worker: str, resident: list[str] | None = None, timeout: float = 2.0, **_ignored: Any
     ) -> dict[str, Any]:
         """A worker's standing online pull: only online items routed to it (other hints ignored)."""
-        view = self.worker_views.setdefault(worker, WorkerView(worker))
-        view.resident = set(resident or [])
+        view = self.reported(worker, resident, None)
+        if view is None:
+            return {"items": [], "reason": "unknown worker"}
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             if worker not in self.scheduler.workers:
@@ -288,12 +310,12 @@ class PushScheduler(ShoalScheduler):
             self._route()
             items = self._serve(view, ONLINE, MAX_ONLINE_BATCH)
             if items:
-                return self._pull_reply(items)
+                return self.items_reply(items)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return {"items": []}
-            try:  # the event online submits set (the plugin's own, whatever it is called)
-                await asyncio.wait_for(getattr(self, "_online_added", self._work_added).wait(), remaining)
+            try:
+                await asyncio.wait_for(self._queued.wait(), remaining)
             except asyncio.TimeoutError:
                 pass
 

@@ -65,7 +65,7 @@ class SchedulerLink:
         self.name = f"gateway-{uuid.uuid4().hex[:12]}"
         self.connected = False
         self._rpc = rpc(address, connection_args=connection_args or {})
-        self._specs: dict[str, dict[str, Any]] = {}
+        self._specs: dict[str, dict[str, Any]] = dict(self._offered)  # until the scheduler's arrive
         self._specs_version: Any = None
         self._workers = 0
         self._loaded: dict[str, int] = {}

@@ -1,0 +1,167 @@
+"""`shoal gateway` processes in front of one `dask scheduler`: each request answered once, a
+gateway's death costs only its own requests, and a gateway started first waits for the scheduler."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import ROOT, SHOAL
+from test_online_serve import DASK, SIM, free_port, wait_for_line
+
+from pipeline.online_client import OnlineClient, OnlineError
+
+
+@dataclass
+class Remote:
+    address: str
+    catalog: Path
+    early: str  # the gateway started before the scheduler
+    before: list[int]  # its answers then: /readyz and an encode
+    gateways: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+
+def start_gateway(address: str, catalog: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [SHOAL, "gateway", "--scheduler", address, "--catalog", str(catalog), "--port", "0"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    line = wait_for_line(proc.stderr, "gateway on")
+    return proc, line.split("gateway on ")[1].split()[0]
+
+
+def status_of(url: str, path: str = "/readyz") -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + path, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def encode_status(url: str) -> int:
+    try:
+        with OnlineClient(url, timeout=30) as online:
+            online.encode("simzero", ["x"])
+        return 200
+    except OnlineError as exc:
+        return exc.status
+
+
+def wait_ready(url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while status_of(url) != 200:
+        assert time.monotonic() < deadline, f"{url} never became ready"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory, test_profile):
+    folder = tmp_path_factory.mktemp("gateways")
+    catalog = folder / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": {"simzero": SIM, "slow": {**SIM, "batch_fixed_seconds": 1.0}}}))
+    address = f"tcp://127.0.0.1:{free_port()}"
+    procs: list[subprocess.Popen] = []
+    try:
+        early, early_url = start_gateway(address, catalog)
+        procs.append(early)
+        before = [status_of(early_url), encode_status(early_url)]
+        env = {**os.environ, "SHOAL_CATALOG": str(catalog)}
+        procs.append(subprocess.Popen(
+            [DASK, "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1],
+             "--dashboard-address", "127.0.0.1:0", "--preload", "scheduler_plugins"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))
+        procs.append(subprocess.Popen(
+            [DASK, "worker", address, "--nthreads", "1", "--host", "127.0.0.1", "--preload", "workers",
+             "--shoal-profile", str(test_profile)],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))
+        wait_ready(early_url)
+        yield Remote(address, catalog, early_url, before, {early_url: early})
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_a_gateway_started_before_its_scheduler_answers_503_then_serves(remote):
+    assert remote.before == [503, 503]
+    with OnlineClient(remote.early, timeout=60) as online:
+        assert online.encode("simzero", ["now it serves"]).shape == (1, 8)
+
+
+def test_two_gateways_answer_every_request_once_with_its_own_answer(remote):
+    second, url = start_gateway(remote.address, remote.catalog)
+    remote.gateways[url] = second
+    wait_ready(url)
+    urls = [remote.early, url]
+    texts = [f"request {i}" for i in range(120)]
+    with OnlineClient(remote.early, timeout=60) as online:
+        expected = {t: online.encode("simzero", [t])[0] for t in texts[:3]}
+
+    def ask(i: int):
+        with OnlineClient(urls[i % 2], timeout=60) as online:
+            return online.encode("simzero", [texts[i]])[0]
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, range(len(texts))))
+    for text, vector in zip(texts, answers):
+        assert vector.shape == (8,) and abs(np.linalg.norm(vector) - 1) < 1e-5
+        if text in expected:
+            np.testing.assert_allclose(vector, expected[text], atol=1e-6)
+    assert len({v.tobytes() for v in answers}) == len(texts)  # each its own, none answered twice
+    counts = [answered_200(u) for u in urls]
+    assert all(c > 0 for c in counts) and sum(counts) >= len(texts)
+
+
+def answered_200(url: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return int(sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+        if line.startswith("shoal_online_requests_total{") and 'status="200"' in line
+    ))
+
+
+def test_killing_a_gateway_loses_only_its_own_requests(remote):
+    doomed, doomed_url = start_gateway(remote.address, remote.catalog)
+    wait_ready(doomed_url)
+    survivor = remote.early
+
+    def ask(url: str, model: str, text: str):
+        try:
+            with OnlineClient(url, timeout=60) as online:
+                return online.encode(model, [text])[0]
+        except (OnlineError, ConnectionError, OSError) as exc:
+            return exc
+
+    with ThreadPoolExecutor(16) as pool:
+        on_doomed = [pool.submit(ask, doomed_url, "slow", f"doomed {i}") for i in range(4)]
+        on_survivor = [pool.submit(ask, survivor, "slow", f"kept {i}") for i in range(8)]
+        time.sleep(0.5)  # the doomed gateway's requests are at the scheduler
+        doomed.send_signal(signal.SIGKILL)
+        doomed.wait(30)
+        kept = [f.result() for f in on_survivor]
+        lost = [f.result() for f in on_doomed]
+    assert all(isinstance(v, np.ndarray) and v.shape == (8,) for v in kept), kept
+    assert all(isinstance(v, Exception) for v in lost)
+    with OnlineClient(survivor, timeout=60) as online:  # the cluster serves on
+        assert online.encode("simzero", ["after the kill"]).shape == (1, 8)
