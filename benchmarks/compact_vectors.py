@@ -1,0 +1,84 @@
+#!/usr/bin/env python
+"""Compact vectors: bytes per vector against retrieval quality, for every --precision and a few --dim.
+
+* data: datasets/pydoc-sections (431 passages, 167 judged queries), BEIR metrics
+  (`pipeline.evaluation`, nDCG@10 and recall@10).
+* model: all-MiniLM-L6-v2 (catalog `minilm`, 384 dims) through the worker's
+  runtime; corpus and queries are stored the way `shoal embed --precision P
+  --dim D` stores them (`workers.vector_precision.compact`, int8/uint8 ranges
+  from the corpus, as a job calibrates them on its first item), and scored as
+  a vector store would: dot products of the stored values (binary/ubinary
+  unpacked to +-1, the same order as Hamming distance).
+* all-MiniLM-L6-v2 was not trained for Matryoshka truncation, so --dim rows
+  show what cutting costs a model that was not; a Matryoshka model keeps more.
+
+    .venv/bin/python benchmarks/compact_vectors.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from configs import load_catalog  # noqa: E402
+from pipeline.evaluation import evaluate  # noqa: E402
+from workers.vector_precision import PRECISIONS, VectorFormat, compact, ranges_of  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "datasets" / "pydoc-sections"
+RESULTS = ROOT / "benchmarks" / "results" / "compact_vectors.json"
+DIMS = (None, 256, 128)
+
+
+def scores(queries: np.ndarray, corpus: np.ndarray, precision: str) -> np.ndarray:
+    if precision in ("binary", "ubinary"):
+        def signs(packed: np.ndarray) -> np.ndarray:
+            bits = np.unpackbits(packed.view(np.uint8) if precision == "ubinary" else (packed.astype(np.int16) + 128).astype(np.uint8), axis=1)
+            return bits.astype(np.float32) * 2 - 1
+        return signs(queries) @ signs(corpus).T
+    return queries.astype(np.float32) @ corpus.astype(np.float32).T
+
+
+def main() -> int:
+    from workers.devices import DevicePlan
+    from workers.embedder import SentenceEmbedder
+
+    runtime = SentenceEmbedder(load_catalog().get("minilm"), DevicePlan("cpu", "cpu", "float32", 10**10))
+    corpus = pq.read_table(DATA / "corpus.parquet").to_pylist()
+    queries = pq.read_table(DATA / "queries.parquet").to_pylist()
+    qrels: dict[str, dict[str, int]] = {}
+    for row in pq.read_table(DATA / "qrels.parquet").to_pylist():
+        qrels.setdefault(row["query_id"], {})[row["corpus_id"]] = row["score"]
+    corpus_vectors, _ = runtime.embed([r["text"] for r in corpus])
+    query_vectors, _ = runtime.embed([q["text"] for q in queries])
+
+    rows = []
+    for dim in DIMS:
+        for precision in PRECISIONS:
+            fmt = VectorFormat(precision=precision, dim=dim)
+            if fmt.needs_ranges:
+                fmt = VectorFormat(precision=precision, dim=dim, ranges=ranges_of(corpus_vectors, dim))
+            stored_corpus, stored_queries = compact(corpus_vectors, fmt), compact(query_vectors, fmt)
+            order = np.argsort(-scores(stored_queries, stored_corpus, precision), axis=1, kind="stable")[:, :10]
+            rankings = {q["id"]: [corpus[i]["id"] for i in row] for q, row in zip(queries, order)}
+            rows.append({"precision": precision, "dim": dim or corpus_vectors.shape[1],
+                         "bytes_per_vector": int(stored_corpus[0].nbytes), **evaluate(rankings, qrels, recall_k=10)})
+    result = {"command": "benchmarks/compact_vectors.py", "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+    RESULTS.write_text(json.dumps(result, indent=1))
+    for row in rows:
+        print(f"{row['precision']:>8} dim {row['dim']:>3}: {row['bytes_per_vector']:>5} B  nDCG@10 {row['ndcg@10']:.3f}  recall@10 {row['recall@10']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
