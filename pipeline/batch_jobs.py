@@ -234,7 +234,12 @@ def _commit_lance(job: BatchJob, manifest: dict[str, Any], console: Console) -> 
     if not manifest["complete"]:
         console.print(f"[yellow]lance:[/yellow] {dataset} not committed: the run is incomplete; its readers keep the last version")
         return {"dataset": dataset, "version": None}
-    version = commit_parts(dataset, job.output, [part["name"] for part in manifest["parts"]], job.storage_options)
+    try:
+        version = commit_parts(dataset, job.output, [part["name"] for part in manifest["parts"]], job.storage_options)
+    except OSError as exc:  # the store refused the commit: the parts stay, the next run commits them
+        manifest["complete"] = False
+        console.print(f"[red]lance:[/red] cannot commit {dataset} ({exc}); the parts are kept: run again to commit them")
+        return {"dataset": dataset, "version": None}
     console.print(f"lance: {dataset} at version {version}")
     return {"dataset": dataset, "version": version}
 

@@ -46,12 +46,12 @@ def calibrate(
     key: dict[str, str],
     run_sample: Callable[[list[dict[str, Any]]], dict[str, Any]],
 ) -> list[list[float]]:
-    """Ranges from the first item's float32 vectors, stored beside the parts; PlanError if it has none.
+    """Ranges from the first item's float32 vectors (the first with rows), stored beside the parts; PlanError if it has none.
 
     `run_sample(items)` runs work items on the cluster and returns the job status.
     """
     output_url = output_url.rstrip("/")
-    sample = copy.deepcopy(items[0])
+    sample = copy.deepcopy(next((item for item in items if item["rows"]), items[0]))  # not an unreadable shard's
     payload = sample["payload"]
     payload.pop("vectors", None)  # float32, full width: ranges_of shortens as the parts will
     payload.pop("part_metadata", None)

@@ -19,7 +19,7 @@ import numpy as np
 MSGPACK = "application/msgpack"
 DEFAULT_URL = "http://127.0.0.1:8790"
 TOKEN_ENV = "SHOAL_GATEWAY_TOKEN"
-_DTYPES = {"float32": "<f4", "float16": "<f2"}
+_DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1", "uint8": "u1", "binary": "i1", "ubinary": "u1"}
 
 
 class OnlineError(RuntimeError):
@@ -54,8 +54,10 @@ def _vectors(reply: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(reply["embeddings"], dtype=_DTYPES[reply["dtype"]]).reshape(reply["shape"])
 
 
-def _encode_body(texts: list[str], dtype: str, truncate: bool) -> bytes:
-    return msgpack.packb({"texts": list(texts), "dtype": dtype, "truncate": truncate})
+def _encode_body(texts: list[str], dtype: str, truncate: bool, precision: str = "float32", dim: int | None = None,
+                 ranges: list[list[float]] | None = None) -> bytes:
+    compact = {k: v for k, v in (("precision", precision), ("dim", dim), ("ranges", ranges)) if v not in (None, "float32")}
+    return msgpack.packb({"texts": list(texts), "dtype": dtype, "truncate": truncate, **compact})
 
 
 def _rerank_body(query: str, documents: list[str], truncate: bool) -> bytes:
@@ -72,9 +74,11 @@ class OnlineClient:
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
 
-    def encode(self, model: str, texts: list[str], *, dtype: str = "float32", truncate: bool = True) -> np.ndarray:
-        """(len(texts), dim) vectors, float32 or float16."""
-        return _vectors(self._post(f"/v1/encode/{model}", _encode_body(texts, dtype, truncate)))
+    def encode(self, model: str, texts: list[str], *, dtype: str = "float32", truncate: bool = True,
+               precision: str = "float32", dim: int | None = None, ranges: list[list[float]] | None = None) -> np.ndarray:
+        """(len(texts), dim) vectors, float32 or float16; `precision`, `dim`, `ranges` as `shoal embed` stores them."""
+        body = _encode_body(texts, dtype, truncate, precision, dim, ranges)
+        return _vectors(self._post(f"/v1/encode/{model}", body))
 
     def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
         """One score per document, in document order."""
@@ -126,8 +130,10 @@ class AsyncOnlineClient:
         self._connections = connections
         self._session = None
 
-    async def encode(self, model: str, texts: list[str], *, dtype: str = "float32", truncate: bool = True) -> np.ndarray:
-        return _vectors(await self._request("POST", f"/v1/encode/{model}", _encode_body(texts, dtype, truncate)))
+    async def encode(self, model: str, texts: list[str], *, dtype: str = "float32", truncate: bool = True,
+                     precision: str = "float32", dim: int | None = None, ranges: list[list[float]] | None = None) -> np.ndarray:
+        body = _encode_body(texts, dtype, truncate, precision, dim, ranges)
+        return _vectors(await self._request("POST", f"/v1/encode/{model}", body))
 
     async def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
         reply = await self._request("POST", f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))

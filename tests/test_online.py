@@ -143,6 +143,9 @@ def test_compact_vectors_online_equal_quantize_embeddings_of_direct_vectors(gate
         expected = quantize_embeddings(cut, precision=body.get("precision", "float32"), ranges=np.array(ranges, np.float32))
         assert reply["dtype"] == body.get("precision", "float32") and got.shape == expected.shape
         np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), atol=1e-5 if dtype == "<f4" else 1)
+    with OnlineClient(gateway.url) as online:
+        packed = online.encode("tiny", TEXTS, precision="binary", dim=16)
+    np.testing.assert_array_equal(packed, quantize_embeddings(cut, precision="binary"))
     status, _, reply = gateway.post("/v1/embeddings", {"model": "tiny", "input": TEXTS, "dimensions": 16}, as_json=True)
     assert status == 200
     np.testing.assert_allclose([d["embedding"] for d in reply["data"]], cut, atol=1e-5)
