@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,11 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, invoke_shoal, write_profile, write_shards
+from conftest import ROOT, SHOAL, invoke_shoal, s3_options, write_profile, write_shards
 from distributed import Client
 
 from configs import load_profile
 from pipeline.cluster import start_local_cluster
+from workers.lance_fragments import lance_storage_options
 
 lance = pytest.importorskip("lance")
 
@@ -127,3 +129,18 @@ def test_reindex_into_lance_adds_a_version_when_inputs_change(cluster, tiny_cata
     assert lance.dataset(dataset).version == 2  # a reindex is a new version
     assert sorted(r["id"] for r in rows(dataset)) == sorted(ids + more)
     assert sorted(r["id"] for r in lance.dataset(dataset, version=1).to_table().to_pylist()) == sorted(ids)
+
+
+def test_lance_dataset_on_s3(cluster, tiny_catalog, demo_texts, tmp_path, s3_server):
+    import s3fs
+
+    _, client = cluster
+    options = s3_options(s3_server)
+    s3fs.S3FileSystem(**options).mkdir("lance-bucket")
+    ids = write_shards(tmp_path / "in", demo_texts[:200], shards=2, row_group_size=50)
+    result = invoke_shoal("embed", str(tmp_path / "in"), "s3://lance-bucket/docs.lance", "--format", "lance", "--model", "tiny",
+                          "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address,
+                          "--storage-options", json.dumps(options))
+    assert result.returncode == 0, result.stderr
+    dataset = lance.dataset("s3://lance-bucket/docs.lance", storage_options=lance_storage_options(options))
+    assert dataset.version == 1 and sorted(dataset.to_table().column("id").to_pylist()) == sorted(ids)
