@@ -74,8 +74,9 @@ class Gateway:
         app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[self._answer])
         app.add_routes(
             [
-                web.post("/v1/encode/{model}", self.encode),
-                web.post("/v1/rerank/{model}", self.rerank),
+                # A model name may hold slashes: a Hugging Face id (org/name) served without a catalog entry.
+                web.post("/v1/encode/{model:.+}", self.encode),
+                web.post("/v1/rerank/{model:.+}", self.rerank),
                 web.post("/v1/embeddings", self.openai_embeddings),
                 web.post("/v1/rerank", self.cohere_rerank),
                 web.get("/v1/models", self.models),

@@ -152,3 +152,17 @@ def test_a_catalog_entry_states_only_what_it_overrides(hub_cache, tiny_model, tm
     path.write_text(yaml.safe_dump({"models": {"gone": {"source": str(tmp_path / "nowhere")}}}))
     with pytest.raises(ConfigError, match=r"catalog\.yaml: models\.gone: source directory .*nowhere.* does not exist"):
         load_catalog(path)
+
+
+def test_a_cached_hub_id_is_served_online_under_its_id(cluster, hub_cache, tiny_model):
+    from pipeline.online_client import OnlineClient
+
+    _, client = cluster
+    spec = load_catalog().get(REPO_ID)
+    reply = client.sync(client.scheduler.shoal_gateway_start, settings={"port": 0}, models={spec.name: spec.model_dump()})
+    try:
+        with OnlineClient(reply["url"], timeout=120) as online:
+            vectors = online.encode(REPO_ID, ["a question about files", "another text"])
+    finally:
+        client.sync(client.scheduler.shoal_gateway_stop)
+    np.testing.assert_allclose(vectors, direct_encode(tiny_model, ["a question about files", "another text"]), atol=2e-5)
