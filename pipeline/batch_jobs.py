@@ -219,7 +219,10 @@ def _write_manifest(job: BatchJob, manifest: dict[str, Any]) -> tuple[str, str |
         return write_manifest(job.output, manifest, job.storage_options), None
     except OSError as exc:
         manifest["complete"] = False
-        return "", f"cannot write the manifest into {job.output!r} ({exc}); the parts written are kept: run again once it is writable"
+        return "", (
+            f"cannot write the manifest into {job.output!r} ({exc}); "
+            "the parts written are kept: run again once it is writable"
+        )
 
 
 def preflight(input_url: str, output_url: str, storage_options: dict[str, Any]) -> None:

@@ -73,8 +73,9 @@ class _Interruptible(click.Group):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
-            Console(stderr=True).print("[yellow]interrupted:[/yellow] parts already written are kept; "
-                                       "the same command resumes")
+            resumable = ctx.invoked_subcommand in ("embed", "rerank", "run", "reindex", "eval")
+            hint = ": the parts already written are kept, and the same command resumes" if resumable else ""
+            Console(stderr=True).print(f"[yellow]interrupted[/yellow]{hint}")
             sys.exit(130)
 
 
