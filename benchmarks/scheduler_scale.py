@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -93,13 +94,18 @@ class SimWorker:
             )
             if reply["items"]:
                 self.hold(reply["items"][0]["model"])
-                await asyncio.sleep(0)  # the group reaches the device
                 self.plugin.ack_many(self.address, [[m["id"], {"n": 1}] for m in reply["items"]], 0.001)
 
 
-def zipf_models(models: int, count: int, rng: random.Random, skew: float = 1.1) -> list[str]:
-    weights = [1 / (i + 1) ** skew for i in range(models)]
-    return [f"m{i}" for i in rng.choices(range(models), weights=weights, k=count)]
+class Zipf:
+    """Model names drawn with Zipf weights (the popular few and a long tail)."""
+
+    def __init__(self, models: int, skew: float = 1.1) -> None:
+        self.names = [f"m{i}" for i in range(models)]
+        self.cum_weights = list(itertools.accumulate(1 / (i + 1) ** skew for i in range(models)))
+
+    def draw(self, rng: random.Random, count: int = 1) -> list[str]:
+        return rng.choices(self.names, cum_weights=self.cum_weights, k=count)
 
 
 async def plugin_alone(workers: int, models: int, seconds: float, seed: int = 0) -> dict:
@@ -119,7 +125,7 @@ async def plugin_alone(workers: int, models: int, seconds: float, seed: int = 0)
     per_job = max(20_000, workers * 40)
     items = [
         {"key": str(i), "model": m, "op": "sim", "rows": 1024, "payload": {}}
-        for i, m in enumerate(zipf_models(models, per_job, rng))
+        for i, m in enumerate(Zipf(models).draw(rng, per_job))
     ]
     plugin.submit("batch", items, {"lease_seconds": 600})
     batch_tasks = [asyncio.create_task(s.batch()) for s in sims]
@@ -139,11 +145,13 @@ async def plugin_alone(workers: int, models: int, seconds: float, seed: int = 0)
     stop_at = time.perf_counter() + seconds
     answered = 0
 
+    zipf = Zipf(models)
+
     async def client(client_seed: int) -> None:
         nonlocal answered
         crng = random.Random(client_seed)
         while time.perf_counter() < stop_at:
-            model = zipf_models(models, 1, crng)[0]
+            model = zipf.draw(crng)[0]
             _, future = plugin.submit_online(model, "encode", {"texts": ["q"]}, 1, settings)
             await future
             answered += 1

@@ -23,6 +23,8 @@ from distributed.core import rpc
 
 from configs import GatewaySettings
 
+from .work_items import unsendable
+
 logger = logging.getLogger("shoal.gateway")
 
 RECONNECT_SECONDS = 1.0
@@ -111,6 +113,9 @@ class SchedulerLink:
             return {"status": 503, "error": f"the scheduler at {self.address} is not reachable; retry shortly"}
         if not self._workers:
             return {"status": 503, "error": "no workers are connected"}
+        reason = unsendable(payload)  # checked alone: in the batch it would fail every request beside it
+        if reason is not None:
+            return {"status": 400, "error": f"the request cannot be sent to the scheduler: {reason}"}
         loop = asyncio.get_running_loop()
         request_id = next(self._ids)
         future = self._waiting[request_id] = loop.create_future()

@@ -28,7 +28,7 @@ from configs import GatewaySettings
 from .online_requests import OnlineFailure, OnlineJob, leased_at
 from .placement import online_rank
 from .waiting_pulls import WaitingOnlinePulls, WaitingPull
-from .work_items import BATCH, ONLINE, ItemState, WorkItem
+from .work_items import BATCH, ONLINE, ItemState, WorkItem, unsendable
 from .worker_views import WorkerView, can_host
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ class OnlineQueue:
             if item is not None:
                 self.cancel(item)
         for request_id, model, op, payload, rows, timeout in requests:
-            refusal = self.refusal(model, remote.settings)
+            refusal = self.refusal(model, remote.settings, payload)
             if refusal is not None:
                 remote.answer(request_id, refusal)
                 continue
@@ -250,7 +250,11 @@ class OnlineQueue:
             for item in self.gateways.pop(name).close():
                 self.cancel(item)
 
-    def refusal(self, model: str, settings: GatewaySettings) -> dict[str, Any] | None:
+    def refusal(self, model: str, settings: GatewaySettings, payload: Any = None) -> dict[str, Any] | None:
+        """Why a request is answered at once instead of queued: its status and message; None to queue it."""
+        reason = unsendable(payload)
+        if reason is not None:
+            return {"status": 400, "error": f"the request cannot be sent to a worker: {reason}"}
         if model not in self.core.model_specs:
             return {"status": 404, "error": f"unknown model {model!r}"}
         if not self.core.scheduler.workers:
@@ -361,7 +365,7 @@ class LocalBackend:
         self, model: str, op: str, payload: dict[str, Any], rows: int, timeout: float, settings: GatewaySettings
     ) -> dict[str, Any]:
         """The worker's result for one request, or {"status", "error"} when it cannot be had."""
-        refusal = self.online.refusal(model, settings)
+        refusal = self.online.refusal(model, settings, payload)
         if refusal is not None:
             return refusal
         item, future = self.online.submit(model, op, payload, rows, settings)

@@ -420,9 +420,10 @@ class ShoalScheduler(SchedulerPlugin):
         """
         if worker not in self.scheduler.workers:
             return None
-        view = self.views.report(worker, resident, ready, **capability)
-        self.placement.holder_changed(worker)
-        self.online.view_changed(view)
+        view, changed = self.views.report(worker, resident, ready, **capability)
+        if changed:
+            self.placement.holder_changed(worker)
+            self.online.view_changed(view)
         return view
 
     def hold(self, view: WorkerView, model: str) -> None:

@@ -6,11 +6,16 @@ online request once each woken pull looks at the others. Instead each
 waiting pull is filed under the models its worker holds: k new batch items
 of a model wake at most k pulls, holders first; an online request wakes the
 one pull placement ranks best for it.
+
+The groups are OrderedDicts: pulls come and go at both ends all the time, and
+a plain dict's iteration from the front walks over every slot deleted since
+its last resize, a scan of thousands of entries per wake-up at cluster scale.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 
 from .worker_views import WorkerView
@@ -51,15 +56,18 @@ class WaitingBatchPulls:
     """Batch pulls waiting, each filed under its worker's held models and in one FIFO of all."""
 
     def __init__(self) -> None:
-        self.by_model: dict[str, dict[str, WaitingPull]] = {}
-        self.all: dict[str, WaitingPull] = {}
+        self.by_model: dict[str, OrderedDict[str, WaitingPull]] = {}
+        self.all: OrderedDict[str, WaitingPull] = OrderedDict()
 
     def add(self, pull: WaitingPull) -> None:
         address = pull.view.address
         self.all[address] = pull
         pull.models = [(model, 0) for model in pull.view.resident]
         for model, _ in pull.models:
-            self.by_model.setdefault(model, {})[address] = pull
+            pulls = self.by_model.get(model)
+            if pulls is None:
+                pulls = self.by_model[model] = OrderedDict()
+            pulls[address] = pull
 
     def discard(self, pull: WaitingPull) -> None:
         address = pull.view.address
@@ -91,16 +99,19 @@ class WaitingOnlinePulls:
 
     def __init__(self, rank: Callable[[WorkerView, str, bool], int]) -> None:
         self._rank = rank
-        self.by_model: dict[str, list[dict[str, WaitingPull]]] = {}
-        self.idle: dict[str, WaitingPull] = {}
-        self.busy: dict[str, WaitingPull] = {}
+        self.by_model: dict[str, list[OrderedDict[str, WaitingPull]]] = {}
+        self.idle: OrderedDict[str, WaitingPull] = OrderedDict()
+        self.busy: OrderedDict[str, WaitingPull] = OrderedDict()
 
     def add(self, pull: WaitingPull) -> None:
         address = pull.view.address
         (self.busy if pull.busy else self.idle)[address] = pull
         pull.models = [(model, self._rank(pull.view, model, pull.busy)) for model in pull.view.resident]
         for model, rank in pull.models:
-            self.by_model.setdefault(model, [{} for _ in range(RANKS)])[rank][address] = pull
+            buckets = self.by_model.get(model)
+            if buckets is None:
+                buckets = self.by_model[model] = [OrderedDict() for _ in range(RANKS)]
+            buckets[rank][address] = pull
 
     def discard(self, pull: WaitingPull) -> None:
         address = pull.view.address

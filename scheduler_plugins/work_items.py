@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import msgpack
+
 ONLINE = 0
 BATCH = 1
 
@@ -63,3 +65,17 @@ class WorkItem:
             "payload": self.payload,
             "attempt": self.attempts,
         }
+
+
+def unsendable(payload: Any) -> str | None:
+    """Why `payload` cannot travel to a worker in a Dask message (MessagePack), or None.
+
+    Checked once as a request enters, so one that cannot be sent is refused
+    alone instead of failing the whole pull reply (or gateway batch) it would
+    have travelled in, and every request beside it.
+    """
+    try:
+        msgpack.packb(payload)
+    except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+        return f"{type(exc).__name__}: {exc}"
+    return None

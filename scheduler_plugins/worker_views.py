@@ -69,9 +69,10 @@ class WorkerViews:
 
     def report(
         self, address: str, resident: list[str] | None, ready: list[str] | None, **capability: Any
-    ) -> WorkerView:
-        """A pull's report; a worker that does not say what is loaded counts all it holds.
+    ) -> tuple[WorkerView, bool]:
+        """A pull's report, and whether its held or loaded models changed.
 
+        A worker that does not say what is loaded counts all it holds.
         `capability`: budget, free_bytes, resources and load_seconds, where the pull sent them.
         """
         view = self.views.get(address)
@@ -79,24 +80,31 @@ class WorkerViews:
             view = self.views[address] = WorkerView(address)
             self._count_capability(view, +1)
         held = set(resident or [])
-        loaded = set(ready) if ready is not None else set(held)
-        for model in held - view.resident:
-            self._hold(model, +1)
-        for model in view.resident - held:
-            self._hold(model, -1)
-        for model in loaded - view.ready:
-            _count(self.loaded, model, +1)
-        for model in view.ready - loaded:
-            _count(self.loaded, model, -1)
-        view.resident, view.ready = held, loaded
+        loaded = set(ready) if ready is not None else held
+        changed = held != view.resident or loaded != view.ready
+        if changed:
+            for model in held - view.resident:
+                self._hold(model, +1)
+            for model in view.resident - held:
+                self._hold(model, -1)
+            for model in loaded - view.ready:
+                _count(self.loaded, model, +1)
+            for model in view.ready - loaded:
+                _count(self.loaded, model, -1)
+            view.resident, view.ready = held, set(loaded)
         if capability:
-            self._count_capability(view, -1)
-            view.budget = capability.get("budget", view.budget)
+            resources = capability.get("resources", view.resources)
+            budget = capability.get("budget", view.budget)
+            if budget != view.budget or resources != view.resources:
+                self._count_capability(view, -1)
+                view.budget, view.resources = budget, dict(resources)
+                self._count_capability(view, +1)
             view.free_bytes = capability.get("free_bytes", view.free_bytes)
-            view.resources = dict(capability.get("resources", view.resources))
-            view.load_seconds.update(capability.get("load_seconds") or {})
-            self._count_capability(view, +1)
-        return view
+            loads = capability.get("load_seconds") or {}
+            if any(view.load_seconds.get(model) != seconds for model, seconds in loads.items()):
+                view.load_seconds.update(loads)
+                changed = True  # what a take-back would wait for there changed
+        return view, changed
 
     def hold(self, view: WorkerView, model: str) -> None:
         """`view`'s worker was given `model`'s work: a holder from now, before its next pull says so."""

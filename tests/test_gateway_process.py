@@ -26,7 +26,7 @@ class Remote:
     catalog: Path
     early: str  # the gateway started before the scheduler
     before: list[int]  # its answers then: /readyz and an encode
-    gateways: dict[str, subprocess.Popen] = field(default_factory=dict)
+    gateways: dict[str, subprocess.Popen] = field(default_factory=dict)  # started by tests, stopped at the end
 
 
 def start_gateway(address: str, catalog: Path) -> tuple[subprocess.Popen, str]:
@@ -88,7 +88,9 @@ def remote(tmp_path_factory, test_profile):
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ))
         wait_ready(early_url)
-        yield Remote(address, catalog, early_url, before, {early_url: early})
+        remote = Remote(address, catalog, early_url, before)
+        yield remote
+        procs.extend(remote.gateways.values())  # the tests' own gateways go too
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:

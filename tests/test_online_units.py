@@ -365,3 +365,60 @@ def test_a_busy_worker_leaves_online_requests_to_an_idle_one():
         await plugin.close()
 
     asyncio.run(go())
+
+
+class PoisonRuntime(SimulatedRuntime):
+    """A simulated model that cannot compute the text "poison" (as a tokenizer bug would)."""
+
+    def embed(self, texts, measured=None):
+        if "poison" in texts:
+            raise RuntimeError("cannot compute 'poison'")
+        return super().embed(texts, measured)
+
+
+def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_answered():
+    spec = ModelSpec(name="p", kind="sim", dim=8, max_seq_length=16)
+    acked: list[str] = []
+    failed: list[tuple[str, str]] = []
+
+    async def ack(worker, results, compute_seconds, reply=True):
+        acked.extend(item_id for item_id, _ in results)
+
+    async def report_failure(item_id: str, error: str, permanent: bool) -> None:
+        failed.append((item_id, error))
+
+    async def scenario() -> None:
+        device = DeviceThread()
+        pool = ModelPool(10**9, lambda s: PoisonRuntime(s, device_thread=device), ThreadPoolExecutor(1))
+        await pool.pin(spec)
+        worker = SimpleNamespace(address="w", scheduler=SimpleNamespace(shoal_ack_many=ack))
+        groups = OnlineGroups(worker, pool, device, {"p": spec}, report_failure=report_failure)
+        texts = ["a", "b", "poison", "c"]
+        payload = lambda text: {"texts": [text], "truncate": True, "dtype": "float32"}  # noqa: E731
+        groups.add([{"id": text, "model": "p", "op": "encode", "payload": payload(text)} for text in texts])
+        while len(acked) + len(failed) < len(texts):
+            await asyncio.sleep(0.01)
+        groups.close()
+        device.shutdown()
+
+    asyncio.run(scenario())
+    assert sorted(acked) == ["a", "b", "c"]
+    assert failed == [("poison", "RuntimeError: cannot compute 'poison'")]
+
+
+def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400():
+    async def go():
+        plugin = await plugin_with_model()
+        backend = plugin.online.local_backend()
+        pulled = asyncio.create_task(plugin.pull_online("w1", resident=["m"], ready=["m"], timeout=5))
+        await asyncio.sleep(0)
+        poison = await backend.answer("m", "encode", {"texts": ["\ud800"]}, 1, 5, SETTINGS)
+        assert poison["status"] == 400 and "cannot be sent" in poison["error"]
+        legit = asyncio.create_task(backend.answer("m", "encode", {"texts": ["fine"]}, 1, 5, SETTINGS))
+        reply = await pulled
+        assert [m["payload"]["texts"] for m in reply["items"]] == [["fine"]]
+        plugin.ack_many("w1", [[reply["items"][0]["id"], {"shape": [1, 8]}]])
+        assert (await legit)["shape"] == [1, 8]
+        await plugin.close()
+
+    asyncio.run(go())

@@ -89,3 +89,55 @@ def test_online_request_of_a_killed_worker_is_answered_by_another(tmp_path):
     runtime = SimulatedRuntime(ModelSpec(**{**slow, "batch_fixed_seconds": 0.0}))
     expected, _ = runtime.embed(["a question", "another one"])
     assert np.array_equal(answer["vectors"], expected)
+
+
+def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_within_two_seconds(tmp_path):
+    """Two workers; requests leased to one of them when it is SIGKILLed: the survivor answers
+    them at once (its waiting online pull is woken by the requeue), not at its next pull timeout."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.online_client import OnlineClient
+
+    model = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 10**6, "batch_fixed_seconds": 0.2}
+    # A long pull timeout: a survivor that learned of requeued requests only when its waiting
+    # online pull timed out would answer them seconds late.
+    profile = load_profile(str(write_profile(tmp_path, name="kill-burst", lease_seconds=30, pull_timeout_seconds=10)))
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": {"steady": model}}))
+    pin = ["--shoal-pin", "steady"]  # both workers hold the model before the kill
+    with start_local_cluster(profile, str(catalog), preload_argv=pin) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        plugin = cluster.scheduler.extensions["shoal"]
+        url = client.sync(client.scheduler.shoal_gateway_start,
+                          settings={"port": 0, "request_timeout_seconds": 30},
+                          models={"steady": {"name": "steady", **model}})["url"]
+        with OnlineClient(url, timeout=60) as online:
+            online.encode("steady", ["warm"])
+        # Batch work fills every worker's batch slots, so only its waiting online pull can take
+        # the requeued requests (a waiting batch pull would take them too).
+        batch = [{"key": str(i), "model": "steady", "op": "sim", "rows": 8, "payload": {"tokens": [16] * 8}}
+                 for i in range(400)]
+        client.sync(client.scheduler.shoal_submit, job="background", items=batch, settings={"lease_seconds": 30})
+        while sum(len(items) for items in plugin.leased_by_worker.values()) < 4:
+            time.sleep(0.05)
+
+        def ask(n: int) -> float:
+            with OnlineClient(url, timeout=60) as online:
+                assert online.encode("steady", [f"request {n}"]).shape == (1, 8)
+            return time.monotonic()
+
+        with ThreadPoolExecutor(6) as pool:
+            answers = [pool.submit(ask, n) for n in range(6)]
+            victim = None
+            while victim is None:
+                online_leases = [(w, i) for w, items in plugin.leased_by_worker.items() for i in items if i.startswith("online-")]
+                victim = online_leases[0][0] if online_leases else None
+                time.sleep(0.005)
+            nanny = next(n for n in cluster.workers.values() if n.worker_address == victim)
+            killed_at = time.monotonic()
+            os.kill(nanny.process.process.pid, signal.SIGKILL)
+            answered_at = [a.result(timeout=60) for a in answers]
+        client.sync(client.scheduler.shoal_job_release, job="background")
+        client.sync(client.scheduler.shoal_gateway_stop)
+    assert plugin.events["lost"] >= 1
+    assert max(answered_at) - killed_at < 2.0, [round(t - killed_at, 2) for t in answered_at]

@@ -13,8 +13,10 @@ while a round computes starts the next round at once, so it runs as soon as
 that one ends, not after the next forward batch of batch work (which a
 request arriving while the last round's answers went out used to wait for).
 
-A failed call fails its requests as a batch item would be failed: retried
-elsewhere, or answered with the error once out of attempts.
+A failed group call is run again one request at a time, so a request that
+cannot be computed fails alone and the rest of its group is answered. A
+failed request is failed as a batch item would be: retried elsewhere, or
+answered with the error once out of attempts.
 """
 
 from __future__ import annotations
@@ -163,9 +165,29 @@ class OnlineGroups:
             try:
                 results = ONLINE_OPERATIONS[op](runtimes[model], [m["payload"] for m in group])
             except Exception as exc:  # noqa: BLE001 - reported per request by _fail
-                outcomes.append(Outcome(group, None, error=exc))
+                if len(group) == 1:
+                    outcomes.append(Outcome(group, None, error=exc))
+                else:
+                    outcomes.extend(self._one_by_one(runtimes[model], op, group))
                 continue
             outcomes.append(Outcome(group, results, time.perf_counter() - began))
+        return outcomes
+
+    @staticmethod
+    def _one_by_one(runtime: Any, op: str, group: list[Message]) -> list[Outcome]:
+        """The group's call failed: each request alone, so only those that fail are failed."""
+        answered: list[Message] = []
+        results: list[dict[str, Any]] = []
+        outcomes = []
+        began = time.perf_counter()
+        for message in group:
+            try:
+                results.extend(ONLINE_OPERATIONS[op](runtime, [message["payload"]]))
+                answered.append(message)
+            except Exception as exc:  # noqa: BLE001 - reported per request by _fail
+                outcomes.append(Outcome([message], None, error=exc))
+        if answered:
+            outcomes.append(Outcome(answered, results, time.perf_counter() - began))
         return outcomes
 
     def _started(self, models: set[str]) -> None:
