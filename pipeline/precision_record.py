@@ -57,7 +57,8 @@ def record_verdict(profile: str, verdict: Verdict, note: str) -> Path:
     runtimes[verdict.model] = entry
     fields["runtimes"] = runtimes
     comments = [line[2:] if line.startswith("# ") else line.lstrip("#") for line in _header(path)]
-    return write_profile(path, fields, [*comments, note]) and path
+    write_profile(path, fields, [*comments, note])
+    return path
 
 
 def _header(path: Path) -> list[str]:
