@@ -403,6 +403,16 @@ def test_a_refused_part_write_is_permanent_and_a_refused_manifest_still_ends_wit
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(OutputRefused):  # a file where a folder should be
         write_part(str(tmp_path / "a-file" / "part.parquet"), pa.table({"a": [1]}), None)
+    if os.geteuid() == 0:  # a full disk: a 64 KiB tmpfs and a part of incompressible bytes
+        full = tmp_path / "full"
+        full.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "shoal-full", str(full)], capture_output=True).returncode == 0:
+            try:
+                with pytest.raises(OutputRefused, match="No space left"):
+                    write_part(str(full / "part.parquet"), pa.table({"a": [os.urandom(1 << 20)]}), None)
+                assert not list(full.iterdir())  # the temporary file is gone too
+            finally:
+                subprocess.run(["umount", str(full)], check=True)
 
 
 def test_output_inside_input_is_never_read_back_and_the_second_run_resumes(shoal, demo_texts, tmp_path):
