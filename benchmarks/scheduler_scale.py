@@ -34,6 +34,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -56,9 +57,10 @@ class StandInScheduler:
 class SimWorker:
     """A worker's pull loop without the model: pulls with room 2, an LRU of 3 models, one online pull waiting."""
 
-    def __init__(self, plugin, address: str, models: list[str]) -> None:
+    def __init__(self, plugin, address: str, models: list[str], pull_timeout: float) -> None:
         self.plugin = plugin
         self.address = address
+        self.pull_timeout = pull_timeout
         self.lru: OrderedDict[str, None] = OrderedDict((m, None) for m in models)
         self.done = 0
         self.pull_seconds: list[float] = []
@@ -75,7 +77,7 @@ class SimWorker:
         while not self.batch_stop:
             began = time.perf_counter()
             reply = await self.plugin.pull(
-                self.address, resident=list(self.lru), ready=list(self.lru), room=2, held=0, timeout=0.5,
+                self.address, resident=list(self.lru), ready=list(self.lru), room=2, held=0, timeout=self.pull_timeout,
                 budget=None, load_seconds={},
             )
             if reply["items"]:
@@ -90,7 +92,7 @@ class SimWorker:
     async def online(self) -> None:
         while not self.stop:
             reply = await self.plugin.pull_online(
-                self.address, resident=list(self.lru), ready=list(self.lru), timeout=0.5, busy=False
+                self.address, resident=list(self.lru), ready=list(self.lru), timeout=self.pull_timeout, busy=False
             )
             if reply["items"]:
                 self.hold(reply["items"][0]["model"])
@@ -108,7 +110,14 @@ class Zipf:
         return rng.choices(self.names, cum_weights=self.cum_weights, k=count)
 
 
-async def plugin_alone(workers: int, models: int, seconds: float, seed: int = 0) -> dict:
+async def plugin_alone(workers: int, models: int, seconds: float, pull_timeout: float = 2.0, seed: int = 0) -> dict:
+    """One configuration: batch phase, idle phase, online phase.
+
+    Waiting pulls renew every `pull_timeout` seconds (the profiles' default is
+    2 s): a cost per second that grows with the number of workers, whatever
+    the traffic. The idle phase measures it, and the per-event figures are
+    given both as measured and net of it.
+    """
     from configs import GatewaySettings
     from scheduler_plugins.pull_queue import ShoalScheduler
 
@@ -117,7 +126,7 @@ async def plugin_alone(workers: int, models: int, seconds: float, seed: int = 0)
     specs = {f"m{i}": {"name": f"m{i}", "kind": "sim", "load_seconds": 2.0} for i in range(models)}
     plugin = ShoalScheduler(models=specs)
     await plugin.start(StandInScheduler(names))
-    sims = [SimWorker(plugin, w, [f"m{(i * 3 + k) % models}" for k in range(3)]) for i, w in enumerate(names)]
+    sims = [SimWorker(plugin, w, [f"m{(i * 3 + k) % models}" for k in range(3)], pull_timeout) for i, w in enumerate(names)]
     online_tasks = [asyncio.create_task(s.online()) for s in sims]
     await asyncio.sleep(0.05)
 
@@ -139,6 +148,12 @@ async def plugin_alone(workers: int, models: int, seconds: float, seed: int = 0)
     await asyncio.gather(*batch_tasks, return_exceptions=True)
     pulls = sorted(x for s in sims for x in s.pull_seconds)
     plugin.job_release("batch")
+
+    # Idle: every worker's online pull waiting, renewed at its timeout; nothing else.
+    await asyncio.sleep(pull_timeout)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    await asyncio.sleep(max(seconds, 2 * pull_timeout))
+    idle_share = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
 
     # Online: a closed loop of 64 requests in flight, Zipf over the models.
     settings = GatewaySettings(request_timeout_seconds=60, max_attempts=2)
@@ -168,14 +183,17 @@ async def plugin_alone(workers: int, models: int, seconds: float, seed: int = 0)
     await plugin.close()
     per_item = batch_cpu / max(batch_items, 1)
     per_request = online_cpu / max(answered, 1)
+    net_request = max(online_cpu - idle_share * online_wall, 0.0) / max(answered, 1)
     return {
-        "workers": workers, "models": models,
+        "workers": workers, "models": models, "pull_timeout_seconds": pull_timeout,
+        "idle_cpu_share": idle_share,
         "batch_items": batch_items, "batch_cpu_us_per_item": per_item * 1e6,
         "batch_items_per_cpu_second": 1 / per_item if batch_items else 0.0,
         "pull_reply_p50_us": statistics.median(pulls) * 1e6 if pulls else None,
         "pull_reply_p99_us": pulls[int(0.99 * (len(pulls) - 1))] * 1e6 if pulls else None,
         "online_requests": answered, "online_cpu_us_per_request": per_request * 1e6,
         "online_requests_per_cpu_second": 1 / per_request if answered else 0.0,
+        "online_net_cpu_us_per_request": net_request * 1e6,
         "online_requests_per_second_wall": answered / online_wall,
     }
 
@@ -189,15 +207,210 @@ def part_a(args) -> list[dict]:
     rows = []
     for workers in args.workers:
         for models in args.models:
-            row = asyncio.run(plugin_alone(workers, models, args.seconds))
+            row = asyncio.run(plugin_alone(workers, models, args.seconds, args.pull_timeout))
             rows.append(row)
             print(
-                f"  {workers:>5} workers x {models:>5} models: batch {row['batch_cpu_us_per_item']:8.1f} us/item "
-                f"({row['batch_items_per_cpu_second']:9.0f} items/s), pull p50/p99 "
-                f"{row['pull_reply_p50_us'] or 0:7.1f}/{row['pull_reply_p99_us'] or 0:8.1f} us; online "
-                f"{row['online_cpu_us_per_request']:9.1f} us/request ({row['online_requests_per_cpu_second']:8.0f}/s)",
+                f"  {workers:>5} workers x {models:>5} models: batch {row['batch_cpu_us_per_item']:6.1f} us/item "
+                f"({row['batch_items_per_cpu_second']:6.0f} items/s), pull p50/p99 "
+                f"{row['pull_reply_p50_us'] or 0:5.1f}/{row['pull_reply_p99_us'] or 0:7.1f} us; online "
+                f"{row['online_cpu_us_per_request']:6.1f} us/request ({row['online_requests_per_cpu_second']:6.0f}/s), "
+                f"net of idle renewals {row['online_net_cpu_us_per_request']:6.1f} us; idle CPU {row['idle_cpu_share']:.1%}",
                 flush=True,
             )
+    return rows
+
+
+# -- (b) a real scheduler, simulated workers over TCP ---------------------------------------------
+
+SIM_MODEL = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 1000}
+
+
+def write_catalog(folder: Path) -> Path:
+    path = folder / "catalog.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump({"models": {"simzero": SIM_MODEL}}))
+    return path
+
+
+def start_scheduler(folder: Path, catalog: Path) -> tuple[subprocess.Popen, str]:
+    """`dask scheduler --preload scheduler_plugins` on loopback; its address once it is up."""
+    scheduler_file = folder / "scheduler.json"
+    env = {**os.environ, "SHOAL_CATALOG": str(catalog)}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file), "--preload", "scheduler_plugins"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not scheduler_file.exists() or not scheduler_file.read_text().strip():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the scheduler did not start")
+        time.sleep(0.1)
+    time.sleep(0.2)
+    return proc, json.loads(scheduler_file.read_text())["address"]
+
+
+WORKERS_SCRIPT = """
+import asyncio, sys
+from distributed import Worker
+async def main(address, count):
+    workers = [Worker(address, nthreads=1, host="127.0.0.1", preload=["workers"], preload_argv=["--shoal-pin", "simzero"])
+               for _ in range(count)]
+    await asyncio.gather(*workers)
+    await asyncio.Event().wait()
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def start_workers(address: str, count: int, catalog: Path, profile: Path) -> subprocess.Popen:
+    """`count` Dask workers with Shoal's plugin in one process: simulated models fit many on two cores."""
+    env = {**os.environ, "SHOAL_CATALOG": str(catalog), "SHOAL_PROFILE": str(profile)}
+    return subprocess.Popen([sys.executable, "-c", WORKERS_SCRIPT, address, str(count)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def write_profile(folder: Path) -> Path:
+    import yaml
+
+    path = folder / "scale.yaml"
+    path.write_text(yaml.safe_dump({"name": "scale", "device": "cpu", "prefetch": 2, "pull_timeout_seconds": 2.0,
+                                    "threads_per_worker": 1}))
+    return path
+
+
+def part_b(args, folder: Path) -> list[dict]:
+    import psutil
+    from distributed import Client
+
+    catalog, profile = write_catalog(folder), write_profile(folder)
+    rows = []
+    for count in args.real_workers:
+        scheduler, address = start_scheduler(folder, catalog)
+        workers = start_workers(address, count, catalog, profile)
+        try:
+            with Client(address, timeout=60) as client:
+                client.wait_for_workers(count, timeout=300)
+                plugin_workers = 0
+                while plugin_workers < count:  # every worker's pull loop has reported
+                    plugin_workers = len(client.sync(client.scheduler.shoal_overview)["workers"])
+                    time.sleep(0.2)
+                items = [{"key": str(i), "model": "simzero", "op": "sim", "rows": 1, "payload": {"tokens": [8]}}
+                         for i in range(args.real_items)]
+                meter = psutil.Process(scheduler.pid)
+                cpu0, wall0 = sum(meter.cpu_times()[:2]), time.perf_counter()
+                client.sync(client.scheduler.shoal_submit, job="scale", items=items,
+                            settings={"models": {"simzero": {"name": "simzero", **SIM_MODEL}}})
+                while not client.sync(client.scheduler.shoal_job_status, job="scale")["complete"]:
+                    time.sleep(0.05)
+                wall = time.perf_counter() - wall0
+                cpu = sum(meter.cpu_times()[:2]) - cpu0
+                client.sync(client.scheduler.shoal_job_release, job="scale")
+        finally:
+            workers.kill()
+            scheduler.terminate()
+            scheduler.wait(30)
+        row = {"workers": count, "items": args.real_items, "scheduler_cpu_us_per_item": cpu / args.real_items * 1e6,
+               "items_per_second_wall": args.real_items / wall, "scheduler_cpu_share": cpu / wall}
+        rows.append(row)
+        print(f"  {count:>4} workers over TCP: scheduler {row['scheduler_cpu_us_per_item']:7.1f} us CPU per item, "
+              f"{row['items_per_second_wall']:7.0f} items/s (scheduler busy {row['scheduler_cpu_share']:.0%} of a core)",
+              flush=True)
+    return rows
+
+
+# -- (c) gateways -----------------------------------------------------------------------------
+
+LOAD_SCRIPT = """
+import asyncio, json, sys, time, resource
+import aiohttp, msgpack
+async def main(urls, seconds, concurrency):
+    latencies, errors = [], 0
+    body = msgpack.packb({"texts": ["a short query"]})
+    headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+    stop = time.perf_counter() + seconds
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def client(n):
+            nonlocal errors
+            url = urls[n % len(urls)] + "/v1/encode/simzero"
+            while time.perf_counter() < stop:
+                began = time.perf_counter()
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    if response.status != 200:
+                        errors += 1
+                        continue
+                latencies.append(time.perf_counter() - began)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(client(n) for n in range(concurrency)))
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    latencies.sort()
+    print(json.dumps({"requests": len(latencies), "errors": errors, "per_second": len(latencies) / wall,
+                      "p50_ms": latencies[len(latencies) // 2] * 1e3, "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+                      "generator_cpu_share": cpu / wall}))
+asyncio.run(main(sys.argv[1].split(","), float(sys.argv[2]), int(sys.argv[3])))
+"""
+
+
+def load(urls: list[str], seconds: float, concurrency: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, ",".join(urls), str(seconds), str(concurrency)],
+                         capture_output=True, text=True, timeout=seconds + 120, check=True)
+    return json.loads(out.stdout)
+
+
+def start_gateway(address: str, catalog: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "shoal"), "gateway", "--scheduler", address,
+                             "--catalog", str(catalog), "--port", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if "gateway on" in line:
+            return proc, line.split("gateway on ")[1].split()[0]
+    raise RuntimeError("shoal gateway did not start")
+
+
+def part_c(args, folder: Path) -> list[dict]:
+    import urllib.request
+
+    from distributed import Client
+
+    catalog, profile = write_catalog(folder), write_profile(folder)
+    scheduler, address = start_scheduler(folder, catalog)
+    workers = start_workers(address, 2, catalog, profile)
+    gateways: list[subprocess.Popen] = []
+    rows = []
+    try:
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=120)
+            embedded = client.sync(client.scheduler.shoal_gateway_start, settings={"port": 0},
+                                   models={"simzero": {"name": "simzero", **SIM_MODEL}})["url"]
+            urls = []
+            for _ in range(2):
+                proc, url = start_gateway(address, catalog)
+                gateways.append(proc)
+                urls.append(url)
+            for url in [embedded, *urls]:
+                while True:
+                    try:
+                        with urllib.request.urlopen(url + "/readyz", timeout=10) as response:
+                            if response.status == 200:
+                                break
+                    except OSError:
+                        time.sleep(0.2)
+            setups = {"embedded gateway": [embedded], "1 shoal gateway": urls[:1], "2 shoal gateways": urls}
+            for rep in range(args.reps):
+                for name, targets in setups.items():
+                    row = {"setup": name, "rep": rep, **load(targets, args.seconds, args.concurrency)}
+                    rows.append(row)
+                    print(f"  {name:>18}: {row['per_second']:7.0f} req/s, p50 {row['p50_ms']:5.1f} ms, "
+                          f"p99 {row['p99_ms']:6.1f} ms, errors {row['errors']}, "
+                          f"load generator {row['generator_cpu_share']:.0%} of a core", flush=True)
+    finally:
+        for proc in gateways:
+            proc.terminate()
+        workers.kill()
+        scheduler.terminate()
+        scheduler.wait(30)
     return rows
 
 
@@ -207,13 +420,25 @@ def main() -> None:
     parser.add_argument("--workers", default="16,128,1024,4096", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--models", default="24,100,1000", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--seconds", type=float, default=4.0, help="per phase and configuration")
+    parser.add_argument("--pull-timeout", type=float, default=2.0, help="(a) the stand-in workers' long-poll timeout")
     parser.add_argument("--code", default=None, help="a checkout whose scheduler_plugins (a) drives instead")
+    parser.add_argument("--real-workers", default="8,32", type=lambda s: [int(x) for x in s.split(",")], help="(b)")
+    parser.add_argument("--real-items", type=int, default=5000, help="(b) items per run")
+    parser.add_argument("--concurrency", type=int, default=64, help="(c) requests in flight")
+    parser.add_argument("--reps", type=int, default=2, help="(c) rounds over the three setups")
     parser.add_argument("--json", default=str(RESULTS))
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     results: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:]}
     if "a" in parts:
         results["a"] = part_a(args)
+    with tempfile.TemporaryDirectory() as folder:
+        if "b" in parts:
+            print("(b) a dask scheduler process, simulated workers in one other process, over TCP", flush=True)
+            results["b"] = part_b(args, Path(folder))
+        if "c" in parts:
+            print(f"(c) online requests/s, {args.concurrency} in flight, sim model with no compute, 2 workers", flush=True)
+            results["c"] = part_c(args, Path(folder))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.json}")

@@ -147,7 +147,7 @@ class OnlineQueue:
             waiting = WaitingPull(view, busy)
             self.pulls.add(waiting)
             try:
-                await waiting.wait(remaining)
+                await self.core.timeouts.wait(waiting, remaining)
             finally:
                 self.pulls.discard(waiting)
                 claim = waiting.claim

@@ -48,7 +48,7 @@ from .metrics import start_metrics
 from .model_queues import ModelQueues
 from .online_queue import MAX_ONLINE_BATCH, OnlineQueue
 from .placement import Placement
-from .waiting_pulls import WaitingBatchPulls, WaitingPull
+from .waiting_pulls import Timeouts, WaitingBatchPulls, WaitingPull
 from .work_items import BATCH, ONLINE, ItemState, WorkItem
 from .worker_views import WorkerView, WorkerViews, can_host
 
@@ -72,6 +72,7 @@ class ShoalScheduler(SchedulerPlugin):
         self.placement = Placement(self.queues, self.views, self.model_specs)
         self.leases = Leases()
         self.batch_pulls = WaitingBatchPulls()
+        self.timeouts = Timeouts()  # of every waiting pull, batch and online
         self.online = OnlineQueue(self)
         self.gateway: Gateway | None = None
         self._gateway_settings = gateway
@@ -122,6 +123,7 @@ class ShoalScheduler(SchedulerPlugin):
             self._lease_checker.stop()
         await self.gateway_stop()
         self.online.close()
+        self.timeouts.close()
 
     # -- handlers -----------------------------------------------------------
 
@@ -202,7 +204,7 @@ class ShoalScheduler(SchedulerPlugin):
             waiting = WaitingPull(view)
             self.batch_pulls.add(waiting)
             try:
-                await waiting.wait(remaining)
+                await self.timeouts.wait(waiting, remaining)
             finally:
                 self.batch_pulls.discard(waiting)
 

@@ -15,6 +15,8 @@ its last resize, a scan of thousands of entries per wake-up at cluster scale.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -43,13 +45,51 @@ class WaitingPull:
         self.future.set_result(None)
         return True
 
-    async def wait(self, timeout: float) -> None:
-        """Until woken, or `timeout` seconds (a bare future and a timer: no task per wait)."""
-        timer = asyncio.get_running_loop().call_later(timeout, self.wake)
-        try:
-            await self.future
-        finally:
-            timer.cancel()
+
+class Timeouts:
+    """The long polls' deadlines: one heap and one loop timer, armed for the earliest.
+
+    A timer per wait (``call_later``, then its cancel) was the largest cost of
+    a pull cycle with thousands of workers waiting; here a wait costs a heap
+    push, and a pull woken early leaves its entry to be dropped when it is due.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, WaitingPull]] = []
+        self._order = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_for = float("inf")
+
+    async def wait(self, pull: WaitingPull, timeout: float) -> None:
+        """Until `pull` is woken, or `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        heapq.heappush(self._heap, (deadline, next(self._order), pull))
+        if deadline < self._armed_for:
+            self._arm(loop, deadline)
+        await pull.future
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed_for = deadline
+        self._timer = loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._timer, self._armed_for = None, float("inf")
+        while self._heap and self._heap[0][0] <= now:
+            heapq.heappop(self._heap)[2].wake()
+        if self._heap:
+            self._arm(loop, self._heap[0][0])
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for _, _, pull in self._heap:
+            pull.wake()
+        self._heap.clear()
 
 
 class WaitingBatchPulls:
