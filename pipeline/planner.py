@@ -104,13 +104,20 @@ def _list_shards(input_url: str, storage_options: dict[str, Any] | None, output_
             and not any(name.startswith(("_", ".")) for name in posixpath.relpath(p, root).split("/"))
         ]
     elif fs.exists(path):
-        paths = [path]
+        return _shards(fs, [path])  # a file named on its own is input, even inside OUTPUT
     else:
         raise PlanError(f"input {input_url!r} does not exist")
     if output_url:
+        found = paths
         paths = _outside(paths, fs, output_url, storage_options)
+        if found and not paths:
+            raise PlanError(f"input {input_url!r} has Parquet files only inside the output {output_url!r}")
     if not paths:
         raise PlanError(f"input {input_url!r} matches no Parquet files")
+    return _shards(fs, paths)
+
+
+def _shards(fs, paths: list[str]) -> list[Shard]:
     infos = [fs.info(p) for p in sorted(paths)]
     return [
         Shard(

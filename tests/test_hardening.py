@@ -427,7 +427,7 @@ def test_output_inside_input_is_never_read_back_and_the_second_run_resumes(shoal
 
 
 def test_underscore_and_dot_folders_in_the_input_are_not_input(tmp_path):
-    from pipeline.planner import list_shards
+    from pipeline.planner import PlanError, list_shards
 
     for folder in ("", "_staging/", ".cache/", "keep/"):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
@@ -435,6 +435,10 @@ def test_underscore_and_dot_folders_in_the_input_are_not_input(tmp_path):
     names = [s.url.split(str(tmp_path), 1)[1] for s in list_shards(str(tmp_path))]
     assert names == ["/a.parquet", "/keep/a.parquet"]
     assert [s.url.split(str(tmp_path), 1)[1] for s in list_shards(str(tmp_path), None, str(tmp_path / "keep"))] == ["/a.parquet"]
+    # A file named on its own is input even inside OUTPUT (parts written beside their source).
+    assert len(list_shards(str(tmp_path / "keep" / "a.parquet"), None, str(tmp_path / "keep"))) == 1
+    with pytest.raises(PlanError, match="only inside the output"):
+        list_shards(str(tmp_path / "keep"), None, str(tmp_path))
 
 
 def test_a_row_that_is_not_utf8_is_a_named_rejection_and_every_other_row_is_embedded(shoal, tiny_model, tmp_path):
