@@ -66,13 +66,19 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, str]:
     return snapshot, revision
 
 
-def _json(path: Path) -> dict[str, Any] | list[Any]:
+def _json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        return {}
+        return None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: not readable JSON: {exc}") from None
+
+
+def _mapping(path: Path) -> dict[str, Any]:
+    """A JSON object file, or {} when it is absent (or holds something else)."""
+    value = _json(path)
+    return value if isinstance(value, dict) else {}
 
 
 @dataclass
@@ -86,8 +92,7 @@ class ModelFiles:
         return modules if isinstance(modules, list) else []
 
     def _module_config(self, module: dict[str, Any]) -> dict[str, Any]:
-        config = _json(self.folder / module.get("path", "") / "config.json")
-        return config if isinstance(config, dict) else {}
+        return _mapping(self.folder / module.get("path", "") / "config.json")
 
     def _transformer_folder(self) -> Path:
         for module in self.modules():
@@ -96,17 +101,16 @@ class ModelFiles:
         return self.folder
 
     def kind(self) -> str:
-        settings = _json(self.folder / "config_sentence_transformers.json")
-        if isinstance(settings, dict) and settings.get("model_type") == "CrossEncoder":
+        if _mapping(self.folder / "config_sentence_transformers.json").get("model_type") == "CrossEncoder":
             return "reranker"
         if not self.modules():  # a bare transformers folder: a classifier head scores pairs
-            architectures = _json(self.folder / "config.json").get("architectures") or []
+            architectures = _mapping(self.folder / "config.json").get("architectures") or []
             if any(a.endswith("ForSequenceClassification") for a in architectures):
                 return "reranker"
         return "embedder"
 
     def dim(self, kind: str) -> int:
-        backbone = _json(self._transformer_folder() / "config.json")
+        backbone = _mapping(self._transformer_folder() / "config.json")
         if kind == "reranker":
             return len(backbone.get("id2label") or {}) or int(backbone.get("num_labels", 1))
         dim = backbone.get("hidden_size") or backbone.get("d_model") or 0
@@ -123,12 +127,12 @@ class ModelFiles:
 
     def max_seq_length(self) -> int:
         folder = self._transformer_folder()
-        stated = _json(folder / "sentence_bert_config.json").get("max_seq_length")
+        stated = _mapping(folder / "sentence_bert_config.json").get("max_seq_length")
         limits = [stated] if stated else []
-        tokenizer_limit = _json(folder / "tokenizer_config.json").get("model_max_length")
+        tokenizer_limit = _mapping(folder / "tokenizer_config.json").get("model_max_length")
         if not stated and tokenizer_limit and tokenizer_limit < UNBOUNDED_LENGTH:
             limits.append(tokenizer_limit)
-        positions = _json(folder / "config.json").get("max_position_embeddings")
+        positions = _mapping(folder / "config.json").get("max_position_embeddings")
         if positions and not limits:
             limits.append(positions)
         if not limits:
@@ -161,7 +165,8 @@ class ModelFiles:
 
 
 def looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or os.sep in name and Path(name).expanduser().exists()
+    """Meant as a folder (not a hub id): it starts like a path, or names something on disk that is not a folder."""
+    return name.startswith((".", "/", "~")) or (os.sep in name and Path(name).expanduser().exists())
 
 
 def resolve_unlisted(name: str, known: list[str]) -> ModelSpec:
