@@ -171,6 +171,8 @@ class Gateway:
         return response
 
     def _error(self, request: web.Request, status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+        # A message may echo what the client sent (a header's undecodable bytes are lone surrogates).
+        message = message.encode("utf-8", "backslashreplace").decode()
         body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"), "code": status}}
         kind = request.get(REPLY) or response_type(request.headers.get("Accept"), JSON)
         if status in (429, 503):

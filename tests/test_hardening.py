@@ -201,6 +201,16 @@ def test_an_authorization_header_that_is_not_utf8_or_not_latin1_is_a_401(gateway
         gateway.start()
 
 
+def test_an_error_message_echoing_undecodable_header_bytes_still_encodes_as_msgpack(gateway):
+    with gateway.connect() as sock:
+        sock.sendall(b"POST /v1/encode/tiny HTTP/1.1\r\nHost: shoal\r\nContent-Type: text/\xff\r\n"
+                     b"Accept: application/msgpack\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        raw = _read_all(sock)
+    assert raw.startswith(b"HTTP/1.1 415")
+    message = msgpack.unpackb(raw.split(b"\r\n\r\n", 1)[1])["error"]["message"]
+    assert "text/\\udcff" in message
+
+
 def test_a_client_gone_mid_body_is_counted_as_a_client_close_not_a_500(gateway):
     before = gateway.statuses()
     with gateway.connect() as sock:
