@@ -59,6 +59,19 @@ def test_a_2000_token_text_gives_the_expected_windows(tokenizer, demo_texts):
     assert (windows.start[-1], windows.end[-1]) == (0, len("short one"))
 
 
+def test_where_every_word_is_one_token_the_windows_are_exact(tokenizer):
+    words = ("the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "home")
+    text = " ".join(words[i % len(words)] for i in range(2000))
+    assert len(tokenizer(text, add_special_tokens=False)["input_ids"]) == 2000
+    windows = token_windows(tokenizer, [text], ChunkSettings(tokens=128, overlap=32))
+    step = 126 - 32
+    assert len(windows.texts) == -(-(2000 - 32) // step) == 21
+    for n, window in enumerate(windows.texts):
+        first, last = n * step, min(n * step + 126, 2000)
+        assert window.split() == text.split()[first:last]  # exactly tokens [first, last), 32 shared with the next
+        assert text[windows.start[n] : windows.end[n]] == window
+
+
 @pytest.mark.parametrize(
     "text, message",
     [("tokens=0", "greater than 0"), ("tokens=64,overlap=64", "less than tokens"), ("overlap=3", "tokens=N is required"),
