@@ -103,3 +103,25 @@ def test_bad_vector_options_exit_2(cluster, tiny_catalog, tmp_path):
     assert empty.returncode == 2, empty.stderr
     assert "has no text to embed" in " ".join(empty.stderr.split())
     assert not list((tmp_path / "out").glob("part-*"))
+
+
+def test_reindexed_int8_parts_use_the_versions_ranges(cluster, tiny_catalog, demo_texts, tmp_path):
+    import yaml
+
+    _, client = cluster
+    ids = write_shards(tmp_path / "in", demo_texts[:200], shards=2, row_group_size=100)
+    job = {"name": "docs", "input": str(tmp_path / "in"), "output": str(tmp_path / "out"), "model": "tiny",
+           "precision": "int8", "catalog": str(tiny_catalog), "scheduler": client.scheduler.address,
+           "lock": {"settle_seconds": 0.1}}
+    (tmp_path / "docs.yaml").write_text(yaml.safe_dump(job))
+    first = invoke_shoal("reindex", str(tmp_path / "docs.yaml"))
+    assert first.returncode == 0 and "calibrating" in first.stderr, first.stderr
+    version = tmp_path / "out" / (tmp_path / "out" / "_CURRENT").read_text().strip()
+    ranges = json.loads((version / "_manifest.json").read_text())["vectors"]["ranges"]
+    pq.write_table(pa.table({"id": [f"new-{i}" for i in range(50)], "text": demo_texts[300:350]}), tmp_path / "in" / "new.parquet")
+    second = invoke_shoal("reindex", str(tmp_path / "docs.yaml"))
+    assert second.returncode == 0 and "calibrating" not in second.stderr, second.stderr
+    manifest = json.loads((version / "_manifest.json").read_text())
+    assert manifest["vectors"]["ranges"] == ranges and manifest["work"]["run"] == 1
+    table = read_output(version)
+    assert sorted(table.column("id").to_pylist()) == sorted(ids + [f"new-{i}" for i in range(50)])
