@@ -19,8 +19,8 @@
 Run ``--code PATH`` to drive another checkout's plugin in (a) (for example
 the code before the scale rework, from ``git worktree add``), side by side.
 
-    .venv/bin/python benchmarks/scheduler_scale.py --parts a
-    .venv/bin/python benchmarks/scheduler_scale.py --parts a --code /tmp/oldtree --workers 16,128 --seconds 5
+    .venv/bin/python benchmarks/scheduler_scale.py --parts a,b,c --plot docs/scheduler_scale.png --before OLD.json
+    .venv/bin/python benchmarks/scheduler_scale.py --parts a --code /tmp/oldtree --workers 16,128,1024 --models 100 --json OLD.json
 """
 
 from __future__ import annotations
@@ -298,6 +298,10 @@ def part_b(args, folder: Path) -> list[dict]:
                 items = [{"key": str(i), "model": "simzero", "op": "sim", "rows": 1, "payload": {"tokens": [8]}}
                          for i in range(args.real_items)]
                 meter = psutil.Process(scheduler.pid)
+                # Idle: Dask's heartbeats and the pulls' renewals, a cost per second, not per item.
+                cpu0, wall0 = sum(meter.cpu_times()[:2]), time.perf_counter()
+                time.sleep(3.0)
+                idle_share = (sum(meter.cpu_times()[:2]) - cpu0) / (time.perf_counter() - wall0)
                 cpu0, wall0 = sum(meter.cpu_times()[:2]), time.perf_counter()
                 client.sync(client.scheduler.shoal_submit, job="scale", items=items,
                             settings={"models": {"simzero": {"name": "simzero", **SIM_MODEL}}})
@@ -310,11 +314,14 @@ def part_b(args, folder: Path) -> list[dict]:
             workers.kill()
             scheduler.terminate()
             scheduler.wait(30)
+        net = max(cpu - idle_share * wall, 0.0)
         row = {"workers": count, "items": args.real_items, "scheduler_cpu_us_per_item": cpu / args.real_items * 1e6,
+               "scheduler_net_cpu_us_per_item": net / args.real_items * 1e6, "scheduler_idle_share": idle_share,
                "items_per_second_wall": args.real_items / wall, "scheduler_cpu_share": cpu / wall}
         rows.append(row)
-        print(f"  {count:>4} workers over TCP: scheduler {row['scheduler_cpu_us_per_item']:7.1f} us CPU per item, "
-              f"{row['items_per_second_wall']:7.0f} items/s (scheduler busy {row['scheduler_cpu_share']:.0%} of a core)",
+        print(f"  {count:>4} workers over TCP: scheduler {row['scheduler_cpu_us_per_item']:6.1f} us CPU per item "
+              f"({row['scheduler_net_cpu_us_per_item']:6.1f} net of idle, {idle_share:.1%} of a core idle), "
+              f"{row['items_per_second_wall']:5.0f} items/s, scheduler busy {row['scheduler_cpu_share']:.0%}",
               flush=True)
     return rows
 
@@ -414,6 +421,37 @@ def part_c(args, folder: Path) -> list[dict]:
     return rows
 
 
+def plot(rows: list[dict], before: list[dict], path: Path) -> None:
+    """Scheduler CPU per batch item and per online request against workers (log x), per model count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, title in (
+        (axes[0], "batch_cpu_us_per_item", "per batch item"),
+        (axes[1], "online_net_cpu_us_per_request", "per online request (net of idle renewals)"),
+    ):
+        for models in sorted({r["models"] for r in rows}):
+            points = sorted((r["workers"], r[key]) for r in rows if r["models"] == models)
+            ax.plot(*zip(*points), marker="o", label=f"{models} models")
+        old = sorted((r["workers"], r[key]) for r in before if r["models"] == 100)
+        if old:
+            ax.plot(*zip(*old), marker="x", linestyle="--", color="grey", label="100 models, before the rework")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("workers")
+        ax.set_ylabel("scheduler CPU, us")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("One Shoal scheduler plugin on a stand-in scheduler (no comms), one core")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="a", help="comma-separated: a, b, c")
@@ -427,6 +465,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64, help="(c) requests in flight")
     parser.add_argument("--reps", type=int, default=2, help="(c) rounds over the three setups")
     parser.add_argument("--json", default=str(RESULTS))
+    parser.add_argument("--plot", default=None, help="PNG of (a), with --before's rows beside")
+    parser.add_argument("--before", default=None, help="a JSON of (a) from older code, for the plot")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     results: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:]}
@@ -442,6 +482,9 @@ def main() -> None:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.json}")
+    if args.plot and results.get("a"):
+        before = json.loads(Path(args.before).read_text()).get("a", []) if args.before else []
+        plot(results["a"], before, Path(args.plot))
 
 
 if __name__ == "__main__":

@@ -115,7 +115,8 @@ class PullLoop:
                 self.io_executor, operation.write, payload, data, computed, spec
             )
             result["compute_seconds"] = compute_seconds
-            await self.worker.scheduler.shoal_ack(worker=self.worker.address, item=item_id, result=result)
+            # One way: nothing here waits on the answer, and the scheduler saves a reply per item.
+            await self.worker.scheduler.shoal_ack(worker=self.worker.address, item=item_id, result=result, reply=False)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
