@@ -56,12 +56,11 @@ def compute(runtime, data: EmbedInput) -> dict[str, Any]:
 def _output_rows(rows: int, present: list[int], windows: Windows | None) -> dict[str, np.ndarray]:
     """Per output row: its source row, its vector (-1: null text) and, when chunked, chunk, start, end."""
     present_rows = np.asarray(present, dtype=np.int64)
+    if windows is None:  # one row per source row, in order
+        vector = np.full(rows, -1, dtype=np.int64)
+        vector[present_rows] = np.arange(len(present_rows))
+        return {"source": np.arange(rows, dtype=np.int64), "vector": vector}
     absent = np.setdiff1d(np.arange(rows, dtype=np.int64), present_rows)
-    if windows is None:
-        source, vector = np.concatenate([present_rows, absent]), np.arange(len(present) + len(absent))
-        vector[len(present):] = -1
-        order = np.argsort(source, kind="stable")
-        return {"source": source[order], "vector": vector[order]}
     none = np.zeros(len(absent), dtype=np.int64)
     source = np.concatenate([present_rows[windows.source], absent])
     chunk = np.concatenate([windows.chunk, none])
@@ -84,7 +83,7 @@ def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], s
     flat[valid] = stored[out["vector"][valid]]
     mask = None if valid.all() else pa.array(~valid)
     embedding = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1), type=fmt.arrow_type()), width, mask=mask)
-    source = data.table.take(pa.array(out["source"]))
+    source = data.table.take(pa.array(out["source"])) if "chunk" in out else data.table
     columns: dict[str, pa.Array] = {}
     id_col = payload.get("id_column")
     if id_col:
