@@ -40,6 +40,7 @@ from .batch_jobs import (
     EmbedRequest, JobOutcome, PreparedJob, check_embed_options, embed_job, model_for, prepare_job, run_prepared,
 )
 from .cluster import connect
+from .lance_output import LanceTarget
 from .fingerprints import model_fingerprint
 from .job_lock import JobLock, LockHeld
 from .resume import job_params
@@ -97,7 +98,7 @@ class ReindexJob(BaseModel):
             storage_options=self.storage_options,
             chunk=self.chunk,
             vectors=VectorFormat(precision=self.precision, dim=self.dim),
-            lance=self.output if self.format == "lance" else None,
+            lance=LanceTarget.of(self.output, "lance").dataset if self.format == "lance" else None,
         )
 
 
