@@ -41,10 +41,16 @@ def embed(cluster, tiny_catalog, source, output, *options: str):
                         "--scheduler", client.scheduler.address, *options)
 
 
-def test_each_precision_equals_quantize_embeddings_with_the_jobs_calibration(cluster, tiny_catalog, corpus):
+@pytest.fixture(scope="module")
+def full(cluster, tiny_catalog, corpus) -> np.ndarray:
+    """The corpus's float32 vectors, as a job without --precision stores them."""
     directory, ids = corpus
     assert embed(cluster, tiny_catalog, directory / "in", directory / "float32").returncode == 0
-    full = embeddings(directory / "float32", ids)
+    return embeddings(directory / "float32", ids)
+
+
+def test_each_precision_equals_quantize_embeddings_with_the_jobs_calibration(cluster, tiny_catalog, corpus, full):
+    directory, ids = corpus
     first_part = sorted((directory / "float32").glob("part-*.parquet"))[0]
     sample = np.stack(pq.read_table(first_part).column("embedding").to_numpy(zero_copy_only=False))
     for precision in PRECISIONS[1:]:
@@ -62,17 +68,15 @@ def test_each_precision_equals_quantize_embeddings_with_the_jobs_calibration(clu
     assert read_output(directory / "binary").schema.field("embedding").type == pa.list_(pa.int8(), 32 // 8)
 
 
-def test_dim_gives_unit_vectors_of_that_length(cluster, tiny_catalog, corpus):
+def test_dim_gives_unit_vectors_of_that_length(cluster, tiny_catalog, corpus, full):
     directory, ids = corpus
     result = embed(cluster, tiny_catalog, directory / "in", directory / "short", "--dim", "16")
     assert result.returncode == 0, result.stderr
     short = embeddings(directory / "short", ids)
     assert short.shape == (len(ids), 16)
     np.testing.assert_allclose(np.linalg.norm(short, axis=1), 1, atol=1e-5)
-    full = embeddings(directory / "float32", ids) if (directory / "float32").exists() else None
-    if full is not None:
-        cut = full[:, :16]
-        np.testing.assert_allclose(short, cut / np.linalg.norm(cut, axis=1, keepdims=True), atol=1e-6)
+    cut = full[:, :16]
+    np.testing.assert_allclose(short, cut / np.linalg.norm(cut, axis=1, keepdims=True), atol=1e-6)
 
 
 def test_resumed_int8_parts_use_the_stored_ranges(cluster, tiny_catalog, corpus):
