@@ -54,6 +54,7 @@ def calibrate(
     sample = copy.deepcopy(next((item for item in items if item["rows"]), items[0]))  # not an unreadable shard's
     payload = sample["payload"]
     payload.pop("vectors", None)  # float32, full width: ranges_of shortens as the parts will
+    payload.pop("lance", None)  # a Parquet part to read back, even when the job's rows go to Lance
     payload.pop("part_metadata", None)
     payload["part"], payload["output"] = SAMPLE_NAME, f"{output_url}/{SAMPLE_NAME}"
     status = run_sample([sample])

@@ -144,3 +144,18 @@ def test_lance_dataset_on_s3(cluster, tiny_catalog, demo_texts, tmp_path, s3_ser
     assert result.returncode == 0, result.stderr
     dataset = lance.dataset("s3://lance-bucket/docs.lance", storage_options=lance_storage_options(options))
     assert dataset.version == 1 and sorted(dataset.to_table().column("id").to_pylist()) == sorted(ids)
+
+
+def test_int8_chunked_rows_into_lance(cluster, tiny_catalog, demo_texts, tmp_path):
+    _, client = cluster
+    ids = write_shards(tmp_path / "in", [" ".join(demo_texts[i : i + 6]) for i in range(0, 240, 6)], shards=1, row_group_size=20)
+    dataset = str(tmp_path / "docs.lance")
+    result = invoke_shoal("embed", str(tmp_path / "in"), f"lance://{dataset}", "--model", "tiny", "--catalog", str(tiny_catalog),
+                          "--scheduler", client.scheduler.address, "--chunk", "tokens=32,overlap=4", "--precision", "int8")
+    assert result.returncode == 0, result.stderr
+    table = lance.dataset(dataset).to_table()
+    assert table.schema.field("embedding").type == pa.list_(pa.int8(), 32)
+    keys = list(zip(table.column("id").to_pylist(), table.column("chunk").to_pylist()))
+    assert len(keys) == len(set(keys)) > len(ids) and {k[0] for k in keys} == set(ids)
+    manifest = json.loads((tmp_path / "docs.lance" / "_shoal" / "_manifest.json").read_text())
+    assert len(manifest["vectors"]["ranges"][0]) == 32 and manifest["lance"]["version"] == 1
