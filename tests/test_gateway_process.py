@@ -167,3 +167,39 @@ def test_killing_a_gateway_loses_only_its_own_requests(remote):
     assert all(isinstance(v, Exception) for v in lost)
     with OnlineClient(survivor, timeout=60) as online:  # the cluster serves on
         assert online.encode("simzero", ["after the kill"]).shape == (1, 8)
+
+
+def test_a_gateway_process_keeps_auth_backpressure_and_deadlines(remote, tmp_path):
+    from conftest import write_profile
+
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    profile = write_profile(tmp_path, name="gw-limits", gateway={
+        "max_queue_depth": 2, "token_file": str(token), "retry_after_seconds": 3, "request_timeout_seconds": 5,
+    })
+    proc = subprocess.Popen(
+        [SHOAL, "gateway", "--scheduler", remote.address, "--catalog", str(remote.catalog), "--port", "0",
+         "--profile", str(profile)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    remote.gateways["limits"] = proc
+    url = wait_for_line(proc.stderr, "gateway on").split("gateway on ")[1].split()[0]
+    wait_ready(url)
+    with OnlineClient(url, timeout=60) as anonymous:
+        with pytest.raises(OnlineError) as refused:
+            anonymous.encode("simzero", ["no token"])
+        assert refused.value.status == 401
+
+    def ask(_):
+        try:
+            with OnlineClient(url, token="s3cret", timeout=60) as online:
+                online.encode("slow", ["queued behind a slow model"])
+            return 200, None
+        except OnlineError as exc:
+            return exc.status, exc.retry_after
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(8)))
+    assert (200, None) in answers
+    assert all(status in (200, 429) for status, _ in answers), answers
+    assert any(status == 429 and retry == 3 for status, retry in answers), answers
