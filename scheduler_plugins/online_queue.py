@@ -99,7 +99,7 @@ class OnlineQueue:
             self.core.queues.forget(item)
         elif item.state is not ItemState.LEASED:
             return
-        self.core._unlease(item)
+        self.core.unlease(item)
         self.core.jobs[item.job].cancel(item)
 
     def local_backend(self) -> LocalBackend:

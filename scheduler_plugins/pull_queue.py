@@ -223,7 +223,7 @@ class ShoalScheduler(SchedulerPlugin):
             return {"accepted": False}
         if work.state is ItemState.QUEUED:
             self.queues.forget(work)
-        self._unlease(work)
+        self.unlease(work)
         if work.priority == BATCH:
             self.placement.stats.record(work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0)))
             self.placement.model_changed(work.model)
@@ -241,7 +241,7 @@ class ShoalScheduler(SchedulerPlugin):
             return {"accepted": False}
         work.errors.append(f"attempt {work.attempts} on {worker}: {error}")
         self.events["failed"] += 1
-        self._unlease(work)
+        self.unlease(work)
         self._retry_or_bury(work, permanent)
         return {"accepted": True}
 
@@ -269,7 +269,7 @@ class ShoalScheduler(SchedulerPlugin):
         for item_id, work in record.items.items():
             if work.state is ItemState.QUEUED:
                 self.queues.forget(work)
-            self._unlease(work)
+            self.unlease(work)
             work.state = ItemState.DEAD
             self.items.pop(item_id, None)
         return {"released": True}
@@ -406,7 +406,7 @@ class ShoalScheduler(SchedulerPlugin):
     def expire_leases(self) -> None:
         for work in self.leases.expired(time.monotonic()):
             worker = work.worker
-            self._unlease(work)
+            self.unlease(work)
             work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
             self.events["expired"] += 1
             self._retry_or_bury(work, permanent=False, front=True)
@@ -459,7 +459,7 @@ class ShoalScheduler(SchedulerPlugin):
         work = self.placement.take_back(worker)
         if work is None:
             return []
-        self._unlease(work)
+        self.unlease(work)
         self.lease(work, worker.address, counts_as_attempt=False)
         self.hold(worker, work.model)
         self.events["taken_back"] += 1
@@ -492,7 +492,8 @@ class ShoalScheduler(SchedulerPlugin):
             messages.append(message)
         return {"items": messages, "models": {m: self.model_specs[m] for m in {work.model for work in items}}}
 
-    def _unlease(self, work: WorkItem) -> None:
+    def unlease(self, work: WorkItem) -> None:
+        """`work` leaves its worker's leases (and placement's candidates); its state is the caller's."""
         if work.worker is not None:
             self.placement.unleased(work)
             self.leases.remove(work)
