@@ -77,6 +77,8 @@ def token_windows(tokenizer, texts: list[str], settings: ChunkSettings) -> Windo
     is one window, the whole text (0, len(text)), so short texts embed
     exactly as without chunking.
     """
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError(f"chunking needs a fast (Rust) tokenizer for character offsets; {type(tokenizer).__name__} is not one")
     content = settings.tokens - tokenizer.num_special_tokens_to_add(pair=False)
     if content <= settings.overlap:
         raise ValueError(
