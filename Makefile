@@ -6,7 +6,7 @@ DEMO_OUT ?= out/demo-embeddings
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench tune bench-tuned clean
+.PHONY: install demo test bench tune bench-tuned bench-runtimes clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -36,6 +36,11 @@ tune: install
 # The tuned profile against the untuned default, in one run (docs/BENCHMARKS.md, "Tuned profile (issue 7)").
 bench-tuned: install
 	$(PY) benchmarks/batch_throughput.py --profile cpu-2core --json benchmarks/results/tuned_vs_default.json
+
+# Runtimes and precision (docs/BENCHMARKS.md): per runtime/dtype, whole `shoal embed` against a direct fp32
+# encode and fastembed (own venv under out/bench-runtimes, installed once), `shoal serve` at 32 clients.
+bench-runtimes: install
+	$(PY) benchmarks/runtimes.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -5,7 +5,8 @@ Three parts, each side by side in one run (a shared machine drifts by tens of
 percent within minutes, so only ratios measured in alternation count):
 
 * ``runtimes``: per runtime/dtype candidate, in this process on the worker's
-  own runtimes, texts/s against fp32 torch and the quality gate's figures
+  own runtimes, speed against fp32 torch (median of back-to-back pairs, as
+  ``shoal tune`` times it) and the quality gate's figures
   (pipeline/precision.py) on the same sample;
 * ``batch``: whole processes over the same texts, in alternating order each
   round: ``shoal embed --profile PROFILE``; a direct script
@@ -54,8 +55,11 @@ import yaml  # noqa: E402
 
 from configs import load_catalog, load_profile  # noqa: E402
 from online_latency import Connection, Server, post_message, short_queries  # noqa: E402
-from pipeline.precision import PrecisionGate, candidates, judge_vectors  # noqa: E402
+from configs import RuntimeChoice  # noqa: E402
+from pipeline.precision import REFERENCE, PrecisionGate, candidates, judge_vectors  # noqa: E402
 from pipeline.tuning_meter import MachineMeter  # noqa: E402
+from pipeline.tuning_runtimes import paired_speedup  # noqa: E402
+from workers.runtimes import load_runtime  # noqa: E402
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "runtimes.json")
@@ -96,15 +100,25 @@ def part_runtimes(texts: list[str], profile_name: str) -> list[dict[str, Any]]:
     apply_torch_threads(plan)
     spec = profile.tuned(load_catalog().get("minilm"))
     gate = PrecisionGate(spec, plan, texts)
+
+    def load(choice: RuntimeChoice):
+        return load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan)
+
+    reference = load(REFERENCE)
     rows = []
     for choice in candidates(plan.kind):
         verdict = gate.check(choice)
+        candidate = load(choice)
+        try:
+            speedup = paired_speedup(candidate, reference, texts)
+        finally:
+            candidate.close()
         rows.append({"runtime": choice.runtime, "dtype": choice.dtype, "load_s": round(verdict.load_seconds, 2),
-                     "texts_per_s": round(verdict.texts_per_second, 1),
-                     "vs_fp32": round(verdict.texts_per_second / verdict.reference_texts_per_second, 2),
+                     "vs_fp32": round(speedup, 2),
                      **{k: round(v, 4) for k, v in verdict.figures.items()},
                      "verdict": "pass" if verdict.passed else "refused: " + "; ".join(verdict.failures)})
         print(f"  {rows[-1]}", flush=True)
+    reference.close()
     return rows
 
 
@@ -153,7 +167,7 @@ def export_token_graph(model_path: str, folder: Path) -> None:
                                         "last_hidden_state": {0: "batch", 1: "tokens"}})
     model.tokenizer.save_pretrained(str(folder))
     config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["model_max_length"] = model.max_seq_length
+    config["model_max_length"] = config["max_length"] = model.max_seq_length  # fastembed takes the stricter of the two
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     bert.config.to_json_file(str(folder / "config.json"))
 
@@ -196,7 +210,8 @@ def part_batch(texts: list[str], profile: str, rounds: int, scratch: Path, threa
     names = list(commands)
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:  # each side goes first in turn
-            shutil.rmtree(scratch / "ours", ignore_errors=True)
+            if name.startswith("shoal"):
+                shutil.rmtree(scratch / "ours", ignore_errors=True)  # a fresh output, not a resumed one
             seconds, other = timed(commands[name], env)
             runs[name].append({"seconds": round(seconds, 2), "other_cpu": None if other is None else round(other, 3)})
             print(f"  round {r + 1} {name}: {seconds:.1f} s ({len(texts) / seconds:.1f} texts/s)", flush=True)
@@ -272,10 +287,11 @@ def part_online(profile: str, rounds: int, scratch: Path, clients: int, seconds:
 def markdown(results: dict[str, Any]) -> str:
     out = [f"runtimes benchmark, {results['when']}, {results['machine']}; other processes' CPU share per run in the JSON", ""]
     if "runtimes" in results:
-        out += ["| runtime | dtype | load s | texts/s | vs fp32 | cosine mean | cosine min | nDCG@10 (fp32) | gate |",
-                "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        out += ["In process, 512 texts; vs fp32: median of 3 back-to-back pairs with fp32 torch:", "",
+                "| runtime | dtype | load s | vs fp32 | cosine mean | cosine min | nDCG@10 (fp32) | gate |",
+                "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for r in results["runtimes"]:
-            out.append(f"| {r['runtime']} | {r['dtype']} | {r['load_s']} | {r['texts_per_s']} | {r['vs_fp32']}x | "
+            out.append(f"| {r['runtime']} | {r['dtype']} | {r['load_s']} | {r['vs_fp32']}x | "
                        f"{r['cosine_mean']} | {r['cosine_min']} | {r['ndcg@10']} ({r['ndcg@10_fp32']}) | {r['verdict']} |")
         out.append("")
     if "batch" in results:
@@ -318,17 +334,17 @@ def main() -> None:
         "command": " ".join(["benchmarks/runtimes.py", *sys.argv[1:]]),
         "profile": args.profile,
     }
-    if "runtimes" in parts:
-        print("runtimes (in process, 512 texts):", flush=True)
-        results["runtimes"] = part_runtimes(texts[:512], args.profile)
-    if "batch" in parts:
-        print(f"batch (whole commands, {len(texts)} texts):", flush=True)
-        results["batch"] = part_batch(texts, args.profile, args.rounds, scratch, args.threads)
-    if "online" in parts:
-        print(f"online ({args.clients} clients):", flush=True)
-        results["online"] = part_online(args.profile, args.rounds, scratch, args.clients, args.window)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
+    runs = {
+        "runtimes": lambda: part_runtimes(texts[:512], args.profile),
+        "batch": lambda: part_batch(texts, args.profile, args.rounds, scratch, args.threads),
+        "online": lambda: part_online(args.profile, args.rounds, scratch, args.clients, args.window),
+    }
+    for part, run in runs.items():
+        if part in parts:
+            print(f"{part}:", flush=True)
+            results[part] = run()
+            Path(args.json).write_text(json.dumps(results, indent=1))  # each part kept as soon as it is measured
     print(markdown(results))
 
 

@@ -43,6 +43,21 @@ class RuntimeSearch:
         return rows
 
 
+def paired_speedup(candidate, reference, texts: list[str], pairs: int = PAIRS) -> float:
+    """How many times faster `candidate` embeds `texts` than `reference`: the median of back-to-back pairs."""
+    candidate.embed(texts[:32])  # warm: kernels picked, caches filled
+    reference.embed(texts[:32])
+    ratios = []
+    for r in range(pairs):
+        seconds: dict[bool, float] = {}
+        for is_candidate in ((True, False) if r % 2 == 0 else (False, True)):
+            with MachineMeter() as meter:
+                (candidate if is_candidate else reference).embed(texts)
+            seconds[is_candidate] = meter.seconds
+        ratios.append(seconds[False] / seconds[True])
+    return float(np.median(ratios))
+
+
 def choose_runtime(spec: ModelSpec, plan, texts: list[str], min_gain: float, judged_set: str | None) -> RuntimeSearch:
     """The fastest candidate the gate accepts for `spec` on this device (fp32 torch when none beats it)."""
     from workers.runtimes import RuntimeNotInstalled, load_runtime, require_installed
@@ -66,20 +81,10 @@ def choose_runtime(spec: ModelSpec, plan, texts: list[str], min_gain: float, jud
 
     reference = load(REFERENCE)
     try:
-        reference.embed(texts[:32])
         for choice in passing:
             candidate = load(choice)
             try:
-                candidate.embed(texts[:32])  # warm: kernels picked, caches filled
-                ratios = []
-                for r in range(PAIRS):
-                    seconds: dict[bool, float] = {}
-                    for is_candidate in ((True, False) if r % 2 == 0 else (False, True)):
-                        with MachineMeter() as meter:
-                            (candidate if is_candidate else reference).embed(texts)
-                        seconds[is_candidate] = meter.seconds
-                    ratios.append(seconds[False] / seconds[True])
-                search.speedups[f"{choice.runtime} {choice.dtype}"] = float(np.median(ratios))
+                search.speedups[f"{choice.runtime} {choice.dtype}"] = paired_speedup(candidate, reference, texts)
             finally:
                 candidate.close()
     finally:
