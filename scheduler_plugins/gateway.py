@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientPayloadError, web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from configs import GatewaySettings
@@ -36,6 +37,23 @@ if TYPE_CHECKING:
     from .gateway_link import GatewayBackend
 
 logger = logging.getLogger("shoal.gateway")
+
+
+class _ClientFramingErrors(logging.Filter):
+    """aiohttp answers a malformed request (bad chunk size, Content-Length, header) with 400 by itself,
+    then logs it at ERROR with a traceback: any client could fill the scheduler's log. Such a record
+    is the client's fault, so it becomes one debug line; every other aiohttp error passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            logger.debug("malformed request answered %s: %s", error.code, error.message)
+            return False
+        return True
+
+
+HTTP_LOGGER = logging.getLogger("shoal.gateway.http")  # aiohttp's server logger for the gateway
+HTTP_LOGGER.addFilter(_ClientFramingErrors())
 
 TIMEOUT_HEADER = "X-Shoal-Timeout"  # a client's own deadline in seconds, at most the configured one
 UNKNOWN_MODEL = "_unknown"  # metrics label for names not in the catalog (keeps label sets bounded)
@@ -88,7 +106,8 @@ class Gateway:
         # aiohttp's keep-alive timer runs from a connection's opening and from each answer until the
         # next request head is complete: it is the header timeout (and the idle keep-alive one).
         self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, keepalive_timeout=settings.header_timeout_seconds
+            app, access_log=None, handle_signals=False, keepalive_timeout=settings.header_timeout_seconds,
+            logger=HTTP_LOGGER,
         )
 
     async def start(self) -> str:

@@ -9,6 +9,7 @@ scheduler to show a refusal comes before any cluster is reached.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -209,6 +210,17 @@ def test_an_error_message_echoing_undecodable_header_bytes_still_encodes_as_msgp
     assert raw.startswith(b"HTTP/1.1 415")
     message = msgpack.unpackb(raw.split(b"\r\n\r\n", 1)[1])["error"]["message"]
     assert "text/\\udcff" in message
+
+
+def test_malformed_http_framing_is_a_400_and_a_debug_line_not_an_error_traceback(gateway, caplog):
+    caplog.set_level(logging.DEBUG, logger="shoal.gateway")
+    head = b"POST /v1/encode/tiny HTTP/1.1\r\nHost: shoal\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    for framing in (b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", b"Content-Length: -5\r\n\r\n"):
+        with gateway.connect() as sock:
+            sock.sendall(head + framing)
+            assert _read_all(sock).split(b"\r\n", 1)[0].endswith(b"400 Bad Request")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert sum("malformed request answered 400" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_a_client_gone_mid_body_is_counted_as_a_client_close_not_a_500(gateway):
