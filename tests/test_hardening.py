@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, invoke_shoal, read_output, run_shoal, write_profile, write_shards
+from conftest import ROOT, SHOAL, invoke_shoal, read_output, write_profile, write_shards
 
 from configs import load_catalog
 from pipeline.online_client import OnlineClient
@@ -505,7 +505,7 @@ def test_ctrl_c_exits_130_and_the_rerun_finishes_the_job(cluster, sim_catalog, t
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
-    rerun = run_shoal(*args[1:])
+    rerun = invoke_shoal(*args[1:])  # in this process: no second interpreter start
     assert rerun.returncode == 0, rerun.stderr
     assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
 
