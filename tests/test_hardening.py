@@ -401,6 +401,14 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_cluster_is_reach
                                         "catalog": str(tiny_catalog), "scheduler": UNREACHABLE}))
         result = invoke_shoal("reindex", str(job))
         assert result.returncode == 2 and "cannot be written" in result.stderr, result.stderr
+        pipeline = tmp_path / "pipeline.yaml"
+        pipeline.write_text(yaml.safe_dump({
+            "output": str(ro / "out"), "corpus": {"input": str(source)}, "queries": {"input": str(source)},
+            "embed": {"model": "tiny"},
+        }))
+        result = invoke_shoal("run", str(pipeline), *common)
+        assert result.returncode == 2 and "cannot be written" in result.stderr, result.stderr
+        assert "cannot reach the scheduler" not in result.stderr
 
 
 def test_a_glob_matching_nothing_is_refused_before_the_cluster_is_reached(tiny_catalog, tmp_path):
