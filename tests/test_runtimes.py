@@ -172,3 +172,35 @@ def test_a_profile_naming_a_missing_runtime_fails_at_start(tmp_path, tiny_catalo
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "pip install 'shoal[onnx]'" in done.stderr and "model 'tiny'" in done.stderr
+
+
+def test_embed_and_rerank_jobs_on_onnx_through_a_cluster(tmp_path, tiny_catalog, tiny_model, tiny_reranker, demo_texts):
+    """Whole commands on a real cluster whose profile puts both models on ONNX Runtime: same outputs as direct calls."""
+    from conftest import read_output, run_shoal, write_shards
+
+    texts = demo_texts[:300]
+    ids = write_shards(tmp_path / "in", texts, shards=2, row_group_size=64)
+    profile = tmp_path / "onnx.yaml"
+    profile.write_text(
+        "name: onnx\ndevice: cpu\nthreads_per_worker: 2\nrows_per_item: 128\n"
+        "runtimes:\n  tiny: {runtime: onnx, dtype: float32}\n  tiny-reranker: {runtime: onnx, dtype: float32}\n"
+    )
+    result = run_shoal("embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny", "--id-column", "id",
+                       "--profile", str(profile), "--catalog", str(tiny_catalog))
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = read_output(tmp_path / "out")
+    got = dict(zip(table.column("id").to_pylist(), table.column("embedding").to_pylist()))
+    vectors = np.array([got[i] for i in ids], dtype=np.float32)
+    direct = SentenceTransformer(str(tiny_model), device="cpu").encode(texts, normalize_embeddings=True)
+    assert judge_vectors(vectors, direct)[0]["cosine_min"] > 0.9999
+
+    queries, passages = _pairs(texts[:120])
+    pair_ids = [f"pair-{i}" for i in range(len(queries))]
+    pq.write_table(pa.table({"id": pair_ids, "query": queries, "passage": passages}), tmp_path / "pairs.parquet")
+    result = run_shoal("rerank", str(tmp_path / "pairs.parquet"), str(tmp_path / "scores"), "--model", "tiny-reranker",
+                       "--profile", str(profile), "--catalog", str(tiny_catalog))
+    assert result.returncode == 0, result.stderr[-3000:]
+    scored = read_output(tmp_path / "scores")
+    direct_scores = CrossEncoder(str(tiny_reranker), device="cpu", max_length=128).predict(list(zip(queries, passages)))
+    by_id = dict(zip(scored.column("id").to_pylist(), scored.column("score").to_pylist()))
+    np.testing.assert_allclose([by_id[i] for i in pair_ids], direct_scores, atol=1e-4)
