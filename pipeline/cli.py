@@ -339,12 +339,13 @@ def gateway(scheduler, profile, host, port, catalog):
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
 @click.option("--catalog-only", is_flag=True, help="Only the catalog's entries, not the Hugging Face cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def list_models(catalog, catalog_only, as_json):
+@click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local): its tuned token budgets and batch caps.")
+def list_models(catalog, catalog_only, as_json, profile):
     """List catalog models and cached Hugging Face models with their resolved kind, dim, window, normalize."""
     from .model_listing import model_rows, render_models
 
     try:
-        rows = model_rows(load_catalog(catalog), include_cache=not catalog_only)
+        rows = model_rows(load_catalog(catalog), load_profile(profile), include_cache=not catalog_only)
     except USER_ERRORS as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         sys.exit(2)

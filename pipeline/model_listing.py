@@ -13,20 +13,26 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from configs import Catalog, ConfigError
+from configs import Catalog, ConfigError, ModelSpec, Profile
 from configs.model_resolution import cached_models, hub_cache_dir
 
 FIELDS = ("kind", "dim", "max_seq_length", "normalize", "memory_bytes", "source")
 
 
-def model_rows(catalog: Catalog, include_cache: bool = True) -> list[dict[str, Any]]:
-    """One row per model: where it came from, its resolved fields, or the reason it cannot be used."""
-    rows = [{"name": name, "from": "catalog", **spec.model_dump(include=set(FIELDS))} for name, spec in catalog.models.items()]
+def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -> list[dict[str, Any]]:
+    """One row per model: where it came from, its resolved fields as `profile` tunes them, or the reason it cannot be used."""
+
+    def fields(spec: ModelSpec) -> dict[str, Any]:
+        tuned = profile.tuned(spec)
+        return {**tuned.model_dump(include=set(FIELDS)), "token_budget_cpu": tuned.budget_for("cpu"),
+                "max_batch_size": tuned.max_batch_size}
+
+    rows = [{"name": name, "from": "catalog", **fields(spec)} for name, spec in catalog.models.items()]
     for repo_id in cached_models() if include_cache else []:
         if repo_id in catalog.models:
             continue
         try:
-            rows.append({"name": repo_id, "from": "hf cache", **catalog.get(repo_id).model_dump(include=set(FIELDS))})
+            rows.append({"name": repo_id, "from": "hf cache", **fields(catalog.get(repo_id))})
         except ConfigError as exc:
             rows.append({"name": repo_id, "from": "hf cache", "error": str(exc)})
     return rows
