@@ -148,3 +148,31 @@ def invoke_shoal(*args: str) -> subprocess.CompletedProcess:
 
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     return subprocess.CompletedProcess(["shoal", *args], result.exit_code, result.stdout, result.stderr)
+
+
+def kill_busy_worker(cluster, job) -> str:
+    """SIGKILL a worker process that holds leased items, once the job has acked one; its address.
+
+    `job`: the job's process; the wait ends if it exits first (then the test cannot kill anything).
+    """
+    import time
+
+    plugin = cluster.scheduler.extensions["shoal"]
+    victim = None
+    deadline = time.monotonic() + 240
+    while victim is None and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.2)
+        if plugin.events["acked"] >= 1:
+            busy = [w for w, items in plugin.leased_by_worker.items() if items]
+            victim = busy[0] if busy else None
+    assert victim is not None, "the job ended before a worker could be killed"
+    kill_worker(cluster, victim)
+    return victim
+
+
+def kill_worker(cluster, address: str) -> None:
+    """SIGKILL the process of the worker at `address` (its nanny starts a new one)."""
+    import signal
+
+    nanny = next(n for n in cluster.workers.values() if n.worker_address == address)
+    os.kill(nanny.process.process.pid, signal.SIGKILL)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -13,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, invoke_shoal, s3_options, write_profile, write_shards
+from conftest import ROOT, SHOAL, invoke_shoal, kill_busy_worker, s3_options, write_profile, write_shards
 from distributed import Client
 
 from configs import load_profile
@@ -97,16 +96,7 @@ def test_worker_killed_mid_job_loses_no_row_and_duplicates_none(demo_texts, tmp_
              "--scheduler", cluster.scheduler_address, "--profile", profile.path],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        victim = None
-        deadline = time.monotonic() + 240
-        while victim is None and time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.2)
-            if plugin.events["acked"] >= 1:
-                busy = [w for w, items in plugin.leased_by_worker.items() if items]
-                victim = busy[0] if busy else None
-        assert victim is not None, "the job ended before a worker could be killed"
-        nanny = next(n for n in cluster.workers.values() if n.worker_address == victim)
-        os.kill(nanny.process.process.pid, signal.SIGKILL)
+        kill_busy_worker(cluster, job)
         _, stderr = job.communicate(timeout=300)
         assert job.returncode == 0, stderr
         assert plugin.events["lost"] >= 1

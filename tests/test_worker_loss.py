@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import threading
 import time
 
 import yaml
-from conftest import SHOAL, ROOT, read_output, write_profile, write_shards
+from conftest import SHOAL, ROOT, kill_busy_worker, kill_worker, read_output, write_profile, write_shards
 from distributed import Client
 
 from configs import load_profile
@@ -33,16 +31,7 @@ def test_killed_worker_loses_no_rows(demo_texts, tmp_path):
              "--catalog", str(catalog), "--scheduler", cluster.scheduler_address, "--profile", profile.path],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        victim = None
-        deadline = time.monotonic() + 240
-        while victim is None and time.monotonic() < deadline and job.poll() is None:
-            time.sleep(0.2)
-            if plugin.events["acked"] >= 1:
-                busy = [w for w, items in plugin.leased_by_worker.items() if items]
-                victim = busy[0] if busy else None
-        assert victim is not None, "the job ended before a worker could be killed"
-        nanny = next(n for n in cluster.workers.values() if n.worker_address == victim)
-        os.kill(nanny.process.process.pid, signal.SIGKILL)
+        kill_busy_worker(cluster, job)
         _, stderr = job.communicate(timeout=300)
         assert job.returncode == 0, stderr
         assert plugin.events["lost"] >= 1
@@ -81,8 +70,7 @@ def test_online_request_of_a_killed_worker_is_answered_by_another(tmp_path):
             busy = [w for w, items in plugin.leased_by_worker.items() if items]
             victim = busy[0] if busy else None
         assert victim is not None, "the request was never leased"
-        nanny = next(n for n in cluster.workers.values() if n.worker_address == victim)
-        os.kill(nanny.process.process.pid, signal.SIGKILL)
+        kill_worker(cluster, victim)
         caller.join(120)
         assert plugin.events["lost"] >= 1
         client.sync(client.scheduler.shoal_gateway_stop)
@@ -133,9 +121,8 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
                 online_leases = [(w, i) for w, items in plugin.leased_by_worker.items() for i in items if i.startswith("online-")]
                 victim = online_leases[0][0] if online_leases else None
                 time.sleep(0.005)
-            nanny = next(n for n in cluster.workers.values() if n.worker_address == victim)
             killed_at = time.monotonic()
-            os.kill(nanny.process.process.pid, signal.SIGKILL)
+            kill_worker(cluster, victim)
             answered_at = [a.result(timeout=60) for a in answers]
         client.sync(client.scheduler.shoal_job_release, job="background")
         client.sync(client.scheduler.shoal_gateway_stop)
