@@ -21,6 +21,7 @@ the time budget; no trial starts that would likely end past the deadline.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import os
@@ -41,7 +42,7 @@ from configs import Catalog, Profile, load_catalog, load_profile
 
 from .precision import JUDGED_SET
 from .tuning_profile import profile_fields, profile_path, write_profile
-from .tuning_runtimes import RuntimeSearch, choose_runtime
+from .tuning_runtimes import RuntimeSearch, choose_runtime, retime
 from .tuning_sample import draw_sample
 from .tuning_search import CoordinateSearch, Dimension, Outcome, SearchResult, Trial
 from .tuning_trials import ClusterTrials, EmbedderTrials
@@ -149,7 +150,13 @@ class Tuner:
                     phase2 = self._phase2(trials, base, plan, fractions)
                 finally:
                     trials.close()
+                threads = trials.profile_fields(phase2.best.config)["threads_per_worker"]
+                if threads != plan.threads:
+                    phase0 = self._retime_phase0(phase0, dataclasses.replace(plan, threads=threads), sample.texts)
             fields = {**profile_fields(base), **trials.profile_fields(phase2.best.config)}
+            if phase0:
+                fields["runtimes"] = {**fields.get("runtimes", {}),
+                                      **{m: r.choice.model_dump(exclude_none=True) for m, r in phase0.items()}}
             fields["name"] = self.path.stem
             comments = self._comments(plan, sample, cluster_sample, phase1, phase2, fractions, sizes, memory, p99_ms)
             comments[comments.index("") + 1:comments.index("") + 1] = self._phase0_comments(phase0)
@@ -180,6 +187,16 @@ class Tuner:
             for line in searches[name].lines(name):
                 self.progress.console.print(line, highlight=False)
         return searches
+
+    def _retime_phase0(self, phase0: dict[str, RuntimeSearch], plan, texts: list[str]) -> dict[str, RuntimeSearch]:
+        """Phase 0's speeds again at the layout phase 2 chose (threads per worker change which runtime wins)."""
+        retimed = {}
+        for name, search in phase0.items():
+            self._describe(f"phase 0 {name}: re-timed at {plan.threads} thread(s) per worker")
+            retimed[name] = retime(search, self.base.tuned(self.catalog.get(name)), plan, texts, self.request.min_gain)
+            for line in retimed[name].lines(name):
+                self.progress.console.print(line, highlight=False)
+        return retimed
 
     def _phase0_comments(self, phase0: dict[str, RuntimeSearch]) -> list[str]:
         if not phase0:

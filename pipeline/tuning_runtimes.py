@@ -30,6 +30,8 @@ class RuntimeSearch:
     choice: RuntimeChoice
     verdicts: list[Verdict] = field(default_factory=list)
     speedups: dict[str, float] = field(default_factory=dict)  # "runtime dtype" -> x fp32 torch, timed beside it
+    threads: int = 0  # threads per process the speedups were timed at
+    earlier: str = ""  # the speedups at phase 0's own threads, when re-timed at the chosen layout's
 
     def lines(self, model: str) -> list[str]:
         rows = []
@@ -40,6 +42,9 @@ class RuntimeSearch:
             verdict = "pass" if v.passed else "refused (" + "; ".join(v.failures) + ")"
             chosen = " <- chosen" if (v.choice.runtime, v.choice.dtype) == (self.choice.runtime, self.choice.dtype) else ""
             rows.append(f"  {model} {label}: {speed}, {figures}: {verdict}{chosen}")
+        if self.earlier:
+            rows.append(f"  {model}: speeds above re-timed at the chosen layout's {self.threads} thread(s) per worker; "
+                        f"at phase 0's threads: {self.earlier}")
         return rows
 
 
@@ -60,7 +65,7 @@ def paired_speedup(candidate, reference, texts: list[str], pairs: int = PAIRS) -
 
 def choose_runtime(spec: ModelSpec, plan, texts: list[str], min_gain: float, judged_set: str | None) -> RuntimeSearch:
     """The fastest candidate the gate accepts for `spec` on this device (fp32 torch when none beats it)."""
-    from workers.runtimes import RuntimeNotInstalled, load_runtime, require_installed
+    from workers.runtimes import RuntimeNotInstalled, require_installed
 
     offered = []
     for choice in candidates(plan.kind):
@@ -71,8 +76,25 @@ def choose_runtime(spec: ModelSpec, plan, texts: list[str], min_gain: float, jud
             continue  # an uninstalled runtime is not a candidate on this machine
     gate = PrecisionGate(spec, plan, texts, judged_set)
     verdicts = [gate.check(choice) for choice in offered]
-    search = RuntimeSearch(REFERENCE, verdicts)
-    passing = [v.choice for v in verdicts if v.passed and v.choice != REFERENCE]
+    return time_passing(RuntimeSearch(REFERENCE, verdicts, threads=plan.threads), spec, plan, texts, min_gain)
+
+
+def retime(search: RuntimeSearch, spec: ModelSpec, plan, texts: list[str], min_gain: float) -> RuntimeSearch:
+    """`search` timed again at `plan`'s threads (phase 2's layout): the gate's verdicts stand, the speeds may not.
+
+    Torch's OpenMP threads and ONNX Runtime's scale differently, above all on a busy machine, so the
+    fastest candidate at phase 0's threads per process need not be the fastest at the chosen layout's.
+    """
+    earlier = ", ".join(f"{label} {x:.2f}x" for label, x in search.speedups.items())
+    again = RuntimeSearch(REFERENCE, search.verdicts, threads=plan.threads, earlier=earlier)
+    return time_passing(again, spec, plan, texts, min_gain)
+
+
+def time_passing(search: RuntimeSearch, spec: ModelSpec, plan, texts: list[str], min_gain: float) -> RuntimeSearch:
+    """Each candidate that passed the gate timed against fp32 torch; the fastest beating it by `min_gain` chosen."""
+    from workers.runtimes import load_runtime
+
+    passing = [v.choice for v in search.verdicts if v.passed and v.choice != REFERENCE]
     if not passing:
         return search
 
@@ -91,7 +113,7 @@ def choose_runtime(spec: ModelSpec, plan, texts: list[str], min_gain: float, jud
         reference.close()
     best_label, best = max(search.speedups.items(), key=lambda item: item[1])
     if best >= 1 + min_gain:
-        verdict = next(v for v in verdicts if f"{v.choice.runtime} {v.choice.dtype}" == best_label)
-        evidence = {**verdict.evidence(), "speed_vs_fp32": round(best, 2)}
+        verdict = next(v for v in search.verdicts if f"{v.choice.runtime} {v.choice.dtype}" == best_label)
+        evidence = {**verdict.evidence(), "speed_vs_fp32": round(best, 2), "timed_at_threads": search.threads}
         search.choice = verdict.choice.model_copy(update={"gate": evidence})
     return search
