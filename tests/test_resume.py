@@ -88,10 +88,14 @@ def test_client_killed_mid_job_then_same_command_completes(kind, cluster, tiny_c
             "--scheduler", client.scheduler.address, "--profile", str(profile), *store.cli_options()]
 
     acked = plugin.events["acked"]
+    jobs_before = set(plugin.jobs)
     job = subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_until(lambda: plugin.events["acked"] >= acked + 2 or job.poll() is not None, step=0.01)
     job.send_signal(signal.SIGKILL)
     assert job.wait() == -signal.SIGKILL, "the job ended before it could be killed"
+    # Until the scheduler sees the client gone and drops its job, workers still ack that job's items:
+    # the count below must start after that, or it counts the killed run's last acks as the rerun's.
+    wait_until(lambda: set(plugin.jobs) <= jobs_before, step=0.01)
     at_kill = store.parts("out")
     assert 2 <= len(at_kill) < 60 and store.manifest("out") is None
 
