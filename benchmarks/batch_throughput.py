@@ -120,7 +120,7 @@ class Meter:
     def _usage(self):
         return resource.getrusage(resource.RUSAGE_CHILDREN if self.own == "children" else resource.RUSAGE_SELF)
 
-    def __enter__(self) -> "Meter":
+    def __enter__(self) -> Meter:
         self.load_before = os.getloadavg()[0]
         self._stat = _proc_stat()
         self._ru = self._usage()
@@ -217,8 +217,10 @@ def has_column(shards, name: str) -> bool:
 
 def st_batches(model, texts: list[str], batch_size: int) -> list[np.ndarray]:
     """The batches SentenceTransformer.encode forms: longest characters first (its own sort)."""
-    order = np.argsort([-model._input_length(t) for t in texts]) if hasattr(model, "_input_length") else np.argsort(
-        [-len(t) for t in texts]
+    order = (
+        np.argsort([-model._input_length(t) for t in texts])
+        if hasattr(model, "_input_length")
+        else np.argsort([-len(t) for t in texts])
     )
     can_flatten = getattr(model, "_can_flatten_inputs", lambda: False)()
     if can_flatten:  # flattened (padding-free) attention: ST interleaves long and short
@@ -339,14 +341,30 @@ def run_ours(
         # Dask's nanny gives workers MALLOC_TRIM_THRESHOLD_=65536 (distributed.nanny.pre-spawn-environ);
         # the embedded cluster removes it, this twin keeps it, to measure what it costs.
         launcher = [sys.executable, "-c", DASK_MALLOC_TRIM_LAUNCHER]
-    cmd = [*launcher, "embed", input_url, f"{out_dir}/", "--model", model, "--text-column", text_col, "--id-column", id_col]
+    cmd = [
+        *launcher,
+        "embed",
+        input_url,
+        f"{out_dir}/",
+        "--model",
+        model,
+        "--text-column",
+        text_col,
+        "--id-column",
+        id_col,
+    ]
     if variant["profile"]:
         cmd += ["--profile", variant["profile"]]
     # PYTHONPATH: the command and its workers import the same tree as this script
     # (so a clean export of a commit can be benchmarked with the shared venv).
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": pythonpath}
+    env = {
+        **os.environ,
+        "COLUMNS": "200",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": pythonpath,
+    }
     with Meter("children") as meter:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
     summary = parse_summary(proc.stderr)
@@ -462,21 +480,28 @@ def sweep_budgets(
             real = int(sum(ls.sum() for ls in lengths))
             padding = (computed - real) / computed if computed else 0.0
             n_batches = sum(len(bs) for bs in batches)
-            row = {"config": f"direct encode B={direct_batch} (per item)", "token_budget": None,
-                   "max_batch_size": direct_batch}
+            row = {
+                "config": f"direct encode B={direct_batch} (per item)",
+                "token_budget": None,
+                "max_batch_size": direct_batch,
+            }
         else:
             budget, max_batch = config
             padding, computed = ours_padding(items, item_lengths, budget, max_batch)
             n_batches = sum(len(plan_batches(lengths, budget, max_batch)) for lengths in item_lengths)
-            row = {"config": f"SentenceEmbedder budget={budget} max_batch={max_batch}",
-                   "token_budget": budget, "max_batch_size": max_batch}
+            row = {
+                "config": f"SentenceEmbedder budget={budget} max_batch={max_batch}",
+                "token_budget": budget,
+                "max_batch_size": max_batch,
+            }
         row.update(
             {
                 "rows_per_s": round(n / best_total, 2),
                 "ratio_vs_direct_median": round(float(np.median(ratios)), 3),
                 "ratio_vs_direct_range": [round(float(min(ratios)), 3), round(float(max(ratios)), 3)],
-                "rounds_total_s": [round(sum(times[config][(r, i)] for i in range(len(texts_by_item))), 2)
-                                   for r in range(rounds)],
+                "rounds_total_s": [
+                    round(sum(times[config][(r, i)] for i in range(len(texts_by_item))), 2) for r in range(rounds)
+                ],
                 "padding": round(padding, 4),
                 "computed_tokens": computed,
                 "batches": n_batches,
@@ -486,8 +511,12 @@ def sweep_budgets(
             }
         )
         rows.append(row)
-        print(f"  sweep {row['config']}: {row['rows_per_s']:.1f} rows/s, x{row['ratio_vs_direct_median']:.2f} vs direct "
-              f"(median), padding {padding:.1%}", file=sys.stderr, flush=True)
+        print(
+            f"  sweep {row['config']}: {row['rows_per_s']:.1f} rows/s, x{row['ratio_vs_direct_median']:.2f} vs direct "
+            f"(median), padding {padding:.1%}",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 
@@ -522,7 +551,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines.append("")
     lines.append("Every run, in the order it ran (other CPU: share of all cores busy with other processes meanwhile):")
     lines.append("")
-    lines.append("| # | run | wall s | rows/s | rows per CPU-s | own cores used | other CPU | load 1m before→after | ok |")
+    lines.append(
+        "| # | run | wall s | rows/s | rows per CPU-s | own cores used | other CPU | load 1m before→after | ok |"
+    )
     lines.append("|---:|---|---:|---:|---:|---:|---:|---|---|")
     for i, r in enumerate(results["runs"], 1):
         rate = r.get("rows_per_s") or r.get("job_rows_per_s")
@@ -569,15 +600,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile", action="append", default=[], help="extra profile (name or YAML path) to run ours with; repeatable"
     )
     p.add_argument(
-        "--ours-budget", type=int, action="append", default=[],
+        "--ours-budget",
+        type=int,
+        action="append",
+        default=[],
         help="extra ours variant: the default profile with this token budget for the model; repeatable",
     )
     p.add_argument(
-        "--malloc-trim-ab", action="store_true",
+        "--malloc-trim-ab",
+        action="store_true",
         help="run every ours variant twice per round: as is, and with Dask's default MALLOC_TRIM_THRESHOLD_=65536",
     )
     p.add_argument("--ours-runs", type=int, default=2, help="runs of each ours variant; the best counts (default: 2)")
-    p.add_argument("--sweep-budgets", action="store_true", help="also time SentenceEmbedder in-process per token budget")
+    p.add_argument(
+        "--sweep-budgets", action="store_true", help="also time SentenceEmbedder in-process per token budget"
+    )
     p.add_argument("--budgets", default="1024,2048,4096,8192,16384", help="token budgets for --sweep-budgets")
     p.add_argument(
         "--sweep-max-batch", default="", help="max_batch_size values for --sweep-budgets (default: the catalog's)"
@@ -587,7 +624,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", default=DEFAULT_JSON, help=f"where to write the results (default: {DEFAULT_JSON})")
     p.add_argument("--markdown", default=None, help="also write the Markdown tables to this file")
     p.add_argument(
-        "--wait-idle", type=float, default=60,
+        "--wait-idle",
+        type=float,
+        default=60,
         help="before each timed run, wait up to this many seconds for the machine to be idle (0: don't)",
     )
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per `shoal embed` run")
@@ -598,8 +637,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import sentence_transformers
     import distributed
+    import sentence_transformers
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -696,7 +735,9 @@ def main(argv: list[str] | None = None) -> int:
         variants.append({"name": f"ours {data['name']}", "slug": f"b{budget}", "profile": str(path_b)})
     if args.malloc_trim_ab:
         for v in list(variants):
-            variants.append({**v, "name": v["name"] + " dask-malloc-trim", "slug": v["slug"] + "-mt", "dask_malloc_trim": True})
+            variants.append(
+                {**v, "name": v["name"] + " dask-malloc-trim", "slug": v["slug"] + "-mt", "dask_malloc_trim": True}
+            )
     for v in variants:
         prof = load_profile(v["profile"])
         tuned = prof.tuned(spec) if hasattr(prof, "tuned") else spec
@@ -704,12 +745,16 @@ def main(argv: list[str] | None = None) -> int:
         v["max_batch_size"] = tuned.max_batch_size
         v["rows_per_item"] = prof.rows_per_item
         if prof.rows_per_item == default_profile.rows_per_item:
-            v["padding"], v["computed_tokens"] = ours_padding(items, item_lengths, v["token_budget"], v["max_batch_size"])
+            v["padding"], v["computed_tokens"] = ours_padding(
+                items, item_lengths, v["token_budget"], v["max_batch_size"]
+            )
         else:  # another item size: the plan, hence the batches, differ
             _, p_items = read_items(input_url, args.text_column, prof)
             p_offsets = np.cumsum([0] + [sum(t is not None for t in it["texts"]) for it in p_items])
             p_lengths = [lengths[p_offsets[i] : p_offsets[i + 1]] for i in range(len(p_items))]
-            v["padding"], v["computed_tokens"] = ours_padding(p_items, p_lengths, v["token_budget"], v["max_batch_size"])
+            v["padding"], v["computed_tokens"] = ours_padding(
+                p_items, p_lengths, v["token_budget"], v["max_batch_size"]
+            )
 
     direct_padding = {}
     flattened = bool(getattr(model, "_can_flatten_inputs", lambda: False)())
@@ -739,18 +784,31 @@ def main(argv: list[str] | None = None) -> int:
             record["padding"], record["computed_tokens"] = direct_padding[what]
             if reference is None:
                 reference = vectors
-            log(f"  direct B={what}: {record['rows_per_s']:.1f} rows/s in {record['wall_s']:.1f} s "
-                f"(other CPU {pct(record['other_cpu_share'])})")
+            log(
+                f"  direct B={what}: {record['rows_per_s']:.1f} rows/s in {record['wall_s']:.1f} s "
+                f"(other CPU {pct(record['other_cpu_share'])})"
+            )
         else:
             variant, run_index = what
             record = run_ours(
-                variant, input_url, args.model, args.text_column, id_col, rows, keys, reference,
-                scratch, run_index, args.timeout,
+                variant,
+                input_url,
+                args.model,
+                args.text_column,
+                id_col,
+                rows,
+                keys,
+                reference,
+                scratch,
+                run_index,
+                args.timeout,
             )
             record["padding"] = variant["padding"]
             record["token_budget"] = variant["token_budget"]
-            log(f"  {variant['name']} #{run_index}: in-job {record['job_rows_per_s']} rows/s, command "
-                f"{record['wall_s']:.1f} s, ok={record['ok']} (other CPU {pct(record['other_cpu_share'])})")
+            log(
+                f"  {variant['name']} #{run_index}: in-job {record['job_rows_per_s']} rows/s, command "
+                f"{record['wall_s']:.1f} s, ok={record['ok']} (other CPU {pct(record['other_cpu_share'])})"
+            )
             if not record["ok"] and "stderr_tail" in record:
                 log(record["stderr_tail"])
         record["waited_for_idle_s"] = waited
@@ -766,7 +824,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep_budgets or args.sweep_only:
         max_batches = [int(x) for x in args.sweep_max_batch.split(",") if x.strip()] or [spec.max_batch_size]
         sweep = sweep_budgets(
-            spec, model, items, item_lengths, budgets, max_batches, best_direct_run["batch_size"], args.sweep_runs,
+            spec,
+            model,
+            items,
+            item_lengths,
+            budgets,
+            max_batches,
+            best_direct_run["batch_size"],
+            args.sweep_runs,
             args.wait_idle,
         )
     table = []
@@ -785,8 +850,16 @@ def main(argv: list[str] | None = None) -> int:
     for v in variants if not args.sweep_only else []:
         mine = [r for r in runs if r["kind"] == "ours" and r["variant"] == v["name"] and r["ok"]]
         if not mine:
-            table.append({"variant": v["name"], "rows_per_s": 0.0, "padding": v["padding"], "ratio": 0.0,
-                          "wall_s": 0.0, "notes": "FAILED: see runs"})
+            table.append(
+                {
+                    "variant": v["name"],
+                    "rows_per_s": 0.0,
+                    "padding": v["padding"],
+                    "ratio": 0.0,
+                    "wall_s": 0.0,
+                    "notes": "FAILED: see runs",
+                }
+            )
             continue
         best = max(mine, key=lambda r: r["job_rows_per_s"])
         e2e = max(mine, key=lambda r: r["end_to_end_rows_per_s"])
@@ -841,7 +914,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "conditions": conditions,
         "schedule": "direct B=%d, each ours variant (run 1), direct %s, each ours variant (runs 2..%d, order "
-        "reversed every other round); best ours run counts" % (batch_sizes[0], ", ".join(str(b) for b in batch_sizes[1:]) or "-", args.ours_runs),
+        "reversed every other round); best ours run counts"
+        % (batch_sizes[0], ", ".join(str(b) for b in batch_sizes[1:]) or "-", args.ours_runs),
         "variants": variants,
         "runs": runs,
         "sweep": sweep,
@@ -881,8 +955,12 @@ def _cpu_model() -> str:
 
 def _git_state() -> str | None:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()
         return f"{head}{' (modified tracked files)' if dirty else ''}" if head else None
     except OSError:
         return None

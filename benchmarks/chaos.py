@@ -62,8 +62,14 @@ from pipeline.cluster import start_local_cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "datasets" / "demo"
-SIM = {"kind": "sim", "dim": 16, "max_seq_length": 128, "memory_bytes": 1000, "batch_fixed_seconds": 0.01,
-       "max_batch_size": 32}
+SIM = {
+    "kind": "sim",
+    "dim": 16,
+    "max_seq_length": 128,
+    "memory_bytes": 1000,
+    "batch_fixed_seconds": 0.01,
+    "max_batch_size": 32,
+}
 POISON = "\ud800"
 BODY_LIMIT = 64 * 1024
 
@@ -87,14 +93,18 @@ class Faults:
 
 
 def corpus(directory: Path, rows: int) -> list[str]:
-    texts = [t for shard in sorted(DEMO.glob("part-*.parquet")) for t in pq.read_table(shard).column("text").to_pylist()]
+    texts = [
+        t for shard in sorted(DEMO.glob("part-*.parquet")) for t in pq.read_table(shard).column("text").to_pylist()
+    ]
     chosen = [texts[i % len(texts)] + (f" #{i // len(texts)}" if i >= len(texts) else "") for i in range(rows)]
     directory.mkdir(parents=True)
     per = -(-rows // 4)
     for s in range(4):
         part = slice(s * per, min((s + 1) * per, rows))
         ids = [f"doc-{i}" for i in range(rows)][part]
-        pq.write_table(pa.table({"id": ids, "text": chosen[part]}), directory / f"shard-{s}.parquet", row_group_size=250)
+        pq.write_table(
+            pa.table({"id": ids, "text": chosen[part]}), directory / f"shard-{s}.parquet", row_group_size=250
+        )
     return chosen
 
 
@@ -124,8 +134,9 @@ def compare(clean: dict[str, np.ndarray], output: Path) -> dict[str, int]:
     return {"lost": lost, "duplicated": duplicated, "differing": differing, "extra": len(set(got) - set(clean))}
 
 
-async def online_load(url: str, texts: list[str], rate: float, deadline: float, stop: threading.Event,
-                      rng: random.Random) -> list[Answer]:
+async def online_load(
+    url: str, texts: list[str], rate: float, deadline: float, stop: threading.Event, rng: random.Random
+) -> list[Answer]:
     answers: list[Answer] = []
     connector = aiohttp.TCPConnector(limit=256)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -133,8 +144,12 @@ async def online_load(url: str, texts: list[str], rate: float, deadline: float, 
         async def one(kind: str, body: bytes, scheduled: float) -> None:
             headers = {"Content-Type": "application/json", "X-Shoal-Timeout": str(deadline)}
             try:
-                async with session.post(f"{url}/v1/encode/chaos", data=body, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(total=deadline + 5)) as response:
+                async with session.post(
+                    f"{url}/v1/encode/chaos",
+                    data=body,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=deadline + 5),
+                ) as response:
                     raw = await response.read()
                     latency = time.monotonic() - scheduled
                     message = ""
@@ -223,11 +238,16 @@ def summarize_online(answers: list[Answer], faults: Faults, settle: float, deadl
             errors[key] = errors.get(key, 0) + 1
     return {
         "legit_errors": errors,
-        "legit": count("legit"), "poison": count("poison"), "oversized": count("oversized"),
-        "legit_p99_ms_during_faults": p99(during), "legit_requests_during_faults": len(during),
-        "legit_p99_ms_during_kills": p99(by_kind["kill"]), "legit_p99_ms_during_freezes": p99(by_kind["freeze"]),
+        "legit": count("legit"),
+        "poison": count("poison"),
+        "oversized": count("oversized"),
+        "legit_p99_ms_during_faults": p99(during),
+        "legit_requests_during_faults": len(during),
+        "legit_p99_ms_during_kills": p99(by_kind["kill"]),
+        "legit_p99_ms_during_freezes": p99(by_kind["freeze"]),
         "legit_max_ms_during_kills": round(max(by_kind["kill"], default=0) * 1000, 1),
-        "legit_p99_ms_calm": p99(calm), "legit_p50_ms_calm": round(float(np.median(calm)) * 1000, 1) if calm else None,
+        "legit_p99_ms_calm": p99(calm),
+        "legit_p50_ms_calm": round(float(np.median(calm)) * 1000, 1) if calm else None,
         "answered_after_deadline": late,
     }
 
@@ -250,11 +270,22 @@ def main() -> None:
         catalog_path = work / "catalog.yaml"
         catalog_path.write_text(yaml.safe_dump({"models": {"chaos": SIM}}))
         profile_path = work / "chaos.yaml"
-        profile_path.write_text(yaml.safe_dump({
-            "name": "chaos", "device": "cpu", "workers": 2, "threads_per_worker": 1, "prefetch": 2,
-            "rows_per_item": 250, "lease_seconds": 10, "max_attempts": 3, "pull_timeout_seconds": 1.0,
-            "gateway": {"port": 0, "max_body_bytes": BODY_LIMIT, "request_timeout_seconds": args.deadline},
-        }))
+        profile_path.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "chaos",
+                    "device": "cpu",
+                    "workers": 2,
+                    "threads_per_worker": 1,
+                    "prefetch": 2,
+                    "rows_per_item": 250,
+                    "lease_seconds": 10,
+                    "max_attempts": 3,
+                    "pull_timeout_seconds": 1.0,
+                    "gateway": {"port": 0, "max_body_bytes": BODY_LIMIT, "request_timeout_seconds": args.deadline},
+                }
+            )
+        )
         profile, catalog = load_profile(str(profile_path)), load_catalog(str(catalog_path))
         texts = corpus(work / "in", args.rows)
         with start_local_cluster(profile, str(catalog_path), n_workers=2) as cluster, Client(cluster) as client:
@@ -262,8 +293,9 @@ def main() -> None:
             specs = {name: profile.tuned(spec).model_dump() for name, spec in catalog.models.items()}
             if args.model not in specs:
                 specs[args.model] = profile.tuned(catalog.get(args.model)).model_dump()
-            url = client.sync(client.scheduler.shoal_gateway_start, settings=profile.gateway.model_dump(),
-                              models=specs)["url"]
+            url = client.sync(
+                client.scheduler.shoal_gateway_start, settings=profile.gateway.model_dump(), models=specs
+            )["url"]
             clean = run_batch(client, work / "in", work / "clean", args.model, profile, catalog)
             expected, _ = vectors_by_id(work / "clean")
             print(f"clean run: {len(expected)} rows in {clean['seconds']} s; chaos for {args.minutes} min", flush=True)
@@ -271,8 +303,10 @@ def main() -> None:
             stop, faults = threading.Event(), Faults()
             answers: list[Answer] = []
             loader = threading.Thread(
-                target=lambda: answers.extend(asyncio.run(online_load(url, texts, args.rate, args.deadline, stop,
-                                                                      random.Random(args.seed + 1)))))
+                target=lambda: answers.extend(
+                    asyncio.run(online_load(url, texts, args.rate, args.deadline, stop, random.Random(args.seed + 1)))
+                )
+            )
             injector = threading.Thread(target=inject_faults, args=(client, faults, stop, random.Random(args.seed + 2)))
             loader.start()
             injector.start()
@@ -293,12 +327,27 @@ def main() -> None:
     totals = {key: sum(r[key] for r in runs) for key in ("lost", "duplicated", "differing", "extra")}
     report = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "conditions": {"minutes": args.minutes, "rate": args.rate, "rows": args.rows, "model": args.model,
-                       "deadline_s": args.deadline, "seed": args.seed, "cpus": os.cpu_count()},
-        "faults": {"count": len(faults.windows), "kills": sum(1 for f in faults.log if f["fault"] == "SIGKILL"),
-                   "freezes": sum(1 for f in faults.log if f["fault"] != "SIGKILL")},
-        "batch": {"jobs": len(runs), "incomplete_jobs": sum(1 for r in runs if not r["complete"]),
-                  "resumed_jobs": sum(1 for r in runs if r["runs"] > 1), "rows_per_job": len(expected), **totals},
+        "conditions": {
+            "minutes": args.minutes,
+            "rate": args.rate,
+            "rows": args.rows,
+            "model": args.model,
+            "deadline_s": args.deadline,
+            "seed": args.seed,
+            "cpus": os.cpu_count(),
+        },
+        "faults": {
+            "count": len(faults.windows),
+            "kills": sum(1 for f in faults.log if f["fault"] == "SIGKILL"),
+            "freezes": sum(1 for f in faults.log if f["fault"] != "SIGKILL"),
+        },
+        "batch": {
+            "jobs": len(runs),
+            "incomplete_jobs": sum(1 for r in runs if not r["complete"]),
+            "resumed_jobs": sum(1 for r in runs if r["runs"] > 1),
+            "rows_per_job": len(expected),
+            **totals,
+        },
         "online": online,
         "runs": runs,
         "fault_log": faults.log,

@@ -42,9 +42,14 @@ DIMS = (None, 256, 128)
 
 def scores(queries: np.ndarray, corpus: np.ndarray, precision: str) -> np.ndarray:
     if precision in ("binary", "ubinary"):
+
         def signs(packed: np.ndarray) -> np.ndarray:
-            bits = np.unpackbits(packed.view(np.uint8) if precision == "ubinary" else (packed.astype(np.int16) + 128).astype(np.uint8), axis=1)
+            bits = np.unpackbits(
+                packed.view(np.uint8) if precision == "ubinary" else (packed.astype(np.int16) + 128).astype(np.uint8),
+                axis=1,
+            )
             return bits.astype(np.float32) * 2 - 1
+
         return signs(queries) @ signs(corpus).T
     return queries.astype(np.float32) @ corpus.astype(np.float32).T
 
@@ -71,12 +76,24 @@ def main() -> int:
             stored_corpus, stored_queries = compact(corpus_vectors, fmt), compact(query_vectors, fmt)
             order = np.argsort(-scores(stored_queries, stored_corpus, precision), axis=1, kind="stable")[:, :10]
             rankings = {q["id"]: [corpus[i]["id"] for i in row] for q, row in zip(queries, order)}
-            rows.append({"precision": precision, "dim": dim or corpus_vectors.shape[1],
-                         "bytes_per_vector": int(stored_corpus[0].nbytes), **evaluate(rankings, qrels, recall_k=10)})
-    result = {"command": "benchmarks/compact_vectors.py", "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+            rows.append(
+                {
+                    "precision": precision,
+                    "dim": dim or corpus_vectors.shape[1],
+                    "bytes_per_vector": int(stored_corpus[0].nbytes),
+                    **evaluate(rankings, qrels, recall_k=10),
+                }
+            )
+    result = {
+        "command": "benchmarks/compact_vectors.py",
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "rows": rows,
+    }
     RESULTS.write_text(json.dumps(result, indent=1))
     for row in rows:
-        print(f"{row['precision']:>8} dim {row['dim']:>3}: {row['bytes_per_vector']:>5} B  nDCG@10 {row['ndcg@10']:.3f}  recall@10 {row['recall@10']:.3f}")
+        print(
+            f"{row['precision']:>8} dim {row['dim']:>3}: {row['bytes_per_vector']:>5} B  nDCG@10 {row['ndcg@10']:.3f}  recall@10 {row['recall@10']:.3f}"
+        )
     return 0
 
 

@@ -86,8 +86,9 @@ def main() -> int:
         job.start()
         if args.online_rate:  # online requests too, so the page's online figures are live
             specs = {args.model: model_for(catalog, profile, args.model, "embedder").model_dump()}
-            url = client.sync(client.scheduler.shoal_gateway_start,
-                              settings=GatewaySettings(port=0).model_dump(), models=specs)["url"]
+            url = client.sync(
+                client.scheduler.shoal_gateway_start, settings=GatewaySettings(port=0).model_dump(), models=specs
+            )["url"]
             texts = draw_sample(args.input, 256, scratch / "sample").texts
             stack.enter_context(OnlineProbe(url, args.model, texts, args.online_rate))
         flowing = None
@@ -105,17 +106,30 @@ def main() -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="shoal-chromium-") as home:
             subprocess.run(
-                [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                 f"--user-data-dir={home}", f"--window-size={args.size}", f"--screenshot={out}",
-                 "--virtual-time-budget=3000", base + "/shoal"],
-                check=True, capture_output=True, timeout=120,
+                [
+                    chromium,
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--hide-scrollbars",
+                    f"--user-data-dir={home}",
+                    f"--window-size={args.size}",
+                    f"--screenshot={out}",
+                    "--virtual-time-budget=3000",
+                    base + "/shoal",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
             )
         shown = figures(base)
         job.join()
     shutil.rmtree(scratch, ignore_errors=True)
     rate = sum(m["rows_per_second"] for m in shown["models"].values())
-    print(f"wrote {out} ({out.stat().st_size:,} bytes) while the job ran at {rate:,.1f} rows/s; "
-          f"job exit code {result['outcome'].exit_code}")
+    print(
+        f"wrote {out} ({out.stat().st_size:,} bytes) while the job ran at {rate:,.1f} rows/s; "
+        f"job exit code {result['outcome'].exit_code}"
+    )
     return 0
 
 

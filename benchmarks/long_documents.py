@@ -59,7 +59,13 @@ def topic_documents() -> tuple[list[str], list[str], list[str], list[str], dict[
     qrels: dict[str, dict[str, int]] = {}
     for row in pq.read_table(DATA / "qrels.parquet").to_pylist():
         qrels.setdefault(row["query_id"], {})[topic_of[row["corpus_id"]]] = 1
-    return list(by_topic), [" ".join(p) for p in by_topic.values()], [q["id"] for q in queries], [q["text"] for q in queries], qrels
+    return (
+        list(by_topic),
+        [" ".join(p) for p in by_topic.values()],
+        [q["id"] for q in queries],
+        [q["text"] for q in queries],
+        qrels,
+    )
 
 
 def main() -> int:
@@ -111,16 +117,31 @@ def main() -> int:
     result = {
         "command": " ".join(["benchmarks/long_documents.py", *sys.argv[1:]]),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "other_share_max": max(others, default=None)},
-        "documents": len(docs), "queries": len(queries),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "other_share_max": max(others, default=None),
+        },
+        "documents": len(docs),
+        "queries": len(queries),
         "doc_tokens": {"median": int(statistics.median(doc_tokens)), "max": max(doc_tokens), "total": sum(doc_tokens)},
         "chunk": {"tokens": args.tokens, "overlap": args.overlap, "windows": len(windows.texts)},
         "tokens_embedded": {
             "truncated": int(sum(min(n, window_content) for n in doc_tokens)),
-            "chunked": int(sum(len(ids) for ids in runtime.tokenizer(windows.texts, add_special_tokens=False, verbose=False)["input_ids"])),
+            "chunked": int(
+                sum(
+                    len(ids)
+                    for ids in runtime.tokenizer(windows.texts, add_special_tokens=False, verbose=False)["input_ids"]
+                )
+            ),
         },
-        "seconds_best": {**{name: round(min(t), 3) for name, t in times.items()}, "windowing": round(min(windowing), 4)},
-        "chunked_over_truncated_time": round(statistics.median(times["chunked"]) / statistics.median(times["truncated"]), 2),
+        "seconds_best": {
+            **{name: round(min(t), 3) for name, t in times.items()},
+            "windowing": round(min(windowing), 4),
+        },
+        "chunked_over_truncated_time": round(
+            statistics.median(times["chunked"]) / statistics.median(times["truncated"]), 2
+        ),
         "quality": {"truncated": truncated, "chunked": chunked},
     }
     RESULTS.write_text(json.dumps(result, indent=1))

@@ -84,8 +84,12 @@ SINGLE_ROUNDS = 24  # alternating rounds of (b)'s one-at-a-time comparison: shor
 
 def simbatch(batch_seconds: float, batches_per_item: int) -> dict[str, Any]:
     """A model whose every forward batch takes `batch_seconds`, `batches_per_item` of them per item."""
-    return {**SIM, "batch_fixed_seconds": batch_seconds, "token_budget": {"cpu": 1 << 20},
-            "max_batch_size": max(1, ITEM_TEXTS // batches_per_item)}
+    return {
+        **SIM,
+        "batch_fixed_seconds": batch_seconds,
+        "token_budget": {"cpu": 1 << 20},
+        "max_batch_size": max(1, ITEM_TEXTS // batches_per_item),
+    }
 
 
 # -- a lean HTTP/1.1 client -------------------------------------------------------
@@ -241,9 +245,22 @@ class Server:
 
     def __init__(self, catalog: Path, profile: Path, pinned: list[str]) -> None:
         self.proc = subprocess.Popen(
-            [SHOAL, "serve", "--catalog", str(catalog), "--profile", str(profile), "--port", "0",
-             "--models", ",".join(pinned)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [
+                SHOAL,
+                "serve",
+                "--catalog",
+                str(catalog),
+                "--profile",
+                str(profile),
+                "--port",
+                "0",
+                "--models",
+                ",".join(pinned),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
@@ -261,15 +278,26 @@ class Server:
         return self.proc.wait(120)
 
 
-def write_setup(directory: Path, batch_seconds: float, batches_per_item: int, mode: str = "process") -> tuple[Path, Path]:
+def write_setup(
+    directory: Path, batch_seconds: float, batches_per_item: int, mode: str = "process"
+) -> tuple[Path, Path]:
     """The catalog and a profile: one worker owning both cores, in its own process or in the server's."""
     catalog = directory / "catalog.yaml"
     models = {"simzero": SIM, "simbatch": simbatch(batch_seconds, batches_per_item)}
     catalog.write_text(yaml.safe_dump({"models": models}))
     profile = directory / f"bench-online-{mode}.yaml"
-    profile.write_text(yaml.safe_dump({"name": f"bench-online-{mode}", "device": "cpu", "workers": 1, "prefetch": 2,
-                                       "in_process_workers": mode == "in-process",
-                                       "gateway": {"max_queue_depth": 100_000, "max_inputs": 1024}}))
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "name": f"bench-online-{mode}",
+                "device": "cpu",
+                "workers": 1,
+                "prefetch": 2,
+                "in_process_workers": mode == "in-process",
+                "gateway": {"max_queue_depth": 100_000, "max_inputs": 1024},
+            }
+        )
+    )
     return catalog, profile
 
 
@@ -328,8 +356,10 @@ def part_a(server: Server, args) -> dict[str, Any]:
 def sustained(result: dict[str, Any]) -> bool:
     return (
         result["achieved_rps"] >= 0.97 * result["offered_rps"]
-        and not result["shed"] and not result["errors"]
-        and result["p99_ms"] is not None and result["p99_ms"] <= 50
+        and not result["shed"]
+        and not result["errors"]
+        and result["p99_ms"] is not None
+        and result["p99_ms"] <= 50
     )
 
 
@@ -365,8 +395,10 @@ def part_b(url: str, args) -> dict[str, Any]:
         chunk = slice(r * len(queries) // SINGLE_ROUNDS, (r + 1) * len(queries) // SINGLE_ROUNDS)
         direct_round: list[float] = []
         ours_round: list[float] = []
-        steps = [lambda: direct_single(queries[chunk], direct_round),
-                 lambda: asyncio.run(closed_loop(url, messages[chunk], 1, record=ours_round))]
+        steps = [
+            lambda: direct_single(queries[chunk], direct_round),
+            lambda: asyncio.run(closed_loop(url, messages[chunk], 1, record=ours_round)),
+        ]
         for step in steps if r % 2 == 0 else reversed(steps):
             step()
         direct_lat += direct_round
@@ -383,11 +415,16 @@ def part_b(url: str, args) -> dict[str, Any]:
     return {
         "queries": len(queries),
         "torch_threads_direct": threads,
-        "single": {"ours": ours_1, "direct": direct_1, "p50_ratio": round(ours_1["p50_ms"] / direct_1["p50_ms"], 3),
-                   # min, quartiles, max of the rounds' own p50 ratios: how much the machine moved during the run
-                   "round_p50_ratios": spread},
+        "single": {
+            "ours": ours_1,
+            "direct": direct_1,
+            "p50_ratio": round(ours_1["p50_ms"] / direct_1["p50_ms"], 3),
+            # min, quartiles, max of the rounds' own p50 ratios: how much the machine moved during the run
+            "round_p50_ratios": spread,
+        },
         "concurrency_32": {
-            "ours_rps": ours_32["achieved_rps"], "ours": ours_32,
+            "ours_rps": ours_32["achieved_rps"],
+            "ours": ours_32,
             "direct_batched_rps": round(direct_batched_rps, 1),
             "ratio": round(ours_32["achieved_rps"] / direct_batched_rps, 3),
         },
@@ -409,16 +446,34 @@ def part_c(url: str, scheduler: str, args) -> dict[str, Any]:
     item_seconds = args.batch_seconds * args.batches_per_item
     window = args.seconds / C_ROUNDS
     n_items = int(2 * window / item_seconds) + 20  # outlasts one busy window
-    out: dict[str, Any] = {"batch_seconds": args.batch_seconds, "batches_per_item": args.batches_per_item,
-                           "rounds": C_ROUNDS, "window_seconds": window, "batch_items_done": 0,
-                           "load_before": load_average(), "fixed": []}
+    out: dict[str, Any] = {
+        "batch_seconds": args.batch_seconds,
+        "batches_per_item": args.batches_per_item,
+        "rounds": C_ROUNDS,
+        "window_seconds": window,
+        "batch_items_done": 0,
+        "load_before": load_average(),
+        "fixed": [],
+    }
 
     def under_batch_load(client, rate: float, record: list[float]) -> dict[str, Any]:
         job = f"bench-{uuid.uuid4().hex[:8]}"
-        items = [{"key": f"{i:06d}", "model": "simbatch", "op": "sim", "rows": ITEM_TEXTS,
-                  "payload": {"texts": ITEM_TEXTS, "min_tokens": 16, "seed": i}} for i in range(n_items)]
-        client.sync(client.scheduler.shoal_submit, job=job, items=items,
-                    settings={"models": {"simbatch": spec}, "lease_seconds": 60})
+        items = [
+            {
+                "key": f"{i:06d}",
+                "model": "simbatch",
+                "op": "sim",
+                "rows": ITEM_TEXTS,
+                "payload": {"texts": ITEM_TEXTS, "min_tokens": 16, "seed": i},
+            }
+            for i in range(n_items)
+        ]
+        client.sync(
+            client.scheduler.shoal_submit,
+            job=job,
+            items=items,
+            settings={"models": {"simbatch": spec}, "lease_seconds": 60},
+        )
         try:
             time.sleep(2 * item_seconds + 0.5)  # the worker is computing batch items now
             result = asyncio.run(open_loop(url, message, rate, window, args.max_in_flight, record))
@@ -439,18 +494,25 @@ def part_c(url: str, scheduler: str, args) -> dict[str, Any]:
             idle_windows: list[dict[str, Any]] = []
             busy_windows: list[dict[str, Any]] = []
             for round_ in range(C_ROUNDS):
-                for state in (("idle", "busy") if round_ % 2 == 0 else ("busy", "idle")):
+                for state in ("idle", "busy") if round_ % 2 == 0 else ("busy", "idle"):
                     if state == "idle":
-                        idle_windows.append(asyncio.run(open_loop(url, message, rate, window, args.max_in_flight, idle)))
+                        idle_windows.append(
+                            asyncio.run(open_loop(url, message, rate, window, args.max_in_flight, idle))
+                        )
                     else:
                         busy_windows.append(under_batch_load(client, rate, busy))
             calm = pooled(idle, idle_windows, rate, C_ROUNDS * window)
             loaded = pooled(busy, busy_windows, rate, C_ROUNDS * window)
             over = round(loaded["p99_ms"] - calm["p99_ms"], 3)
-            out["fixed"].append({
-                "offered_rps": rate, "idle": calm, "busy": loaded, "p99_over_idle_ms": over,
-                "within_one_batch": over <= args.batch_seconds * 1e3,
-            })
+            out["fixed"].append(
+                {
+                    "offered_rps": rate,
+                    "idle": calm,
+                    "busy": loaded,
+                    "p99_over_idle_ms": over,
+                    "within_one_batch": over <= args.batch_seconds * 1e3,
+                }
+            )
     out["load_after"] = load_average()
     return out
 
@@ -481,36 +543,66 @@ def report_mode(results: dict[str, Any]) -> list[str]:
     out: list[str] = []
     if "a" in results:
         a = results["a"]
-        out += ["", "(a) zero-compute overhead, open loop", table(a["fixed"], cols + ["server_cpu_percent", "server_cpu_us_per_request"]),
-                "", "rising rates", table(a["steps"], cols),
-                f"\nhighest sustained: {a['highest_sustained_rps']} req/s; closed loop, 64 connections: "
-                f"{a['closed_loop']['achieved_rps']} req/s (p50 {a['closed_loop']['p50_ms']} ms)"]
+        out += [
+            "",
+            "(a) zero-compute overhead, open loop",
+            table(a["fixed"], cols + ["server_cpu_percent", "server_cpu_us_per_request"]),
+            "",
+            "rising rates",
+            table(a["steps"], cols),
+            f"\nhighest sustained: {a['highest_sustained_rps']} req/s; closed loop, 64 connections: "
+            f"{a['closed_loop']['achieved_rps']} req/s (p50 {a['closed_loop']['p50_ms']} ms)",
+        ]
     if "b" in results:
         b = results["b"]
         single, c32 = b["single"], b["concurrency_32"]
-        out += ["", f"(b) all-MiniLM-L6-v2, {b['queries']} short queries, one at a time",
-                table([{"": "ours (HTTP, msgpack)", **single["ours"]}, {"": "direct encode([q])", **single["direct"]}],
-                      ["", "p50_ms", "p99_ms", "max_ms"]),
-                f"\np50 ours / direct: {single['p50_ratio']} (per round of {b['queries'] // SINGLE_ROUNDS}: "
-                f"min, quartiles, max {single['round_p50_ratios']})",
-
-                "", "32 concurrent clients against one direct batched encode (batch size 32)",
-                table([{"ours req/s": c32["ours_rps"], "ours p50 ms": c32["ours"]["p50_ms"],
-                        "ours p99 ms": c32["ours"]["p99_ms"], "direct q/s": c32["direct_batched_rps"],
-                        "ratio": c32["ratio"]}], ["ours req/s", "ours p50 ms", "ours p99 ms", "direct q/s", "ratio"])]
+        out += [
+            "",
+            f"(b) all-MiniLM-L6-v2, {b['queries']} short queries, one at a time",
+            table(
+                [{"": "ours (HTTP, msgpack)", **single["ours"]}, {"": "direct encode([q])", **single["direct"]}],
+                ["", "p50_ms", "p99_ms", "max_ms"],
+            ),
+            f"\np50 ours / direct: {single['p50_ratio']} (per round of {b['queries'] // SINGLE_ROUNDS}: "
+            f"min, quartiles, max {single['round_p50_ratios']})",
+            "",
+            "32 concurrent clients against one direct batched encode (batch size 32)",
+            table(
+                [
+                    {
+                        "ours req/s": c32["ours_rps"],
+                        "ours p50 ms": c32["ours"]["p50_ms"],
+                        "ours p99 ms": c32["ours"]["p99_ms"],
+                        "direct q/s": c32["direct_batched_rps"],
+                        "ratio": c32["ratio"],
+                    }
+                ],
+                ["ours req/s", "ours p50 ms", "ours p99 ms", "direct q/s", "ratio"],
+            ),
+        ]
     if "c" in results:
         c = results["c"]
-        rows = [{"offered_rps": r["offered_rps"], "requests idle / busy": f"{r['idle']['requests']} / {r['busy']['requests']}",
-                 "idle p50 / p99 ms": f"{r['idle']['p50_ms']} / {r['idle']['p99_ms']}",
-                 "busy p50 / p99 / max ms": f"{r['busy']['p50_ms']} / {r['busy']['p99_ms']} / {r['busy']['max_ms']}",
-                 "errors": r["idle"]["errors"] + r["busy"]["errors"], "shed": r["idle"]["shed"] + r["busy"]["shed"],
-                 "p99_over_idle_ms": r["p99_over_idle_ms"], "within_one_batch": r["within_one_batch"]}
-                for r in c["fixed"]]
-        out += ["", f"(c) zero-compute requests, idle and while a batch job saturates the worker, "
-                f"{c['rounds']} windows of {c['window_seconds']:.2f} s each, alternating "
-                f"(one forward batch = {c['batch_seconds'] * 1e3:.0f} ms, {c['batches_per_item']} per item; "
-                f"{c['batch_items_done']} batch items done in the busy windows)",
-                table(rows, list(rows[0]))]
+        rows = [
+            {
+                "offered_rps": r["offered_rps"],
+                "requests idle / busy": f"{r['idle']['requests']} / {r['busy']['requests']}",
+                "idle p50 / p99 ms": f"{r['idle']['p50_ms']} / {r['idle']['p99_ms']}",
+                "busy p50 / p99 / max ms": f"{r['busy']['p50_ms']} / {r['busy']['p99_ms']} / {r['busy']['max_ms']}",
+                "errors": r["idle"]["errors"] + r["busy"]["errors"],
+                "shed": r["idle"]["shed"] + r["busy"]["shed"],
+                "p99_over_idle_ms": r["p99_over_idle_ms"],
+                "within_one_batch": r["within_one_batch"],
+            }
+            for r in c["fixed"]
+        ]
+        out += [
+            "",
+            f"(c) zero-compute requests, idle and while a batch job saturates the worker, "
+            f"{c['rounds']} windows of {c['window_seconds']:.2f} s each, alternating "
+            f"(one forward batch = {c['batch_seconds'] * 1e3:.0f} ms, {c['batches_per_item']} per item; "
+            f"{c['batch_items_done']} batch items done in the busy windows)",
+            table(rows, list(rows[0])),
+        ]
     return out
 
 
@@ -547,8 +639,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=600, help="short queries for (b)")
     parser.add_argument("--batch-seconds", type=float, default=0.05, help="one forward batch's compute time in (c)")
     parser.add_argument("--batches-per-item", type=int, default=8, help="forward batches per batch item in (c)")
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help="where the worker runs, each measured in turn: process, in-process")
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="where the worker runs, each measured in turn: process, in-process"
+    )
     parser.add_argument("--quick", action="store_true", help="shorter runs (a first look, not for the table)")
     parser.add_argument("--json", default=DEFAULT_JSON)
     args = parser.parse_args()

@@ -70,9 +70,9 @@ from distributed import Client, LocalCluster, get_worker  # noqa: E402
 
 from configs import GatewaySettings, ModelSpec  # noqa: E402
 from scheduler_plugins.online_queue import MAX_ONLINE_BATCH  # noqa: E402
-from scheduler_plugins.worker_views import WorkerView  # noqa: E402
 from scheduler_plugins.pull_queue import ShoalScheduler  # noqa: E402
 from scheduler_plugins.work_items import BATCH, ONLINE, ItemState, WorkItem  # noqa: E402
+from scheduler_plugins.worker_views import WorkerView  # noqa: E402
 from workers import online_operations, sim_operation  # noqa: E402
 from workers.sim_runtime import CHARS_PER_TOKEN, SimulatedRuntime  # noqa: E402
 from workers.token_batching import plan_batches  # noqa: E402
@@ -163,8 +163,12 @@ def make_workload(cfg: Config) -> Workload:
                 "model": ranking[draws[i]],
                 "op": "sim",
                 "rows": cfg.item_texts,
-                "payload": {"texts": cfg.item_texts, "min_tokens": cfg.item_tokens[0],
-                            "max_tokens": cfg.item_tokens[1], "seed": int(i)},
+                "payload": {
+                    "texts": cfg.item_texts,
+                    "min_tokens": cfg.item_tokens[0],
+                    "max_tokens": cfg.item_tokens[1],
+                    "seed": int(i),
+                },
             }
             for i in indices
         ]
@@ -251,8 +255,13 @@ class PushScheduler(ShoalScheduler):
         return [by_name[n] for n in names]
 
     def _backlog(self, address: str) -> int:
-        queued = sum(w.rows for fifos in self.routed[address].values() for q in fifos.values()
-                     for w in q if w.state is ItemState.QUEUED)
+        queued = sum(
+            w.rows
+            for fifos in self.routed[address].values()
+            for q in fifos.values()
+            for w in q
+            if w.state is ItemState.QUEUED
+        )
         leased = sum(w.rows for w in self.leases.of_worker(address).values())
         return queued + leased
 
@@ -321,6 +330,7 @@ class PushScheduler(ShoalScheduler):
 
 
 # -- (c) Dask tasks -----------------------------------------------------------------
+
 
 def _dask_runtime(spec: dict[str, Any], slots: int) -> SimulatedRuntime:
     """This worker's LRU cache of simulated models (one task at a time per worker).
@@ -563,16 +573,28 @@ async def run_dask(cfg: Config, wl: Workload) -> dict[str, Any]:
                         for item in body:
                             spec = wl.specs[item["model"]]
                             future = client.submit(
-                                dask_batch_item, spec, item["payload"], slots, key=f"{name}-{item['key']}",
-                                resources={"MEMORY": spec["memory_bytes"]}, priority=0, pure=False,
+                                dask_batch_item,
+                                spec,
+                                item["payload"],
+                                slots,
+                                key=f"{name}-{item['key']}",
+                                resources={"MEMORY": spec["memory_bytes"]},
+                                priority=0,
+                                pure=False,
                             )
                             tracking.append(asyncio.create_task(batch_result(future)))
                     else:
                         spec = wl.specs[name]
                         n += 1
                         future = client.submit(
-                            dask_online_item, spec, body, slots, key=f"online-{n}",
-                            resources={"MEMORY": spec["memory_bytes"]}, priority=10, pure=False,
+                            dask_online_item,
+                            spec,
+                            body,
+                            slots,
+                            key=f"online-{n}",
+                            resources={"MEMORY": spec["memory_bytes"]},
+                            priority=10,
+                            pure=False,
                         )
                         tracking.append(asyncio.create_task(online_result(future, time.monotonic())))
                 await asyncio.gather(*tracking)
@@ -611,8 +633,10 @@ def summarize(cfg: Config, wl: Workload, variant: str, raw: dict[str, Any]) -> d
         "online_p50_s": percentile(lat, 50),
         "online_p99_s": percentile(lat, 99),
         "online_max_s": max(lat) if lat else None,
-        "all_complete": raw["batch_done"] == cfg.batch_items and raw["batch_dead"] == 0
-        and raw["rows_done"] == cfg.batch_items * cfg.item_texts and raw["online_done"] == online_total,
+        "all_complete": raw["batch_done"] == cfg.batch_items
+        and raw["batch_dead"] == 0
+        and raw["rows_done"] == cfg.batch_items * cfg.item_texts
+        and raw["online_done"] == online_total,
         **raw,
     }
     summary["online_failed"] = summary["online_failed"][:5]
@@ -653,7 +677,9 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
     pull = results.get("pull")
     for other in ("push", "push1", "dask"):
         if pull and other in results and results[other]["throughput_items_per_s"]:
-            out[f"throughput_pull_over_{other}"] = pull["throughput_items_per_s"] / results[other]["throughput_items_per_s"]
+            out[f"throughput_pull_over_{other}"] = (
+                pull["throughput_items_per_s"] / results[other]["throughput_items_per_s"]
+            )
             out[f"p99_{other}_over_pull"] = results[other]["online_p99_s"] / pull["online_p99_s"]
     return out
 
@@ -682,7 +708,8 @@ def main_table(run: dict[str, Any]) -> str:
     lines.append(
         f"{run['config']['batch_items']} batch items ({run['batch_device_seconds']:.0f} device-seconds), "
         f"{run['online_requests']} online requests; ideal makespan (no loads, perfect balance) {run['ideal_makespan']:.1f} s"
-        + (f"; times scaled x{scale}" if scale != 1 else "") + "."
+        + (f"; times scaled x{scale}" if scale != 1 else "")
+        + "."
     )
     lines.append(
         f"pull / push throughput: **{fmt(ratio.get('throughput_pull_over_push'))}x** (target >= 2x); "
@@ -748,7 +775,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
                 ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xticks(xs, [f"{x:g}" for x in xs])
         low, high = axes[1][col].get_ylim()
-        axes[1][col].set_yticks([t for t in (0.5, 1, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500) if low <= t <= high])
+        axes[1][col].set_yticks(
+            [t for t in (0.5, 1, 1.5, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500) if low <= t <= high]
+        )
         for row in (0, 1):
             axes[row][col].grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=8)
@@ -770,7 +799,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="time-scaled main run and sweeps (about 5 min)")
     parser.add_argument("--scale", type=float, default=None, help="time scale of the main run (default 1, quick 0.25)")
-    parser.add_argument("--sweep-scale", type=float, default=None, help="time scale of the sweeps (default 0.25, quick 0.1)")
+    parser.add_argument(
+        "--sweep-scale", type=float, default=None, help="time scale of the sweeps (default 0.25, quick 0.1)"
+    )
     parser.add_argument("--batch-items", type=int, default=None)
     parser.add_argument("--push-replicas", type=int, default=2, help="workers each model hashes to in the push variant")
     parser.add_argument("--skews", default="0.6,1.1,1.6", help="Zipf exponents of the skew sweep ('' for none)")

@@ -135,15 +135,20 @@ def run_direct(model_dir: Path, pairs: list[tuple[str, str]], batch_size: int) -
     with Clock("self") as clock:
         scores = model.predict(pairs, batch_size=batch_size, show_progress_bar=False)
     return {
-        "kind": "direct", "batch_size": batch_size, "torch_threads": torch.get_num_threads(),
-        "seconds": round(clock.seconds, 3), "pairs_per_s": round(len(pairs) / clock.seconds, 2),
+        "kind": "direct",
+        "batch_size": batch_size,
+        "torch_threads": torch.get_num_threads(),
+        "seconds": round(clock.seconds, 3),
+        "pairs_per_s": round(len(pairs) / clock.seconds, 2),
         "others_share": clock.others_share,
     }, np.asarray(scores, dtype=np.float32)
 
 
 def write_inputs(triples: list[tuple[str, str, str]], folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
-    pairs = pa.table({"id": list(range(len(triples))), "query": [t[1] for t in triples], "passage": [t[2] for t in triples]})
+    pairs = pa.table(
+        {"id": list(range(len(triples))), "query": [t[1] for t in triples], "passage": [t[2] for t in triples]}
+    )
     pq.write_table(pairs, folder / "pairs.parquet", row_group_size=256)
     grouped: dict[str, dict[str, Any]] = {}
     for index, (key, query, passage) in enumerate(triples):
@@ -151,25 +156,50 @@ def write_inputs(triples: list[tuple[str, str, str]], folder: Path) -> dict[str,
         row["candidates"].append(passage)
         row["candidate_ids"].append(index)
     per_row = max(len(r["candidates"]) for r in grouped.values())
-    pq.write_table(pa.Table.from_pylist(list(grouped.values())), folder / "candidates.parquet", row_group_size=max(1, 256 // per_row))
+    pq.write_table(
+        pa.Table.from_pylist(list(grouped.values())),
+        folder / "candidates.parquet",
+        row_group_size=max(1, 256 // per_row),
+    )
     return {"pairs": folder / "pairs.parquet", "candidates": folder / "candidates.parquet"}
 
 
-def run_ours(mode: str, input_path: Path, out: Path, catalog: Path, profile: Path, pairs: int, timeout: float) -> dict[str, Any]:
+def run_ours(
+    mode: str, input_path: Path, out: Path, catalog: Path, profile: Path, pairs: int, timeout: float
+) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [str(Path(sys.executable).parent / "shoal"), "rerank", str(input_path), str(out), "--model", MODEL_NAME,
-           "--catalog", str(catalog), "--profile", str(profile)]
+    cmd = [
+        str(Path(sys.executable).parent / "shoal"),
+        "rerank",
+        str(input_path),
+        str(out),
+        "--model",
+        MODEL_NAME,
+        "--catalog",
+        str(catalog),
+        "--profile",
+        str(profile),
+    ]
     if mode == "candidates":
         cmd += ["--candidates-column", "candidates", "--candidate-ids-column", "candidate_ids"]
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "COLUMNS": "200",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     with Clock("children") as clock:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
     match = re.search(r"│ seconds\s+│ ([\d.,]+)", proc.stderr)
     job_seconds = float(match.group(1).replace(",", "")) if match else None
     record = {
-        "kind": "ours", "mode": mode, "exit_code": proc.returncode, "wall_seconds": round(clock.seconds, 3),
-        "job_seconds": job_seconds, "pairs_per_s": round(pairs / job_seconds, 2) if job_seconds else None,
-        "end_to_end_pairs_per_s": round(pairs / clock.seconds, 2), "others_share": clock.others_share,
+        "kind": "ours",
+        "mode": mode,
+        "exit_code": proc.returncode,
+        "wall_seconds": round(clock.seconds, 3),
+        "job_seconds": job_seconds,
+        "pairs_per_s": round(pairs / job_seconds, 2) if job_seconds else None,
+        "end_to_end_pairs_per_s": round(pairs / clock.seconds, 2),
+        "others_share": clock.others_share,
     }
     if proc.returncode != 0 or job_seconds is None:
         record["stderr_tail"] = proc.stderr[-2000:]
@@ -204,10 +234,23 @@ def main() -> None:
     try:
         model_dir = Path(args.model_dir) if args.model_dir else build_model(scratch / "model")
         catalog = scratch / "catalog.yaml"
-        catalog.write_text(yaml.safe_dump({"models": {MODEL_NAME: {
-            "kind": "reranker", "source": str(model_dir), "dim": 1, "max_seq_length": MAX_SEQ_LENGTH,
-            "memory_bytes": 100_000_000, "token_budget": {"cpu": args.token_budget, "cuda": 65536}, "max_batch_size": 256,
-        }}}))
+        catalog.write_text(
+            yaml.safe_dump(
+                {
+                    "models": {
+                        MODEL_NAME: {
+                            "kind": "reranker",
+                            "source": str(model_dir),
+                            "dim": 1,
+                            "max_seq_length": MAX_SEQ_LENGTH,
+                            "memory_bytes": 100_000_000,
+                            "token_budget": {"cpu": args.token_budget, "cuda": 65536},
+                            "max_batch_size": 256,
+                        }
+                    }
+                }
+            )
+        )
         profile = scratch / "bench.yaml"
         base = yaml.safe_load((ROOT / "configs" / "cpu-local.yaml").read_text())
         profile.write_text(yaml.safe_dump({**base, "name": "bench", "pinned": [MODEL_NAME]}))
@@ -217,29 +260,45 @@ def main() -> None:
 
         # direct before and after ours: each of ours is compared with their mean, so drift on a shared machine evens out
         before, reference = run_direct(model_dir, pairs, args.batch_size)
-        ours = [run_ours(mode, inputs[mode], scratch / f"out-{mode}", catalog, profile, len(pairs), args.timeout)
-                for mode in args.modes.split(",")]
+        ours = [
+            run_ours(mode, inputs[mode], scratch / f"out-{mode}", catalog, profile, len(pairs), args.timeout)
+            for mode in args.modes.split(",")
+        ]
         after, _ = run_direct(model_dir, pairs, args.batch_size)
         direct_rate = (before["pairs_per_s"] + after["pairs_per_s"]) / 2
         for record in ours:
             if record["exit_code"] == 0:
                 out = scratch / f"out-{record['mode']}"
-                record["max_abs_diff_vs_direct"] = float(np.nanmax(np.abs(read_scores(out, record["mode"], len(pairs)) - reference)))
+                record["max_abs_diff_vs_direct"] = float(
+                    np.nanmax(np.abs(read_scores(out, record["mode"], len(pairs)) - reference))
+                )
                 record["ratio_vs_direct"] = round(record["pairs_per_s"] / direct_rate, 3)
         records = [{**before, "when": "before"}, *ours, {**after, "when": "after"}]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    print(f"\n{len(pairs)} pairs, {args.candidates} per query, model {'own: ' + args.model_dir if args.model_dir else 'MiniLM-L6 cross-encoder (random head)'}\n")
+    print(
+        f"\n{len(pairs)} pairs, {args.candidates} per query, model {'own: ' + args.model_dir if args.model_dir else 'MiniLM-L6 cross-encoder (random head)'}\n"
+    )
     print("| run | pairs/s (job) | ratio vs direct | end to end pairs/s | max abs diff | other load |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for r in records:
-        name = f"direct predict B={r['batch_size']} ({r['when']})" if r["kind"] == "direct" else f"shoal rerank ({r['mode']})"
-        print(f"| {name} | {r.get('pairs_per_s')} | {r.get('ratio_vs_direct', '-')} "
-              f"| {r.get('end_to_end_pairs_per_s', '-')} | {r.get('max_abs_diff_vs_direct', '-')} | {r['others_share']:.0%} |")
+        name = (
+            f"direct predict B={r['batch_size']} ({r['when']})"
+            if r["kind"] == "direct"
+            else f"shoal rerank ({r['mode']})"
+        )
+        print(
+            f"| {name} | {r.get('pairs_per_s')} | {r.get('ratio_vs_direct', '-')} "
+            f"| {r.get('end_to_end_pairs_per_s', '-')} | {r.get('max_abs_diff_vs_direct', '-')} | {r['others_share']:.0%} |"
+        )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({"pairs": len(pairs), "candidates": args.candidates, "target_ratio": TARGET_RATIO,
-                                           "records": records}, indent=1))
+    Path(args.json).write_text(
+        json.dumps(
+            {"pairs": len(pairs), "candidates": args.candidates, "target_ratio": TARGET_RATIO, "records": records},
+            indent=1,
+        )
+    )
     print(f"\nsaved {args.json}")
 
 

@@ -52,10 +52,13 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import yaml  # noqa: E402
-
-from configs import load_catalog, load_profile  # noqa: E402
 from online_latency import Connection, Server, post_message, short_queries  # noqa: E402
-from configs import RuntimeChoice  # noqa: E402
+
+from configs import (  # noqa: E402
+    RuntimeChoice,  # noqa: E402
+    load_catalog,
+    load_profile,
+)
 from pipeline.precision import REFERENCE, PrecisionGate, candidates, judge_vectors  # noqa: E402
 from pipeline.tuning_meter import MachineMeter  # noqa: E402
 from pipeline.tuning_runtimes import paired_speedup  # noqa: E402
@@ -65,22 +68,22 @@ SHOAL = str(Path(sys.executable).parent / "shoal")
 DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "runtimes.json")
 DEMO = ROOT / "datasets" / "demo"
 
-DIRECT_SCRIPT = '''
+DIRECT_SCRIPT = """
 import sys, numpy as np, pyarrow.parquet as pq
 from sentence_transformers import SentenceTransformer
 texts = pq.read_table(sys.argv[2], columns=["text"]).column("text").to_pylist()
 model = SentenceTransformer(sys.argv[1], device="cpu", local_files_only=True)
 np.save(sys.argv[3], model.encode(texts, normalize_embeddings=True))
-'''
+"""
 
-FASTEMBED_SCRIPT = '''
+FASTEMBED_SCRIPT = """
 import json, sys, numpy as np
 from fastembed import TextEmbedding
 texts = [json.loads(line) for line in open(sys.argv[2])]
 model = TextEmbedding("sentence-transformers/all-MiniLM-L6-v2", specific_model_path=sys.argv[1],
                       threads=int(sys.argv[4]), local_files_only=True)
 np.save(sys.argv[3], np.stack(list(model.embed(texts))))
-'''
+"""
 
 
 def sample_texts(limit: int) -> list[str]:
@@ -113,10 +116,16 @@ def part_runtimes(texts: list[str], profile_name: str) -> list[dict[str, Any]]:
             speedup = paired_speedup(candidate, reference, texts)
         finally:
             candidate.close()
-        rows.append({"runtime": choice.runtime, "dtype": choice.dtype, "load_s": round(verdict.load_seconds, 2),
-                     "vs_fp32": round(speedup, 2),
-                     **{k: round(v, 4) for k, v in verdict.figures.items()},
-                     "verdict": "pass" if verdict.passed else "refused: " + "; ".join(verdict.failures)})
+        rows.append(
+            {
+                "runtime": choice.runtime,
+                "dtype": choice.dtype,
+                "load_s": round(verdict.load_seconds, 2),
+                "vs_fp32": round(speedup, 2),
+                **{k: round(v, 4) for k, v in verdict.figures.items()},
+                "verdict": "pass" if verdict.passed else "refused: " + "; ".join(verdict.failures),
+            }
+        )
         print(f"  {rows[-1]}", flush=True)
     reference.close()
     return rows
@@ -136,8 +145,12 @@ def fastembed_setup(scratch: Path, model_path: str) -> tuple[str, Path]:
     if not (folder / "model.onnx").exists():
         folder.mkdir(parents=True, exist_ok=True)
         export_token_graph(model_path, folder)
-    version = subprocess.run([str(python), "-c", "import fastembed; print(fastembed.__version__)"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    version = subprocess.run(
+        [str(python), "-c", "import fastembed; print(fastembed.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     return version, folder
 
 
@@ -157,14 +170,25 @@ def export_token_graph(model_path: str, folder: Path) -> None:
             self.bert = bert
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                             token_type_ids=token_type_ids).last_hidden_state
+            return self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
 
     with torch.no_grad():
-        torch.onnx.export(TokenGraph().eval(), tuple(encoded[n] for n in names), str(folder / "model.onnx"), input_names=names,
-                          output_names=["last_hidden_state"], opset_version=17, dynamo=False, external_data=False,
-                          dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names},
-                                        "last_hidden_state": {0: "batch", 1: "tokens"}})
+        torch.onnx.export(
+            TokenGraph().eval(),
+            tuple(encoded[n] for n in names),
+            str(folder / "model.onnx"),
+            input_names=names,
+            output_names=["last_hidden_state"],
+            opset_version=17,
+            dynamo=False,
+            external_data=False,
+            dynamic_axes={
+                **{n: {0: "batch", 1: "tokens"} for n in names},
+                "last_hidden_state": {0: "batch", 1: "tokens"},
+            },
+        )
     model.tokenizer.save_pretrained(str(folder))
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["model_max_length"] = config["max_length"] = model.max_seq_length  # fastembed takes the stricter of the two
@@ -199,17 +223,38 @@ def part_batch(texts: list[str], profile: str, rounds: int, scratch: Path, threa
     fe_python = str(scratch / "fastembed-venv" / "bin" / "python")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     commands = {
-        "direct fp32 encode": [sys.executable, str(scratch / "direct_encode.py"), model_path,
-                               str(inputs / "part-0.parquet"), str(scratch / "direct.npy")],
-        f"fastembed {version}": [fe_python, str(scratch / "fastembed_encode.py"), str(fe_model),
-                                 str(scratch / "texts.jsonl"), str(scratch / "fastembed.npy"), str(threads)],
-        f"shoal embed --profile {profile}": [SHOAL, "embed", str(inputs), str(scratch / "ours"), "--model", "minilm",
-                                             "--profile", profile, "--id-column", "id"],
+        "direct fp32 encode": [
+            sys.executable,
+            str(scratch / "direct_encode.py"),
+            model_path,
+            str(inputs / "part-0.parquet"),
+            str(scratch / "direct.npy"),
+        ],
+        f"fastembed {version}": [
+            fe_python,
+            str(scratch / "fastembed_encode.py"),
+            str(fe_model),
+            str(scratch / "texts.jsonl"),
+            str(scratch / "fastembed.npy"),
+            str(threads),
+        ],
+        f"shoal embed --profile {profile}": [
+            SHOAL,
+            "embed",
+            str(inputs),
+            str(scratch / "ours"),
+            "--model",
+            "minilm",
+            "--profile",
+            profile,
+            "--id-column",
+            "id",
+        ],
     }
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
     names = list(commands)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:  # each side goes first in turn
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # each side goes first in turn
             if name.startswith("shoal"):
                 shutil.rmtree(scratch / "ours", ignore_errors=True)  # a fresh output, not a resumed one
             seconds, other = timed(commands[name], env)
@@ -220,10 +265,20 @@ def part_batch(texts: list[str], profile: str, rounds: int, scratch: Path, threa
     best = {name: min(r["seconds"] for r in rs) for name, rs in runs.items()}
     rows = []
     for name in names:
-        figures = judge_vectors(outputs[name], reference)[0] if name in outputs else {"cosine_mean": 1.0, "cosine_min": 1.0}
-        rows.append({"command": name, "best_s": best[name], "texts_per_s": round(len(texts) / best[name], 1),
-                     "vs_direct": round(best[names[0]] / best[name], 2), "vs_fastembed": round(best[names[1]] / best[name], 2),
-                     **{k: round(v, 4) for k, v in figures.items()}, "runs": runs[name]})
+        figures = (
+            judge_vectors(outputs[name], reference)[0] if name in outputs else {"cosine_mean": 1.0, "cosine_min": 1.0}
+        )
+        rows.append(
+            {
+                "command": name,
+                "best_s": best[name],
+                "texts_per_s": round(len(texts) / best[name], 1),
+                "vs_direct": round(best[names[0]] / best[name], 2),
+                "vs_fastembed": round(best[names[1]] / best[name], 2),
+                **{k: round(v, 4) for k, v in figures.items()},
+                "runs": runs[name],
+            }
+        )
     return {"texts": len(texts), "rounds": rounds, "rows": rows}
 
 
@@ -276,37 +331,65 @@ def part_online(profile: str, rounds: int, scratch: Path, clients: int, seconds:
             runs[name].append(result)
             print(f"  round {r + 1} {name}: {result}", flush=True)
     best = {name: max(x["requests_per_s"] for x in rs) for name, rs in runs.items()}
-    return {"clients": clients, "window_s": seconds, "rounds": rounds,
-            "rows": [{"server": n, "best_requests_per_s": best[n], "vs_fp32": round(best[n] / best[names[1]], 2),
-                      "runs": runs[n]} for n in names]}
+    return {
+        "clients": clients,
+        "window_s": seconds,
+        "rounds": rounds,
+        "rows": [
+            {
+                "server": n,
+                "best_requests_per_s": best[n],
+                "vs_fp32": round(best[n] / best[names[1]], 2),
+                "runs": runs[n],
+            }
+            for n in names
+        ],
+    }
 
 
 # -- report ----------------------------------------------------------------------------
 
 
 def markdown(results: dict[str, Any]) -> str:
-    out = [f"runtimes benchmark, {results['when']}, {results['machine']}; other processes' CPU share per run in the JSON", ""]
+    out = [
+        f"runtimes benchmark, {results['when']}, {results['machine']}; other processes' CPU share per run in the JSON",
+        "",
+    ]
     if "runtimes" in results:
-        out += ["In process, 512 texts; vs fp32: median of 3 back-to-back pairs with fp32 torch:", "",
-                "| runtime | dtype | load s | vs fp32 | cosine mean | cosine min | nDCG@10 (fp32) | gate |",
-                "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+        out += [
+            "In process, 512 texts; vs fp32: median of 3 back-to-back pairs with fp32 torch:",
+            "",
+            "| runtime | dtype | load s | vs fp32 | cosine mean | cosine min | nDCG@10 (fp32) | gate |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
         for r in results["runtimes"]:
-            out.append(f"| {r['runtime']} | {r['dtype']} | {r['load_s']} | {r['vs_fp32']}x | "
-                       f"{r['cosine_mean']} | {r['cosine_min']} | {r['ndcg@10']} ({r['ndcg@10_fp32']}) | {r['verdict']} |")
+            out.append(
+                f"| {r['runtime']} | {r['dtype']} | {r['load_s']} | {r['vs_fp32']}x | "
+                f"{r['cosine_mean']} | {r['cosine_min']} | {r['ndcg@10']} ({r['ndcg@10_fp32']}) | {r['verdict']} |"
+            )
         out.append("")
     if "batch" in results:
         b = results["batch"]
-        out += [f"Whole commands, {b['texts']} texts, best of {b['rounds']} alternating rounds:", "",
-                "| command | best s | texts/s | vs direct fp32 | vs fastembed | cosine mean | cosine min |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        out += [
+            f"Whole commands, {b['texts']} texts, best of {b['rounds']} alternating rounds:",
+            "",
+            "| command | best s | texts/s | vs direct fp32 | vs fastembed | cosine mean | cosine min |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for r in b["rows"]:
-            out.append(f"| {r['command']} | {r['best_s']} | {r['texts_per_s']} | {r['vs_direct']}x | "
-                       f"{r['vs_fastembed']}x | {r['cosine_mean']} | {r['cosine_min']} |")
+            out.append(
+                f"| {r['command']} | {r['best_s']} | {r['texts_per_s']} | {r['vs_direct']}x | "
+                f"{r['vs_fastembed']}x | {r['cosine_mean']} | {r['cosine_min']} |"
+            )
         out.append("")
     if "online" in results:
         o = results["online"]
-        out += [f"Online, {o['clients']} concurrent single-text clients, {o['window_s']:g} s windows, best of {o['rounds']}:", "",
-                "| server | requests/s | vs fp32 |", "| --- | ---: | ---: |"]
+        out += [
+            f"Online, {o['clients']} concurrent single-text clients, {o['window_s']:g} s windows, best of {o['rounds']}:",
+            "",
+            "| server | requests/s | vs fp32 |",
+            "| --- | ---: | ---: |",
+        ]
         for r in o["rows"]:
             out.append(f"| {r['server']} | {r['best_requests_per_s']} | {r['vs_fp32']}x |")
     return "\n".join(out)

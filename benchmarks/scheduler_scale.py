@@ -77,8 +77,14 @@ class SimWorker:
         while not self.batch_stop:
             began = time.perf_counter()
             reply = await self.plugin.pull(
-                self.address, resident=list(self.lru), ready=list(self.lru), room=2, held=0, timeout=self.pull_timeout,
-                budget=None, load_seconds={},
+                self.address,
+                resident=list(self.lru),
+                ready=list(self.lru),
+                room=2,
+                held=0,
+                timeout=self.pull_timeout,
+                budget=None,
+                load_seconds={},
             )
             if reply["items"]:
                 self.pull_seconds.append(time.perf_counter() - began)
@@ -126,7 +132,9 @@ async def plugin_alone(workers: int, models: int, seconds: float, pull_timeout: 
     specs = {f"m{i}": {"name": f"m{i}", "kind": "sim", "load_seconds": 2.0} for i in range(models)}
     plugin = ShoalScheduler(models=specs)
     await plugin.start(StandInScheduler(names))
-    sims = [SimWorker(plugin, w, [f"m{(i * 3 + k) % models}" for k in range(3)], pull_timeout) for i, w in enumerate(names)]
+    sims = [
+        SimWorker(plugin, w, [f"m{(i * 3 + k) % models}" for k in range(3)], pull_timeout) for i, w in enumerate(names)
+    ]
     online_tasks = [asyncio.create_task(s.online()) for s in sims]
     await asyncio.sleep(0.05)
 
@@ -185,13 +193,17 @@ async def plugin_alone(workers: int, models: int, seconds: float, pull_timeout: 
     per_request = online_cpu / max(answered, 1)
     net_request = max(online_cpu - idle_share * online_wall, 0.0) / max(answered, 1)
     return {
-        "workers": workers, "models": models, "pull_timeout_seconds": pull_timeout,
+        "workers": workers,
+        "models": models,
+        "pull_timeout_seconds": pull_timeout,
         "idle_cpu_share": idle_share,
-        "batch_items": batch_items, "batch_cpu_us_per_item": per_item * 1e6,
+        "batch_items": batch_items,
+        "batch_cpu_us_per_item": per_item * 1e6,
         "batch_items_per_cpu_second": 1 / per_item if batch_items else 0.0,
         "pull_reply_p50_us": statistics.median(pulls) * 1e6 if pulls else None,
         "pull_reply_p99_us": pulls[int(0.99 * (len(pulls) - 1))] * 1e6 if pulls else None,
-        "online_requests": answered, "online_cpu_us_per_request": per_request * 1e6,
+        "online_requests": answered,
+        "online_cpu_us_per_request": per_request * 1e6,
         "online_requests_per_cpu_second": 1 / per_request if answered else 0.0,
         "online_net_cpu_us_per_request": net_request * 1e6,
         "online_requests_per_second_wall": answered / online_wall,
@@ -238,9 +250,23 @@ def start_scheduler(folder: Path, catalog: Path) -> tuple[subprocess.Popen, str]
     scheduler_file = folder / "scheduler.json"
     env = {**os.environ, "SHOAL_CATALOG": str(catalog)}
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
-         "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(scheduler_file), "--preload", "scheduler_plugins"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            str(Path(sys.executable).parent / "dask"),
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--dashboard-address",
+            "127.0.0.1:0",
+            "--scheduler-file",
+            str(scheduler_file),
+            "--preload",
+            "scheduler_plugins",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
     while not scheduler_file.exists() or not scheduler_file.read_text().strip():
@@ -266,16 +292,23 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 def start_workers(address: str, count: int, catalog: Path, profile: Path) -> subprocess.Popen:
     """`count` Dask workers with Shoal's plugin in one process: simulated models fit many on two cores."""
     env = {**os.environ, "SHOAL_CATALOG": str(catalog), "SHOAL_PROFILE": str(profile)}
-    return subprocess.Popen([sys.executable, "-c", WORKERS_SCRIPT, address, str(count)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-c", WORKERS_SCRIPT, address, str(count)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def write_profile(folder: Path) -> Path:
     import yaml
 
     path = folder / "scale.yaml"
-    path.write_text(yaml.safe_dump({"name": "scale", "device": "cpu", "prefetch": 2, "pull_timeout_seconds": 2.0,
-                                    "threads_per_worker": 1}))
+    path.write_text(
+        yaml.safe_dump(
+            {"name": "scale", "device": "cpu", "prefetch": 2, "pull_timeout_seconds": 2.0, "threads_per_worker": 1}
+        )
+    )
     return path
 
 
@@ -295,16 +328,22 @@ def part_b(args, folder: Path) -> list[dict]:
                 while plugin_workers < count:  # every worker's pull loop has reported
                     plugin_workers = len(client.sync(client.scheduler.shoal_overview)["workers"])
                     time.sleep(0.2)
-                items = [{"key": str(i), "model": "simzero", "op": "sim", "rows": 1, "payload": {"tokens": [8]}}
-                         for i in range(args.real_items)]
+                items = [
+                    {"key": str(i), "model": "simzero", "op": "sim", "rows": 1, "payload": {"tokens": [8]}}
+                    for i in range(args.real_items)
+                ]
                 meter = psutil.Process(scheduler.pid)
                 # Idle: Dask's heartbeats and the pulls' renewals, a cost per second, not per item.
                 cpu0, wall0 = sum(meter.cpu_times()[:2]), time.perf_counter()
                 time.sleep(3.0)
                 idle_share = (sum(meter.cpu_times()[:2]) - cpu0) / (time.perf_counter() - wall0)
                 cpu0, wall0 = sum(meter.cpu_times()[:2]), time.perf_counter()
-                client.sync(client.scheduler.shoal_submit, job="scale", items=items,
-                            settings={"models": {"simzero": {"name": "simzero", **SIM_MODEL}}})
+                client.sync(
+                    client.scheduler.shoal_submit,
+                    job="scale",
+                    items=items,
+                    settings={"models": {"simzero": {"name": "simzero", **SIM_MODEL}}},
+                )
                 while not client.sync(client.scheduler.shoal_job_status, job="scale")["complete"]:
                     time.sleep(0.05)
                 wall = time.perf_counter() - wall0
@@ -315,14 +354,22 @@ def part_b(args, folder: Path) -> list[dict]:
             scheduler.terminate()
             scheduler.wait(30)
         net = max(cpu - idle_share * wall, 0.0)
-        row = {"workers": count, "items": args.real_items, "scheduler_cpu_us_per_item": cpu / args.real_items * 1e6,
-               "scheduler_net_cpu_us_per_item": net / args.real_items * 1e6, "scheduler_idle_share": idle_share,
-               "items_per_second_wall": args.real_items / wall, "scheduler_cpu_share": cpu / wall}
+        row = {
+            "workers": count,
+            "items": args.real_items,
+            "scheduler_cpu_us_per_item": cpu / args.real_items * 1e6,
+            "scheduler_net_cpu_us_per_item": net / args.real_items * 1e6,
+            "scheduler_idle_share": idle_share,
+            "items_per_second_wall": args.real_items / wall,
+            "scheduler_cpu_share": cpu / wall,
+        }
         rows.append(row)
-        print(f"  {count:>4} workers over TCP: scheduler {row['scheduler_cpu_us_per_item']:6.1f} us CPU per item "
-              f"({row['scheduler_net_cpu_us_per_item']:6.1f} net of idle, {idle_share:.1%} of a core idle), "
-              f"{row['items_per_second_wall']:5.0f} items/s, scheduler busy {row['scheduler_cpu_share']:.0%}",
-              flush=True)
+        print(
+            f"  {count:>4} workers over TCP: scheduler {row['scheduler_cpu_us_per_item']:6.1f} us CPU per item "
+            f"({row['scheduler_net_cpu_us_per_item']:6.1f} net of idle, {idle_share:.1%} of a core idle), "
+            f"{row['items_per_second_wall']:5.0f} items/s, scheduler busy {row['scheduler_cpu_share']:.0%}",
+            flush=True,
+        )
     return rows
 
 
@@ -361,15 +408,32 @@ asyncio.run(main(sys.argv[1].split(","), float(sys.argv[2]), int(sys.argv[3])))
 
 
 def load(urls: list[str], seconds: float, concurrency: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, ",".join(urls), str(seconds), str(concurrency)],
-                         capture_output=True, text=True, timeout=seconds + 120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_SCRIPT, ",".join(urls), str(seconds), str(concurrency)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
 def start_gateway(address: str, catalog: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "shoal"), "gateway", "--scheduler", address,
-                             "--catalog", str(catalog), "--port", "0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "shoal"),
+            "gateway",
+            "--scheduler",
+            address,
+            "--catalog",
+            str(catalog),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stderr:
         if "gateway on" in line:
             return proc, line.split("gateway on ")[1].split()[0]
@@ -389,8 +453,11 @@ def part_c(args, folder: Path) -> list[dict]:
     try:
         with Client(address, timeout=60) as client:
             client.wait_for_workers(2, timeout=120)
-            embedded = client.sync(client.scheduler.shoal_gateway_start, settings={"port": 0},
-                                   models={"simzero": {"name": "simzero", **SIM_MODEL}})["url"]
+            embedded = client.sync(
+                client.scheduler.shoal_gateway_start,
+                settings={"port": 0},
+                models={"simzero": {"name": "simzero", **SIM_MODEL}},
+            )["url"]
             urls = []
             for _ in range(2):
                 proc, url = start_gateway(address, catalog)
@@ -409,9 +476,12 @@ def part_c(args, folder: Path) -> list[dict]:
                 for name, targets in setups.items():
                     row = {"setup": name, "rep": rep, **load(targets, args.seconds, args.concurrency)}
                     rows.append(row)
-                    print(f"  {name:>18}: {row['per_second']:7.0f} req/s, p50 {row['p50_ms']:5.1f} ms, "
-                          f"p99 {row['p99_ms']:6.1f} ms, errors {row['errors']}, "
-                          f"load generator {row['generator_cpu_share']:.0%} of a core", flush=True)
+                    print(
+                        f"  {name:>18}: {row['per_second']:7.0f} req/s, p50 {row['p50_ms']:5.1f} ms, "
+                        f"p99 {row['p99_ms']:6.1f} ms, errors {row['errors']}, "
+                        f"load generator {row['generator_cpu_share']:.0%} of a core",
+                        flush=True,
+                    )
     finally:
         for proc in gateways:
             proc.terminate()
@@ -477,7 +547,9 @@ def main() -> None:
             print("(b) a dask scheduler process, simulated workers in one other process, over TCP", flush=True)
             results["b"] = part_b(args, Path(folder))
         if "c" in parts:
-            print(f"(c) online requests/s, {args.concurrency} in flight, sim model with no compute, 2 workers", flush=True)
+            print(
+                f"(c) online requests/s, {args.concurrency} in flight, sim model with no compute, 2 workers", flush=True
+            )
             results["c"] = part_c(args, Path(folder))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))

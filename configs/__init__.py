@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, field_validator, model_validator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
 )
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -89,9 +96,7 @@ class ModelSpec(BaseModel):
             try:
                 module = importlib.import_module(module_name)
             except ImportError as exc:
-                raise ConfigError(
-                    f"model {self.name!r}: package {module_name!r} is not installed ({exc})"
-                ) from exc
+                raise ConfigError(f"model {self.name!r}: package {module_name!r} is not installed ({exc})") from exc
             return str(module.get_model_path())
         if self.source.startswith("hf:"):
             from .model_resolution import hub_source_path
@@ -218,9 +223,7 @@ def read_yaml(path: Path) -> dict:
 
 def explain(path: Path, exc: ValidationError, root: str = "") -> ConfigError:
     """A pydantic error as one line naming the file and each field (`root` for the whole)."""
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or root}: {err['msg']}" for err in exc.errors()
-    )
+    problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or root}: {err['msg']}" for err in exc.errors())
     return ConfigError(f"{path}: {problems}")
 
 

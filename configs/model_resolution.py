@@ -196,7 +196,11 @@ def fields_from_source(name: str, source: str) -> dict[str, Any]:
         folder = Path(source).expanduser()
         if not folder.is_dir():
             raise ConfigError(f"source directory {source!r} does not exist")
-    return ModelFiles(folder).spec(name, source).model_dump(include={"kind", "dim", "max_seq_length", "normalize", "memory_bytes"})
+    return (
+        ModelFiles(folder)
+        .spec(name, source)
+        .model_dump(include={"kind", "dim", "max_seq_length", "normalize", "memory_bytes"})
+    )
 
 
 def hub_source_path(source: str) -> str:

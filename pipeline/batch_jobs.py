@@ -26,9 +26,9 @@ from workers.vector_precision import VectorFormat
 
 from .calibration import calibrate, stored_ranges, with_ranges
 from .cluster import ClusterError
-from .lance_output import commit_parts
 from .fingerprints import model_fingerprint
 from .follower import follow, summarize
+from .lance_output import commit_parts
 from .manifest import build_manifest, read_manifest, remove_manifest, write_manifest
 from .planner import Plan, check_columns, check_output, list_shards, plan_items, read_footers
 from .resume import Inventory, PartStore, current_parts, job_params, stamp_items
@@ -171,7 +171,12 @@ def run_prepared(
         for item in final.todo
         if item["payload"]["part"] not in dead_parts
     ]
-    work = {"items": len(prepared.plan.items), "reused": len(inventory.done), "run": len(inventory.todo), "removed": removed}
+    work = {
+        "items": len(prepared.plan.items),
+        "reused": len(inventory.done),
+        "run": len(inventory.todo),
+        "removed": removed,
+    }
     manifest = build_manifest(
         job_id,
         job.operation,
@@ -186,7 +191,12 @@ def run_prepared(
         prepared.plan.shards,
         list(final.done.values()),
         [*status["dead_letters"], *unverified],
-        {"params": prepared.params, "work": work, **({"vectors": vectors} if vectors else {}), **(manifest_extra or {})},
+        {
+            "params": prepared.params,
+            "work": work,
+            **({"vectors": vectors} if vectors else {}),
+            **(manifest_extra or {}),
+        },
     )
     if job.payload.get("lance"):
         manifest["lance"] = _commit_lance(job, manifest, console)
@@ -235,13 +245,17 @@ def _commit_lance(job: BatchJob, manifest: dict[str, Any], console: Console) -> 
     """A complete run's fragments as the dataset's next version; an incomplete one commits nothing."""
     dataset = job.payload["lance"]
     if not manifest["complete"]:
-        console.print(f"[yellow]lance:[/yellow] {dataset} not committed: the run is incomplete; its readers keep the last version")
+        console.print(
+            f"[yellow]lance:[/yellow] {dataset} not committed: the run is incomplete; its readers keep the last version"
+        )
         return {"dataset": dataset, "version": None}
     try:
         version = commit_parts(dataset, job.output, [part["name"] for part in manifest["parts"]], job.storage_options)
     except OSError as exc:  # the store refused the commit: the parts stay, the next run commits them
         manifest["complete"] = False
-        console.print(f"[red]lance:[/red] cannot commit {dataset} ({exc}); the parts are kept: run again to commit them")
+        console.print(
+            f"[red]lance:[/red] cannot commit {dataset} ({exc}); the parts are kept: run again to commit them"
+        )
         return {"dataset": dataset, "version": None}
     console.print(f"lance: {dataset} at version {version}")
     return {"dataset": dataset, "version": version}
@@ -263,8 +277,14 @@ def _vector_format(
     if ranges is None and prepared.inventory.todo:
         console.print(f"{fmt.precision}: calibrating ranges on the job's first item")
         ranges = calibrate(
-            prepared.plan.items, fmt, job.output, job.storage_options, key,
-            lambda items: _submit_and_follow(client, f"{job_id}-calibration", items, job, prepared.spec, profile, console),
+            prepared.plan.items,
+            fmt,
+            job.output,
+            job.storage_options,
+            key,
+            lambda items: _submit_and_follow(
+                client, f"{job_id}-calibration", items, job, prepared.spec, profile, console
+            ),
         )
     if ranges is None:  # nothing to run, and an older output without the file: the manifest keeps its own
         return (prepared.previous or {}).get("vectors")

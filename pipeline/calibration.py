@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -28,7 +29,9 @@ CALIBRATION_NAME = "_calibration.json"
 SAMPLE_NAME = "_calibration-sample.parquet"
 
 
-def stored_ranges(output_url: str, storage_options: dict[str, Any] | None, key: dict[str, str]) -> list[list[float]] | None:
+def stored_ranges(
+    output_url: str, storage_options: dict[str, Any] | None, key: dict[str, str]
+) -> list[list[float]] | None:
     """The ranges an earlier run of the same job computed, if their key (fingerprint, options) matches."""
     fs, path = open_fs(f"{output_url.rstrip('/')}/{CALIBRATION_NAME}", storage_options)
     try:
@@ -60,7 +63,9 @@ def calibrate(
     status = run_sample([sample])
     if status["dead_letters"]:
         errors = status["dead_letters"][0]["errors"]
-        raise PlanError(f"{fmt.precision} calibration: the sample item ({payload['input']}) failed: {errors[-1] if errors else '?'}")
+        raise PlanError(
+            f"{fmt.precision} calibration: the sample item ({payload['input']}) failed: {errors[-1] if errors else '?'}"
+        )
     fs, path = open_fs(payload["output"], storage_options)
     with fs.open(path, "rb") as f:
         column = pq.read_table(f, columns=["embedding"]).column("embedding").combine_chunks()
@@ -82,4 +87,3 @@ def with_ranges(items: list[dict[str, Any]], ranges: list[list[float]]) -> None:
     """Give every item's vector format the job's ranges (not part of `params`: the ranges follow from them)."""
     for item in items:
         item["payload"]["vectors"] = {**item["payload"]["vectors"], "ranges": ranges}
-

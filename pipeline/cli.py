@@ -18,22 +18,29 @@ from workers.chunking import ChunkSettings  # noqa: E402
 from workers.vector_precision import PRECISIONS, VectorFormat  # noqa: E402
 
 from .batch_jobs import (  # noqa: E402
-    EmbedRequest, check_embed_options, model_for, preflight, run_embed, run_embed_models,
+    EmbedRequest,
+    check_embed_options,
+    model_for,
+    preflight,
+    run_embed,
+    run_embed_models,
 )
+from .beir import load_beir  # noqa: E402
 from .cluster import ClusterError, connect  # noqa: E402
+from .evaluation import print_report, run_eval  # noqa: E402
+from .job_lock import LockHeld  # noqa: E402
+from .job_spec import load_job_spec  # noqa: E402
 from .lance_output import LanceTarget  # noqa: E402
 from .planner import PlanError, check_output  # noqa: E402
-from .rerank_jobs import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank  # noqa: E402
-from .beir import load_beir  # noqa: E402
-from .evaluation import print_report, run_eval  # noqa: E402
-from .job_spec import load_job_spec  # noqa: E402
-from .runs import run_pipeline  # noqa: E402
-from .job_lock import LockHeld  # noqa: E402
 from .reindex import job_config, load_job, plan_reindex, run_reindex  # noqa: E402
+from .rerank_jobs import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank  # noqa: E402
+from .runs import run_pipeline  # noqa: E402
 from .schedule import check_expression, run_on_schedule  # noqa: E402
 from .status import cluster_state, output_state, render_cluster, render_output  # noqa: E402
-from .tuning import DEMO_INPUT, TuneRequest, tune as tune_profile  # noqa: E402
-from .tuning_derived import GPUS, derive as derive_gpu  # noqa: E402
+from .tuning import DEMO_INPUT, TuneRequest  # noqa: E402
+from .tuning import tune as tune_profile
+from .tuning_derived import GPUS  # noqa: E402
+from .tuning_derived import derive as derive_gpu
 from .tuning_profile import profile_path, write_profile  # noqa: E402
 
 USER_ERRORS = (ConfigError, PlanError, ClusterError)
@@ -88,7 +95,11 @@ def main() -> None:
 @main.command()
 @click.argument("input_url", metavar="INPUT")
 @click.argument("output_url", metavar="OUTPUT")
-@click.option("--model", required=True, help="Catalog name, model folder or cached Hugging Face id; several, comma-separated, write OUTPUT/<model>/ each.")
+@click.option(
+    "--model",
+    required=True,
+    help="Catalog name, model folder or cached Hugging Face id; several, comma-separated, write OUTPUT/<model>/ each.",
+)
 @click.option("--text-column", default="text", show_default=True)
 @click.option("--id-column", default="id", show_default=True, help="Passed through unchanged; '' for none.")
 @click.option("--keep-columns", default="", help="Comma-separated input columns to copy to the output.")
@@ -96,13 +107,49 @@ def main() -> None:
 @click.option("--storage-options", default=None, help="JSON object passed to fsspec (credentials, endpoint).")
 @click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local).")
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
-@click.option("--chunk", default=None, metavar="tokens=N[,overlap=K]", help="Split texts longer than N tokens into windows overlapping by K; one row per window.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True, help="Stored vector type; int8/uint8 calibrate on a sample.")
-@click.option("--dim", type=click.IntRange(min=1), default=None, help="Keep the first N dimensions, re-normalised (Matryoshka models).")
-@click.option("--format", "output_format", type=click.Choice(["parquet", "lance"]), default="parquet", show_default=True,
-              help="lance: OUTPUT is a Lance dataset (also OUTPUT=lance://PATH), committed as one version per run.")
-def embed(input_url, output_url, model, text_column, id_column, keep_columns, scheduler, storage_options, profile, catalog,
-          chunk, precision, dim, output_format):
+@click.option(
+    "--chunk",
+    default=None,
+    metavar="tokens=N[,overlap=K]",
+    help="Split texts longer than N tokens into windows overlapping by K; one row per window.",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(PRECISIONS),
+    default="float32",
+    show_default=True,
+    help="Stored vector type; int8/uint8 calibrate on a sample.",
+)
+@click.option(
+    "--dim",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Keep the first N dimensions, re-normalised (Matryoshka models).",
+)
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["parquet", "lance"]),
+    default="parquet",
+    show_default=True,
+    help="lance: OUTPUT is a Lance dataset (also OUTPUT=lance://PATH), committed as one version per run.",
+)
+def embed(
+    input_url,
+    output_url,
+    model,
+    text_column,
+    id_column,
+    keep_columns,
+    scheduler,
+    storage_options,
+    profile,
+    catalog,
+    chunk,
+    precision,
+    dim,
+    output_format,
+):
     """Embed the TEXT column of every row of INPUT into Parquet parts under OUTPUT.
 
     INPUT is a Parquet file, a directory or a glob on any fsspec filesystem
@@ -153,13 +200,32 @@ def embed(input_url, output_url, model, text_column, id_column, keep_columns, sc
 @click.option("--candidate-ids-column", default=None, help="Candidates mode: a list of ids, one per candidate.")
 @click.option("--id-column", default="id", show_default=True, help="Passed through unchanged; '' for none.")
 @click.option("--keep-columns", default="", help="Comma-separated input columns to copy to the output.")
-@click.option("--max-candidates", default=DEFAULT_MAX_CANDIDATES, show_default=True, help="Rows with more candidates are rejected.")
+@click.option(
+    "--max-candidates",
+    default=DEFAULT_MAX_CANDIDATES,
+    show_default=True,
+    help="Rows with more candidates are rejected.",
+)
 @click.option("--scheduler", default=None, help="tcp://host:port of a running cluster; default: an embedded one.")
 @click.option("--storage-options", default=None, help="JSON object passed to fsspec (credentials, endpoint).")
 @click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local).")
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
-def rerank(input_url, output_url, model, query_column, passage_column, candidates_column, candidate_ids_column,
-           id_column, keep_columns, max_candidates, scheduler, storage_options, profile, catalog):
+def rerank(
+    input_url,
+    output_url,
+    model,
+    query_column,
+    passage_column,
+    candidates_column,
+    candidate_ids_column,
+    id_column,
+    keep_columns,
+    max_candidates,
+    scheduler,
+    storage_options,
+    profile,
+    catalog,
+):
     """Score (query, passage) rows of INPUT with a cross-encoder, or rank each query's candidates.
 
     Pairs mode (default): each row is a query and one passage; the output has
@@ -198,7 +264,12 @@ def rerank(input_url, output_url, model, query_column, passage_column, candidate
 @main.command()
 @click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Print what a run would do; change nothing.")
-@click.option("--schedule", "cron", default=None, help='Run at every slot of this cron expression, e.g. "0 * * * *" (a sixth field is seconds).')
+@click.option(
+    "--schedule",
+    "cron",
+    default=None,
+    help='Run at every slot of this cron expression, e.g. "0 * * * *" (a sixth field is seconds).',
+)
 @click.option("--runs", type=click.IntRange(min=1), default=None, help="With --schedule: stop after this many runs.")
 @click.option("--scheduler", default=None, help="tcp://host:port of a running cluster; overrides the job file.")
 @click.option("--profile", default=None, help="Cluster profile name or YAML path; overrides the job file's.")
@@ -285,11 +356,21 @@ def status(job, scheduler, as_json, profile):
 
 
 @main.command()
-@click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local); its `gateway:` section sets the limits.")
-@click.option("--models", default="", help="Comma-separated models to pin (load at start, never evict) on the embedded cluster.")
+@click.option(
+    "--profile",
+    default=None,
+    help="Cluster profile name or YAML path (default: cpu-local); its `gateway:` section sets the limits.",
+)
+@click.option(
+    "--models", default="", help="Comma-separated models to pin (load at start, never evict) on the embedded cluster."
+)
 @click.option("--host", default=None, help="Address to listen on. Default: the profile's, 127.0.0.1 (loopback only).")
-@click.option("--port", type=int, default=None, help="Port to listen on (0: any free one). Default: the profile's, 8790.")
-@click.option("--scheduler", default=None, help="tcp://host:port of a running cluster: the gateway starts in its scheduler.")
+@click.option(
+    "--port", type=int, default=None, help="Port to listen on (0: any free one). Default: the profile's, 8790."
+)
+@click.option(
+    "--scheduler", default=None, help="tcp://host:port of a running cluster: the gateway starts in its scheduler."
+)
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
 def serve(profile, models, host, port, scheduler, catalog):
     """Answer online requests (MessagePack or JSON over HTTP) until stopped.
@@ -312,10 +393,18 @@ def serve(profile, models, host, port, scheduler, catalog):
 
 
 @main.command(name="gateway")
-@click.option("--scheduler", required=True, envvar="DASK_SCHEDULER_ADDRESS", help="tcp://host:port of the cluster's scheduler.")
-@click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local); its `gateway:` section sets the limits.")
+@click.option(
+    "--scheduler", required=True, envvar="DASK_SCHEDULER_ADDRESS", help="tcp://host:port of the cluster's scheduler."
+)
+@click.option(
+    "--profile",
+    default=None,
+    help="Cluster profile name or YAML path (default: cpu-local); its `gateway:` section sets the limits.",
+)
 @click.option("--host", default=None, help="Address to listen on. Default: the profile's, 127.0.0.1 (loopback only).")
-@click.option("--port", type=int, default=None, help="Port to listen on (0: any free one). Default: the profile's, 8790.")
+@click.option(
+    "--port", type=int, default=None, help="Port to listen on (0: any free one). Default: the profile's, 8790."
+)
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
 def gateway(scheduler, profile, host, port, catalog):
     """Serve the online endpoint in this process, for a running cluster.
@@ -339,7 +428,11 @@ def gateway(scheduler, profile, host, port, catalog):
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
 @click.option("--catalog-only", is_flag=True, help="Only the catalog's entries, not the Hugging Face cache.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-@click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local): its tuned token budgets and batch caps.")
+@click.option(
+    "--profile",
+    default=None,
+    help="Cluster profile name or YAML path (default: cpu-local): its tuned token budgets and batch caps.",
+)
 def list_models(catalog, catalog_only, as_json, profile):
     """List catalog models and cached Hugging Face models with their resolved kind, dim, window, normalize."""
     from .model_listing import model_rows, render_models
@@ -388,7 +481,9 @@ def run_job_file(job_file, scheduler, profile, catalog):
 @click.option("--top-k", default=100, show_default=True, help="Passages retrieved per query.")
 @click.option("--rerank-k", default=100, show_default=True, help="Of those, how many the reranker reorders.")
 @click.option("--split", default="test", show_default=True, help="qrels/<split>.tsv, for BEIR's own layout.")
-@click.option("--output", default=None, help="Where inputs, stage outputs and metrics.json go. [default: out/eval-<dataset>]")
+@click.option(
+    "--output", default=None, help="Where inputs, stage outputs and metrics.json go. [default: out/eval-<dataset>]"
+)
 @click.option("--scheduler", default=None, help="tcp://host:port of a running cluster; default: an embedded one.")
 @click.option("--profile", default=None, help="Cluster profile name or YAML path (default: cpu-local).")
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
@@ -403,8 +498,18 @@ def evaluate(dataset, model, reranker, top_k, rerank_k, split, output, scheduler
             model_for(catalog_config, profile_config, reranker, "reranker")
         data = load_beir(dataset, split)
         with connect(scheduler, profile_config, catalog, warm=[model, *([reranker] if reranker else [])]) as client:
-            report, outcome = run_eval(client, data, output or f"out/eval-{data.name}", model, reranker, top_k,
-                                       rerank_k, profile_config, catalog_config, console)
+            report, outcome = run_eval(
+                client,
+                data,
+                output or f"out/eval-{data.name}",
+                model,
+                reranker,
+                top_k,
+                rerank_k,
+                profile_config,
+                catalog_config,
+                console,
+            )
     except USER_ERRORS as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
@@ -416,13 +521,26 @@ def evaluate(dataset, model, reranker, top_k, rerank_k, split, output, scheduler
 @click.option("--profile", "name", required=True, help="Profile to write: a name (configs/NAME.yaml) or a YAML path.")
 @click.option("--models", default="minilm", show_default=True, help="Comma-separated catalog models to tune for.")
 @click.option("--budget-minutes", default=10.0, show_default=True, help="Stop starting trials after this long.")
-@click.option("--input", "input_url", default=None, help="Parquet corpus to sample texts from. [default: the demo corpus]")
+@click.option(
+    "--input", "input_url", default=None, help="Parquet corpus to sample texts from. [default: the demo corpus]"
+)
 @click.option("--text-column", default="text", show_default=True)
-@click.option("--sample-rows", default=2048, show_default=True, help="Most texts per cluster trial; fewer on a slow machine.")
-@click.option("--online-rate", default=2.0, show_default=True, help="Online requests/s during cluster trials; 0: batch only.")
-@click.option("--p99-ms", type=float, default=None, help="Online p99 target. [default: none on CPU (measured only), 200 on GPU]")
+@click.option(
+    "--sample-rows", default=2048, show_default=True, help="Most texts per cluster trial; fewer on a slow machine."
+)
+@click.option(
+    "--online-rate", default=2.0, show_default=True, help="Online requests/s during cluster trials; 0: batch only."
+)
+@click.option(
+    "--p99-ms", type=float, default=None, help="Online p99 target. [default: none on CPU (measured only), 200 on GPU]"
+)
 @click.option("--base", default=None, help="Profile to start from. [default: NAME if it exists, else cpu-local]")
-@click.option("--derive", type=click.Choice(sorted(GPUS)), default=None, help="Write a profile derived from this GPU's published figures instead of measuring.")
+@click.option(
+    "--derive",
+    type=click.Choice(sorted(GPUS)),
+    default=None,
+    help="Write a profile derived from this GPU's published figures instead of measuring.",
+)
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
 def tune(name, models, budget_minutes, input_url, text_column, sample_rows, online_rate, p99_ms, base, derive, catalog):
     """Measure this machine and write a tuned profile (or derive one for a GPU with --derive).
@@ -440,8 +558,18 @@ def tune(name, models, budget_minutes, input_url, text_column, sample_rows, onli
             write_profile(path, {**fields, "name": path.stem}, comments)
             console.print(f"wrote {path} (derived from published {derive} figures)")
             return
-        request = TuneRequest(name, names, budget_minutes, input_url or DEMO_INPUT, text_column, catalog, base,
-                              sample_rows, online_rate=online_rate, p99_ms=p99_ms)
+        request = TuneRequest(
+            name,
+            names,
+            budget_minutes,
+            input_url or DEMO_INPUT,
+            text_column,
+            catalog,
+            base,
+            sample_rows,
+            online_rate=online_rate,
+            p99_ms=p99_ms,
+        )
         tune_profile(request, console)
     except USER_ERRORS as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -451,11 +579,27 @@ def tune(name, models, budget_minutes, input_url, text_column, sample_rows, onli
 @main.command(name="check-precision")
 @click.option("--model", required=True, help="Catalog name of the embedder or reranker to check.")
 @click.option("--profile", default=None, help="Profile whose choice is checked and where the verdict is written.")
-@click.option("--texts", "texts_file", default=None, type=click.Path(dir_okay=False), help="Your sample: a .parquet file or one text per line. [default: the demo corpus]")
+@click.option(
+    "--texts",
+    "texts_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Your sample: a .parquet file or one text per line. [default: the demo corpus]",
+)
 @click.option("--text-column", default="text", show_default=True, help="The text column of a .parquet sample.")
 @click.option("--sample", default=512, show_default=True, help="Most texts drawn from the sample.")
-@click.option("--runtime", type=click.Choice(["torch", "onnx"]), default=None, help="Candidate runtime. [default: the profile's choice, else every candidate]")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16", "int8"]), default=None, help="Candidate dtype.")
+@click.option(
+    "--runtime",
+    type=click.Choice(["torch", "onnx"]),
+    default=None,
+    help="Candidate runtime. [default: the profile's choice, else every candidate]",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "float16", "bfloat16", "int8"]),
+    default=None,
+    help="Candidate dtype.",
+)
 @click.option("--catalog", default=None, type=click.Path(exists=True, dir_okay=False), help="Extra model catalog YAML.")
 def check_precision(model, profile, texts_file, text_column, sample, runtime, dtype, catalog):
     """Gate a runtime/dtype against fp32 torch: cosine mean >= 0.999 and min >= 0.99 (and nDCG@10 within 0.005)
@@ -476,10 +620,15 @@ def check_precision(model, profile, texts_file, text_column, sample, runtime, dt
     for column in ("runtime", "dtype", "load s", "texts/s", "vs fp32", *names, "verdict"):
         table.add_column(column, justify="left" if column in ("runtime", "dtype", "verdict") else "right")
     for v in verdicts:
-        table.add_row(v.choice.runtime, v.choice.dtype, f"{v.load_seconds:.2f}", f"{v.texts_per_second:.1f}",
-                      f"{v.texts_per_second / v.reference_texts_per_second:.2f}x",
-                      *(f"{v.figures[n]:.4f}" if n in v.figures else "-" for n in names),
-                      "pass" if v.passed else "[red]refused[/red]")
+        table.add_row(
+            v.choice.runtime,
+            v.choice.dtype,
+            f"{v.load_seconds:.2f}",
+            f"{v.texts_per_second:.1f}",
+            f"{v.texts_per_second / v.reference_texts_per_second:.2f}x",
+            *(f"{v.figures[n]:.4f}" if n in v.figures else "-" for n in names),
+            "pass" if v.passed else "[red]refused[/red]",
+        )
     out = Console(soft_wrap=True)
     out.print(table)
     for v in verdicts:

@@ -19,7 +19,6 @@ from distributed import Client, LocalCluster
 
 from configs import Profile
 
-
 LOOPBACK = "127.0.0.1"  # where everything the embedded cluster starts listens, unless the caller says otherwise
 IN_PROCESS_SWITCH_SECONDS = 0.0005  # the interpreter's thread switch interval with in-process workers
 
@@ -82,11 +81,16 @@ def _local_cluster(profile: Profile, catalog: str | None, n_workers: int | None,
     )
     if profile.in_process_workers:
         if (n_workers or 1) != 1:
-            raise ClusterError(f"profile {profile.name!r} runs its one worker in process; {n_workers} workers asked for")
+            raise ClusterError(
+                f"profile {profile.name!r} runs its one worker in process; {n_workers} workers asked for"
+            )
         return _in_process_cluster(profile, catalog, **common, **kwargs)
     return LocalCluster(
-        n_workers=n_workers or profile.workers, processes=True, env=worker_environment(profile, catalog),
-        **common, **kwargs,
+        n_workers=n_workers or profile.workers,
+        processes=True,
+        env=worker_environment(profile, catalog),
+        **common,
+        **kwargs,
     )
 
 

@@ -44,7 +44,9 @@ def recall_at_k(ranking: list[str], judged: dict[str, int], k: int) -> float:
     return len(relevant.intersection(ranking[:k])) / len(relevant) if relevant else 0.0
 
 
-def evaluate(rankings: dict[str, list[str]], qrels: dict[str, dict[str, int]], ndcg_k: int = 10, recall_k: int = 100) -> dict[str, float]:
+def evaluate(
+    rankings: dict[str, list[str]], qrels: dict[str, dict[str, int]], ndcg_k: int = 10, recall_k: int = 100
+) -> dict[str, float]:
     """Mean nDCG@ndcg_k and recall@recall_k; a judged query with no ranking scores 0."""
     judged = {q: j for q, j in qrels.items() if any(g > 0 for g in j.values())}
     if not judged:
@@ -82,9 +84,15 @@ def run_eval(
     )
     outcome = run_pipeline(client, spec, profile, catalog, console)
     report: dict[str, Any] = {
-        "dataset": dataset.name, "corpus": dataset.corpus.num_rows, "queries": queries.num_rows,
-        "judgments": sum(len(j) for j in dataset.qrels.values()), "model": model, "reranker": reranker,
-        "top_k": top_k, "rerank_k": spec.rerank.top_k if spec.rerank else None, "metrics": {},
+        "dataset": dataset.name,
+        "corpus": dataset.corpus.num_rows,
+        "queries": queries.num_rows,
+        "judgments": sum(len(j) for j in dataset.qrels.values()),
+        "model": model,
+        "reranker": reranker,
+        "top_k": top_k,
+        "rerank_k": spec.rerank.top_k if spec.rerank else None,
+        "metrics": {},
         "complete": outcome.exit_code == 0,
     }
     if outcome.ranked_url:
@@ -110,11 +118,16 @@ def _rankings(ranked: pa.Table, rank_column: str) -> dict[str, list[str]]:
 def print_report(report: dict[str, Any], console: Console) -> None:
     table = Table(title=f"shoal eval: {report['dataset']} ({report['queries']} queries, {report['corpus']:,} passages)")
     table.add_column("system")
-    names = sorted({name for metrics in report["metrics"].values() for name in metrics}, key=lambda n: (n.split("@")[0] != "ndcg", n))
+    names = sorted(
+        {name for metrics in report["metrics"].values() for name in metrics},
+        key=lambda n: (n.split("@")[0] != "ndcg", n),
+    )
     for name in names:
         table.add_column(name, justify="right")
-    labels = {"retrieval": f"{report['model']} top-{report['top_k']}",
-              "reranked": f"+ {report['reranker']} rerank top-{report['rerank_k']}"}
+    labels = {
+        "retrieval": f"{report['model']} top-{report['top_k']}",
+        "reranked": f"+ {report['reranker']} rerank top-{report['rerank_k']}",
+    }
     for system, metrics in report["metrics"].items():
         table.add_row(labels[system], *(f"{metrics[n]:.4f}" for n in names))
     console.print(table)

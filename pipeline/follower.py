@@ -47,7 +47,9 @@ def follow(client: Client, job: str, console: Console, label: str) -> dict[str, 
             progress.update(task, completed=status["rows_done"], rate=rate, failed=failed)
         final = job_status(client, job, results=True)
         rate = final["rows_done"] / final["elapsed"] if final["elapsed"] else 0.0
-        progress.update(task, completed=final["rows_done"], total=max(final["rows_total"], final["rows_done"], 1), rate=rate)
+        progress.update(
+            task, completed=final["rows_done"], total=max(final["rows_total"], final["rows_done"], 1), rate=rate
+        )
     return final
 
 
@@ -66,7 +68,11 @@ def summarize(status: dict[str, Any], console: Console, output: str) -> None:
     table.add_row("rows/s", f"{status['rows_done'] / seconds:,.1f}" if seconds else "-")
     for worker, rows in sorted(status["rows_by_worker"].items()):
         table.add_row(f"rows on {worker}", f"{rows:,}")
-    for key, label in (("null_texts", "null texts (null embedding)"), ("empty_texts", "empty texts"), ("truncated", "texts truncated to max_seq_length")):
+    for key, label in (
+        ("null_texts", "null texts (null embedding)"),
+        ("empty_texts", "empty texts"),
+        ("truncated", "texts truncated to max_seq_length"),
+    ):
         count = sum(r.get(key, 0) for r in results)
         if count:
             table.add_row(label, f"{count:,}")

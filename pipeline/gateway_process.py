@@ -25,7 +25,10 @@ from scheduler_plugins.gateway_link import SchedulerLink
 
 
 async def run_gateway(
-    scheduler: str, settings: GatewaySettings, specs: dict[str, dict[str, Any]], console: Console,
+    scheduler: str,
+    settings: GatewaySettings,
+    specs: dict[str, dict[str, Any]],
+    console: Console,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve until `stop` is set (or SIGINT/SIGTERM when None)."""

@@ -14,7 +14,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from configs import explain, read_yaml
-
 from workers.chunking import ChunkSettings
 
 from .rerank_jobs import DEFAULT_MAX_CANDIDATES
@@ -60,9 +59,7 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _rerank_within_retrieved(self) -> JobSpec:
         if self.rerank and self.rerank.top_k > self.retrieve.top_k:
-            raise ValueError(
-                f"rerank.top_k ({self.rerank.top_k}) is more than retrieve.top_k ({self.retrieve.top_k})"
-            )
+            raise ValueError(f"rerank.top_k ({self.rerank.top_k}) is more than retrieve.top_k ({self.retrieve.top_k})")
         if self.rerank and self.rerank.top_k > self.rerank.max_candidates:
             raise ValueError(
                 f"rerank.top_k ({self.rerank.top_k}) is more than rerank.max_candidates ({self.rerank.max_candidates})"

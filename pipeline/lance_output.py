@@ -78,8 +78,10 @@ def commit_parts(
     if current is not None and _files(f.metadata for f in current.get_fragments()) == _files(fragments):
         return current.version
     committed = lance.LanceDataset.commit(
-        dataset, lance.LanceOperation.Overwrite(schema, fragments),
-        read_version=current.version if current is not None else None, storage_options=options,
+        dataset,
+        lance.LanceOperation.Overwrite(schema, fragments),
+        read_version=current.version if current is not None else None,
+        storage_options=options,
     )
     return committed.version
 

@@ -56,8 +56,7 @@ def build_manifest(
         "columns": columns,
         "rows": sum(p["rows"] for p in parts),
         "inputs": [
-            {"url": s.url, "size": s.size, "version": s.version, "rows": s.rows, "error": s.error}
-            for s in shards
+            {"url": s.url, "size": s.size, "version": s.version, "rows": s.rows, "error": s.error} for s in shards
         ],
         "parts": parts,
         "failed": [

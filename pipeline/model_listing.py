@@ -24,8 +24,11 @@ def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -
 
     def fields(spec: ModelSpec) -> dict[str, Any]:
         tuned = profile.tuned(spec)
-        return {**tuned.model_dump(include=set(FIELDS)), "token_budget_cpu": tuned.budget_for("cpu"),
-                "max_batch_size": tuned.max_batch_size}
+        return {
+            **tuned.model_dump(include=set(FIELDS)),
+            "token_budget_cpu": tuned.budget_for("cpu"),
+            "max_batch_size": tuned.max_batch_size,
+        }
 
     rows = [{"name": name, "from": "catalog", **fields(spec)} for name, spec in catalog.models.items()]
     for repo_id in cached_models() if include_cache else []:
@@ -45,8 +48,14 @@ def render_models(rows: list[dict[str, Any]], console: Console) -> None:
             table.add_row(row["name"], row["from"], f"[red]{row['error']}[/red]", *[""] * 5)
             continue
         table.add_row(
-            row["name"], row["from"], row["kind"], str(row["dim"]), str(row["max_seq_length"]),
-            "yes" if row["normalize"] else "no", f"{row['memory_bytes'] / 1e6:.0f}", row["source"],
+            row["name"],
+            row["from"],
+            row["kind"],
+            str(row["dim"]),
+            str(row["max_seq_length"]),
+            "yes" if row["normalize"] else "no",
+            f"{row['memory_bytes'] / 1e6:.0f}",
+            row["source"],
         )
     console.print(table)
     console.print(f"Hugging Face cache: {hub_cache_dir()}; a folder path works as --model too.", highlight=False)

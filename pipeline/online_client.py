@@ -54,9 +54,17 @@ def _vectors(reply: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(reply["embeddings"], dtype=_DTYPES[reply["dtype"]]).reshape(reply["shape"])
 
 
-def _encode_body(texts: list[str], dtype: str, truncate: bool, precision: str = "float32", dim: int | None = None,
-                 ranges: list[list[float]] | None = None) -> bytes:
-    compact = {k: v for k, v in (("precision", precision), ("dim", dim), ("ranges", ranges)) if v not in (None, "float32")}
+def _encode_body(
+    texts: list[str],
+    dtype: str,
+    truncate: bool,
+    precision: str = "float32",
+    dim: int | None = None,
+    ranges: list[list[float]] | None = None,
+) -> bytes:
+    compact = {
+        k: v for k, v in (("precision", precision), ("dim", dim), ("ranges", ranges)) if v not in (None, "float32")
+    }
     return msgpack.packb({"texts": list(texts), "dtype": dtype, "truncate": truncate, **compact})
 
 
@@ -74,8 +82,17 @@ class OnlineClient:
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
 
-    def encode(self, model: str, texts: list[str], *, dtype: str = "float32", truncate: bool = True,
-               precision: str = "float32", dim: int | None = None, ranges: list[list[float]] | None = None) -> np.ndarray:
+    def encode(
+        self,
+        model: str,
+        texts: list[str],
+        *,
+        dtype: str = "float32",
+        truncate: bool = True,
+        precision: str = "float32",
+        dim: int | None = None,
+        ranges: list[list[float]] | None = None,
+    ) -> np.ndarray:
         """(len(texts), dim) vectors, float32 or float16; `precision`, `dim`, `ranges` as `shoal embed` stores them."""
         body = _encode_body(texts, dtype, truncate, precision, dim, ranges)
         return _vectors(self._post(f"/v1/encode/{model}", body))
@@ -130,8 +147,17 @@ class AsyncOnlineClient:
         self._connections = connections
         self._session = None
 
-    async def encode(self, model: str, texts: list[str], *, dtype: str = "float32", truncate: bool = True,
-                     precision: str = "float32", dim: int | None = None, ranges: list[list[float]] | None = None) -> np.ndarray:
+    async def encode(
+        self,
+        model: str,
+        texts: list[str],
+        *,
+        dtype: str = "float32",
+        truncate: bool = True,
+        precision: str = "float32",
+        dim: int | None = None,
+        ranges: list[list[float]] | None = None,
+    ) -> np.ndarray:
         body = _encode_body(texts, dtype, truncate, precision, dim, ranges)
         return _vectors(await self._request("POST", f"/v1/encode/{model}", body))
 
@@ -150,7 +176,9 @@ class AsyncOnlineClient:
                 connector=aiohttp.TCPConnector(limit=self._connections),
                 timeout=aiohttp.ClientTimeout(total=self._timeout),
             )
-        async with self._session.request(method, self._url + path, data=body, headers=_headers(self._token)) as response:
+        async with self._session.request(
+            method, self._url + path, data=body, headers=_headers(self._token)
+        ) as response:
             return _reply(response.status, await response.read(), response.headers.get("Retry-After"))
 
     async def close(self) -> None:

@@ -243,9 +243,7 @@ def plan_items(
         for first_group, end_group, start, end in spans:
             name = part_name(shard.url, start, end)
             group_offset = sum(shard.row_groups[:first_group])
-            whole_groups = start == group_offset and end == group_offset + sum(
-                shard.row_groups[first_group:end_group]
-            )
+            whole_groups = start == group_offset and end == group_offset + sum(shard.row_groups[first_group:end_group])
             items.append(
                 {
                     "key": f"{index:06d}-{start}-{end}",

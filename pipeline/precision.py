@@ -89,9 +89,13 @@ def judge_vectors(candidate: np.ndarray, reference: np.ndarray) -> tuple[dict[st
 def judge_retrieval(candidate_ndcg: float, reference_ndcg: float) -> tuple[dict[str, float], list[str]]:
     figures = {"ndcg@10": candidate_ndcg, "ndcg@10_fp32": reference_ndcg}
     drop = reference_ndcg - candidate_ndcg
-    failures = [] if drop <= NDCG_DROP_AT_MOST else [
-        f"nDCG@10 {candidate_ndcg:.4f} is {drop:.4f} below fp32's {reference_ndcg:.4f} (allowed {NDCG_DROP_AT_MOST})"
-    ]
+    failures = (
+        []
+        if drop <= NDCG_DROP_AT_MOST
+        else [
+            f"nDCG@10 {candidate_ndcg:.4f} is {drop:.4f} below fp32's {reference_ndcg:.4f} (allowed {NDCG_DROP_AT_MOST})"
+        ]
+    )
     return figures, failures
 
 
@@ -112,7 +116,9 @@ class PrecisionGate:
         from workers.runtimes import load_runtime
 
         if spec.kind not in ("embedder", "reranker"):
-            raise ValueError(f"model {spec.name!r}: the precision gate checks embedders and rerankers, not {spec.kind!r}")
+            raise ValueError(
+                f"model {spec.name!r}: the precision gate checks embedders and rerankers, not {spec.kind!r}"
+            )
         self.spec, self.plan, self.texts = spec, plan, texts
         self._load = load_runtime
         self.judged: RetrievalSet | None = load_beir(judged_set) if judged_set and spec.kind == "embedder" else None
@@ -127,8 +133,14 @@ class PrecisionGate:
         runtime, load_seconds = self._runtime(choice)
         try:
             outputs, rate = self._outputs(runtime)
-            verdict = Verdict(self.spec.name, choice, texts=len(self.texts), load_seconds=load_seconds,
-                              texts_per_second=rate, reference_texts_per_second=self.reference_rate)
+            verdict = Verdict(
+                self.spec.name,
+                choice,
+                texts=len(self.texts),
+                load_seconds=load_seconds,
+                texts_per_second=rate,
+                reference_texts_per_second=self.reference_rate,
+            )
             judged = (judge_vectors if self.spec.kind == "embedder" else judge_scores)(outputs, self.reference_outputs)
             parts = [judged]
             if self.reference_ndcg is not None:

@@ -27,12 +27,16 @@ def read_sample(path: str, limit: int, text_column: str = "text", seed: int = 0)
         schema = pq.read_schema(file)
         if text_column not in schema.names:
             raise ConfigError(f"{path}: no column {text_column!r} (columns: {', '.join(schema.names)})")
-        texts = [t for t in pq.read_table(file, columns=[text_column]).column(text_column).to_pylist() if t and t.strip()]
+        texts = [
+            t for t in pq.read_table(file, columns=[text_column]).column(text_column).to_pylist() if t and t.strip()
+        ]
     else:
         try:
             texts = [line.rstrip("\n") for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); give a .parquet file or text lines") from None
+            raise ConfigError(
+                f"{path}: not UTF-8 text (byte {exc.start}); give a .parquet file or text lines"
+            ) from None
     if len(texts) < 2:
         raise ConfigError(f"{path}: {len(texts)} non-empty texts; the gate needs at least 2")
     return random.Random(seed).sample(texts, min(limit, len(texts)))
@@ -71,8 +75,14 @@ def _header(path: Path) -> list[str]:
 
 
 def gate_candidates(
-    model: str, profile: str | None, catalog: str | None, texts_file: str | None, text_column: str,
-    sample: int, runtime: str | None, dtype: str | None,
+    model: str,
+    profile: str | None,
+    catalog: str | None,
+    texts_file: str | None,
+    text_column: str,
+    sample: int,
+    runtime: str | None,
+    dtype: str | None,
 ) -> tuple[list[Verdict], bool]:
     """Verdicts of `shoal check-precision`, and whether they were one candidate's (recordable).
 

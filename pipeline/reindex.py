@@ -31,18 +31,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
 from configs import Catalog, Profile, explain, load_catalog, load_profile, read_yaml
-from workers.storage import atomic_write, open_fs
-
 from workers.chunking import ChunkSettings
+from workers.storage import atomic_write, open_fs
 from workers.vector_precision import Precision, VectorFormat
 
 from .batch_jobs import (
-    EmbedRequest, JobOutcome, PreparedJob, check_embed_options, embed_job, model_for, prepare_job, run_prepared,
+    EmbedRequest,
+    JobOutcome,
+    PreparedJob,
+    check_embed_options,
+    embed_job,
+    model_for,
+    prepare_job,
+    run_prepared,
 )
 from .cluster import connect
-from .lance_output import LanceTarget
 from .fingerprints import model_fingerprint
 from .job_lock import JobLock, LockHeld
+from .lance_output import LanceTarget
 from .resume import job_params
 
 CURRENT = "_CURRENT"

@@ -69,7 +69,12 @@ def rerank_job(request: RerankRequest) -> BatchJob:
         output=request.output,
         model=request.model,
         payload=payload,
-        required_columns=[request.query_column, *item_columns, *filter(None, [request.id_column]), *request.keep_columns],
+        required_columns=[
+            request.query_column,
+            *item_columns,
+            *filter(None, [request.id_column]),
+            *request.keep_columns,
+        ],
         manifest_columns={
             "mode": request.mode,
             "query": request.query_column,

@@ -47,7 +47,9 @@ def read_vectors(output_url: str, id_column: str, storage_options: dict[str, Any
         column = table.column("embedding").combine_chunks()
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         dim = column.type.list_size
-        flat = column.values.to_numpy(zero_copy_only=False).reshape(-1, dim)[column.offset : column.offset + len(column)]
+        flat = column.values.to_numpy(zero_copy_only=False).reshape(-1, dim)[
+            column.offset : column.offset + len(column)
+        ]
         blocks.append(flat[valid].astype(np.float32, copy=False))
         ids.extend(np.asarray(table.column(id_column).to_pylist(), dtype=object)[valid].tolist())
         nulls += int((~valid).sum())
@@ -73,11 +75,15 @@ def top_k_documents(queries: np.ndarray, corpus: Vectors, k: int) -> tuple[list[
     once, so k documents come back, not k chunks of a few documents.
     """
     codes_by_id: dict[Any, int] = {}
-    codes = np.fromiter((codes_by_id.setdefault(i, len(codes_by_id)) for i in corpus.ids), dtype=np.int64, count=len(corpus.ids))
+    codes = np.fromiter(
+        (codes_by_id.setdefault(i, len(codes_by_id)) for i in corpus.ids), dtype=np.int64, count=len(corpus.ids)
+    )
     order = np.argsort(codes, kind="stable")
     starts = np.flatnonzero(np.r_[True, np.diff(codes[order]) != 0])
     chunks = _unit(corpus.matrix)[order]
-    indices, scores = _nearest(queries, lambda block: np.maximum.reduceat(block @ chunks.T, starts, axis=1), len(starts), k)
+    indices, scores = _nearest(
+        queries, lambda block: np.maximum.reduceat(block @ chunks.T, starts, axis=1), len(starts), k
+    )
     return list(codes_by_id), indices, scores
 
 
@@ -88,7 +94,9 @@ def _nearest(queries: np.ndarray, score, candidates: int, k: int) -> tuple[np.nd
     scores = np.empty((queries.shape[0], k), dtype=np.float32)
     for lo in range(0, queries.shape[0], QUERY_BLOCK):
         block = score(_unit(queries[lo : lo + QUERY_BLOCK]))
-        nearest = np.argpartition(-block, k - 1, axis=1)[:, :k] if k < candidates else np.tile(np.arange(k), (len(block), 1))
+        nearest = (
+            np.argpartition(-block, k - 1, axis=1)[:, :k] if k < candidates else np.tile(np.arange(k), (len(block), 1))
+        )
         for row, found in enumerate(nearest):
             found_scores = block[row, found]
             ranked = np.lexsort((found, -found_scores))
@@ -102,7 +110,9 @@ def _unit(matrix: np.ndarray) -> np.ndarray:
     return (matrix / np.where(norms == 0, 1, norms)).astype(np.float32, copy=False)
 
 
-def read_texts(input_url: str, id_column: str, text_column: str, storage_options: dict[str, Any] | None = None) -> dict[Any, str | None]:
+def read_texts(
+    input_url: str, id_column: str, text_column: str, storage_options: dict[str, Any] | None = None
+) -> dict[Any, str | None]:
     """id -> text of every row of a Parquet input (file, directory or glob); ids must be unique."""
     texts: dict[Any, str | None] = {}
     for shard in list_shards(input_url, storage_options):

@@ -56,12 +56,19 @@ class RunOutcome:
 def run_pipeline(client: Client, spec: JobSpec, profile: Profile, catalog: Catalog, console: Console) -> RunOutcome:
     output = spec.output.rstrip("/")
     record: dict[str, Any] = {
-        "name": spec.name, "spec": spec.model_dump(exclude={"storage_options"}),  # no credentials in the record
-        "stages": {}, "failed": [], "rejected_rows": 0,
+        "name": spec.name,
+        "spec": spec.model_dump(exclude={"storage_options"}),  # no credentials in the record
+        "stages": {},
+        "failed": [],
+        "rejected_rows": 0,
     }
     outcome = RunOutcome(None, record)
     for stage, source in (("corpus-embeddings", spec.corpus), ("query-embeddings", spec.queries)):
-        _stage(outcome, stage, lambda s=source, n=stage: run_embed(client, _embed_request(spec, s, n), profile, catalog, console))
+        _stage(
+            outcome,
+            stage,
+            lambda s=source, n=stage: run_embed(client, _embed_request(spec, s, n), profile, catalog, console),
+        )
     if record["failed"]:
         console.print(f"[red]stopping:[/red] {', '.join(record['failed'])} failed; retrieval needs every vector")
         return _finish(outcome, spec)
@@ -77,18 +84,34 @@ def run_pipeline(client: Client, spec: JobSpec, profile: Profile, catalog: Catal
         documents = corpus.ids
         nearest, cosine = top_k(queries.matrix, corpus.matrix, spec.retrieve.top_k)
     record["stages"]["retrieve"] = {
-        "queries": len(queries.ids), "corpus": len(documents), "corpus_rows": len(corpus.ids), "top_k": int(nearest.shape[1]),
-        "skipped_queries": queries.nulls, "skipped_corpus_rows": corpus.nulls,
+        "queries": len(queries.ids),
+        "corpus": len(documents),
+        "corpus_rows": len(corpus.ids),
+        "top_k": int(nearest.shape[1]),
+        "skipped_queries": queries.nulls,
+        "skipped_corpus_rows": corpus.nulls,
         "seconds": round(time.perf_counter() - started, 3),
     }
     for label, vectors in (("queries", queries), ("corpus rows", corpus)):
         if vectors.nulls:
-            console.print(f"[yellow]warning:[/yellow] {vectors.nulls} {label} have a null text and take no part in retrieval")
+            console.print(
+                f"[yellow]warning:[/yellow] {vectors.nulls} {label} have a null text and take no part in retrieval"
+            )
 
     reranked: dict[Any, list[dict]] = {}
     if spec.rerank:
         rerank_input = _write_candidates(spec, queries.ids, [[documents[i] for i in row] for row in nearest])
-        _stage(outcome, "reranked", lambda: run_rerank(client, _rerank_request(spec, rerank_input), _sized_by_pairs(profile, spec.rerank.top_k), catalog, console))
+        _stage(
+            outcome,
+            "reranked",
+            lambda: run_rerank(
+                client,
+                _rerank_request(spec, rerank_input),
+                _sized_by_pairs(profile, spec.rerank.top_k),
+                catalog,
+                console,
+            ),
+        )
         if "reranked" not in record["failed"]:
             reranked = _read_rankings(f"{output}/reranked", spec.storage_options)
 
@@ -107,8 +130,11 @@ def _stage(outcome: RunOutcome, name: str, run) -> None:
     result: JobOutcome = run()
     outcome.stages[name] = result
     outcome.record["stages"][name] = {
-        "manifest": result.manifest_url, "rows": result.manifest["rows"], "complete": result.manifest["complete"],
-        "rejected_rows": result.manifest["rejected_rows"], "seconds": round(time.perf_counter() - started, 3),
+        "manifest": result.manifest_url,
+        "rows": result.manifest["rows"],
+        "complete": result.manifest["complete"],
+        "rejected_rows": result.manifest["rejected_rows"],
+        "seconds": round(time.perf_counter() - started, 3),
     }
     outcome.record["rejected_rows"] += result.manifest["rejected_rows"]
     if not result.manifest["complete"]:
@@ -116,14 +142,22 @@ def _stage(outcome: RunOutcome, name: str, run) -> None:
 
 
 def _finish(outcome: RunOutcome, spec: JobSpec) -> RunOutcome:
-    atomic_write(f"{spec.output.rstrip('/')}/{RUN_NAME}", json.dumps(outcome.record, indent=1, default=str).encode(), spec.storage_options)
+    atomic_write(
+        f"{spec.output.rstrip('/')}/{RUN_NAME}",
+        json.dumps(outcome.record, indent=1, default=str).encode(),
+        spec.storage_options,
+    )
     return outcome
 
 
 def _embed_request(spec: JobSpec, source: TextSource, stage: str) -> EmbedRequest:
     return EmbedRequest(
-        input=source.input, output=f"{spec.output.rstrip('/')}/{stage}", model=spec.embed.model,
-        text_column=source.text_column, id_column=source.id_column, storage_options=spec.storage_options,
+        input=source.input,
+        output=f"{spec.output.rstrip('/')}/{stage}",
+        model=spec.embed.model,
+        text_column=source.text_column,
+        id_column=source.id_column,
+        storage_options=spec.storage_options,
         chunk=spec.embed.chunk if source is spec.corpus else None,  # queries are short: one vector each
     )
 
@@ -133,12 +167,14 @@ def _write_candidates(spec: JobSpec, query_ids: list, candidate_ids: list[list])
     queries = read_texts(spec.queries.input, spec.queries.id_column, spec.queries.text_column, spec.storage_options)
     passages = read_texts(spec.corpus.input, spec.corpus.id_column, spec.corpus.text_column, spec.storage_options)
     keep = spec.rerank.top_k
-    table = pa.table({
-        "query_id": query_ids,
-        "query": [queries[q] for q in query_ids],
-        "candidate_ids": [ids[:keep] for ids in candidate_ids],
-        "candidates": [[passages[c] for c in ids[:keep]] for ids in candidate_ids],
-    })
+    table = pa.table(
+        {
+            "query_id": query_ids,
+            "query": [queries[q] for q in query_ids],
+            "candidate_ids": [ids[:keep] for ids in candidate_ids],
+            "candidates": [[passages[c] for c in ids[:keep]] for ids in candidate_ids],
+        }
+    )
     url = f"{spec.output.rstrip('/')}/rerank-input/candidates.parquet"
     buffer = io.BytesIO()
     pq.write_table(table, buffer, compression="zstd", row_group_size=max(1, PAIRS_PER_ITEM // keep))
@@ -148,9 +184,15 @@ def _write_candidates(spec: JobSpec, query_ids: list, candidate_ids: list[list])
 
 def _rerank_request(spec: JobSpec, candidates_url: str) -> RerankRequest:
     return RerankRequest(
-        input=candidates_url, output=f"{spec.output.rstrip('/')}/reranked", model=spec.rerank.model,
-        query_column="query", candidates_column="candidates", candidate_ids_column="candidate_ids",
-        id_column="query_id", max_candidates=spec.rerank.max_candidates, storage_options=spec.storage_options,
+        input=candidates_url,
+        output=f"{spec.output.rstrip('/')}/reranked",
+        model=spec.rerank.model,
+        query_column="query",
+        candidates_column="candidates",
+        candidate_ids_column="candidate_ids",
+        id_column="query_id",
+        max_candidates=spec.rerank.max_candidates,
+        storage_options=spec.storage_options,
     )
 
 
@@ -174,9 +216,13 @@ def _read_rankings(output_url: str, storage_options: dict[str, Any]) -> dict[Any
     return rankings
 
 
-def _ranked_table(query_ids: list, candidate_ids: list[list], cosine: np.ndarray, reranked: dict[Any, list[dict]]) -> pa.Table:
+def _ranked_table(
+    query_ids: list, candidate_ids: list[list], cosine: np.ndarray, reranked: dict[Any, list[dict]]
+) -> pa.Table:
     """Long format: each query's reranked candidates first (by rerank score), then the rest by cosine."""
-    columns: dict[str, list] = {k: [] for k in ("query_id", "rank", "doc_id", "retrieval_rank", "retrieval_score", "rerank_score")}
+    columns: dict[str, list] = {
+        k: [] for k in ("query_id", "rank", "doc_id", "retrieval_rank", "retrieval_score", "rerank_score")
+    }
     for row, query_id in enumerate(query_ids):
         order = [(r["index"], r["score"]) for r in reranked.get(query_id, [])]
         seen = {index for index, _ in order}
@@ -188,5 +234,10 @@ def _ranked_table(query_ids: list, candidate_ids: list[list], cosine: np.ndarray
             columns["retrieval_rank"].append(index + 1)
             columns["retrieval_score"].append(float(cosine[row, index]))
             columns["rerank_score"].append(score)
-    types = {"rank": pa.int32(), "retrieval_rank": pa.int32(), "retrieval_score": pa.float32(), "rerank_score": pa.float32()}
+    types = {
+        "rank": pa.int32(),
+        "retrieval_rank": pa.int32(),
+        "retrieval_score": pa.float32(),
+        "rerank_score": pa.float32(),
+    }
     return pa.table({name: pa.array(values, type=types.get(name)) for name, values in columns.items()})

@@ -91,7 +91,9 @@ def render_output(state: dict[str, Any], console: Console) -> None:
         table.add_row("last run", f"{manifest['job']} at {manifest['created']}")
         table.add_row("complete", str(manifest["complete"]))
         table.add_row("model", f"{manifest['model']['name']} ({manifest['model']['fingerprint'][:12]})")
-        table.add_row("rows / parts / inputs", f"{manifest['rows']:,} / {len(manifest['parts'])} / {len(manifest['inputs'])}")
+        table.add_row(
+            "rows / parts / inputs", f"{manifest['rows']:,} / {len(manifest['parts'])} / {len(manifest['inputs'])}"
+        )
         if work:
             table.add_row("last run work", f"{work['run']} run, {work['reused']} reused, {work['removed']} removed")
     console.print(table)

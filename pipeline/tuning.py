@@ -121,31 +121,63 @@ class Tuner:
         grid = GRIDS[plan.kind]
         p99_ms = self.request.p99_ms or grid["p99_ms"]
         scratch = Path(tempfile.mkdtemp(prefix="shoal-tune-"))
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[trials]} trials"),
-                   TimeElapsedColumn(), TextColumn("of {task.fields[budget]}"))
+        columns = (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[trials]} trials"),
+            TimeElapsedColumn(),
+            TextColumn("of {task.fields[budget]}"),
+        )
         try:
-            sample = draw_sample(self.request.input, self.request.embed_rows, scratch / "sample", self.request.text_column)
+            sample = draw_sample(
+                self.request.input, self.request.embed_rows, scratch / "sample", self.request.text_column
+            )
             with Progress(*columns, console=self.console, transient=True) as progress:
                 self.progress = progress
-                self.task = progress.add_task("sampling", total=self.deadline - self.began, trials=0,
-                                              budget=f"{self.request.budget_minutes:g} min")
+                self.task = progress.add_task(
+                    "sampling",
+                    total=self.deadline - self.began,
+                    trials=0,
+                    budget=f"{self.request.budget_minutes:g} min",
+                )
                 phase0 = self._phase0(plan, sample.texts)
-                self.base = self.base.model_copy(update={
-                    "runtimes": {**self.base.runtimes, **{m: r.choice for m, r in phase0.items()}}
-                })
+                self.base = self.base.model_copy(
+                    update={"runtimes": {**self.base.runtimes, **{m: r.choice for m, r in phase0.items()}}}
+                )
                 tuned, sizes, phase1 = self._phase1(plan, grid, sample.texts)
-                base = self.base.model_copy(update={
-                    "token_budgets": {**self.base.token_budgets, **{m: c["token_budget"] for m, c in tuned.items()}},
-                    "max_batch_sizes": {**self.base.max_batch_sizes, **{m: c["max_batch_size"] for m, c in tuned.items()}},
-                })
+                base = self.base.model_copy(
+                    update={
+                        "token_budgets": {
+                            **self.base.token_budgets,
+                            **{m: c["token_budget"] for m, c in tuned.items()},
+                        },
+                        "max_batch_sizes": {
+                            **self.base.max_batch_sizes,
+                            **{m: c["max_batch_size"] for m, c in tuned.items()},
+                        },
+                    }
+                )
                 memory = plan.memory_budget / self.base.memory_fraction  # host RAM or device memory, per worker
                 fractions = self._fractions(sizes, memory)
                 rate = min(s.best.outcome.figures["rows_per_s"] for s in phase1.values()) / len(self.request.models)
-                rows = int(min(self.request.sample_rows, max(MIN_CLUSTER_ROWS, rate * CLUSTER_TRIAL_SECONDS)) // 64 * 64)
+                rows = int(
+                    min(self.request.sample_rows, max(MIN_CLUSTER_ROWS, rate * CLUSTER_TRIAL_SECONDS)) // 64 * 64
+                )
                 self._describe(f"sampling {rows} rows for cluster trials")
-                cluster_sample = draw_sample(self.request.input, rows, scratch / "cluster-sample", self.request.text_column)
-                trials = ClusterTrials(base, self.catalog, self.request.catalog, self.request.models, cluster_sample,
-                                       scratch, fractions, self.request.online_rate, p99_ms)
+                cluster_sample = draw_sample(
+                    self.request.input, rows, scratch / "cluster-sample", self.request.text_column
+                )
+                trials = ClusterTrials(
+                    base,
+                    self.catalog,
+                    self.request.catalog,
+                    self.request.models,
+                    cluster_sample,
+                    scratch,
+                    fractions,
+                    self.request.online_rate,
+                    p99_ms,
+                )
                 try:
                     phase2 = self._phase2(trials, base, plan, fractions)
                 finally:
@@ -155,21 +187,29 @@ class Tuner:
                     phase0 = self._retime_phase0(phase0, dataclasses.replace(plan, threads=threads), sample.texts)
             fields = {**profile_fields(base), **trials.profile_fields(phase2.best.config)}
             if phase0:
-                fields["runtimes"] = {**fields.get("runtimes", {}),
-                                      **{m: r.choice.model_dump(exclude_none=True) for m, r in phase0.items()}}
+                fields["runtimes"] = {
+                    **fields.get("runtimes", {}),
+                    **{m: r.choice.model_dump(exclude_none=True) for m, r in phase0.items()},
+                }
             fields["name"] = self.path.stem
             comments = self._comments(plan, sample, cluster_sample, phase1, phase2, fractions, sizes, memory, p99_ms)
-            comments[comments.index("") + 1:comments.index("") + 1] = self._phase0_comments(phase0)
+            comments[comments.index("") + 1 : comments.index("") + 1] = self._phase0_comments(phase0)
             profile = write_profile(self.path, fields, comments)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         searches = [*phase1.values(), phase2]
-        report = TuneReport(self.path, profile, self.rows, time.monotonic() - self.began,
-                            sum(len(s.trials) for s in searches), sum(s.grid_size for s in searches))
+        report = TuneReport(
+            self.path,
+            profile,
+            self.rows,
+            time.monotonic() - self.began,
+            sum(len(s.trials) for s in searches),
+            sum(s.grid_size for s in searches),
+        )
         self.console.print(self._table())
         self.console.print(
-            f"{report.trials} trials in {report.seconds:.0f} s (the full grids: {report.grid}); "
-            f"wrote {self.path}", highlight=False,
+            f"{report.trials} trials in {report.seconds:.0f} s (the full grids: {report.grid}); wrote {self.path}",
+            highlight=False,
         )
         return report
 
@@ -201,9 +241,11 @@ class Tuner:
     def _phase0_comments(self, phase0: dict[str, RuntimeSearch]) -> list[str]:
         if not phase0:
             return []
-        lines = ["Phase 0, per model: runtime x dtype. Each candidate judged by the quality gate against fp32 torch on",
-                 "the sample (cosine mean >= 0.999, min >= 0.99; nDCG@10 on datasets/pydoc-sections within 0.005), then",
-                 "those that pass timed in back-to-back pairs with fp32 torch (median of the pairs' ratios):"]
+        lines = [
+            "Phase 0, per model: runtime x dtype. Each candidate judged by the quality gate against fp32 torch on",
+            "the sample (cosine mean >= 0.999, min >= 0.99; nDCG@10 on datasets/pydoc-sections within 0.005), then",
+            "those that pass timed in back-to-back pairs with fp32 torch (median of the pairs' ratios):",
+        ]
         for name, search in phase0.items():
             lines.extend(search.lines(name))
         return lines
@@ -220,10 +262,17 @@ class Tuner:
             start = {"token_budget": spec.budget_for(plan.kind), "max_batch_size": spec.max_batch_size}
             trials = EmbedderTrials(spec, plan, texts, self.base.rows_per_item, reference=start)
             try:
-                dims = [Dimension("token_budget", grid["token_budget"]), Dimension("max_batch_size", grid["max_batch_size"])]
+                dims = [
+                    Dimension("token_budget", grid["token_budget"]),
+                    Dimension("max_batch_size", grid["max_batch_size"]),
+                ]
                 search = CoordinateSearch(
-                    dims, start, self._labelled(trials, f"1 {name}"), self.request.min_gain,
-                    deadline=min(self.deadline, time.monotonic() + share), on_trial=self._recorder(f"1 {name}"),
+                    dims,
+                    start,
+                    self._labelled(trials, f"1 {name}"),
+                    self.request.min_gain,
+                    deadline=min(self.deadline, time.monotonic() + share),
+                    on_trial=self._recorder(f"1 {name}"),
                 )
                 searches[name] = search.run()
                 sizes[name] = trials.memory_bytes
@@ -249,8 +298,14 @@ class Tuner:
         if len(fractions) > 1:
             dims.append(Dimension("models_per_device", tuple(sorted(fractions))))
             start["models_per_device"] = max(fractions)
-        search = CoordinateSearch(dims, start, self._labelled(trials, "2 cluster"), self.request.min_gain,
-                                  deadline=self.deadline, on_trial=self._recorder("2 cluster"))
+        search = CoordinateSearch(
+            dims,
+            start,
+            self._labelled(trials, "2 cluster"),
+            self.request.min_gain,
+            deadline=self.deadline,
+            on_trial=self._recorder("2 cluster"),
+        )
         return search.run()
 
     def _fractions(self, sizes: dict[str, int], memory: float) -> dict[int, float]:
@@ -262,7 +317,9 @@ class Tuner:
             if fraction <= self.request.max_memory_fraction:
                 fractions[k] = max(fraction, 0.001)
         if not fractions:
-            raise ValueError(f"not even one model fits in {self.request.max_memory_fraction:.0%} of this device's memory")
+            raise ValueError(
+                f"not even one model fits in {self.request.max_memory_fraction:.0%} of this device's memory"
+            )
         if len(sizes) == 1:  # nothing to trade: keep the base profile's room for models
             return {1: self.base.memory_fraction}
         return fractions
@@ -286,25 +343,47 @@ class Tuner:
                 self.other_cpu.append(figures["other_cpu"])
             first = next((row["trial"] for row in self.rows if row["phase"] == phase), trial)
             vs_start = trial.outcome.figures.get("vs_start") or trial.outcome.score / max(first.outcome.score, 1e-9)
-            self.rows.append({"phase": phase, "trial": trial, "config": _config_text(trial.config), "vs_start": vs_start})
+            self.rows.append(
+                {"phase": phase, "trial": trial, "config": _config_text(trial.config), "vs_start": vs_start}
+            )
             self.progress.update(self.task, trials=len(self.rows), completed=time.monotonic() - self.began)
-            self.progress.console.print(f"  {phase} #{trial.index} {_config_text(trial.config)}: {_figures_text(trial)}",
-                                        highlight=False)
+            self.progress.console.print(
+                f"  {phase} #{trial.index} {_config_text(trial.config)}: {_figures_text(trial)}", highlight=False
+            )
 
         return record
 
     def _table(self) -> Table:
         table = Table(title=f"shoal tune: {len(self.rows)} trials")
-        for column in ("phase", "#", "configuration", "rows/s", "vs start", "p99 ms", "padding", "other CPU", "keeps limits", "s", "chosen"):
+        for column in (
+            "phase",
+            "#",
+            "configuration",
+            "rows/s",
+            "vs start",
+            "p99 ms",
+            "padding",
+            "other CPU",
+            "keeps limits",
+            "s",
+            "chosen",
+        ):
             table.add_column(column)
         chosen = {id(row["trial"]) for row in self.rows if row.get("chosen")}
         for row in self.rows:
             trial: Trial = row["trial"]
             f = trial.outcome.figures
             table.add_row(
-                row["phase"], str(trial.index), row["config"], f"{f.get('rows_per_s', 0):.1f}", f"{row['vs_start']:.2f}x",
-                _or_dash(f.get("p99_ms")), _percent(f.get("padding")), _percent(f.get("other_cpu")),
-                "yes" if trial.outcome.feasible else f"no {trial.outcome.note}".strip(), f"{trial.seconds:.0f}",
+                row["phase"],
+                str(trial.index),
+                row["config"],
+                f"{f.get('rows_per_s', 0):.1f}",
+                f"{row['vs_start']:.2f}x",
+                _or_dash(f.get("p99_ms")),
+                _percent(f.get("padding")),
+                _percent(f.get("other_cpu")),
+                "yes" if trial.outcome.feasible else f"no {trial.outcome.note}".strip(),
+                f"{trial.seconds:.0f}",
                 "*" if id(trial) in chosen else "",
             )
         return table
@@ -331,7 +410,9 @@ class Tuner:
                 "re-run on a quiet machine (`make tune`)."
             )
         lines.append("")
-        lines.append("Phase 1, per model: token budget x batch cap, in-process on the worker's runtime of phase 0's choice; each trial")
+        lines.append(
+            "Phase 1, per model: token budget x batch cap, in-process on the worker's runtime of phase 0's choice; each trial"
+        )
         lines.append("timed in alternation with the start configuration (vs start: ratio of best runs, drift-proof):")
         for name, search in phase1.items():
             first, best = search.trials[0], search.best
@@ -343,12 +424,17 @@ class Tuner:
             )
         first, best = phase2.trials[0], phase2.best
         target = f"p99 target {p99_ms:g} ms" if p99_ms else "p99 measured, no target (--p99-ms sets one)"
-        online = (f"online load {self.request.online_rate:g} req/s on the gateway, {target}"
-                  if self.request.online_rate else "batch only (no online load measured)")
+        online = (
+            f"online load {self.request.online_rate:g} req/s on the gateway, {target}"
+            if self.request.online_rate
+            else "batch only (no online load measured)"
+        )
         lines.append(f"Phase 2: cluster layout, embed jobs over the sample on embedded clusters, {online}:")
         lines.append(f"  start {_config_text(first.config)}: {_figures_text(first)}")
-        lines.append(f"  chosen {_config_text(best.config)}: {_figures_text(best)} "
-                     f"({best.outcome.score / max(first.outcome.score, 1e-9):.2f}x the start, timed apart)")
+        lines.append(
+            f"  chosen {_config_text(best.config)}: {_figures_text(best)} "
+            f"({best.outcome.score / max(first.outcome.score, 1e-9):.2f}x the start, timed apart)"
+        )
         lines.append(f"  {len(phase2.trials)} trials of a {phase2.grid_size} grid, {phase2.stopped}.")
         if len(sizes) > 1:
             lines.append(f"  models per device -> memory_fraction: {fractions} (per worker, of {memory / 1e9:.1f} GB)")
@@ -356,8 +442,10 @@ class Tuner:
         for row in self.rows:
             trial = row["trial"]
             mark = " <- chosen" if row.get("chosen") else ""
-            lines.append(f"  {row['phase']} #{trial.index} {row['config']}: {_figures_text(trial)}, "
-                         f"{row['vs_start']:.2f}x start{mark}")
+            lines.append(
+                f"  {row['phase']} #{trial.index} {row['config']}: {_figures_text(trial)}, "
+                f"{row['vs_start']:.2f}x start{mark}"
+            )
         lines.append("")
         return lines
 
@@ -366,8 +454,12 @@ def tune(request: TuneRequest, console: Console) -> TuneReport:
     return Tuner(request, console).run()
 
 
-SHORT_NAMES = {"token_budget": "budget", "max_batch_size": "batch", "rows_per_item": "rows/item",
-               "models_per_device": "models/device"}
+SHORT_NAMES = {
+    "token_budget": "budget",
+    "max_batch_size": "batch",
+    "rows_per_item": "rows/item",
+    "models_per_device": "models/device",
+}
 
 
 def _config_text(config: dict) -> str:

@@ -46,12 +46,25 @@ class Gpu:
 
 GPUS = {
     "l4": Gpu("NVIDIA L4", 24, 121, 300, 8, "NVIDIA L4 datasheet (242 TFLOPS FP16 sparse); GCP g2-standard-8"),
-    "a100-80gb": Gpu("NVIDIA A100 80GB SXM", 80, 312, 2039, 12,
-                     "NVIDIA A100 datasheet (624 TFLOPS FP16 sparse); GCP a2-ultragpu-1g"),
-    "h100": Gpu("NVIDIA H100 SXM 80GB", 80, 989, 3350, 26,
-                "NVIDIA H100 datasheet (1,979 TFLOPS FP16 sparse); GCP a3-highgpu-8g (208 vCPU / 8)"),
-    "h200": Gpu("NVIDIA H200 SXM 141GB", 141, 989, 4800, 24,
-                "NVIDIA H200 datasheet (1,979 TFLOPS FP16 sparse); AWS p5e.48xlarge (192 vCPU / 8)"),
+    "a100-80gb": Gpu(
+        "NVIDIA A100 80GB SXM", 80, 312, 2039, 12, "NVIDIA A100 datasheet (624 TFLOPS FP16 sparse); GCP a2-ultragpu-1g"
+    ),
+    "h100": Gpu(
+        "NVIDIA H100 SXM 80GB",
+        80,
+        989,
+        3350,
+        26,
+        "NVIDIA H100 datasheet (1,979 TFLOPS FP16 sparse); GCP a3-highgpu-8g (208 vCPU / 8)",
+    ),
+    "h200": Gpu(
+        "NVIDIA H200 SXM 141GB",
+        141,
+        989,
+        4800,
+        24,
+        "NVIDIA H200 datasheet (1,979 TFLOPS FP16 sparse); AWS p5e.48xlarge (192 vCPU / 8)",
+    ),
 }
 
 

@@ -40,11 +40,15 @@ class RuntimeSearch:
             speed = f"{self.speedups[label]:.2f}x fp32" if label in self.speedups else "not timed"
             figures = ", ".join(f"{k} {x:.4f}" for k, x in v.figures.items())
             verdict = "pass" if v.passed else "refused (" + "; ".join(v.failures) + ")"
-            chosen = " <- chosen" if (v.choice.runtime, v.choice.dtype) == (self.choice.runtime, self.choice.dtype) else ""
+            chosen = (
+                " <- chosen" if (v.choice.runtime, v.choice.dtype) == (self.choice.runtime, self.choice.dtype) else ""
+            )
             rows.append(f"  {model} {label}: {speed}, {figures}: {verdict}{chosen}")
         if self.earlier:
-            rows.append(f"  {model}: speeds above re-timed at the chosen layout's {self.threads} thread(s) per worker; "
-                        f"at phase 0's threads: {self.earlier}")
+            rows.append(
+                f"  {model}: speeds above re-timed at the chosen layout's {self.threads} thread(s) per worker; "
+                f"at phase 0's threads: {self.earlier}"
+            )
         return rows
 
 
@@ -55,7 +59,7 @@ def paired_speedup(candidate, reference, texts: list[str], pairs: int = PAIRS) -
     ratios = []
     for r in range(pairs):
         seconds: dict[bool, float] = {}
-        for is_candidate in ((True, False) if r % 2 == 0 else (False, True)):
+        for is_candidate in (True, False) if r % 2 == 0 else (False, True):
             with MachineMeter() as meter:
                 (candidate if is_candidate else reference).embed(texts)
             seconds[is_candidate] = meter.seconds

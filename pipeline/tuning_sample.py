@@ -19,7 +19,6 @@ import pyarrow.parquet as pq
 
 from .planner import PlanError, list_shards
 
-
 ROW_GROUP = 64
 
 

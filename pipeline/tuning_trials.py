@@ -49,8 +49,9 @@ class EmbedderTrials:
     best runs: a drift-proof "times faster than the start, here and now".
     """
 
-    def __init__(self, spec: ModelSpec, plan, texts: list[str], rows_per_item: int, reference: Config,
-                 repeats: int = 2) -> None:
+    def __init__(
+        self, spec: ModelSpec, plan, texts: list[str], rows_per_item: int, reference: Config, repeats: int = 2
+    ) -> None:
         from workers.runtimes import load_runtime
 
         self.spec = spec
@@ -68,7 +69,7 @@ class EmbedderTrials:
         try:
             for r in range(self.repeats):
                 order = [config, self.reference] if r % 2 == 0 else [self.reference, config]
-                for which in ([config] if config == self.reference else order):
+                for which in [config] if config == self.reference else order:
                     runs[which is self.reference].append(self._time(which))
         except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one
             if "out of memory" not in str(exc):
@@ -79,8 +80,12 @@ class EmbedderTrials:
         reference = min(runs[True] or runs[False], key=lambda m: m.seconds)
         return Outcome(
             reference.seconds / best.seconds,
-            figures={"rows_per_s": round(self.rows / best.seconds, 1), "vs_start": round(reference.seconds / best.seconds, 3),
-                     "padding": round(self._padding(config), 3), "other_cpu": _share(best.other_share)},
+            figures={
+                "rows_per_s": round(self.rows / best.seconds, 1),
+                "vs_start": round(reference.seconds / best.seconds, 3),
+                "padding": round(self._padding(config), 3),
+                "other_cpu": _share(best.other_share),
+            },
         )
 
     def _time(self, config: Config) -> MachineMeter:
@@ -157,8 +162,12 @@ class ClusterTrials:
         except Exception as exc:  # a layout that cannot run is a result, not a crash
             self.close()
             return Outcome(0.0, math.inf, note=f"{type(exc).__name__}: {exc}"[:200])
-        figures: dict[str, Any] = {"rows_per_s": round(rows / seconds, 1), "cluster_start_s": started,
-                                   "other_cpu": _share(meter.other_share), **online}
+        figures: dict[str, Any] = {
+            "rows_per_s": round(rows / seconds, 1),
+            "cluster_start_s": started,
+            "other_cpu": _share(meter.other_share),
+            **online,
+        }
         violation = 0.0
         if failed:
             return Outcome(rows / seconds, math.inf, figures, note=f"{failed} failed parts")

@@ -28,12 +28,20 @@ def gateway_settings(port: int | None, host: str | None, profile: str | None) ->
 
 
 @click.command()
-@click.option("--shoal-gateway-port", type=int, default=None, help="Serve the online gateway on this port (0: any free one).")
-@click.option("--shoal-gateway-host", default=None, help="Address the gateway binds; default 127.0.0.1 (loopback only).")
+@click.option(
+    "--shoal-gateway-port", type=int, default=None, help="Serve the online gateway on this port (0: any free one)."
+)
+@click.option(
+    "--shoal-gateway-host", default=None, help="Address the gateway binds; default 127.0.0.1 (loopback only)."
+)
 @click.option("--shoal-profile", default=None, help="Profile name or YAML path whose `gateway:` limits apply.")
-async def dask_setup(scheduler, shoal_gateway_port: int | None, shoal_gateway_host: str | None, shoal_profile: str | None) -> None:
+async def dask_setup(
+    scheduler, shoal_gateway_port: int | None, shoal_gateway_host: str | None, shoal_profile: str | None
+) -> None:
     if NAME in scheduler.plugins:
         return
     settings = gateway_settings(shoal_gateway_port, shoal_gateway_host, shoal_profile)
     models = {n: s.model_dump() for n, s in load_catalog().models.items()} if settings else None
-    await scheduler.register_scheduler_plugin(ShoalScheduler(gateway=settings, models=models), name=NAME, idempotent=True)
+    await scheduler.register_scheduler_plugin(
+        ShoalScheduler(gateway=settings, models=models), name=NAME, idempotent=True
+    )

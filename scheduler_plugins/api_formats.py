@@ -20,7 +20,6 @@ from configs import GatewaySettings
 
 from .wire import MSGPACK, RequestError
 
-
 PRECISIONS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")  # as batch jobs store them
 WIRE_DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1", "uint8": "u1", "binary": "i1", "ubinary": "u1"}
 
@@ -36,13 +35,19 @@ class EncodeCall:
     ranges: list[list[float]] | None = None  # int8/uint8: the batch job's calibration (its manifest's vectors.ranges)
 
     def payload(self) -> dict[str, Any]:
-        compact = {k: v for k, v in (("precision", self.precision), ("dim", self.dim), ("ranges", self.ranges)) if v not in (None, "float32")}
+        compact = {
+            k: v
+            for k, v in (("precision", self.precision), ("dim", self.dim), ("ranges", self.ranges))
+            if v not in (None, "float32")
+        }
         return {"texts": self.texts, "truncate": self.truncate, "dtype": self.dtype, **compact}
 
     def check_dim(self, spec: dict[str, Any]) -> None:
         """A shorter dimension only: the model's vectors cannot be made longer."""
         if self.dim is not None and self.dim > spec["dim"]:
-            raise RequestError(400, f"model {self.model!r} gives {spec['dim']} dimensions, fewer than the {self.dim} asked for")
+            raise RequestError(
+                400, f"model {self.model!r} gives {spec['dim']} dimensions, fewer than the {self.dim} asked for"
+            )
 
     @property
     def inputs(self) -> int:
@@ -167,8 +172,9 @@ def encode_call(model: str, body: Any, limits: GatewaySettings) -> EncodeCall:
     texts = _within_limits(request.texts, "texts", request.truncate, limits)
     if request.precision in ("int8", "uint8") and request.ranges is None:
         raise RequestError(
-            422, f"precision {request.precision} needs `ranges`: the [min, max] per dimension of the batch job whose "
-            "vectors these are compared with (its _manifest.json vectors.ranges)"
+            422,
+            f"precision {request.precision} needs `ranges`: the [min, max] per dimension of the batch job whose "
+            "vectors these are compared with (its _manifest.json vectors.ranges)",
         )
     if request.ranges is not None and (len(request.ranges) != 2 or len(request.ranges[0]) != len(request.ranges[1])):
         raise RequestError(400, "invalid request: ranges must be two lists of equal length (minimum, maximum)")

@@ -77,8 +77,21 @@ def render(figures: dict[str, Any], address: str) -> str:
         ]
         for name, m in models.items()
     ]
-    out.append(_table("Queues and throughput per model",
-                      ["model", "online queued", "online unanswered", "batch queued", "rows/s", "rows done", "rows per compute s"], rows))
+    out.append(
+        _table(
+            "Queues and throughput per model",
+            [
+                "model",
+                "online queued",
+                "online unanswered",
+                "batch queued",
+                "rows/s",
+                "rows done",
+                "rows per compute s",
+            ],
+            rows,
+        )
+    )
     rows = [
         [
             escape(address),
@@ -91,7 +104,9 @@ def render(figures: dict[str, Any], address: str) -> str:
         ]
         for address, w in sorted(workers.items())
     ]
-    out.append(_table("Workers", ["worker", "leased", "resident models", "model budget", "free", "loads", "evictions"], rows))
+    out.append(
+        _table("Workers", ["worker", "leased", "resident models", "model budget", "free", "loads", "evictions"], rows)
+    )
     rows = [
         [
             escape(job_id),

@@ -66,9 +66,20 @@ TOO_MANY_CONNECTIONS = (
     b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 )
 ERROR_TYPES = {
-    400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-    408: "body_timeout", 413: "too_large", 415: "unsupported_media_type", 422: "unprocessable", 429: "overloaded",
-    500: "internal", 501: "not_implemented", 502: "worker_error", 503: "unavailable", 504: "timeout",
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "body_timeout",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "unprocessable",
+    429: "overloaded",
+    500: "internal",
+    501: "not_implemented",
+    502: "worker_error",
+    503: "unavailable",
+    504: "timeout",
 }
 MODEL = web.RequestKey("shoal_model", str)  # metrics label, set once the route knows it
 REPLY = web.RequestKey("shoal_reply", str)  # media type of the answer, errors included
@@ -106,7 +117,10 @@ class Gateway:
         # aiohttp's keep-alive timer runs from a connection's opening and from each answer until the
         # next request head is complete: it is the header timeout (and the idle keep-alive one).
         self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, keepalive_timeout=settings.header_timeout_seconds,
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=settings.header_timeout_seconds,
             logger=HTTP_LOGGER,
         )
 
@@ -189,7 +203,9 @@ class Gateway:
             self.metrics.answered(model, response.status, time.perf_counter() - started, request.get(TIMING))
         return response
 
-    def _error(self, request: web.Request, status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    def _error(
+        self, request: web.Request, status: int, message: str, headers: dict[str, str] | None = None
+    ) -> web.Response:
         # A message may echo what the client sent (a header's undecodable bytes are lone surrogates).
         message = message.encode("utf-8", "backslashreplace").decode()
         body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"), "code": status}}
@@ -224,7 +240,8 @@ class Gateway:
                 return await request.read()
         except TimeoutError:
             raise RequestError(
-                408, f"the body did not arrive within {self.settings.body_timeout_seconds:g} s",
+                408,
+                f"the body did not arrive within {self.settings.body_timeout_seconds:g} s",
                 {"Connection": "close"},
             ) from None
         except (ConnectionError, ClientPayloadError) as exc:
@@ -313,8 +330,13 @@ class Gateway:
         loaded = self.backend.loaded_counts()
         data = [
             {
-                "id": name, "object": "model", "owned_by": "shoal", "kind": spec["kind"], "dim": spec["dim"],
-                "max_seq_length": spec["max_seq_length"], "resident_workers": loaded.get(name, 0),
+                "id": name,
+                "object": "model",
+                "owned_by": "shoal",
+                "kind": spec["kind"],
+                "dim": spec["dim"],
+                "max_seq_length": spec["max_seq_length"],
+                "resident_workers": loaded.get(name, 0),
             }
             for name, spec in sorted(self.backend.specs().items())
         ]

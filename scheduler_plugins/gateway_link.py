@@ -59,7 +59,10 @@ class SchedulerLink:
     """A gateway process's link to the scheduler's online queue."""
 
     def __init__(
-        self, address: str, connection_args: dict[str, Any] | None = None, models: dict[str, dict[str, Any]] | None = None
+        self,
+        address: str,
+        connection_args: dict[str, Any] | None = None,
+        models: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         """`models`: specs to register with the scheduler on each connection (the gateway's catalog)."""
         self.address = address
@@ -127,8 +130,12 @@ class SchedulerLink:
         self._outgoing.append([request_id, model, op, payload, rows, timeout])
         self._flush_soon()
         # The scheduler answers 504 at the deadline; this only covers an answer lost on the way.
-        late = loop.call_later(timeout + LATE_ANSWER_SECONDS, self._resolve, request_id,
-                               {"status": 504, "error": f"no answer within {timeout:g} s"})
+        late = loop.call_later(
+            timeout + LATE_ANSWER_SECONDS,
+            self._resolve,
+            request_id,
+            {"status": 504, "error": f"no answer within {timeout:g} s"},
+        )
         try:
             return await future
         except asyncio.CancelledError:  # the client went away: the scheduler drops the request
@@ -162,7 +169,9 @@ class SchedulerLink:
                 gateway=self.name, requests=requests, settings=self._settings, cancel=cancel
             )
         except Exception as exc:  # the scheduler is gone: these requests were never queued
-            logger.warning("could not send %d requests to %s (%s: %s)", len(requests), self.address, type(exc).__name__, exc)
+            logger.warning(
+                "could not send %d requests to %s (%s: %s)", len(requests), self.address, type(exc).__name__, exc
+            )
             for request in requests:
                 self._resolve(request[0], {"status": 503, "error": "the scheduler is not reachable; retry shortly"})
 
@@ -190,7 +199,9 @@ class SchedulerLink:
                 raise
             except Exception as exc:
                 if self.connected:
-                    logger.warning("gateway lost the scheduler at %s (%s: %s); reconnecting", self.address, type(exc).__name__, exc)
+                    logger.warning(
+                        "gateway lost the scheduler at %s (%s: %s); reconnecting", self.address, type(exc).__name__, exc
+                    )
                 self.connected = False
                 self._answer_all({"status": 503, "error": "the scheduler connection was lost; retry shortly"})
                 await asyncio.sleep(RECONNECT_SECONDS)

@@ -36,13 +36,16 @@ class GatewayMetrics:
         self.requests = Counter(
             "shoal_online_requests",
             "Online requests answered, by model and HTTP status (499: the client left before its body arrived)",
-            ["model", "status"], registry=self.registry,
+            ["model", "status"],
+            registry=self.registry,
         )
         self.latency = Histogram(
             "shoal_online_latency_seconds",
             "Online request latency by stage: queue (enqueued to leased), compute (the model call "
             "of its group), total (request read to response ready)",
-            ["model", "stage"], buckets=LATENCY_BUCKETS, registry=self.registry,
+            ["model", "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.in_flight = Gauge("shoal_online_in_flight", "Online requests being answered", registry=self.registry)
         self.registry.register(_QueueDepths(queue_depths))

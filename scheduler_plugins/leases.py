@@ -47,7 +47,11 @@ class Leases:
         out = []
         while self._deadlines and self._deadlines[0][0] < now:
             deadline, _, work = heapq.heappop(self._deadlines)
-            if work.state is ItemState.LEASED and work.deadline == deadline and work.id in self.of_worker(work.worker or ""):
+            if (
+                work.state is ItemState.LEASED
+                and work.deadline == deadline
+                and work.id in self.of_worker(work.worker or "")
+            ):
                 out.append(work)
         return out
 
@@ -57,5 +61,7 @@ class Leases:
     def _push(self, work: WorkItem) -> None:
         heapq.heappush(self._deadlines, (work.deadline, next(self._order), work))
         if len(self._deadlines) > 4 * self._count + 1024:
-            self._deadlines = [(w.deadline, next(self._order), w) for held in self.by_worker.values() for w in held.values()]
+            self._deadlines = [
+                (w.deadline, next(self._order), w) for held in self.by_worker.values() for w in held.values()
+            ]
             heapq.heapify(self._deadlines)

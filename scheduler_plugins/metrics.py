@@ -87,7 +87,10 @@ class ShoalMetrics:
             },
             "workers": workers,
             "jobs": {
-                job_id: {key: job[key] for key in ("rows_done", "rows_total", "done", "failed", "items", "elapsed", "complete")}
+                job_id: {
+                    key: job[key]
+                    for key in ("rows_done", "rows_total", "done", "failed", "items", "elapsed", "complete")
+                }
                 for job_id, job in overview["jobs"].items()
                 if job_id not in standing
             },
@@ -98,10 +101,16 @@ class ShoalMetrics:
         figures = self.figures()
         models, workers = figures["models"], figures["workers"]
         depth = GaugeMetricFamily("shoal_queue_depth", "Items waiting in the pull queue", labels=["model", "priority"])
-        pending = GaugeMetricFamily("shoal_online_pending", "Online requests not answered yet (queued or leased)", labels=["model"])
+        pending = GaugeMetricFamily(
+            "shoal_online_pending", "Online requests not answered yet (queued or leased)", labels=["model"]
+        )
         rows = CounterMetricFamily("shoal_rows", "Batch rows done (acked), by model", labels=["model"])
-        compute = CounterMetricFamily("shoal_compute_seconds", "Worker compute seconds of acked batch items", labels=["model"])
-        rate = GaugeMetricFamily("shoal_rows_per_second", f"Batch rows/s over the last {RATE_WINDOW_SECONDS:g} s", labels=["model"])
+        compute = CounterMetricFamily(
+            "shoal_compute_seconds", "Worker compute seconds of acked batch items", labels=["model"]
+        )
+        rate = GaugeMetricFamily(
+            "shoal_rows_per_second", f"Batch rows/s over the last {RATE_WINDOW_SECONDS:g} s", labels=["model"]
+        )
         for model, f in models.items():
             depth.add_metric([model, "online"], f["online"])
             depth.add_metric([model, "batch"], f["batch"])
@@ -110,9 +119,15 @@ class ShoalMetrics:
             compute.add_metric([model], f["compute_seconds"])
             rate.add_metric([model], f["rows_per_second"])
         leased = GaugeMetricFamily("shoal_leased_items", "Items leased to a worker, not yet acked", labels=["worker"])
-        resident = GaugeMetricFamily("shoal_resident_model", "1 for each model resident on a worker", labels=["worker", "model"])
-        budget = GaugeMetricFamily("shoal_model_budget_bytes", "Memory a worker's resident models may use", labels=["worker"])
-        free = GaugeMetricFamily("shoal_model_free_bytes", "Of that budget, not used by resident models", labels=["worker"])
+        resident = GaugeMetricFamily(
+            "shoal_resident_model", "1 for each model resident on a worker", labels=["worker", "model"]
+        )
+        budget = GaugeMetricFamily(
+            "shoal_model_budget_bytes", "Memory a worker's resident models may use", labels=["worker"]
+        )
+        free = GaugeMetricFamily(
+            "shoal_model_free_bytes", "Of that budget, not used by resident models", labels=["worker"]
+        )
         loads = CounterMetricFamily("shoal_model_loads", "Model loads on a worker", labels=["worker"])
         evictions = CounterMetricFamily("shoal_model_evictions", "Models evicted from a worker", labels=["worker"])
         for address, w in workers.items():
@@ -125,7 +140,11 @@ class ShoalMetrics:
                 free.add_metric([address], w["free_bytes"])
             loads.add_metric([address], w["loads"])
             evictions.add_metric([address], w["evictions"])
-        events = CounterMetricFamily("shoal_queue_events", "Pull-queue events: leased, acked, failed, lost, expired, dead, taken_back", labels=["event"])
+        events = CounterMetricFamily(
+            "shoal_queue_events",
+            "Pull-queue events: leased, acked, failed, lost, expired, dead, taken_back",
+            labels=["event"],
+        )
         for event, count in sorted(figures["events"].items()):
             events.add_metric([event], count)
         jobs = GaugeMetricFamily("shoal_jobs", "Jobs the queue holds", labels=["state"])

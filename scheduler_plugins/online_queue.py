@@ -160,7 +160,9 @@ class OnlineQueue:
             return
         held = bool(self.core.views.holders.get(model))
         spec = self.core.model_specs.get(model, {})
-        while (pull := self.pulls.take(model, held, lambda view: model in view.resident or can_host(spec, view))) is not None:
+        while (
+            pull := self.pulls.take(model, held, lambda view: model in view.resident or can_host(spec, view))
+        ) is not None:
             if pull.wake(model):  # else its timeout woke it: it leaves the index and the next one is asked
                 self._claims[model] = pull
                 return
@@ -185,14 +187,21 @@ class OnlineQueue:
             work = self.core.items.get(item_id)
             if work is not None and work.state is ItemState.LEASED:
                 lease_seconds = self.core.jobs[work.job].lease_seconds
-                result["timing"] = {"queue": leased_at(work, lease_seconds) - work.enqueued_at, "compute": compute_seconds}
+                result["timing"] = {
+                    "queue": leased_at(work, lease_seconds) - work.enqueued_at,
+                    "compute": compute_seconds,
+                }
             accepted += self.core.ack(worker, item_id, result)["accepted"]
         return {"accepted": accepted}
 
     # -- gateways in their own processes -------------------------------------------
 
     def remote_submit(
-        self, gateway: str, requests: list[list[Any]], settings: dict[str, Any] | None = None, cancel: list[int] | None = None
+        self,
+        gateway: str,
+        requests: list[list[Any]],
+        settings: dict[str, Any] | None = None,
+        cancel: list[int] | None = None,
     ) -> dict[str, Any]:
         """Queue a gateway's batch of requests: [[request id, model, op, payload, rows, timeout], ...].
 
@@ -216,7 +225,9 @@ class OnlineQueue:
                 remote.answer(request_id, refusal)
                 continue
             item, future = self.submit(model, op, payload, rows, remote.settings)
-            remote.track(request_id, item, future, min(float(timeout), remote.settings.request_timeout_seconds), self.cancel)
+            remote.track(
+                request_id, item, future, min(float(timeout), remote.settings.request_timeout_seconds), self.cancel
+            )
         return {"queued": len(requests)}
 
     async def remote_answers(self, gateway: str, timeout: float = 2.0) -> dict[str, Any]:

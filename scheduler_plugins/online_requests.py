@@ -37,8 +37,13 @@ class OnlineJob(Job):
     def new_item(self, op: str, payload: dict[str, Any], rows: int, priority: int) -> tuple[WorkItem, asyncio.Future]:
         self._next += 1
         item = WorkItem(
-            id=f"{self.id}/{self._next}", job=self.id, model=self.model, op=op,
-            payload=payload, priority=priority, rows=rows,
+            id=f"{self.id}/{self._next}",
+            job=self.id,
+            model=self.model,
+            op=op,
+            payload=payload,
+            priority=priority,
+            rows=rows,
         )
         future = asyncio.get_running_loop().create_future()
         self.items[item.id] = item

@@ -212,7 +212,10 @@ class Placement:
     def _cheapest_load(self, worker: WorkerView) -> float:
         """A lower bound of any model's load on `worker`."""
         if self._min_spec_load is None or self._min_spec_load[0] != len(self.specs):
-            cheapest = min((s.get("load_seconds") or DEFAULT_LOAD_SECONDS for s in self.specs.values()), default=DEFAULT_LOAD_SECONDS)
+            cheapest = min(
+                (s.get("load_seconds") or DEFAULT_LOAD_SECONDS for s in self.specs.values()),
+                default=DEFAULT_LOAD_SECONDS,
+            )
             self._min_spec_load = (len(self.specs), cheapest)
         measured = [s for s in worker.load_seconds.values() if s]
         return min([self._min_spec_load[1], *measured])
@@ -303,9 +306,7 @@ class Placement:
             heapq.heapify(self._waits)
 
     def _candidates(self) -> list[tuple[WorkItem, float]]:
-        return [
-            (item, self._pushed_waits[item.id]) for items in self._unstarted.values() for item in items.values()
-        ]
+        return [(item, self._pushed_waits[item.id]) for items in self._unstarted.values() for item in items.values()]
 
     def _forget_candidate(self, holder: str, work: WorkItem) -> bool:
         """Drop `work` from the take-back candidates: True if it was one."""

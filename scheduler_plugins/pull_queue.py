@@ -184,7 +184,12 @@ class ShoalScheduler(SchedulerPlugin):
         """
         state = self.scheduler.workers.get(worker)
         view = self.reported(
-            worker, resident, ready, budget=budget, free_bytes=free_bytes, load_seconds=load_seconds or {},
+            worker,
+            resident,
+            ready,
+            budget=budget,
+            free_bytes=free_bytes,
+            load_seconds=load_seconds or {},
             resources=dict(getattr(state, "resources", None) or {}),
         )
         if view is None:
@@ -225,7 +230,9 @@ class ShoalScheduler(SchedulerPlugin):
             self.queues.forget(work)
         self.unlease(work)
         if work.priority == BATCH:
-            self.placement.stats.record(work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0)))
+            self.placement.stats.record(
+                work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0))
+            )
             self.placement.model_changed(work.model)
         job = self.jobs[work.job]
         job.dead_letters.pop(work.id, None)
@@ -303,7 +310,9 @@ class ShoalScheduler(SchedulerPlugin):
     # -- the embedded gateway -------------------------------------------------
 
     async def gateway_start(
-        self, settings: dict[str, Any] | None = None, models: dict[str, dict[str, Any]] | None = None,
+        self,
+        settings: dict[str, Any] | None = None,
+        models: dict[str, dict[str, Any]] | None = None,
         replace: bool = False,
     ) -> dict[str, Any]:
         """Start the gateway serving `models` besides those known: {"url"}.
@@ -413,7 +422,9 @@ class ShoalScheduler(SchedulerPlugin):
 
     # -- internals ----------------------------------------------------------
 
-    def reported(self, worker: str, resident: list[str] | None, ready: list[str] | None, **capability: Any) -> WorkerView | None:
+    def reported(
+        self, worker: str, resident: list[str] | None, ready: list[str] | None, **capability: Any
+    ) -> WorkerView | None:
         """The view of `worker`, updated with what its pull reports; None for a removed worker.
 
         A late pull of a removed worker must not recreate its view: the view

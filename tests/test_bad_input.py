@@ -17,8 +17,13 @@ def shoal(cluster, tiny_catalog, test_profile):
 
     def run(*args: str):
         return run_shoal(
-            *args, "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address,
-            "--profile", str(test_profile),
+            *args,
+            "--catalog",
+            str(tiny_catalog),
+            "--scheduler",
+            client.scheduler.address,
+            "--profile",
+            str(test_profile),
         )
 
     return run
@@ -30,8 +35,17 @@ def test_missing_text_column_names_file_and_column(shoal, tmp_path):
     assert result.returncode == 2  # refused before any work is submitted
     assert "docs.parquet" in result.stderr and "no column 'text'" in result.stderr
     assert "body" in result.stderr  # the columns that are there
-    result = shoal("embed", str(tmp_path / "docs.parquet"), str(tmp_path / "out"), "--model", "tiny",
-                   "--text-column", "body", "--id-column", "doc_id")
+    result = shoal(
+        "embed",
+        str(tmp_path / "docs.parquet"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--text-column",
+        "body",
+        "--id-column",
+        "doc_id",
+    )
     assert result.returncode == 2 and "no column 'doc_id'" in result.stderr
 
 
@@ -45,8 +59,9 @@ def test_shard_missing_the_column_fails_alone(shoal, demo_texts, tmp_path):
 
 
 def test_without_id_column_rows_are_identified_by_source(shoal, tmp_path):
-    pq.write_table(pa.table({"text": [f"sentence number {i}" for i in range(250)]}), tmp_path / "noid.parquet",
-                   row_group_size=100)
+    pq.write_table(
+        pa.table({"text": [f"sentence number {i}" for i in range(250)]}), tmp_path / "noid.parquet", row_group_size=100
+    )
     result = shoal("embed", str(tmp_path / "noid.parquet"), str(tmp_path / "out"), "--model", "tiny", "--id-column", "")
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
@@ -56,8 +71,17 @@ def test_without_id_column_rows_are_identified_by_source(shoal, tmp_path):
 
 def test_unreachable_scheduler(tiny_catalog, tmp_path):
     pq.write_table(pa.table({"id": [1], "text": ["x"]}), tmp_path / "a.parquet")
-    result = run_shoal("embed", str(tmp_path / "a.parquet"), str(tmp_path / "out"), "--model", "tiny",
-                       "--catalog", str(tiny_catalog), "--scheduler", "tcp://127.0.0.1:9")
+    result = run_shoal(
+        "embed",
+        str(tmp_path / "a.parquet"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        "tcp://127.0.0.1:9",
+    )
     assert result.returncode == 2 and "cannot reach the scheduler at tcp://127.0.0.1:9" in result.stderr
 
 

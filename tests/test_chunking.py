@@ -53,7 +53,11 @@ def test_a_2000_token_text_gives_the_expected_windows(tokenizer, demo_texts):
     assert ranges[0][0] == 0 and ranges[-1][1] == len(ids)  # every token is in a window
     for n, (first, last) in enumerate(ranges):
         assert last - first <= content
-        assert tokenizer(windows.texts[n])["input_ids"] == [tokenizer.cls_token_id, *ids[first:last], tokenizer.sep_token_id]
+        assert tokenizer(windows.texts[n])["input_ids"] == [
+            tokenizer.cls_token_id,
+            *ids[first:last],
+            tokenizer.sep_token_id,
+        ]
         if n:
             assert ranges[n - 1][0] < first and ranges[n - 1][1] - first >= 32  # moves on, overlaps by 32 or more
     assert (windows.start[-1], windows.end[-1]) == (0, len("short one"))
@@ -74,8 +78,12 @@ def test_where_every_word_is_one_token_the_windows_are_exact(tokenizer):
 
 @pytest.mark.parametrize(
     "text, message",
-    [("tokens=0", "greater than 0"), ("tokens=64,overlap=64", "less than tokens"), ("overlap=3", "tokens=N is required"),
-     ("tokens=ten", "expected tokens=N")],
+    [
+        ("tokens=0", "greater than 0"),
+        ("tokens=64,overlap=64", "less than tokens"),
+        ("overlap=3", "tokens=N is required"),
+        ("tokens=ten", "expected tokens=N"),
+    ],
 )
 def test_bad_settings_say_what_is_wrong(text, message):
     with pytest.raises(ValueError, match=message):
@@ -84,22 +92,39 @@ def test_bad_settings_say_what_is_wrong(text, message):
 
 def write_corpus(directory, demo_texts, tokenizer) -> tuple[list[str], list[str | None]]:
     directory.mkdir()
-    texts = [long_text(demo_texts[i * 40 :], tokenizer, 150 + 40 * i) for i in range(8)] + demo_texts[500:560] + [None, ""]
+    texts = (
+        [long_text(demo_texts[i * 40 :], tokenizer, 150 + 40 * i) for i in range(8)] + demo_texts[500:560] + [None, ""]
+    )
     ids = [f"doc-{i}" for i in range(len(texts))]
     for shard, (lo, hi) in enumerate(((0, 30), (30, len(texts)))):
         pq.write_table(
-            pa.table({"id": ids[lo:hi], "text": pa.array(texts[lo:hi], pa.string())}), directory / f"s{shard}.parquet", row_group_size=10
+            pa.table({"id": ids[lo:hi], "text": pa.array(texts[lo:hi], pa.string())}),
+            directory / f"s{shard}.parquet",
+            row_group_size=10,
         )
     return ids, texts
 
 
-def test_chunked_embed_every_source_once_and_windows_equal_direct_encodes(cluster, tiny_model, tiny_catalog, tokenizer, demo_texts, tmp_path):
+def test_chunked_embed_every_source_once_and_windows_equal_direct_encodes(
+    cluster, tiny_model, tiny_catalog, tokenizer, demo_texts, tmp_path
+):
     from sentence_transformers import SentenceTransformer
 
     _, client = cluster
     ids, texts = write_corpus(tmp_path / "in", demo_texts, tokenizer)
-    args = ["embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny", "--catalog", str(tiny_catalog),
-            "--scheduler", client.scheduler.address, "--chunk", f"tokens={TOKENS},overlap={OVERLAP}"]
+    args = [
+        "embed",
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        "--chunk",
+        f"tokens={TOKENS},overlap={OVERLAP}",
+    ]
     result = invoke_shoal(*args)
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
@@ -112,7 +137,9 @@ def test_chunked_embed_every_source_once_and_windows_equal_direct_encodes(cluste
     by_id: dict[str, list] = {}
     for r in rows:
         by_id.setdefault(r["id"], []).append(r)
-    expected = token_windows(tokenizer, [t for t in texts if t is not None], ChunkSettings(tokens=TOKENS, overlap=OVERLAP))
+    expected = token_windows(
+        tokenizer, [t for t in texts if t is not None], ChunkSettings(tokens=TOKENS, overlap=OVERLAP)
+    )
     assert len(rows) == len(expected.texts) + 1  # the null text keeps one row, with no window
     null_row = by_id["doc-68"][0]
     assert null_row["embedding"] is None and null_row["chunk"] is None
@@ -136,13 +163,23 @@ def test_chunked_embed_every_source_once_and_windows_equal_direct_encodes(cluste
     assert sorted(resumed, key=str) == sorted(keys, key=str)
 
 
-def test_reindex_with_chunking_is_a_version_of_its_own_and_stays_exactly_once(cluster, tiny_catalog, tokenizer, demo_texts, tmp_path):
+def test_reindex_with_chunking_is_a_version_of_its_own_and_stays_exactly_once(
+    cluster, tiny_catalog, tokenizer, demo_texts, tmp_path
+):
     _, client = cluster
     ids, _ = write_corpus(tmp_path / "in", demo_texts, tokenizer)
     profile = write_profile(tmp_path, name="reindex", rows_per_item=10)
-    job = {"name": "docs", "input": str(tmp_path / "in"), "output": str(tmp_path / "out"), "model": "tiny",
-           "catalog": str(tiny_catalog), "profile": str(profile), "scheduler": client.scheduler.address,
-           "lock": {"settle_seconds": 0.1}, "chunk": {"tokens": TOKENS, "overlap": OVERLAP}}
+    job = {
+        "name": "docs",
+        "input": str(tmp_path / "in"),
+        "output": str(tmp_path / "out"),
+        "model": "tiny",
+        "catalog": str(tiny_catalog),
+        "profile": str(profile),
+        "scheduler": client.scheduler.address,
+        "lock": {"settle_seconds": 0.1},
+        "chunk": {"tokens": TOKENS, "overlap": OVERLAP},
+    }
     path = tmp_path / "docs.yaml"
 
     def reindex(**changes) -> tuple[str, list]:
@@ -170,14 +207,25 @@ def test_bad_chunk_settings_exit_2_before_any_work(tiny_catalog, tmp_path):
         ("tokens=32,overlap=32", "less than tokens"),
         (f"tokens={TINY_MAX_SEQ + 1}", f"more than model 'tiny' reads ({TINY_MAX_SEQ} tokens)"),
     ):
-        result = invoke_shoal("embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny",
-                              "--catalog", str(tiny_catalog), "--chunk", setting)
+        result = invoke_shoal(
+            "embed",
+            str(tmp_path / "in"),
+            str(tmp_path / "out"),
+            "--model",
+            "tiny",
+            "--catalog",
+            str(tiny_catalog),
+            "--chunk",
+            setting,
+        )
         assert result.returncode == 2, (setting, result.stderr)
         assert message in " ".join(result.stderr.split()), (setting, result.stderr)
     assert not (tmp_path / "out").exists()
 
 
-def test_run_retrieves_over_chunks_and_reports_documents(cluster, tiny_model, tiny_catalog, tokenizer, demo_texts, tmp_path):
+def test_run_retrieves_over_chunks_and_reports_documents(
+    cluster, tiny_model, tiny_catalog, tokenizer, demo_texts, tmp_path
+):
     from sentence_transformers import SentenceTransformer
 
     _, client = cluster
@@ -185,10 +233,17 @@ def test_run_retrieves_over_chunks_and_reports_documents(cluster, tiny_model, ti
     questions = [demo_texts[7 * 40 + 3], demo_texts[520][:60]]  # inside the long doc-7; a short doc's start
     pq.write_table(pa.table({"id": ids[:-2], "text": texts[:-2]}), tmp_path / "corpus.parquet")
     pq.write_table(pa.table({"qid": [0, 1], "text": questions}), tmp_path / "queries.parquet")
-    job = {"output": "out", "corpus": {"input": "corpus.parquet"}, "queries": {"input": "queries.parquet", "id_column": "qid"},
-           "embed": {"model": "tiny", "chunk": {"tokens": TOKENS, "overlap": OVERLAP}}, "retrieve": {"top_k": 5}}
+    job = {
+        "output": "out",
+        "corpus": {"input": "corpus.parquet"},
+        "queries": {"input": "queries.parquet", "id_column": "qid"},
+        "embed": {"model": "tiny", "chunk": {"tokens": TOKENS, "overlap": OVERLAP}},
+        "retrieve": {"top_k": 5},
+    }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    result = invoke_shoal("run", str(tmp_path / "job.yaml"), "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address)
+    result = invoke_shoal(
+        "run", str(tmp_path / "job.yaml"), "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address
+    )
     assert result.returncode == 0, result.stderr
     ranked = pq.read_table(tmp_path / "out" / "ranked.parquet").to_pylist()
 

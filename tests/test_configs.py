@@ -41,7 +41,9 @@ def test_bad_profile_field(tmp_path):
 
 def test_missing_source_directory_is_clear(tmp_path):
     path = tmp_path / "cat.yaml"
-    path.write_text(f"models:\n  mine:\n    kind: embedder\n    source: {tmp_path}/absent\n    dim: 3\n    max_seq_length: 8\n")
+    path.write_text(
+        f"models:\n  mine:\n    kind: embedder\n    source: {tmp_path}/absent\n    dim: 3\n    max_seq_length: 8\n"
+    )
     with pytest.raises(ConfigError, match="model 'mine': source directory .*absent.* does not exist"):
         load_catalog(path).get("mine").resolve_path()
 

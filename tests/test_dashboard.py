@@ -13,9 +13,8 @@ import time
 import urllib.request
 
 import pytest
-from rich.console import Console
-
 from conftest import write_shards
+from rich.console import Console
 
 MODEL = "tiny"
 
@@ -77,7 +76,7 @@ def test_page_shows_live_queue_workers_and_throughput(running_job):
     for heading in ("Queues and throughput per model", "Workers", "Batch jobs", "Queue events"):
         assert heading in html
     assert f"<td>{MODEL}</td>" in html
-    for address, worker in figures["workers"].items():
+    for address in figures["workers"]:
         assert address in html
     assert any(MODEL in w["resident"] for w in figures["workers"].values())
     job_id = next(iter(figures["jobs"]))

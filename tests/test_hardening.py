@@ -70,8 +70,13 @@ class Gateway:
 
     def post(self, path: str, body: bytes, kind: str = "application/json", headers: dict | None = None):
         """(status, decoded body) of one request sent as raw bytes: bodies no client library would send."""
-        head = {"Content-Type": kind, "Accept": "application/json", "Content-Length": str(len(body)),
-                "Connection": "close", **(headers or {})}
+        head = {
+            "Content-Type": kind,
+            "Accept": "application/json",
+            "Content-Length": str(len(body)),
+            "Connection": "close",
+            **(headers or {}),
+        }
         lines = [f"POST {path} HTTP/1.1".encode(), b"Host: shoal"]
         lines += [k.encode() + b": " + (v if isinstance(v, bytes) else v.encode()) for k, v in head.items()]
         with self.connect() as sock:
@@ -136,7 +141,10 @@ def _msgpack_with_poison(texts: list[str], index: int) -> bytes:
 ROUTES = {
     "native msgpack": ("/v1/encode/tiny", lambda texts: ("application/msgpack", msgpack.packb({"texts": texts}))),
     "native json": ("/v1/encode/tiny", lambda texts: ("application/json", json.dumps({"texts": texts}).encode())),
-    "openai": ("/v1/embeddings", lambda texts: ("application/json", json.dumps({"model": "tiny", "input": texts}).encode())),
+    "openai": (
+        "/v1/embeddings",
+        lambda texts: ("application/json", json.dumps({"model": "tiny", "input": texts}).encode()),
+    ),
 }
 
 
@@ -170,11 +178,14 @@ def test_a_poison_request_among_30_legitimate_ones_fails_alone_with_a_400_naming
         np.testing.assert_allclose(vector, direct[i], atol=1e-5)
 
 
-@pytest.mark.parametrize("path,body,where", [
-    ("/v1/rerank/tiny-reranker", {"query": POISON, "documents": ["a"]}, "query[0]"),
-    ("/v1/rerank/tiny-reranker", {"query": "q", "documents": ["a", "b", "c" + POISON]}, "documents[2]"),
-    ("/v1/rerank", {"model": "tiny-reranker", "query": "q", "documents": [{"text": POISON}]}, "documents[0]"),
-])
+@pytest.mark.parametrize(
+    "path,body,where",
+    [
+        ("/v1/rerank/tiny-reranker", {"query": POISON, "documents": ["a"]}, "query[0]"),
+        ("/v1/rerank/tiny-reranker", {"query": "q", "documents": ["a", "b", "c" + POISON]}, "documents[2]"),
+        ("/v1/rerank", {"model": "tiny-reranker", "query": "q", "documents": [{"text": POISON}]}, "documents[0]"),
+    ],
+)
 def test_rerank_routes_refuse_a_lone_surrogate_naming_the_input(gateway, path, body, where):
     status, reply = gateway.post(path, json.dumps(body).encode())
     assert status == 400 and f"{where} is not valid UTF-8" in reply["error"]["message"]
@@ -204,8 +215,10 @@ def test_an_authorization_header_that_is_not_utf8_or_not_latin1_is_a_401(gateway
 
 def test_an_error_message_echoing_undecodable_header_bytes_still_encodes_as_msgpack(gateway):
     with gateway.connect() as sock:
-        sock.sendall(b"POST /v1/encode/tiny HTTP/1.1\r\nHost: shoal\r\nContent-Type: text/\xff\r\n"
-                     b"Accept: application/msgpack\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        sock.sendall(
+            b"POST /v1/encode/tiny HTTP/1.1\r\nHost: shoal\r\nContent-Type: text/\xff\r\n"
+            b"Accept: application/msgpack\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+        )
         raw = _read_all(sock)
     assert raw.startswith(b"HTTP/1.1 415")
     message = msgpack.unpackb(raw.split(b"\r\n\r\n", 1)[1])["error"]["message"]
@@ -226,8 +239,10 @@ def test_malformed_http_framing_is_a_400_and_a_debug_line_not_an_error_traceback
 def test_a_client_gone_mid_body_is_counted_as_a_client_close_not_a_500(gateway):
     before = gateway.statuses()
     with gateway.connect() as sock:
-        sock.sendall(b"POST /v1/encode/tiny HTTP/1.1\r\nHost: shoal\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000\r\n\r\n{\"texts\": [\"half")
+        sock.sendall(
+            b"POST /v1/encode/tiny HTTP/1.1\r\nHost: shoal\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"texts": ["half'
+        )
         time.sleep(0.2)  # the head is read and the handler waits for the body
     deadline = time.monotonic() + 30
     while gateway.statuses().get("499", 0) <= before.get("499", 0):
@@ -249,8 +264,10 @@ def test_slow_headers_and_bodies_are_cut_off_and_open_connections_are_capped(gat
         dribbler.close()
 
         with gateway.connect() as slow_body:
-            slow_body.sendall(b"POST /v1/encode/tiny HTTP/1.1\r\nHost: shoal\r\nContent-Type: application/json\r\n"
-                              b"Content-Length: 100\r\n\r\n{\"texts\"")
+            slow_body.sendall(
+                b"POST /v1/encode/tiny HTTP/1.1\r\nHost: shoal\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"texts"'
+            )
             slow_body.settimeout(15)
             answer = _closed_by_server(slow_body)
         assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in answer
@@ -279,7 +296,9 @@ def _listeners(pid: int) -> set[tuple[str, int]]:
         root = psutil.Process(pid)
         for proc in [root, *root.children(recursive=True)]:
             try:
-                found |= {(c.laddr.ip, c.laddr.port) for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+                found |= {
+                    (c.laddr.ip, c.laddr.port) for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                }
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
     except psutil.NoSuchProcess:
@@ -312,7 +331,10 @@ def test_nothing_shoal_serve_or_shoal_embed_starts_listens_beyond_loopback(sim_c
     profile = write_profile(tmp_path, name="two", workers=2, rows_per_item=50)
     serve = subprocess.Popen(
         [SHOAL, "serve", "--catalog", str(sim_catalog), "--profile", str(profile), "--port", "0"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         _wait_for(serve, "serving")
@@ -325,9 +347,21 @@ def test_nothing_shoal_serve_or_shoal_embed_starts_listens_beyond_loopback(sim_c
 
     write_shards(tmp_path / "in", demo_texts[:400], shards=2, row_group_size=50)
     embed = subprocess.Popen(
-        [SHOAL, "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "slowish",
-         "--catalog", str(sim_catalog), "--profile", str(profile)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            SHOAL,
+            "embed",
+            str(tmp_path / "in"),
+            str(tmp_path / "out"),
+            "--model",
+            "slowish",
+            "--catalog",
+            str(sim_catalog),
+            "--profile",
+            str(profile),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     seen: set[tuple[str, int]] = set()
     while embed.poll() is None:
@@ -351,7 +385,9 @@ def read_only_folder(path: Path) -> Iterator[Path]:
         finally:
             path.chmod(0o755)
         return
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "shoal-ro", str(path)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "shoal-ro", str(path)], capture_output=True
+    ).returncode:
         pytest.skip("running as root where a read-only tmpfs cannot be mounted")
     try:
         yield path
@@ -364,20 +400,30 @@ def shoal(cluster, tiny_catalog, test_profile):
     _, client = cluster
 
     def run(*args: str, scheduler: str | None = None):
-        return invoke_shoal(*args, "--catalog", str(tiny_catalog), "--profile", str(test_profile),
-                            "--scheduler", scheduler or client.scheduler.address)
+        return invoke_shoal(
+            *args,
+            "--catalog",
+            str(tiny_catalog),
+            "--profile",
+            str(test_profile),
+            "--scheduler",
+            scheduler or client.scheduler.address,
+        )
 
     return run
 
 
 def _one_shard(directory: Path, rows: int = 20) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": list(range(rows)), "text": [f"text {i}" for i in range(rows)]}),
-                   directory / "a.parquet")
+    pq.write_table(
+        pa.table({"id": list(range(rows)), "text": [f"text {i}" for i in range(rows)]}), directory / "a.parquet"
+    )
     return directory
 
 
-def test_an_output_that_cannot_be_written_is_refused_before_the_cluster_is_reached(tiny_catalog, test_profile, tmp_path):
+def test_an_output_that_cannot_be_written_is_refused_before_the_cluster_is_reached(
+    tiny_catalog, test_profile, tmp_path
+):
     source = _one_shard(tmp_path / "in")
     (tmp_path / "a-file").write_text("x")
     pairs = tmp_path / "pairs.parquet"
@@ -390,30 +436,57 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_cluster_is_reach
             "under a file": (str(tmp_path / "a-file" / "out"), "cannot be written"),
         }
         for case, (output, reason) in cases.items():
-            for command in (("embed", str(source), output, "--model", "tiny"),
-                            ("rerank", str(pairs), output, "--model", "tiny-reranker")):
+            for command in (
+                ("embed", str(source), output, "--model", "tiny"),
+                ("rerank", str(pairs), output, "--model", "tiny-reranker"),
+            ):
                 result = invoke_shoal(*command, *common)
                 assert result.returncode == 2, (case, result.stderr)
                 assert f"output {output!r}" in result.stderr and reason in result.stderr, (case, result.stderr)
                 assert "cannot reach the scheduler" not in result.stderr
         job = tmp_path / "job.yaml"
-        job.write_text(yaml.safe_dump({"name": "docs", "input": str(source), "output": str(ro / "out"), "model": "tiny",
-                                        "catalog": str(tiny_catalog), "scheduler": UNREACHABLE}))
+        job.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "docs",
+                    "input": str(source),
+                    "output": str(ro / "out"),
+                    "model": "tiny",
+                    "catalog": str(tiny_catalog),
+                    "scheduler": UNREACHABLE,
+                }
+            )
+        )
         result = invoke_shoal("reindex", str(job))
         assert result.returncode == 2 and "cannot be written" in result.stderr, result.stderr
         pipeline = tmp_path / "pipeline.yaml"
-        pipeline.write_text(yaml.safe_dump({
-            "output": str(ro / "out"), "corpus": {"input": str(source)}, "queries": {"input": str(source)},
-            "embed": {"model": "tiny"},
-        }))
+        pipeline.write_text(
+            yaml.safe_dump(
+                {
+                    "output": str(ro / "out"),
+                    "corpus": {"input": str(source)},
+                    "queries": {"input": str(source)},
+                    "embed": {"model": "tiny"},
+                }
+            )
+        )
         result = invoke_shoal("run", str(pipeline), *common)
         assert result.returncode == 2 and "cannot be written" in result.stderr, result.stderr
         assert "cannot reach the scheduler" not in result.stderr
 
 
 def test_a_glob_matching_nothing_is_refused_before_the_cluster_is_reached(tiny_catalog, tmp_path):
-    result = invoke_shoal("embed", str(tmp_path / "*.parquet"), str(tmp_path / "out"), "--model", "tiny",
-                          "--catalog", str(tiny_catalog), "--scheduler", UNREACHABLE)
+    result = invoke_shoal(
+        "embed",
+        str(tmp_path / "*.parquet"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        UNREACHABLE,
+    )
     assert result.returncode == 2 and "matches no Parquet files" in result.stderr, result.stderr
 
 
@@ -436,7 +509,12 @@ def test_a_refused_part_write_is_permanent_and_a_refused_manifest_still_ends_wit
     if os.geteuid() == 0:  # a full disk: a 64 KiB tmpfs and a part of incompressible bytes
         full = tmp_path / "full"
         full.mkdir()
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "shoal-full", str(full)], capture_output=True).returncode == 0:
+        if (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=64k", "shoal-full", str(full)], capture_output=True
+            ).returncode
+            == 0
+        ):
             try:
                 with pytest.raises(OutputRefused, match="No space left"):
                     write_part(str(full / "part.parquet"), pa.table({"a": [os.urandom(1 << 20)]}), None)
@@ -464,7 +542,9 @@ def test_underscore_and_dot_folders_in_the_input_are_not_input(tmp_path):
         pq.write_table(pa.table({"text": ["x"]}), tmp_path / folder / "a.parquet")
     names = [s.url.split(str(tmp_path), 1)[1] for s in list_shards(str(tmp_path))]
     assert names == ["/a.parquet", "/keep/a.parquet"]
-    assert [s.url.split(str(tmp_path), 1)[1] for s in list_shards(str(tmp_path), None, str(tmp_path / "keep"))] == ["/a.parquet"]
+    assert [s.url.split(str(tmp_path), 1)[1] for s in list_shards(str(tmp_path), None, str(tmp_path / "keep"))] == [
+        "/a.parquet"
+    ]
     # A file named on its own is input even inside OUTPUT (parts written beside their source).
     assert len(list_shards(str(tmp_path / "keep" / "a.parquet"), None, str(tmp_path / "keep"))) == 1
     with pytest.raises(PlanError, match="only inside the output"):
@@ -477,7 +557,9 @@ def test_a_row_that_is_not_utf8_is_a_named_rejection_and_every_other_row_is_embe
     texts[21] = b"\xff\xfe"
     column = pa.array(texts, type=pa.binary()).view(pa.string())  # written as a careless writer would
     (tmp_path / "in").mkdir()
-    pq.write_table(pa.table({"id": list(range(30)), "text": column}), tmp_path / "in" / "bad.parquet", row_group_size=10)
+    pq.write_table(
+        pa.table({"id": list(range(30)), "text": column}), tmp_path / "in" / "bad.parquet", row_group_size=10
+    )
     result = shoal("embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny")
     assert result.returncode == 1, result.stderr
     assert "bad.parquet row 7, column 'text': not valid UTF-8 (byte 0xed at offset 7)" in result.stderr
@@ -487,7 +569,9 @@ def test_a_row_that_is_not_utf8_is_a_named_rejection_and_every_other_row_is_embe
     vectors = table.column("embedding").to_pylist()
     assert vectors[7] is None and vectors[21] is None
     good = [i for i in range(30) if i not in (7, 21)]
-    np.testing.assert_allclose([vectors[i] for i in good], _direct(tiny_model, [texts[i].decode() for i in good]), atol=1e-5)
+    np.testing.assert_allclose(
+        [vectors[i] for i in good], _direct(tiny_model, [texts[i].decode() for i in good]), atol=1e-5
+    )
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert manifest["rejected_rows"] == 2 and manifest["complete"]
 
@@ -502,8 +586,20 @@ def test_a_model_named_twice_runs_once(shoal, tmp_path):
 def test_ctrl_c_exits_130_and_the_rerun_finishes_the_job(cluster, sim_catalog, test_profile, demo_texts, tmp_path):
     _, client = cluster
     ids = write_shards(tmp_path / "in", demo_texts[:400], shards=4, row_group_size=25)
-    args = [SHOAL, "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "slowish",
-            "--catalog", str(sim_catalog), "--profile", str(test_profile), "--scheduler", client.scheduler.address]
+    args = [
+        SHOAL,
+        "embed",
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        "--model",
+        "slowish",
+        "--catalog",
+        str(sim_catalog),
+        "--profile",
+        str(test_profile),
+        "--scheduler",
+        client.scheduler.address,
+    ]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not list((tmp_path / "out").glob("part-*.parquet")):  # interrupted mid-job, once a part is written
@@ -518,7 +614,9 @@ def test_ctrl_c_exits_130_and_the_rerun_finishes_the_job(cluster, sim_catalog, t
     assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
 
 
-def test_a_reindex_with_its_output_inside_its_input_never_reads_its_versions_back(cluster, tiny_catalog, demo_texts, tmp_path):
+def test_a_reindex_with_its_output_inside_its_input_never_reads_its_versions_back(
+    cluster, tiny_catalog, demo_texts, tmp_path
+):
     _, client = cluster
     ids = write_shards(tmp_path / "data", demo_texts[:200], shards=2, row_group_size=50)
     catalog = yaml.safe_load(tiny_catalog.read_text())["models"]
@@ -527,11 +625,19 @@ def test_a_reindex_with_its_output_inside_its_input_never_reads_its_versions_bac
     job = tmp_path / "job.yaml"
 
     def run(model: str):
-        job.write_text(yaml.safe_dump({
-            "name": "docs", "input": str(tmp_path / "data"), "output": str(tmp_path / "data" / "index"),
-            "model": model, "catalog": str(tmp_path / "catalog.yaml"), "scheduler": client.scheduler.address,
-            "lock": {"settle_seconds": 0.1},
-        }))
+        job.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "docs",
+                    "input": str(tmp_path / "data"),
+                    "output": str(tmp_path / "data" / "index"),
+                    "model": model,
+                    "catalog": str(tmp_path / "catalog.yaml"),
+                    "scheduler": client.scheduler.address,
+                    "lock": {"settle_seconds": 0.1},
+                }
+            )
+        )
         return invoke_shoal("reindex", str(job))
 
     assert run("tiny").returncode == 0

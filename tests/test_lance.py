@@ -32,7 +32,9 @@ def wait_until(condition, timeout: float = 120, step: float = 0.02) -> None:
         time.sleep(step)
 
 
-def test_lance_output_every_row_once_and_lancedb_finds_the_nearest_neighbour(cluster, tiny_model, tiny_catalog, demo_texts, tmp_path):
+def test_lance_output_every_row_once_and_lancedb_finds_the_nearest_neighbour(
+    cluster, tiny_model, tiny_catalog, demo_texts, tmp_path
+):
     import lancedb
     from sentence_transformers import SentenceTransformer
 
@@ -40,8 +42,17 @@ def test_lance_output_every_row_once_and_lancedb_finds_the_nearest_neighbour(clu
     texts = demo_texts[:400]
     ids = write_shards(tmp_path / "in", texts, shards=2, row_group_size=100)
     dataset = str(tmp_path / "db" / "docs.lance")
-    result = invoke_shoal("embed", str(tmp_path / "in"), f"lance://{dataset}", "--model", "tiny", "--catalog", str(tiny_catalog),
-                          "--scheduler", client.scheduler.address)
+    result = invoke_shoal(
+        "embed",
+        str(tmp_path / "in"),
+        f"lance://{dataset}",
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+    )
     assert result.returncode == 0, result.stderr
     table = rows(dataset)
     assert sorted(r["id"] for r in table) == sorted(ids)  # every row once
@@ -50,11 +61,22 @@ def test_lance_output_every_row_once_and_lancedb_finds_the_nearest_neighbour(clu
     np.testing.assert_allclose([by_id[i] for i in ids], direct, atol=2e-5)
     assert lance.dataset(dataset).version == 1
 
-    again = invoke_shoal("embed", str(tmp_path / "in"), f"lance://{dataset}", "--model", "tiny", "--catalog", str(tiny_catalog),
-                         "--scheduler", client.scheduler.address)
+    again = invoke_shoal(
+        "embed",
+        str(tmp_path / "in"),
+        f"lance://{dataset}",
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+    )
     assert again.returncode == 0 and lance.dataset(dataset).version == 1  # nothing changed: no new version
 
-    hits = lancedb.connect(str(tmp_path / "db")).open_table("docs").search(direct[123]).metric("cosine").limit(3).to_list()
+    hits = (
+        lancedb.connect(str(tmp_path / "db")).open_table("docs").search(direct[123]).metric("cosine").limit(3).to_list()
+    )
     assert hits[0]["id"] == ids[123]
 
 
@@ -64,8 +86,21 @@ def test_client_killed_then_rerun_commits_every_row_once(cluster, tiny_catalog, 
     ids = write_shards(tmp_path / "in", demo_texts[:300], shards=2, row_group_size=5)
     profile = write_profile(tmp_path, name="lance-resume", rows_per_item=5)  # 60 small items
     dataset = str(tmp_path / "docs.lance")
-    args = ["embed", str(tmp_path / "in"), dataset, "--format", "lance", "--model", "tiny", "--catalog", str(tiny_catalog),
-            "--scheduler", client.scheduler.address, "--profile", str(profile)]
+    args = [
+        "embed",
+        str(tmp_path / "in"),
+        dataset,
+        "--format",
+        "lance",
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        "--profile",
+        str(profile),
+    ]
     acked = plugin.events["acked"]
     job = subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_until(lambda: plugin.events["acked"] >= acked + 2 or job.poll() is not None, step=0.01)
@@ -83,18 +118,46 @@ def test_worker_killed_mid_job_loses_no_row_and_duplicates_none(demo_texts, tmp_
     profile = load_profile(str(write_profile(tmp_path, name="lance-kill", rows_per_item=100, lease_seconds=30)))
     ids = write_shards(tmp_path / "in", demo_texts[:1600], shards=4, row_group_size=50)
     catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(yaml.safe_dump({"models": {"slow-sim": {
-        "kind": "sim", "dim": 8, "max_seq_length": 256, "memory_bytes": 10**6,
-        "load_seconds": 0.1, "batch_fixed_seconds": 0.05, "per_token_seconds": 1e-4,
-    }}}))
+    catalog.write_text(
+        yaml.safe_dump(
+            {
+                "models": {
+                    "slow-sim": {
+                        "kind": "sim",
+                        "dim": 8,
+                        "max_seq_length": 256,
+                        "memory_bytes": 10**6,
+                        "load_seconds": 0.1,
+                        "batch_fixed_seconds": 0.05,
+                        "per_token_seconds": 1e-4,
+                    }
+                }
+            }
+        )
+    )
     dataset = str(tmp_path / "docs.lance")
     with start_local_cluster(profile) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         plugin = cluster.scheduler.extensions["shoal"]
         job = subprocess.Popen(
-            [SHOAL, "embed", str(tmp_path / "in"), f"lance://{dataset}", "--model", "slow-sim", "--catalog", str(catalog),
-             "--scheduler", cluster.scheduler_address, "--profile", profile.path],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                SHOAL,
+                "embed",
+                str(tmp_path / "in"),
+                f"lance://{dataset}",
+                "--model",
+                "slow-sim",
+                "--catalog",
+                str(catalog),
+                "--scheduler",
+                cluster.scheduler_address,
+                "--profile",
+                profile.path,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         kill_busy_worker(cluster, job)
         _, stderr = job.communicate(timeout=300)
@@ -107,8 +170,16 @@ def test_reindex_into_lance_adds_a_version_when_inputs_change(cluster, tiny_cata
     _, client = cluster
     ids = write_shards(tmp_path / "in", demo_texts[:200], shards=2, row_group_size=50)
     dataset = str(tmp_path / "docs.lance")
-    job = {"name": "docs", "input": str(tmp_path / "in"), "output": dataset, "format": "lance", "model": "tiny",
-           "catalog": str(tiny_catalog), "scheduler": client.scheduler.address, "lock": {"settle_seconds": 0.1}}
+    job = {
+        "name": "docs",
+        "input": str(tmp_path / "in"),
+        "output": dataset,
+        "format": "lance",
+        "model": "tiny",
+        "catalog": str(tiny_catalog),
+        "scheduler": client.scheduler.address,
+        "lock": {"settle_seconds": 0.1},
+    }
     (tmp_path / "docs.yaml").write_text(yaml.safe_dump(job))
     assert invoke_shoal("reindex", str(tmp_path / "docs.yaml")).returncode == 0
     assert lance.dataset(dataset).version == 1 and sorted(r["id"] for r in rows(dataset)) == sorted(ids)
@@ -128,9 +199,21 @@ def test_lance_dataset_on_s3(cluster, tiny_catalog, demo_texts, tmp_path, s3_ser
     options = s3_options(s3_server)
     s3fs.S3FileSystem(**options).mkdir("lance-bucket")
     ids = write_shards(tmp_path / "in", demo_texts[:200], shards=2, row_group_size=50)
-    result = invoke_shoal("embed", str(tmp_path / "in"), "s3://lance-bucket/docs.lance", "--format", "lance", "--model", "tiny",
-                          "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address,
-                          "--storage-options", json.dumps(options))
+    result = invoke_shoal(
+        "embed",
+        str(tmp_path / "in"),
+        "s3://lance-bucket/docs.lance",
+        "--format",
+        "lance",
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        "--storage-options",
+        json.dumps(options),
+    )
     assert result.returncode == 0, result.stderr
     dataset = lance.dataset("s3://lance-bucket/docs.lance", storage_options=lance_storage_options(options))
     assert dataset.version == 1 and sorted(dataset.to_table().column("id").to_pylist()) == sorted(ids)
@@ -138,10 +221,25 @@ def test_lance_dataset_on_s3(cluster, tiny_catalog, demo_texts, tmp_path, s3_ser
 
 def test_int8_chunked_rows_into_lance(cluster, tiny_catalog, demo_texts, tmp_path):
     _, client = cluster
-    ids = write_shards(tmp_path / "in", [" ".join(demo_texts[i : i + 6]) for i in range(0, 240, 6)], shards=1, row_group_size=20)
+    ids = write_shards(
+        tmp_path / "in", [" ".join(demo_texts[i : i + 6]) for i in range(0, 240, 6)], shards=1, row_group_size=20
+    )
     dataset = str(tmp_path / "docs.lance")
-    result = invoke_shoal("embed", str(tmp_path / "in"), f"lance://{dataset}", "--model", "tiny", "--catalog", str(tiny_catalog),
-                          "--scheduler", client.scheduler.address, "--chunk", "tokens=32,overlap=4", "--precision", "int8")
+    result = invoke_shoal(
+        "embed",
+        str(tmp_path / "in"),
+        f"lance://{dataset}",
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        "--chunk",
+        "tokens=32,overlap=4",
+        "--precision",
+        "int8",
+    )
     assert result.returncode == 0, result.stderr
     table = lance.dataset(dataset).to_table()
     assert table.schema.field("embedding").type == pa.list_(pa.int8(), 32)

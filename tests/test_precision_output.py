@@ -25,7 +25,9 @@ def quantize(vectors: np.ndarray, precision: str, ranges) -> np.ndarray:
 
     if precision == "float16":
         return vectors.astype(np.float16)
-    return quantize_embeddings(vectors, precision=precision, ranges=None if ranges is None else np.asarray(ranges, np.float32))
+    return quantize_embeddings(
+        vectors, precision=precision, ranges=None if ranges is None else np.asarray(ranges, np.float32)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +39,18 @@ def corpus(tmp_path_factory, demo_texts):
 
 def embed(cluster, tiny_catalog, source, output, *options: str):
     _, client = cluster
-    return invoke_shoal("embed", str(source), str(output), "--model", "tiny", "--catalog", str(tiny_catalog),
-                        "--scheduler", client.scheduler.address, *options)
+    return invoke_shoal(
+        "embed",
+        str(source),
+        str(output),
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        *options,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +114,9 @@ def test_bad_vector_options_exit_2(cluster, tiny_catalog, tmp_path):
     assert too_wide.returncode == 2 and "dim 64 is more than model 'tiny' gives (32)" in too_wide.stderr
     # int8 needs a sample with text: the job's first item has none.
     (tmp_path / "empty").mkdir()
-    pq.write_table(pa.table({"id": ["a", "b"], "text": pa.array([None, None], pa.string())}), tmp_path / "empty" / "s.parquet")
+    pq.write_table(
+        pa.table({"id": ["a", "b"], "text": pa.array([None, None], pa.string())}), tmp_path / "empty" / "s.parquet"
+    )
     empty = embed(cluster, tiny_catalog, tmp_path / "empty", tmp_path / "out", "--precision", "int8")
     assert empty.returncode == 2, empty.stderr
     assert "has no text to embed" in " ".join(empty.stderr.split())
@@ -114,15 +128,24 @@ def test_reindexed_int8_parts_use_the_versions_ranges(cluster, tiny_catalog, dem
 
     _, client = cluster
     ids = write_shards(tmp_path / "in", demo_texts[:200], shards=2, row_group_size=100)
-    job = {"name": "docs", "input": str(tmp_path / "in"), "output": str(tmp_path / "out"), "model": "tiny",
-           "precision": "int8", "catalog": str(tiny_catalog), "scheduler": client.scheduler.address,
-           "lock": {"settle_seconds": 0.1}}
+    job = {
+        "name": "docs",
+        "input": str(tmp_path / "in"),
+        "output": str(tmp_path / "out"),
+        "model": "tiny",
+        "precision": "int8",
+        "catalog": str(tiny_catalog),
+        "scheduler": client.scheduler.address,
+        "lock": {"settle_seconds": 0.1},
+    }
     (tmp_path / "docs.yaml").write_text(yaml.safe_dump(job))
     first = invoke_shoal("reindex", str(tmp_path / "docs.yaml"))
     assert first.returncode == 0 and "calibrating" in first.stderr, first.stderr
     version = tmp_path / "out" / (tmp_path / "out" / "_CURRENT").read_text().strip()
     ranges = json.loads((version / "_manifest.json").read_text())["vectors"]["ranges"]
-    pq.write_table(pa.table({"id": [f"new-{i}" for i in range(50)], "text": demo_texts[300:350]}), tmp_path / "in" / "new.parquet")
+    pq.write_table(
+        pa.table({"id": [f"new-{i}" for i in range(50)], "text": demo_texts[300:350]}), tmp_path / "in" / "new.parquet"
+    )
     second = invoke_shoal("reindex", str(tmp_path / "docs.yaml"))
     assert second.returncode == 0 and "calibrating" not in second.stderr, second.stderr
     manifest = json.loads((version / "_manifest.json").read_text())

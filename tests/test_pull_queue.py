@@ -39,8 +39,16 @@ async def started(**settings) -> ShoalScheduler:
 def test_handlers_declared_in_one_place():
     async def go():
         plugin = await started()
-        assert {"shoal_submit", "shoal_pull", "shoal_ack", "shoal_fail", "shoal_extend",
-                "shoal_job_status", "shoal_job_release", "shoal_overview"} <= set(plugin.scheduler.handlers)
+        assert {
+            "shoal_submit",
+            "shoal_pull",
+            "shoal_ack",
+            "shoal_fail",
+            "shoal_extend",
+            "shoal_job_status",
+            "shoal_job_release",
+            "shoal_overview",
+        } <= set(plugin.scheduler.handlers)
         await plugin.close()
 
     run(go())
@@ -250,7 +258,10 @@ def test_requirements_keep_gpu_models_off_cpu_workers():
         plugin = ShoalScheduler()
         scheduler = FakeScheduler()
         await plugin.start(scheduler)
-        scheduler.workers = {"cpu": type("W", (), {"resources": {}})(), "gpu": type("W", (), {"resources": {"GPU": 1}})()}
+        scheduler.workers = {
+            "cpu": type("W", (), {"resources": {}})(),
+            "gpu": type("W", (), {"resources": {"GPU": 1}})(),
+        }
         specs = {"models": {"g": {"name": "g", "requires": {"GPU": 1}}, "big": {"name": "big", "memory_bytes": 10**10}}}
         plugin.submit("j", items("g", 1) + items("big", 1), specs)
         assert (await plugin.pull("cpu", timeout=0, budget=10**9))["items"] == []
@@ -290,4 +301,3 @@ def test_a_steal_takes_one_item_and_makes_the_thief_a_holder():
         await plugin.close()
 
     run(go())
-

@@ -43,7 +43,9 @@ async def started(workers, models=("m", "n")) -> ShoalScheduler:
 
 
 def items(model: str, n: int, rows: int = 10, prefix: str = "") -> list[dict]:
-    return [{"key": f"{prefix}{model}-{i}", "model": model, "op": "embed", "rows": rows, "payload": {}} for i in range(n)]
+    return [
+        {"key": f"{prefix}{model}-{i}", "model": model, "op": "embed", "rows": rows, "payload": {}} for i in range(n)
+    ]
 
 
 async def settle() -> None:
@@ -66,9 +68,7 @@ WORKERS = [f"w{i}" for i in range(256)]
 def test_an_online_request_wakes_one_waiting_pull_whatever_the_number_of_workers():
     async def go():
         plugin = await started(WORKERS)
-        pulls = [
-            asyncio.create_task(plugin.pull_online(w, resident=["m"], ready=["m"], timeout=30)) for w in WORKERS
-        ]
+        pulls = [asyncio.create_task(plugin.pull_online(w, resident=["m"], ready=["m"], timeout=30)) for w in WORKERS]
         woken = await wakes_after(lambda: plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS))
         assert woken <= 2, woken
         assert sum(1 for p in pulls if p.done() and p.result()["items"]) == 1
@@ -152,10 +152,16 @@ step = st.one_of(
     st.tuples(st.just("submit"), st.sampled_from(MODELS), st.integers(1, 4), st.integers(1, 300)),
     st.tuples(st.just("online"), st.sampled_from(MODELS)),
     st.tuples(
-        st.just("pull"), st.sampled_from(POOL), st.lists(st.sampled_from(MODELS), max_size=3),
-        st.lists(st.sampled_from(MODELS), max_size=3), st.integers(1, 3), st.integers(0, 2),
+        st.just("pull"),
+        st.sampled_from(POOL),
+        st.lists(st.sampled_from(MODELS), max_size=3),
+        st.lists(st.sampled_from(MODELS), max_size=3),
+        st.integers(1, 3),
+        st.integers(0, 2),
     ),
-    st.tuples(st.just("pull_online"), st.sampled_from(POOL), st.lists(st.sampled_from(MODELS), max_size=3), st.booleans()),
+    st.tuples(
+        st.just("pull_online"), st.sampled_from(POOL), st.lists(st.sampled_from(MODELS), max_size=3), st.booleans()
+    ),
     st.tuples(st.just("start"), st.integers(0, 50)),
     st.tuples(st.just("ack"), st.integers(0, 50), st.floats(0.01, 2.0)),
     st.tuples(st.just("fail"), st.integers(0, 50), st.booleans()),
@@ -194,7 +200,11 @@ def check_indexes(plugin: ShoalScheduler) -> None:
         assert abs(placement._ahead.get(worker, 0.0) - seconds) < 1e-6
     for model in MODELS:
         for priority in (ONLINE, BATCH):
-            queued = [w for w in plugin.items.values() if w.state is ItemState.QUEUED and w.model == model and w.priority == priority]
+            queued = [
+                w
+                for w in plugin.items.values()
+                if w.state is ItemState.QUEUED and w.model == model and w.priority == priority
+            ]
             assert plugin.queues.waiting_items(model, priority) == len(queued)
             assert plugin.queues.waiting_rows(model, priority) == sum(w.rows for w in queued)
             assert (model in plugin.queues.models(priority)) == bool(queued)
@@ -233,7 +243,9 @@ def best_take_back_gain(plugin: ShoalScheduler, thief) -> float | None:
         on_holder = placement._ahead.get(work.worker, 0.0)
         if holder is not None and work.model not in holder.ready:
             on_holder += placement._load_seconds(holder, work.model)
-        on_thief = 0.0 if work.model in thief.ready else placement.steal_factor * placement._load_seconds(thief, work.model)
+        on_thief = (
+            0.0 if work.model in thief.ready else placement.steal_factor * placement._load_seconds(thief, work.model)
+        )
         gain = on_holder - on_thief
         if gain > 0 and (best is None or gain > best):
             best = gain
@@ -302,8 +314,14 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
                 worker, resident, ready, room, held = args
                 budget = 10**10 if worker in ("w0", "w1") else 10**8
                 await plugin.pull(
-                    worker, resident=resident, ready=[m for m in ready if m in resident], room=room,
-                    held=held, timeout=0, budget=budget, load_seconds={m: 1.0 for m in resident[:1]},
+                    worker,
+                    resident=resident,
+                    ready=[m for m in ready if m in resident],
+                    room=room,
+                    held=held,
+                    timeout=0,
+                    budget=budget,
+                    load_seconds={m: 1.0 for m in resident[:1]},
                 )
             elif op == "pull_online":
                 worker, resident, busy = args
@@ -341,7 +359,9 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
 def test_a_gpu_only_model_is_judged_unplaceable_from_worker_capabilities():
     async def go():
         plugin = await started(["cpu"])
-        plugin.submit("j", items("m", 1), {"models": {"m": {"name": "m", "requires": {"GPU": 1}}}, "unplaceable_seconds": 0})
+        plugin.submit(
+            "j", items("m", 1), {"models": {"m": {"name": "m", "requires": {"GPU": 1}}}, "unplaceable_seconds": 0}
+        )
         await plugin.pull("cpu", resident=[], timeout=0, held=1)
         plugin.bury_unplaceable()
         status = plugin.job_status("j")
@@ -349,4 +369,3 @@ def test_a_gpu_only_model_is_judged_unplaceable_from_worker_capabilities():
         await plugin.close()
 
     asyncio.run(go())
-

@@ -72,11 +72,17 @@ def vectors(table: pa.Table) -> tuple[list, np.ndarray]:
 
 def change_inputs(directory, texts: list[str], remove) -> list[str]:
     """shard-000 kept, shard-001 rewritten, shard-002 removed, shard-003 added; the ids now present."""
-    pq.write_table(pa.table({"id": [f"doc-{i}" for i in range(200, 400)], "text": texts[1000:1200]}),
-                   directory / "shard-001.parquet", row_group_size=50)
+    pq.write_table(
+        pa.table({"id": [f"doc-{i}" for i in range(200, 400)], "text": texts[1000:1200]}),
+        directory / "shard-001.parquet",
+        row_group_size=50,
+    )
     remove(directory / "shard-002.parquet")
-    pq.write_table(pa.table({"id": [f"doc-{i}" for i in range(600, 800)], "text": texts[600:800]}),
-                   directory / "shard-003.parquet", row_group_size=50)
+    pq.write_table(
+        pa.table({"id": [f"doc-{i}" for i in range(600, 800)], "text": texts[600:800]}),
+        directory / "shard-003.parquet",
+        row_group_size=50,
+    )
     return [f"doc-{i}" for i in [*range(400), *range(600, 800)]]
 
 
@@ -197,9 +203,18 @@ def test_reindex_on_s3(cluster, catalog, s3_server, demo_texts, tmp_path):
     profile = write_profile(tmp_path, name="reindex-s3", rows_per_item=100)
 
     def job(name: str, output: str, **fields) -> str:
-        spec = {"name": name, "input": "s3://reindex/docs/*.parquet", "output": output, "model": "tiny",
-                "catalog": str(catalog), "profile": str(profile), "scheduler": client.scheduler.address,
-                "storage_options": options, "lock": {"settle_seconds": 0.1}, **fields}
+        spec = {
+            "name": name,
+            "input": "s3://reindex/docs/*.parquet",
+            "output": output,
+            "model": "tiny",
+            "catalog": str(catalog),
+            "profile": str(profile),
+            "scheduler": client.scheduler.address,
+            "storage_options": options,
+            "lock": {"settle_seconds": 0.1},
+            **fields,
+        }
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec))
         return str(path)
@@ -225,7 +240,10 @@ def test_reindex_on_s3(cluster, catalog, s3_server, demo_texts, tmp_path):
     assert changed.returncode == 0, changed.stderr
     new = current("reindex/vectors", fs)
     assert new != version and fs.exists(f"reindex/vectors/{new}/_manifest.json")
-    assert fs.info("reindex/vectors/_CURRENT")["LastModified"] >= fs.info(f"reindex/vectors/{new}/_manifest.json")["LastModified"]
+    assert (
+        fs.info("reindex/vectors/_CURRENT")["LastModified"]
+        >= fs.info(f"reindex/vectors/{new}/_manifest.json")["LastModified"]
+    )
 
 
 def test_schedule_runs_repeatedly_and_survives_a_failed_run(job_file, demo_texts, tmp_path, caplog):

@@ -25,8 +25,15 @@ def direct(tiny_reranker):
 
 
 def tiny_spec(path, budget: int) -> ModelSpec:
-    return ModelSpec(name="tiny-reranker", kind="reranker", source=str(path), dim=1, max_seq_length=128,
-                     token_budget={"cpu": budget}, max_batch_size=16)
+    return ModelSpec(
+        name="tiny-reranker",
+        kind="reranker",
+        source=str(path),
+        dim=1,
+        max_seq_length=128,
+        token_budget={"cpu": budget},
+        max_batch_size=16,
+    )
 
 
 def assert_same_order(ranked: list, scores: np.ndarray) -> None:
@@ -60,12 +67,30 @@ def test_pairs_job_scores_equal_direct(cluster, tiny_catalog, direct, demo_texts
     (tmp_path / "in").mkdir()
     for s in range(2):
         lo, hi = s * n // 2, (s + 1) * n // 2
-        table = pa.table({"pid": [f"p{i}" for i in range(lo, hi)], "query": queries[lo:hi], "passage": passages[lo:hi],
-                          "tag": list(range(lo, hi))})
+        table = pa.table(
+            {
+                "pid": [f"p{i}" for i in range(lo, hi)],
+                "query": queries[lo:hi],
+                "passage": passages[lo:hi],
+                "tag": list(range(lo, hi)),
+            }
+        )
         pq.write_table(table, tmp_path / "in" / f"pairs-{s}.parquet", row_group_size=100)
-    result = run_shoal("rerank", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny-reranker",
-                       "--id-column", "pid", "--keep-columns", "tag", "--catalog", str(tiny_catalog),
-                       "--scheduler", client.scheduler.address)
+    result = run_shoal(
+        "rerank",
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny-reranker",
+        "--id-column",
+        "pid",
+        "--keep-columns",
+        "tag",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+    )
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
     assert table.column_names == ["pid", "score", "tag"]
@@ -86,16 +111,39 @@ def test_candidates_job_ranks_like_direct(cluster, tiny_catalog, direct, demo_te
     for q in range(120):
         count = int(rng.integers(1, 15))
         picks = rng.choice(2000, size=count, replace=False)
-        rows.append({"qid": f"q{q}", "query": demo_texts[3000 + q][:70],
-                     "cands": [demo_texts[int(i)] for i in picks], "cand_ids": [int(i) for i in picks]})
+        rows.append(
+            {
+                "qid": f"q{q}",
+                "query": demo_texts[3000 + q][:70],
+                "cands": [demo_texts[int(i)] for i in picks],
+                "cand_ids": [int(i) for i in picks],
+            }
+        )
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "cands.parquet", row_group_size=40)
-    result = run_shoal("rerank", str(tmp_path / "cands.parquet"), str(tmp_path / "out"), "--model", "tiny-reranker",
-                       "--query-column", "query", "--candidates-column", "cands", "--candidate-ids-column", "cand_ids",
-                       "--id-column", "qid", "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address)
+    result = run_shoal(
+        "rerank",
+        str(tmp_path / "cands.parquet"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny-reranker",
+        "--query-column",
+        "query",
+        "--candidates-column",
+        "cands",
+        "--candidate-ids-column",
+        "cand_ids",
+        "--id-column",
+        "qid",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+    )
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
-    assert table.schema.field("ranking").type == pa.list_(pa.struct(
-        [("rank", pa.int32()), ("index", pa.int32()), ("id", pa.int64()), ("score", pa.float32())]))
+    assert table.schema.field("ranking").type == pa.list_(
+        pa.struct([("rank", pa.int32()), ("index", pa.int32()), ("id", pa.int64()), ("score", pa.float32())])
+    )
     got = dict(zip(table.column("qid").to_pylist(), table.column("ranking").to_pylist()))
     assert len(got) == table.num_rows == len(rows)
     for row in rows:
@@ -103,7 +151,9 @@ def test_candidates_job_ranks_like_direct(cluster, tiny_catalog, direct, demo_te
         scores = direct([(row["query"], c) for c in row["cands"]])
         assert [r["rank"] for r in ranking] == list(range(1, len(row["cands"]) + 1))
         assert [r["id"] for r in ranking] == [row["cand_ids"][r["index"]] for r in ranking]
-        assert np.abs(np.array([r["score"] for r in ranking]) - scores[[r["index"] for r in ranking]]).max() <= TOLERANCE
+        assert (
+            np.abs(np.array([r["score"] for r in ranking]) - scores[[r["index"] for r in ranking]]).max() <= TOLERANCE
+        )
         assert_same_order([r["index"] for r in ranking], scores)
 
 
@@ -120,14 +170,36 @@ def test_bad_rows_are_rejected_and_named_the_rest_kept(cluster, tiny_catalog, de
         ("bad-ids", "a query", good, [1]),
         ("ok-2", "another query", good[:2], [7, 8]),
     ]
-    table = pa.table({"qid": [r[0] for r in rows], "q": [r[1] for r in rows],
-                      "cands": pa.array([r[2] for r in rows], pa.list_(pa.string())),
-                      "ids": pa.array([r[3] for r in rows], pa.list_(pa.int64()))})
+    table = pa.table(
+        {
+            "qid": [r[0] for r in rows],
+            "q": [r[1] for r in rows],
+            "cands": pa.array([r[2] for r in rows], pa.list_(pa.string())),
+            "ids": pa.array([r[3] for r in rows], pa.list_(pa.int64())),
+        }
+    )
     pq.write_table(table, tmp_path / "bad.parquet", row_group_size=3)
-    result = run_shoal("rerank", str(tmp_path / "bad.parquet"), str(tmp_path / "out"), "--model", "tiny-reranker",
-                       "--query-column", "q", "--candidates-column", "cands", "--candidate-ids-column", "ids",
-                       "--id-column", "qid", "--max-candidates", "5", "--catalog", str(tiny_catalog),
-                       "--scheduler", client.scheduler.address)
+    result = run_shoal(
+        "rerank",
+        str(tmp_path / "bad.parquet"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny-reranker",
+        "--query-column",
+        "q",
+        "--candidates-column",
+        "cands",
+        "--candidate-ids-column",
+        "ids",
+        "--id-column",
+        "qid",
+        "--max-candidates",
+        "5",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+    )
     assert result.returncode == 1, result.stderr
     out = read_output(tmp_path / "out")
     ranking = dict(zip(out.column("qid").to_pylist(), out.column("ranking").to_pylist()))
@@ -137,9 +209,14 @@ def test_bad_rows_are_rejected_and_named_the_rest_kept(cluster, tiny_catalog, de
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert manifest["complete"] and manifest["rejected_rows"] == 6
     messages = "\n".join(manifest["rejected"])
-    for expected in ("row 1, column 'cands': the query has no candidates", "row 2, column 'cands': the query has no candidates",
-                     "row 3, column 'cands': 6 candidates, over the limit of 5", "row 4, column 'q': the query is null",
-                     "row 5, column 'cands': candidate 1 is null", "row 6, column 'ids': 1 ids for 3 candidates"):
+    for expected in (
+        "row 1, column 'cands': the query has no candidates",
+        "row 2, column 'cands': the query has no candidates",
+        "row 3, column 'cands': 6 candidates, over the limit of 5",
+        "row 4, column 'q': the query is null",
+        "row 5, column 'cands': candidate 1 is null",
+        "row 6, column 'ids': 1 ids for 3 candidates",
+    ):
         assert expected in messages
     assert "bad.parquet row 1, column 'cands'" in result.stderr and "rejected row" in result.stderr
 
@@ -147,11 +224,24 @@ def test_bad_rows_are_rejected_and_named_the_rest_kept(cluster, tiny_catalog, de
 def test_null_pairs_and_a_shard_missing_a_column(cluster, tiny_catalog, tmp_path):
     _, client = cluster
     (tmp_path / "in").mkdir()
-    pq.write_table(pa.table({"id": [1, 2, 3], "query": ["q", None, "q"], "passage": ["p one", "p two", None]}),
-                   tmp_path / "in" / "a.parquet")
-    pq.write_table(pa.table({"id": [4], "query": ["q"], "text": ["no passage column here"]}), tmp_path / "in" / "b.parquet")
-    result = run_shoal("rerank", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny-reranker",
-                       "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address)
+    pq.write_table(
+        pa.table({"id": [1, 2, 3], "query": ["q", None, "q"], "passage": ["p one", "p two", None]}),
+        tmp_path / "in" / "a.parquet",
+    )
+    pq.write_table(
+        pa.table({"id": [4], "query": ["q"], "text": ["no passage column here"]}), tmp_path / "in" / "b.parquet"
+    )
+    result = run_shoal(
+        "rerank",
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny-reranker",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+    )
     assert result.returncode == 1
     out = read_output(tmp_path / "out")
     assert out.column("id").to_pylist() == [1, 2, 3]
@@ -159,19 +249,44 @@ def test_null_pairs_and_a_shard_missing_a_column(cluster, tiny_catalog, tmp_path
     assert scores[0] is not None and scores[1] is None and scores[2] is None
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
     assert not manifest["complete"] and manifest["rejected_rows"] == 2
-    assert "no column 'passage'" in manifest["failed"][0]["errors"][-1] and "b.parquet" in manifest["failed"][0]["input"]
+    assert (
+        "no column 'passage'" in manifest["failed"][0]["errors"][-1] and "b.parquet" in manifest["failed"][0]["input"]
+    )
     assert "a.parquet row 2, column 'passage': the passage is null" in "\n".join(manifest["rejected"])
 
 
 def test_usage_errors_exit_2(cluster, tiny_catalog, tmp_path):
     _, client = cluster
     pq.write_table(pa.table({"id": [1], "query": ["q"], "passage": ["p"]}), tmp_path / "x.parquet")
-    missing = run_shoal("rerank", str(tmp_path / "x.parquet"), str(tmp_path / "out"), "--model", "tiny-reranker",
-                        "--candidates-column", "cands", "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address)
+    missing = run_shoal(
+        "rerank",
+        str(tmp_path / "x.parquet"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny-reranker",
+        "--candidates-column",
+        "cands",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+    )
     assert missing.returncode == 2 and "no column 'cands' (columns are: id, query, passage)" in missing.stderr
-    wrong_kind = run_shoal("rerank", str(tmp_path / "x.parquet"), str(tmp_path / "out"), "--model", "tiny",
-                           "--catalog", str(tiny_catalog))
+    wrong_kind = run_shoal(
+        "rerank", str(tmp_path / "x.parquet"), str(tmp_path / "out"), "--model", "tiny", "--catalog", str(tiny_catalog)
+    )
     assert wrong_kind.returncode == 2 and "kind 'embedder'" in wrong_kind.stderr
-    both = run_shoal("rerank", str(tmp_path / "x.parquet"), str(tmp_path / "out"), "--model", "tiny-reranker",
-                     "--passage-column", "passage", "--candidates-column", "cands", "--catalog", str(tiny_catalog))
+    both = run_shoal(
+        "rerank",
+        str(tmp_path / "x.parquet"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny-reranker",
+        "--passage-column",
+        "passage",
+        "--candidates-column",
+        "cands",
+        "--catalog",
+        str(tiny_catalog),
+    )
     assert both.returncode == 2 and "not both" in both.stderr

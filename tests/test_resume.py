@@ -84,8 +84,20 @@ def test_client_killed_mid_job_then_same_command_completes(kind, cluster, tiny_c
     store = Store(kind, tmp_path, request.getfixturevalue("s3_server") if kind == "s3" else None)
     ids = write_shards(tmp_path / "in", demo_texts[:300], shards=2, row_group_size=5)
     profile = write_profile(tmp_path, name="resume", rows_per_item=5)  # 60 small items: a long enough job
-    args = ["embed", store.upload(tmp_path / "in"), store.url("out"), "--model", "tiny", "--catalog", str(tiny_catalog),
-            "--scheduler", client.scheduler.address, "--profile", str(profile), *store.cli_options()]
+    args = [
+        "embed",
+        store.upload(tmp_path / "in"),
+        store.url("out"),
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        "--profile",
+        str(profile),
+        *store.cli_options(),
+    ]
 
     acked = plugin.events["acked"]
     jobs_before = set(plugin.jobs)
@@ -116,8 +128,16 @@ def test_rerun_redoes_changed_inputs_and_removes_stale_parts(cluster, tiny_catal
     profile = write_profile(tmp_path, name="resume-tiny", rows_per_item=100)
     write_shards(tmp_path / "in", demo_texts[:600], shards=3, row_group_size=50)  # 3 shards × 2 items
     out = tmp_path / "out"
-    common = ("--model", "tiny", "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address,
-              "--profile", str(profile))
+    common = (
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        "--profile",
+        str(profile),
+    )
     assert invoke_shoal("embed", str(tmp_path / "in"), str(out), *common).returncode == 0
 
     # A later run that crashed: no manifest, one part missing, a shard rewritten since, a stray part.
@@ -150,15 +170,42 @@ def test_rerun_redoes_changed_inputs_and_removes_stale_parts(cluster, tiny_catal
 def start_dask(tmp_path, profile, tag: str) -> tuple[str, list[subprocess.Popen]]:
     scheduler_file = tmp_path / f"scheduler-{tag}.json"
     scheduler = subprocess.Popen(
-        [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
-         "--scheduler-file", str(scheduler_file), "--preload", "scheduler_plugins"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            DASK,
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--dashboard-address",
+            ":0",
+            "--scheduler-file",
+            str(scheduler_file),
+            "--preload",
+            "scheduler_plugins",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     address = wait_for_address(scheduler_file)
     worker = subprocess.Popen(
-        [DASK, "worker", address, "--nthreads", "1", "--nworkers", "1", "--preload", "workers",
-         "--shoal-profile", str(profile)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            DASK,
+            "worker",
+            address,
+            "--nthreads",
+            "1",
+            "--nworkers",
+            "1",
+            "--preload",
+            "workers",
+            "--shoal-profile",
+            str(profile),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     return address, [scheduler, worker]
 
@@ -172,10 +219,20 @@ def test_scheduler_killed_mid_job_then_new_cluster_and_same_command_complete(
     address, procs = start_dask(tmp_path, test_profile, "first")
     job = None
     try:
-        args = ["embed", str(tmp_path / "in"), str(out), "--model", "tiny", "--catalog", str(tiny_catalog),
-                "--profile", str(profile)]
-        job = subprocess.Popen([SHOAL, *args, "--scheduler", address], cwd=ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        args = [
+            "embed",
+            str(tmp_path / "in"),
+            str(out),
+            "--model",
+            "tiny",
+            "--catalog",
+            str(tiny_catalog),
+            "--profile",
+            str(profile),
+        ]
+        job = subprocess.Popen(
+            [SHOAL, *args, "--scheduler", address], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         wait_until(lambda: len(list(out.glob("part-*"))) >= 2 or job.poll() is not None, step=0.01)
         procs[0].send_signal(signal.SIGKILL)
         assert job.poll() is None, "the job ended before the scheduler could be killed"

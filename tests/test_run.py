@@ -35,10 +35,14 @@ def write_job(path, **fields) -> str:
 def test_job_spec_paths_and_validation(tmp_path):
     spec = load_job_spec(write_job(tmp_path / "job.yaml"))
     assert spec.name == "job" and spec.corpus.input == str(tmp_path / "corpus.parquet")
-    assert spec.output == str(tmp_path / "out") and spec.queries.id_column == "qid" and spec.rerank.max_candidates == 1000
+    assert (
+        spec.output == str(tmp_path / "out") and spec.queries.id_column == "qid" and spec.rerank.max_candidates == 1000
+    )
     s3 = load_job_spec(write_job(tmp_path / "s3.yaml", output="s3://bucket/run"))
     assert s3.output == "s3://bucket/run"
-    with pytest.raises(ConfigError, match=r"bad\.yaml: job: Value error, rerank\.top_k \(50\) is more than retrieve\.top_k \(10\)"):
+    with pytest.raises(
+        ConfigError, match=r"bad\.yaml: job: Value error, rerank\.top_k \(50\) is more than retrieve\.top_k \(10\)"
+    ):
         load_job_spec(write_job(tmp_path / "bad.yaml", rerank={"model": "tiny-reranker", "top_k": 50}))
     with pytest.raises(ConfigError, match=r"typo\.yaml: retrieve\.topk: Extra inputs are not permitted"):
         load_job_spec(write_job(tmp_path / "typo.yaml", retrieve={"topk": 3}))
@@ -60,7 +64,9 @@ def test_top_k_is_exact_and_breaks_ties_by_position():
     corpus[10] = corpus[3] * 2  # same direction: a tie, the earlier row first
     queries[0] = corpus[3]
     indices, scores = top_k(queries, corpus, 5)
-    cosine = (queries / np.linalg.norm(queries, axis=1, keepdims=True)) @ (corpus / np.linalg.norm(corpus, axis=1, keepdims=True)).T
+    cosine = (queries / np.linalg.norm(queries, axis=1, keepdims=True)) @ (
+        corpus / np.linalg.norm(corpus, axis=1, keepdims=True)
+    ).T
     assert list(indices[0][:2]) == [3, 10]
     for row in range(7):
         assert list(indices[row]) == list(np.argsort(-cosine[row], kind="stable")[:5])
@@ -74,9 +80,17 @@ def test_run_embeds_retrieves_and_reranks(cluster, tiny_model, tiny_reranker, ti
     _, client = cluster
     passages = demo_texts[:300]
     questions = [demo_texts[1000 + i][:80] for i in range(20)] + [None]
-    pq.write_table(pa.table({"id": [f"d{i}" for i in range(300)], "text": passages}), tmp_path / "corpus.parquet", row_group_size=100)
-    pq.write_table(pa.table({"qid": list(range(21)), "question": pa.array(questions, pa.string())}), tmp_path / "queries.parquet")
-    result = run_shoal("run", write_job(tmp_path / "job.yaml"), "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address)
+    pq.write_table(
+        pa.table({"id": [f"d{i}" for i in range(300)], "text": passages}),
+        tmp_path / "corpus.parquet",
+        row_group_size=100,
+    )
+    pq.write_table(
+        pa.table({"qid": list(range(21)), "question": pa.array(questions, pa.string())}), tmp_path / "queries.parquet"
+    )
+    result = run_shoal(
+        "run", write_job(tmp_path / "job.yaml"), "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address
+    )
     assert result.returncode == 0, result.stderr
     assert "1 queries have a null text" in result.stderr
     ranked = pq.read_table(tmp_path / "out" / "ranked.parquet")
@@ -108,5 +122,7 @@ def test_run_embeds_retrieves_and_reranks(cluster, tiny_model, tiny_reranker, ti
 
 
 def test_run_refuses_a_bad_spec_before_starting(tiny_catalog, tmp_path):
-    result = run_shoal("run", write_job(tmp_path / "job.yaml", embed={"model": "tiny-reranker"}), "--catalog", str(tiny_catalog))
+    result = run_shoal(
+        "run", write_job(tmp_path / "job.yaml", embed={"model": "tiny-reranker"}), "--catalog", str(tiny_catalog)
+    )
     assert result.returncode == 2 and "kind 'reranker'" in result.stderr

@@ -61,7 +61,9 @@ def test_tiny_embedder_on_every_runtime_matches_a_direct_encode(tiny_catalog, ti
 
 
 @pytest.mark.parametrize("runtime,dtype", [("torch", "float32"), ("torch", "bfloat16"), ("onnx", "float32")])
-def test_cross_encoder_on_every_runtime_is_judged_by_score_order(tiny_catalog, tiny_reranker, demo_texts, runtime, dtype):
+def test_cross_encoder_on_every_runtime_is_judged_by_score_order(
+    tiny_catalog, tiny_reranker, demo_texts, runtime, dtype
+):
     queries, passages = _pairs(demo_texts[:120])
     direct = CrossEncoder(str(tiny_reranker), device="cpu", max_length=128).predict(list(zip(queries, passages)))
     loaded = load_runtime(_spec(tiny_catalog, "tiny-reranker", runtime, dtype), PLAN)
@@ -166,9 +168,22 @@ def test_a_profile_naming_a_missing_runtime_fails_at_start(tmp_path, tiny_catalo
     pq.write_table(pa.table({"text": ["a text to embed"]}), tmp_path / "in.parquet")
     env = {**os.environ, "PYTHONPATH": str(shim.parent)}
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "shoal"), "embed", str(tmp_path / "in.parquet"), str(tmp_path / "out"),
-         "--model", "tiny", "--profile", str(profile), "--catalog", str(tiny_catalog)],
-        capture_output=True, text=True, timeout=120, env=env,
+        [
+            str(Path(sys.executable).parent / "shoal"),
+            "embed",
+            str(tmp_path / "in.parquet"),
+            str(tmp_path / "out"),
+            "--model",
+            "tiny",
+            "--profile",
+            str(profile),
+            "--catalog",
+            str(tiny_catalog),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "pip install 'shoal[onnx]'" in done.stderr and "model 'tiny'" in done.stderr
@@ -185,8 +200,19 @@ def test_embed_and_rerank_jobs_on_onnx_through_a_cluster(tmp_path, tiny_catalog,
         "name: onnx\ndevice: cpu\nthreads_per_worker: 2\nrows_per_item: 128\n"
         "runtimes:\n  tiny: {runtime: onnx, dtype: float32}\n  tiny-reranker: {runtime: onnx, dtype: float32}\n"
     )
-    result = run_shoal("embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny", "--id-column", "id",
-                       "--profile", str(profile), "--catalog", str(tiny_catalog))
+    result = run_shoal(
+        "embed",
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        "--model",
+        "tiny",
+        "--id-column",
+        "id",
+        "--profile",
+        str(profile),
+        "--catalog",
+        str(tiny_catalog),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     table = read_output(tmp_path / "out")
     got = dict(zip(table.column("id").to_pylist(), table.column("embedding").to_pylist()))
@@ -197,8 +223,17 @@ def test_embed_and_rerank_jobs_on_onnx_through_a_cluster(tmp_path, tiny_catalog,
     queries, passages = _pairs(texts[:120])
     pair_ids = [f"pair-{i}" for i in range(len(queries))]
     pq.write_table(pa.table({"id": pair_ids, "query": queries, "passage": passages}), tmp_path / "pairs.parquet")
-    result = run_shoal("rerank", str(tmp_path / "pairs.parquet"), str(tmp_path / "scores"), "--model", "tiny-reranker",
-                       "--profile", str(profile), "--catalog", str(tiny_catalog))
+    result = run_shoal(
+        "rerank",
+        str(tmp_path / "pairs.parquet"),
+        str(tmp_path / "scores"),
+        "--model",
+        "tiny-reranker",
+        "--profile",
+        str(profile),
+        "--catalog",
+        str(tiny_catalog),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     scored = read_output(tmp_path / "scores")
     direct_scores = CrossEncoder(str(tiny_reranker), device="cpu", max_length=128).predict(list(zip(queries, passages)))

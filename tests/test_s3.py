@@ -19,13 +19,25 @@ def test_s3_job_equals_local_job(cluster, tiny_catalog, test_profile, demo_texts
     for path in sorted((tmp_path / "in").iterdir()):
         fs.put_file(str(path), f"shoal-test/docs/{path.name}")
 
-    common = ("--model", "tiny", "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address,
-              "--profile", str(test_profile))
+    common = (
+        "--model",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--scheduler",
+        client.scheduler.address,
+        "--profile",
+        str(test_profile),
+    )
     local = run_shoal("embed", str(tmp_path / "in"), str(tmp_path / "local-out"), *common)
     assert local.returncode == 0, local.stderr
     remote = run_shoal(
-        "embed", "s3://shoal-test/docs/*.parquet", "s3://shoal-test/vectors/", *common,
-        "--storage-options", json.dumps(options),
+        "embed",
+        "s3://shoal-test/docs/*.parquet",
+        "s3://shoal-test/vectors/",
+        *common,
+        "--storage-options",
+        json.dumps(options),
     )
     assert remote.returncode == 0, remote.stderr
 
@@ -39,7 +51,9 @@ def test_s3_job_equals_local_job(cluster, tiny_catalog, test_profile, demo_texts
     )
     manifest = json.loads(fs.cat_file("shoal-test/vectors/_manifest.json"))
     assert manifest["complete"] and manifest["rows"] == len(ids)
-    assert all(i["url"].startswith("s3://shoal-test/docs/") and i["version"].startswith("ETag") for i in manifest["inputs"])
+    assert all(
+        i["url"].startswith("s3://shoal-test/docs/") and i["version"].startswith("ETag") for i in manifest["inputs"]
+    )
     local_parts = {p.name for p in (tmp_path / "local-out").glob("part-*")}
     remote_parts = {p.rsplit("/", 1)[1] for p in fs.ls("shoal-test/vectors") if "/part-" in p}
     assert len(remote_parts) == len(local_parts) == len(manifest["parts"])

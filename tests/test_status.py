@@ -18,8 +18,12 @@ def test_status_lists_jobs_per_model_and_workers(cluster, tiny_catalog, test_pro
     profile, catalog = load_profile(str(test_profile)), load_catalog(str(tiny_catalog))
     plan = plan_job(embed_job(EmbedRequest(str(tmp_path / "in"), str(tmp_path / "out"), "tiny")), profile)
     spec = model_for(catalog, profile, "tiny", "embedder")
-    client.sync(client.scheduler.shoal_submit, job="status-probe", items=plan.items,
-                settings={"models": {"tiny": spec.model_dump()}})
+    client.sync(
+        client.scheduler.shoal_submit,
+        job="status-probe",
+        items=plan.items,
+        settings={"models": {"tiny": spec.model_dump()}},
+    )
     try:
         deadline = time.monotonic() + 120
         while not client.sync(client.scheduler.shoal_job_status, job="status-probe")["complete"]:
@@ -48,11 +52,19 @@ def test_status_of_a_job_file_shows_its_output(cluster, tiny_catalog, test_profi
     _, client = cluster
     write_shards(tmp_path / "in", demo_texts[:200], shards=1, row_group_size=100)
     job = tmp_path / "docs.yaml"
-    job.write_text(yaml.safe_dump({
-        "input": str(tmp_path / "in"), "output": str(tmp_path / "out"), "model": "tiny",
-        "catalog": str(tiny_catalog), "profile": str(test_profile), "scheduler": client.scheduler.address,
-        "lock": {"settle_seconds": 0},
-    }))
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "input": str(tmp_path / "in"),
+                "output": str(tmp_path / "out"),
+                "model": "tiny",
+                "catalog": str(tiny_catalog),
+                "profile": str(test_profile),
+                "scheduler": client.scheduler.address,
+                "lock": {"settle_seconds": 0},
+            }
+        )
+    )
     assert invoke_shoal("reindex", str(job)).returncode == 0
     version = (tmp_path / "out" / "_CURRENT").read_text().strip()
     result = invoke_shoal("status", str(job), "--json")

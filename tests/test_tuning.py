@@ -6,12 +6,11 @@ import time
 
 import pytest
 import yaml
+from conftest import run_shoal
 
 from configs import ConfigError, load_catalog, load_profile
 from pipeline.tuning_derived import GPUS, derive
 from pipeline.tuning_profile import write_profile
-
-from conftest import run_shoal
 
 
 def test_tune_quick_mode_writes_a_valid_profile_with_its_evidence(tmp_path, tiny_catalog):
@@ -19,8 +18,20 @@ def test_tune_quick_mode_writes_a_valid_profile_with_its_evidence(tmp_path, tiny
     target = tmp_path / "tiny-tuned.yaml"
     began = time.monotonic()
     result = run_shoal(
-        "tune", "--profile", str(target), "--models", "tiny", "--catalog", str(tiny_catalog),
-        "--budget-minutes", "0.75", "--sample-rows", "512", "--online-rate", "2", timeout=400,
+        "tune",
+        "--profile",
+        str(target),
+        "--models",
+        "tiny",
+        "--catalog",
+        str(tiny_catalog),
+        "--budget-minutes",
+        "0.75",
+        "--sample-rows",
+        "512",
+        "--online-rate",
+        "2",
+        timeout=400,
     )
     seconds = time.monotonic() - began
     assert result.returncode == 0, result.stderr[-3000:]
@@ -30,8 +41,17 @@ def test_tune_quick_mode_writes_a_valid_profile_with_its_evidence(tmp_path, tiny
     assert profile.max_batch_sizes["tiny"] > 0
     assert profile.workers * max(profile.threads_per_worker, 1) >= 1
     text = target.read_text()
-    for marker in ("TUNED by `shoal tune", "Phase 0", "tiny torch bfloat16", "tiny onnx int8", "Phase 1", "Phase 2",
-                   "online load 2 req/s", "Every trial:", "<- chosen"):
+    for marker in (
+        "TUNED by `shoal tune",
+        "Phase 0",
+        "tiny torch bfloat16",
+        "tiny onnx int8",
+        "Phase 1",
+        "Phase 2",
+        "online load 2 req/s",
+        "Every trial:",
+        "<- chosen",
+    ):
         assert marker in text
     assert profile.runtimes["tiny"].runtime in ("torch", "onnx")  # phase 0's choice, written beside the budgets
     assert "trials in" in result.stderr and "shoal tune:" in result.stderr  # the summary table

@@ -26,7 +26,8 @@ def bowl(config) -> Outcome:
 def test_finds_the_top_of_a_hill_with_far_fewer_trials_than_the_grid():
     calls = []
     search = CoordinateSearch(
-        [BUDGETS, BATCH, PREFETCH], {"budget": 1024, "batch": 256, "prefetch": 1},
+        [BUDGETS, BATCH, PREFETCH],
+        {"budget": 1024, "batch": 256, "prefetch": 1},
         lambda c: calls.append(c) or bowl(c),
     )
     result = search.run()
@@ -66,8 +67,11 @@ def test_beats_orders_feasibility_then_violation_then_score():
 def test_deadline_stops_with_the_best_so_far():
     clock = itertools.count()  # every clock() call advances one "second"
     search = CoordinateSearch(
-        [BUDGETS, BATCH, PREFETCH], {"budget": 1024, "batch": 256, "prefetch": 1}, bowl,
-        deadline=12, clock=lambda: next(clock),
+        [BUDGETS, BATCH, PREFETCH],
+        {"budget": 1024, "batch": 256, "prefetch": 1},
+        bowl,
+        deadline=12,
+        clock=lambda: next(clock),
     )
     result = search.run()
     assert result.stopped == "out of time"

@@ -7,7 +7,7 @@ import threading
 import time
 
 import yaml
-from conftest import SHOAL, ROOT, kill_busy_worker, kill_worker, read_output, write_profile, write_shards
+from conftest import ROOT, SHOAL, kill_busy_worker, kill_worker, read_output, write_profile, write_shards
 from distributed import Client
 
 from configs import load_profile
@@ -19,17 +19,45 @@ def test_killed_worker_loses_no_rows(demo_texts, tmp_path):
     ids = write_shards(tmp_path / "in", demo_texts[:1600], shards=4, row_group_size=50)
     # A simulated model (about 0.5 s per item) keeps the job long enough to kill a worker mid-way.
     catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(yaml.safe_dump({"models": {"slow-sim": {
-        "kind": "sim", "dim": 8, "max_seq_length": 256, "memory_bytes": 10**6,
-        "load_seconds": 0.1, "batch_fixed_seconds": 0.05, "per_token_seconds": 1e-4,
-    }}}))
+    catalog.write_text(
+        yaml.safe_dump(
+            {
+                "models": {
+                    "slow-sim": {
+                        "kind": "sim",
+                        "dim": 8,
+                        "max_seq_length": 256,
+                        "memory_bytes": 10**6,
+                        "load_seconds": 0.1,
+                        "batch_fixed_seconds": 0.05,
+                        "per_token_seconds": 1e-4,
+                    }
+                }
+            }
+        )
+    )
     with start_local_cluster(profile) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         plugin = cluster.scheduler.extensions["shoal"]
         job = subprocess.Popen(
-            [SHOAL, "embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "slow-sim",
-             "--catalog", str(catalog), "--scheduler", cluster.scheduler_address, "--profile", profile.path],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                SHOAL,
+                "embed",
+                str(tmp_path / "in"),
+                str(tmp_path / "out"),
+                "--model",
+                "slow-sim",
+                "--catalog",
+                str(catalog),
+                "--scheduler",
+                cluster.scheduler_address,
+                "--profile",
+                profile.path,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         kill_busy_worker(cluster, job)
         _, stderr = job.communicate(timeout=300)
@@ -47,14 +75,23 @@ def test_online_request_of_a_killed_worker_is_answered_by_another(tmp_path):
     from pipeline.online_client import OnlineClient
     from workers.sim_runtime import SimulatedRuntime
 
-    slow = {"name": "slow-online", "kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 10**6,
-            "batch_fixed_seconds": 3.0}
+    slow = {
+        "name": "slow-online",
+        "kind": "sim",
+        "dim": 8,
+        "max_seq_length": 64,
+        "memory_bytes": 10**6,
+        "batch_fixed_seconds": 3.0,
+    }
     profile = load_profile(str(write_profile(tmp_path, name="kill-online", lease_seconds=30)))
     with start_local_cluster(profile) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         plugin = cluster.scheduler.extensions["shoal"]
-        reply = client.sync(client.scheduler.shoal_gateway_start,
-                            settings={"port": 0, "request_timeout_seconds": 120}, models={"slow-online": slow})
+        reply = client.sync(
+            client.scheduler.shoal_gateway_start,
+            settings={"port": 0, "request_timeout_seconds": 120},
+            models={"slow-online": slow},
+        )
         answer: dict = {}
 
         def ask() -> None:
@@ -96,15 +133,19 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
     with start_local_cluster(profile, str(catalog), preload_argv=pin) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         plugin = cluster.scheduler.extensions["shoal"]
-        url = client.sync(client.scheduler.shoal_gateway_start,
-                          settings={"port": 0, "request_timeout_seconds": 30},
-                          models={"steady": {"name": "steady", **model}})["url"]
+        url = client.sync(
+            client.scheduler.shoal_gateway_start,
+            settings={"port": 0, "request_timeout_seconds": 30},
+            models={"steady": {"name": "steady", **model}},
+        )["url"]
         with OnlineClient(url, timeout=60) as online:
             online.encode("steady", ["warm"])
         # Batch work fills every worker's batch slots, so only its waiting online pull can take
         # the requeued requests (a waiting batch pull would take them too).
-        batch = [{"key": str(i), "model": "steady", "op": "sim", "rows": 8, "payload": {"tokens": [16] * 8}}
-                 for i in range(400)]
+        batch = [
+            {"key": str(i), "model": "steady", "op": "sim", "rows": 8, "payload": {"tokens": [16] * 8}}
+            for i in range(400)
+        ]
         client.sync(client.scheduler.shoal_submit, job="background", items=batch, settings={"lease_seconds": 30})
         while sum(len(items) for items in plugin.leased_by_worker.values()) < 4:
             time.sleep(0.05)
@@ -118,7 +159,9 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
             answers = [pool.submit(ask, n) for n in range(6)]
             victim = None
             while victim is None:
-                online_leases = [(w, i) for w, items in plugin.leased_by_worker.items() for i in items if i.startswith("online-")]
+                online_leases = [
+                    (w, i) for w, items in plugin.leased_by_worker.items() for i in items if i.startswith("online-")
+                ]
                 victim = online_leases[0][0] if online_leases else None
                 time.sleep(0.005)
             killed_at = time.monotonic()

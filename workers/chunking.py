@@ -78,7 +78,9 @@ def token_windows(tokenizer, texts: list[str], settings: ChunkSettings) -> Windo
     exactly as without chunking.
     """
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(f"chunking needs a fast (Rust) tokenizer for character offsets; {type(tokenizer).__name__} is not one")
+        raise ValueError(
+            f"chunking needs a fast (Rust) tokenizer for character offsets; {type(tokenizer).__name__} is not one"
+        )
     content = settings.tokens - tokenizer.num_special_tokens_to_add(pair=False)
     if content <= settings.overlap:
         raise ValueError(
@@ -86,8 +88,12 @@ def token_windows(tokenizer, texts: list[str], settings: ChunkSettings) -> Windo
             f"special tokens, not more than overlap={settings.overlap}"
         )
     encoded = tokenizer(
-        texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False,
-        return_token_type_ids=False, verbose=False,
+        texts,
+        add_special_tokens=False,
+        return_offsets_mapping=True,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+        verbose=False,
     )
     source, chunk, start, end, windows = [], [], [], [], []
     for index, text in enumerate(texts):

@@ -14,11 +14,11 @@ from configs import Profile
 
 @dataclass(frozen=True)
 class DevicePlan:
-    device: str          # "cpu" or "cuda:N"
-    kind: str            # "cpu" or "cuda": selects the per-model token budget
-    dtype: str           # "float32", "float16" or "bfloat16"
-    memory_budget: int   # bytes of model weights this worker may keep resident
-    threads: int = 1     # torch intra-op threads: the cores this worker owns
+    device: str  # "cpu" or "cuda:N"
+    kind: str  # "cpu" or "cuda": selects the per-model token budget
+    dtype: str  # "float32", "float16" or "bfloat16"
+    memory_budget: int  # bytes of model weights this worker may keep resident
+    threads: int = 1  # torch intra-op threads: the cores this worker owns
 
 
 def plan_device(
@@ -45,7 +45,9 @@ def plan_device(
         if dtype == "auto":
             dtype = "bfloat16" if bf16_supported else "float16"
         memory = resources.get("VRAM") or cuda_memory or 0
-        return DevicePlan(f"cuda:{index}", "cuda", dtype, int(memory * profile.memory_fraction), profile.torch_threads(cores))
+        return DevicePlan(
+            f"cuda:{index}", "cuda", dtype, int(memory * profile.memory_fraction), profile.torch_threads(cores)
+        )
     dtype = "float32" if profile.dtype == "auto" else profile.dtype
     memory = resources.get("MEMORY") or host_memory
     return DevicePlan("cpu", "cpu", dtype, int(memory * profile.memory_fraction), profile.torch_threads(cores))
@@ -77,9 +79,7 @@ def detect_device(profile: Profile, resources: dict[str, float]) -> DevicePlan:
             index = _local_gpu_index(cuda_devices)
             cuda_memory = torch.cuda.get_device_properties(index).total_memory
             bf16 = torch.cuda.is_bf16_supported()
-    return plan_device(
-        profile, resources, cuda_devices, cuda_memory, psutil.virtual_memory().total, bf16, cores
-    )
+    return plan_device(profile, resources, cuda_devices, cuda_memory, psutil.virtual_memory().total, bf16, cores)
 
 
 def apply_torch_threads(plan: DevicePlan) -> None:

@@ -127,4 +127,3 @@ def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], s
         "rejected": len(rejections),
         "rejections": rejections[:REPORTED_REJECTIONS],
     }
-

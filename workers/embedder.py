@@ -35,9 +35,7 @@ class SentenceEmbedder:
         hf_logging.disable_progress_bar()
         self.spec = spec
         self.device_thread = device_thread or DeviceThread()
-        self.model = SentenceTransformer(
-            spec.resolve_path(), device=plan.device, local_files_only=True
-        )
+        self.model = SentenceTransformer(spec.resolve_path(), device=plan.device, local_files_only=True)
         self.model.max_seq_length = spec.max_seq_length
         self.dtype = dtype or plan.dtype
         if self.dtype != "float32":

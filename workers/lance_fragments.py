@@ -53,8 +53,10 @@ def write_fragment(dataset_uri: str, table: pa.Table, storage_options: dict[str,
         return marker.replace_schema_metadata(stamp)
     data = table.replace_schema_metadata(None)
     fragment = LanceFragment.create(dataset_uri, data, storage_options=lance_storage_options(storage_options))
-    return marker.replace_schema_metadata({
-        **stamp,
-        FRAGMENT_KEY: json.dumps(fragment.to_json()).encode(),
-        SCHEMA_KEY: base64.b64encode(data.schema.serialize().to_pybytes()),
-    })
+    return marker.replace_schema_metadata(
+        {
+            **stamp,
+            FRAGMENT_KEY: json.dumps(fragment.to_json()).encode(),
+            SCHEMA_KEY: base64.b64encode(data.schema.serialize().to_pybytes()),
+        }
+    )

@@ -13,11 +13,11 @@ import asyncio
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from configs import ModelSpec
 
@@ -156,9 +156,7 @@ class ModelPool:
     async def _load_now(self, spec: ModelSpec) -> None:
         try:
             began = time.perf_counter()
-            runtime = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._load, spec
-            )
+            runtime = await asyncio.get_running_loop().run_in_executor(self._executor, self._load, spec)
             self.load_seconds[spec.name] = round(time.perf_counter() - began, 3)
             size = int(getattr(runtime, "memory_bytes", lambda: spec.memory_bytes)())
             self._sizes[spec.name] = size

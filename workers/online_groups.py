@@ -27,8 +27,8 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from configs import ModelSpec

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from .vector_precision import VectorFormat, compact
 
 WIRE_DTYPES = {"float32": "<f4", "float16": "<f2"}
@@ -66,7 +67,11 @@ def _encoded(vectors: np.ndarray, payload: dict[str, Any]) -> dict[str, Any]:
     stored = compact(vectors, fmt)
     dtype = fmt.precision if fmt.precision != "float32" else payload.get("dtype", "float32")
     wire = WIRE_DTYPES.get(dtype, stored.dtype.str)
-    return {"embeddings": np.ascontiguousarray(stored, dtype=wire).tobytes(), "shape": list(stored.shape), "dtype": dtype}
+    return {
+        "embeddings": np.ascontiguousarray(stored, dtype=wire).tobytes(),
+        "shape": list(stored.shape),
+        "dtype": dtype,
+    }
 
 
 def score(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:

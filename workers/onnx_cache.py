@@ -61,8 +61,8 @@ class ExportCheckFailed(RuntimeError):
 @dataclass(frozen=True)
 class Artifact:
     directory: Path
-    exported: bool   # built by this call (False: reused from the cache)
-    seconds: float   # export and check, or verifying the cached entry
+    exported: bool  # built by this call (False: reused from the cache)
+    seconds: float  # export and check, or verifying the cached entry
 
     @property
     def graph(self) -> Path:
@@ -265,11 +265,17 @@ def _tokenize(tokenizer, spec: ModelSpec, inputs: list, kind: str, prompt: str =
     """What the graph takes: the tokenizer's padded arrays, as the runtimes build them."""
     if kind == "reranker":
         first, second = [q for q, _ in inputs], [p for _, p in inputs]
-        encoded = tokenizer(first, second, padding=True, truncation="longest_first",
-                            max_length=spec.max_seq_length, return_tensors="np")
+        encoded = tokenizer(
+            first, second, padding=True, truncation="longest_first", max_length=spec.max_seq_length, return_tensors="np"
+        )
     else:
-        encoded = tokenizer([prompt + t for t in inputs], padding=True, truncation="longest_first",
-                            max_length=spec.max_seq_length, return_tensors="np")
+        encoded = tokenizer(
+            [prompt + t for t in inputs],
+            padding=True,
+            truncation="longest_first",
+            max_length=spec.max_seq_length,
+            return_tensors="np",
+        )
     return {name: np.asarray(encoded[name], dtype=np.int64) for name in tokenizer.model_input_names if name in encoded}
 
 

@@ -59,8 +59,12 @@ class OnnxModel:
 
     def _run(self, first: list[str], second: list[str] | None = None) -> np.ndarray:
         encoded = self.tokenizer(
-            first, second, padding=True, truncation="longest_first",
-            max_length=self.spec.max_seq_length, return_tensors="np",
+            first,
+            second,
+            padding=True,
+            truncation="longest_first",
+            max_length=self.spec.max_seq_length,
+            return_tensors="np",
         )
         feeds = {name: np.asarray(encoded[name], dtype=np.int64) for name in self.input_names}
         return self.session.run(None, feeds)[0]

@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 
 from .storage import atomic_write, open_fs
 
-
 REPORTED_REJECTIONS = 20  # rejected rows listed per part (ack and manifest); the count is always exact
 
 
@@ -32,9 +31,7 @@ def read_slice(payload: dict[str, Any], columns: list[str]) -> pa.Table:
             names = parquet.schema_arrow.names
             missing = [c for c in columns if c not in names]
             if missing:
-                raise InputError(
-                    f"{url}: no column {missing[0]!r} (columns are: {', '.join(names)})"
-                )
+                raise InputError(f"{url}: no column {missing[0]!r} (columns are: {', '.join(names)})")
             first, last = payload.get("row_groups") or (0, parquet.num_row_groups)
             table = parquet.read_row_groups(list(range(first, last)), columns=columns)
     except InputError:
@@ -53,9 +50,7 @@ def read_slice(payload: dict[str, Any], columns: list[str]) -> pa.Table:
     return table
 
 
-def text_column(
-    table: pa.Table, name: str, url: str, invalid: dict[int, str] | None = None
-) -> list[str | None]:
+def text_column(table: pa.Table, name: str, url: str, invalid: dict[int, str] | None = None) -> list[str | None]:
     """The text column as Python strings (None for nulls), or a clear error.
 
     Parquet writers do not all check that strings are UTF-8. A value that is

@@ -111,9 +111,7 @@ class PullLoop:
                 began = time.perf_counter()
                 computed = await asyncio.wrap_future(self.device_thread.run(operation.compute, runtime, data))
                 compute_seconds = time.perf_counter() - began
-            result = await loop.run_in_executor(
-                self.io_executor, operation.write, payload, data, computed, spec
-            )
+            result = await loop.run_in_executor(self.io_executor, operation.write, payload, data, computed, spec)
             result["compute_seconds"] = compute_seconds
             # One way: nothing here waits on the answer, and the scheduler saves a reply per item.
             await self.worker.scheduler.shoal_ack(worker=self.worker.address, item=item_id, result=result, reply=False)
@@ -197,9 +195,7 @@ class PullLoop:
             if not self.held:
                 continue
             try:
-                reply = await self.worker.scheduler.shoal_extend(
-                    worker=self.worker.address, items=list(self.held)
-                )
+                reply = await self.worker.scheduler.shoal_extend(worker=self.worker.address, items=list(self.held))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -45,7 +45,12 @@ def read(payload: dict[str, Any]) -> RerankInput:
     query_col = payload["query_column"]
     item_col = payload["passage_column"] if mode == "pairs" else payload["candidates_column"]
     columns = [query_col]
-    for name in [item_col, payload.get("candidate_ids_column"), payload.get("id_column"), *payload.get("keep_columns", [])]:
+    for name in [
+        item_col,
+        payload.get("candidate_ids_column"),
+        payload.get("id_column"),
+        *payload.get("keep_columns", []),
+    ]:
         if name and name not in columns:
             columns.append(name)
     table = read_slice(payload, columns)
@@ -171,7 +176,9 @@ def _identity_columns(payload: dict[str, Any], table: pa.Table) -> dict[str, pa.
     rows = table.num_rows  # no id column: where each row came from identifies it
     first = (payload.get("row_range") or [0, 0])[0]
     return {
-        "source_file": pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array([payload["input"]])),
+        "source_file": pa.DictionaryArray.from_arrays(
+            pa.array(np.zeros(rows, dtype=np.int32)), pa.array([payload["input"]])
+        ),
         "source_row": pa.array(np.arange(first, first + rows, dtype=np.int64)),
     }
 
@@ -194,7 +201,9 @@ def _ranking(payload: dict[str, Any], data: RerankInput, scores: np.ndarray) -> 
         fields["id"] = _candidate_ids(data.table.column(ids_col), counts, offsets, index)
     fields["score"] = pa.array(scores[order].astype(np.float32))
     valid = counts > 0
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.StructArray.from_arrays(list(fields.values()), list(fields)), mask=pa.array(~valid))
+    return pa.ListArray.from_arrays(
+        pa.array(offsets), pa.StructArray.from_arrays(list(fields.values()), list(fields)), mask=pa.array(~valid)
+    )
 
 
 def _candidate_ids(column: pa.ChunkedArray, counts: np.ndarray, offsets: np.ndarray, index: np.ndarray) -> pa.Array:

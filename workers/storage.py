@@ -14,7 +14,6 @@ from typing import Any
 
 import fsspec
 
-
 # A store that answers these to one write answers them to the next: read-only, no permission,
 # a file where a folder should be, no space left.
 REFUSING_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ENOSPC, errno.EEXIST})

@@ -9,9 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def count_tokens(
-    tokenizer, limit: int, texts: list[str], pairs: list[str] | None = None
-) -> tuple[np.ndarray, int]:
+def count_tokens(tokenizer, limit: int, texts: list[str], pairs: list[str] | None = None) -> tuple[np.ndarray, int]:
     """Tokens per text (or per (text, pair) when `pairs` is given), and how many were truncated."""
     ids = tokenizer(
         texts,

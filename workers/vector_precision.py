@@ -26,8 +26,12 @@ Precision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
 PRECISIONS = get_args(Precision)
 CALIBRATED = ("int8", "uint8")
 ARROW_TYPES = {
-    "float32": pa.float32(), "float16": pa.float16(), "int8": pa.int8(), "uint8": pa.uint8(),
-    "binary": pa.int8(), "ubinary": pa.uint8(),
+    "float32": pa.float32(),
+    "float16": pa.float16(),
+    "int8": pa.int8(),
+    "uint8": pa.uint8(),
+    "binary": pa.int8(),
+    "ubinary": pa.uint8(),
 }
 
 

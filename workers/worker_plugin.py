@@ -55,7 +55,9 @@ class ShoalWorker(WorkerPlugin):
         self.plan = plan
         # Pool figures ride on Dask's heartbeat to the scheduler, for its dashboard and /metrics.
         worker.metrics["shoal"] = lambda _: {
-            "loads": self.pool.loads, "evictions": len(self.pool.evictions), "load_seconds": dict(self.pool.load_seconds)
+            "loads": self.pool.loads,
+            "evictions": len(self.pool.evictions),
+            "load_seconds": dict(self.pool.load_seconds),
         }
         logger.info("shoal worker on %s (%s), model budget %.1f GB", plan.device, plan.dtype, plan.memory_budget / 1e9)
         if pinned or self.warm:

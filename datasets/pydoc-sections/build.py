@@ -105,9 +105,15 @@ def main() -> None:
     corpus, queries, qrels = collect()
     _write(corpus, pa.schema([("id", pa.string()), ("text", pa.string()), ("topic", pa.string())]), "corpus.parquet")
     _write(queries, pa.schema([("id", pa.string()), ("text", pa.string())]), "queries.parquet")
-    _write(qrels, pa.schema([("query_id", pa.string()), ("corpus_id", pa.string()), ("score", pa.int32())]), "qrels.parquet")
-    print(f"python {sys.version.split()[0]}, pyarrow {pa.__version__}: {len(corpus)} passages, "
-          f"{len(queries)} queries, {len(qrels)} judgments -> {OUT_DIR}")
+    _write(
+        qrels,
+        pa.schema([("query_id", pa.string()), ("corpus_id", pa.string()), ("score", pa.int32())]),
+        "qrels.parquet",
+    )
+    print(
+        f"python {sys.version.split()[0]}, pyarrow {pa.__version__}: {len(corpus)} passages, "
+        f"{len(queries)} queries, {len(qrels)} judgments -> {OUT_DIR}"
+    )
 
 
 if __name__ == "__main__":
