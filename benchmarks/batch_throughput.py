@@ -59,7 +59,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import yaml  # noqa: E402
 
 from configs import load_catalog, load_profile  # noqa: E402
-from pipeline.batch_jobs import EmbedRequest, plan_embed  # noqa: E402
+from pipeline.jobs.embed import EmbedRequest, plan_embed  # noqa: E402
 from workers.parquet_slices import read_slice, text_column  # noqa: E402
 from workers.token_batching import padding_fraction, plan_batches  # noqa: E402
 

@@ -57,8 +57,8 @@ from distributed import Client  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from configs import load_catalog, load_profile  # noqa: E402
-from pipeline.batch_jobs import EmbedRequest, run_embed  # noqa: E402
 from pipeline.cluster import start_local_cluster  # noqa: E402
+from pipeline.jobs.embed import EmbedRequest, run_embed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "datasets" / "demo"

@@ -2,7 +2,7 @@
 """Compact vectors: bytes per vector against retrieval quality, for every --precision and a few --dim.
 
 * data: datasets/pydoc-sections (431 passages, 167 judged queries), BEIR metrics
-  (`pipeline.evaluation`, nDCG@10 and recall@10).
+  (`pipeline.retrieval.evaluation`, nDCG@10 and recall@10).
 * model: all-MiniLM-L6-v2 (catalog `minilm`, 384 dims) through the worker's
   runtime; corpus and queries are stored the way `shoal embed --precision P
   --dim D` stores them (`workers.vector_precision.compact`, int8/uint8 ranges
@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from configs import load_catalog  # noqa: E402
-from pipeline.evaluation import evaluate  # noqa: E402
+from pipeline.retrieval.evaluation import evaluate  # noqa: E402
 from workers.vector_precision import PRECISIONS, VectorFormat, compact, ranges_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -38,10 +38,11 @@ from distributed import Client  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from configs import GatewaySettings, load_catalog, load_profile  # noqa: E402
-from pipeline.batch_jobs import EmbedRequest, model_for, run_embed  # noqa: E402
 from pipeline.cluster import start_local_cluster  # noqa: E402
-from pipeline.tuning_probe import OnlineProbe  # noqa: E402
-from pipeline.tuning_sample import draw_sample  # noqa: E402
+from pipeline.jobs.embed import EmbedRequest, run_embed  # noqa: E402
+from pipeline.jobs.engine import model_for  # noqa: E402
+from pipeline.tuning.probe import OnlineProbe  # noqa: E402
+from pipeline.tuning.sample import draw_sample  # noqa: E402
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

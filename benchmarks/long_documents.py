@@ -37,9 +37,9 @@ import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from configs import load_catalog  # noqa: E402
-from pipeline.evaluation import evaluate  # noqa: E402
-from pipeline.retrieval import Vectors, top_k, top_k_documents  # noqa: E402
-from pipeline.tuning_meter import MachineMeter  # noqa: E402
+from pipeline.retrieval.evaluation import evaluate  # noqa: E402
+from pipeline.retrieval.top_k import Vectors, top_k, top_k_documents  # noqa: E402
+from pipeline.tuning.meter import MachineMeter  # noqa: E402
 from workers.chunking import ChunkSettings, token_windows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -68,7 +68,7 @@ import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import yaml  # noqa: E402
 
-from pipeline.tuning_meter import process_tree_cpu_seconds  # noqa: E402
+from pipeline.tuning.meter import process_tree_cpu_seconds  # noqa: E402
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "online_latency.json")

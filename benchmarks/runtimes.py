@@ -7,7 +7,7 @@ percent within minutes, so only ratios measured in alternation count):
 * ``runtimes``: per runtime/dtype candidate, in this process on the worker's
   own runtimes, speed against fp32 torch (median of back-to-back pairs, as
   ``shoal tune`` times it) and the quality gate's figures
-  (pipeline/precision.py) on the same sample;
+  (pipeline/tuning/quality_gate.py) on the same sample;
 * ``batch``: whole processes over the same texts, in alternating order each
   round: ``shoal embed --profile PROFILE``; a direct script
   (``SentenceTransformer(path).encode(texts)``, fp32, as a user writes it);
@@ -59,9 +59,9 @@ from configs import (  # noqa: E402
     load_catalog,
     load_profile,
 )
-from pipeline.precision import REFERENCE, PrecisionGate, candidates, judge_vectors  # noqa: E402
-from pipeline.tuning_meter import MachineMeter  # noqa: E402
-from pipeline.tuning_runtimes import paired_speedup  # noqa: E402
+from pipeline.tuning.meter import MachineMeter  # noqa: E402
+from pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, candidates, judge_vectors  # noqa: E402
+from pipeline.tuning.runtimes import paired_speedup  # noqa: E402
 from workers.runtimes import load_runtime  # noqa: E402
 
 SHOAL = str(Path(sys.executable).parent / "shoal")

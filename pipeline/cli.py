@@ -14,34 +14,27 @@ import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from configs import ConfigError, load_catalog, load_profile  # noqa: E402
+from pipeline.cluster import ClusterError, connect  # noqa: E402
+from pipeline.jobs.embed import EmbedRequest, check_embed_options, run_embed, run_embed_models  # noqa: E402
+from pipeline.jobs.engine import model_for, preflight  # noqa: E402
+from pipeline.jobs.lance_output import LanceTarget  # noqa: E402
+from pipeline.jobs.lock import LockHeld  # noqa: E402
+from pipeline.jobs.planner import PlanError, check_output  # noqa: E402
+from pipeline.jobs.reindex import job_config, load_job, plan_reindex, run_reindex  # noqa: E402
+from pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank  # noqa: E402
+from pipeline.jobs.schedule import check_expression, run_on_schedule  # noqa: E402
+from pipeline.retrieval.beir import load_beir  # noqa: E402
+from pipeline.retrieval.evaluation import print_report, run_eval  # noqa: E402
+from pipeline.retrieval.run import run_pipeline  # noqa: E402
+from pipeline.retrieval.spec import load_job_spec  # noqa: E402
+from pipeline.status import cluster_state, output_state, render_cluster, render_output  # noqa: E402
+from pipeline.tuning.derived import GPUS  # noqa: E402
+from pipeline.tuning.derived import derive as derive_gpu
+from pipeline.tuning.profile import profile_path, write_profile  # noqa: E402
+from pipeline.tuning.tune import DEMO_INPUT, TuneRequest  # noqa: E402
+from pipeline.tuning.tune import tune as tune_profile
 from workers.chunking import ChunkSettings  # noqa: E402
 from workers.vector_precision import PRECISIONS, VectorFormat  # noqa: E402
-
-from .batch_jobs import (  # noqa: E402
-    EmbedRequest,
-    check_embed_options,
-    model_for,
-    preflight,
-    run_embed,
-    run_embed_models,
-)
-from .beir import load_beir  # noqa: E402
-from .cluster import ClusterError, connect  # noqa: E402
-from .evaluation import print_report, run_eval  # noqa: E402
-from .job_lock import LockHeld  # noqa: E402
-from .job_spec import load_job_spec  # noqa: E402
-from .lance_output import LanceTarget  # noqa: E402
-from .planner import PlanError, check_output  # noqa: E402
-from .reindex import job_config, load_job, plan_reindex, run_reindex  # noqa: E402
-from .rerank_jobs import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank  # noqa: E402
-from .runs import run_pipeline  # noqa: E402
-from .schedule import check_expression, run_on_schedule  # noqa: E402
-from .status import cluster_state, output_state, render_cluster, render_output  # noqa: E402
-from .tuning import DEMO_INPUT, TuneRequest  # noqa: E402
-from .tuning import tune as tune_profile
-from .tuning_derived import GPUS  # noqa: E402
-from .tuning_derived import derive as derive_gpu
-from .tuning_profile import profile_path, write_profile  # noqa: E402
 
 USER_ERRORS = (ConfigError, PlanError, ClusterError)
 
@@ -379,7 +372,7 @@ def serve(profile, models, host, port, scheduler, catalog):
     SIGTERM stops accepting, finishes what is in flight, and exits 0. The
     protocol is in docs/PROTOCOL.md.
     """
-    from .serve import serve as run_serve
+    from pipeline.serve import serve as run_serve
 
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -413,7 +406,7 @@ def gateway(scheduler, profile, host, port, catalog):
     scheduler: run several, behind any load balancer, to serve one cluster.
     Waits for the scheduler if it is not up yet; SIGINT or SIGTERM exits 0.
     """
-    from .gateway_process import gateway as run_gateway
+    from pipeline.gateway_process import gateway as run_gateway
 
     console = Console(stderr=True, soft_wrap=True)
     try:
@@ -435,7 +428,7 @@ def gateway(scheduler, profile, host, port, catalog):
 )
 def list_models(catalog, catalog_only, as_json, profile):
     """List catalog models and cached Hugging Face models with their resolved kind, dim, window, normalize."""
-    from .model_listing import model_rows, render_models
+    from pipeline.model_listing import model_rows, render_models
 
     try:
         rows = model_rows(load_catalog(catalog), load_profile(profile), include_cache=not catalog_only)
@@ -607,7 +600,7 @@ def check_precision(model, profile, texts_file, text_column, sample, runtime, dt
     Exit 1 when a single candidate is refused."""
     from rich.table import Table
 
-    from .precision_record import gate_candidates, record_verdict
+    from pipeline.tuning.gate_record import gate_candidates, record_verdict
 
     console = Console(stderr=True, soft_wrap=True)
     try:

@@ -19,8 +19,7 @@ from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, ConfigError, Profile
-
-from .cluster import check_plugin, connect, contact_address, start_local_cluster
+from pipeline.cluster import check_plugin, connect, contact_address, start_local_cluster
 
 
 @contextmanager

@@ -16,9 +16,9 @@ from distributed import Client
 from rich.console import Console
 from rich.table import Table
 
-from .job_lock import JobLock
-from .manifest import read_manifest
-from .reindex import ReindexJob, VersionedOutput
+from pipeline.jobs.lock import JobLock
+from pipeline.jobs.manifest import read_manifest
+from pipeline.jobs.reindex import ReindexJob, VersionedOutput
 
 
 def cluster_state(client: Client, pattern: str | None = None) -> dict[str, Any]:

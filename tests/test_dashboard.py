@@ -40,7 +40,7 @@ def metric(text: str, name: str, **labels: str) -> float | None:
 def running_job(cluster, tmp_path_factory, demo_texts, test_profile, tiny_catalog):
     """A job over the demo corpus, running in a thread while the tests look."""
     from configs import load_catalog, load_profile
-    from pipeline.batch_jobs import EmbedRequest, run_embed
+    from pipeline.jobs.embed import EmbedRequest, run_embed
 
     local, client = cluster
     folder = tmp_path_factory.mktemp("dashboard")

@@ -8,9 +8,9 @@ import math
 import pytest
 from conftest import ROOT, run_shoal
 
-from pipeline.beir import load_beir
-from pipeline.evaluation import evaluate, ndcg_at_k, recall_at_k
-from pipeline.planner import PlanError
+from pipeline.jobs.planner import PlanError
+from pipeline.retrieval.beir import load_beir
+from pipeline.retrieval.evaluation import evaluate, ndcg_at_k, recall_at_k
 
 PYDOC_SECTIONS = ROOT / "datasets" / "pydoc-sections"
 

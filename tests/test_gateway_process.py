@@ -17,7 +17,7 @@ import yaml
 from conftest import ROOT, SHOAL
 from test_online_serve import DASK, SIM, free_port, wait_for_line
 
-from pipeline.online_client import OnlineClient, OnlineError
+from pipeline.client import OnlineClient, OnlineError
 
 
 @dataclass

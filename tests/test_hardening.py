@@ -32,7 +32,7 @@ import yaml
 from conftest import ROOT, SHOAL, invoke_shoal, read_output, write_profile, write_shards
 
 from configs import load_catalog
-from pipeline.online_client import OnlineClient
+from pipeline.client import OnlineClient
 
 UNREACHABLE = "tcp://127.0.0.1:9"  # a refusal that comes first never gets as far as this scheduler
 LOOPBACK = {"127.0.0.1", "::1"}
@@ -491,7 +491,7 @@ def test_a_glob_matching_nothing_is_refused_before_the_cluster_is_reached(tiny_c
 
 
 def test_a_refused_part_write_is_permanent_and_a_refused_manifest_still_ends_with_a_summary(tmp_path):
-    from pipeline.batch_jobs import BatchJob, _write_manifest
+    from pipeline.jobs.engine import BatchJob, _write_manifest
     from workers.operations import PERMANENT_ERRORS
     from workers.parquet_slices import write_part
     from workers.storage import OutputRefused
@@ -535,7 +535,7 @@ def test_output_inside_input_is_never_read_back_and_the_second_run_resumes(shoal
 
 
 def test_underscore_and_dot_folders_in_the_input_are_not_input(tmp_path):
-    from pipeline.planner import PlanError, list_shards
+    from pipeline.jobs.planner import PlanError, list_shards
 
     for folder in ("", "_staging/", ".cache/", "keep/"):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)

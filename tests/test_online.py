@@ -16,7 +16,7 @@ import pytest
 from conftest import read_output, run_shoal, write_shards
 
 from configs import load_catalog
-from pipeline.online_client import AsyncOnlineClient, OnlineClient, OnlineError
+from pipeline.client import AsyncOnlineClient, OnlineClient, OnlineError
 
 SLOW = {"name": "slow", "kind": "sim", "dim": 4, "max_seq_length": 32, "memory_bytes": 1000, "batch_fixed_seconds": 0.3}
 SETTINGS = {

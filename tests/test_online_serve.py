@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import ROOT, SHOAL, read_output, write_profile, write_shards
 
-from pipeline.online_client import OnlineClient, OnlineError
+from pipeline.client import OnlineClient, OnlineError
 
 DASK = str(Path(sys.executable).parent / "dask")
 SIM = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 1000}

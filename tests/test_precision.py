@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from configs import RuntimeChoice, load_catalog, load_profile
-from pipeline.precision import PrecisionGate, judge_retrieval, judge_scores, judge_vectors
+from pipeline.tuning.quality_gate import PrecisionGate, judge_retrieval, judge_scores, judge_vectors
 from workers.devices import DevicePlan
 
 SHOAL = str(Path(sys.executable).parent / "shoal")

@@ -16,9 +16,9 @@ import yaml
 from conftest import invoke_shoal, read_output, run_shoal, s3_options, write_profile, write_shards
 from rich.console import Console
 
-from pipeline.job_lock import JobLock, LockHeld
-from pipeline.reindex import load_job, run_reindex
-from pipeline.schedule import run_on_schedule
+from pipeline.jobs.lock import JobLock, LockHeld
+from pipeline.jobs.reindex import load_job, run_reindex
+from pipeline.jobs.schedule import run_on_schedule
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import yaml
 from conftest import run_shoal
 
 from configs import ConfigError
-from pipeline.job_spec import load_job_spec
-from pipeline.retrieval import top_k
+from pipeline.retrieval.spec import load_job_spec
+from pipeline.retrieval.top_k import top_k
 
 TOLERANCE = 1e-4
 

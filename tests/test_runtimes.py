@@ -19,7 +19,7 @@ import pytest
 from sentence_transformers import CrossEncoder, SentenceTransformer
 
 from configs import ModelSpec, Profile, RuntimeChoice, load_catalog
-from pipeline.precision import judge_scores, judge_vectors
+from pipeline.tuning.quality_gate import judge_scores, judge_vectors
 from workers import onnx_cache
 from workers.devices import DevicePlan
 from workers.runtimes import RuntimeNotInstalled, load_runtime

@@ -9,7 +9,8 @@ import yaml
 from conftest import invoke_shoal, write_shards
 
 from configs import load_catalog, load_profile
-from pipeline.batch_jobs import EmbedRequest, embed_job, model_for, plan_job
+from pipeline.jobs.embed import EmbedRequest, embed_job
+from pipeline.jobs.engine import model_for, plan_job
 
 
 def test_status_lists_jobs_per_model_and_workers(cluster, tiny_catalog, test_profile, demo_texts, tmp_path):

@@ -9,8 +9,8 @@ import yaml
 from conftest import run_shoal
 
 from configs import ConfigError, load_catalog, load_profile
-from pipeline.tuning_derived import GPUS, derive
-from pipeline.tuning_profile import write_profile
+from pipeline.tuning.derived import GPUS, derive
+from pipeline.tuning.profile import write_profile
 
 
 def test_tune_quick_mode_writes_a_valid_profile_with_its_evidence(tmp_path, tiny_catalog):

@@ -72,7 +72,7 @@ def test_online_request_of_a_killed_worker_is_answered_by_another(tmp_path):
     import numpy as np
 
     from configs import ModelSpec
-    from pipeline.online_client import OnlineClient
+    from pipeline.client import OnlineClient
     from workers.sim_runtime import SimulatedRuntime
 
     slow = {
@@ -121,7 +121,7 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
     them at once (its waiting online pull is woken by the requeue), not at its next pull timeout."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.online_client import OnlineClient
+    from pipeline.client import OnlineClient
 
     model = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 10**6, "batch_fixed_seconds": 0.2}
     # A long pull timeout: a survivor that learned of requeued requests only when its waiting

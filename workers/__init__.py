@@ -1,22 +1,23 @@
 """Shoal's worker side: load with ``dask worker tcp://… --preload workers``.
 
 Adds the ShoalWorker plugin, whose pull loop takes work items from the
-scheduler plugin's queues and runs them on models kept resident here.
+scheduler plugin's queues and runs them on models loaded here. Importing
+this package loads nothing else: the plugin and its operations are imported
+when Dask calls `dask_setup`, so the client can use `workers.storage`,
+`workers.chunking` and the like without torch or the pull loop.
 """
 
 from __future__ import annotations
 
 import os
 
+import click
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-import click  # noqa: E402
-
-from .worker_plugin import ShoalWorker  # noqa: E402
-
-__all__ = ["ShoalWorker", "dask_setup"]
+__all__ = ["dask_setup"]
 
 
 @click.command()
@@ -25,11 +26,9 @@ __all__ = ["ShoalWorker", "dask_setup"]
 @click.option("--shoal-warm", multiple=True, help="Model to load at start if it fits; evicted like any other.")
 @click.option("--shoal-catalog", default=None, help="Extra catalog YAML, laid over the shipped one and $SHOAL_CATALOG.")
 async def dask_setup(
-    worker,
-    shoal_profile: str | None,
-    shoal_pin: tuple[str, ...],
-    shoal_warm: tuple[str, ...],
-    shoal_catalog: str | None,
+    worker, shoal_profile: str | None, shoal_pin: tuple[str, ...], shoal_warm: tuple[str, ...], shoal_catalog: str | None
 ) -> None:
+    from workers.worker_plugin import ShoalWorker
+
     plugin = ShoalWorker(profile=shoal_profile, pinned=shoal_pin, warm=shoal_warm, catalog=shoal_catalog)
     await worker.plugin_add(plugin, name=ShoalWorker.name)

@@ -12,7 +12,7 @@ fixed texts must reproduce the torch fp32 model's, and no module may be left
 in training mode (``torch.onnx.export`` restores the mode a wrapper had; a
 wrapper not put in eval mode turns dropout on in the shared model). int8
 graphs are the fp32 graph after ONNX Runtime's dynamic quantization; how far
-they move the vectors is the quality gate's question (pipeline/precision.py).
+they move the vectors is the quality gate's question (pipeline/tuning/quality_gate.py).
 
 The fingerprint is computed here rather than imported from pipeline/: workers
 never import the client side.

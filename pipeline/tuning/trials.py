@@ -28,13 +28,13 @@ from distributed import Client, LocalCluster
 from rich.console import Console
 
 from configs import Catalog, GatewaySettings, ModelSpec, Profile, load_profile
-
-from .batch_jobs import EmbedRequest, embed_job, model_for, prepare_job, run_prepared
-from .cluster import start_local_cluster
-from .tuning_meter import MachineMeter
-from .tuning_probe import OnlineProbe
-from .tuning_sample import Sample
-from .tuning_search import Config, Outcome
+from pipeline.cluster import start_local_cluster
+from pipeline.jobs.embed import EmbedRequest, embed_job
+from pipeline.jobs.engine import model_for, prepare_job, run_prepared
+from pipeline.tuning.meter import MachineMeter
+from pipeline.tuning.probe import OnlineProbe
+from pipeline.tuning.sample import Sample
+from pipeline.tuning.search import Config, Outcome
 
 WARMUP_TEXTS = 64
 WORKER_START_TIMEOUT = 300

@@ -16,10 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.jobs.manifest import MANIFEST_NAME
+from pipeline.jobs.planner import PlanError, list_shards
 from workers.storage import open_fs
-
-from .manifest import MANIFEST_NAME
-from .planner import PlanError, list_shards
 
 QUERY_BLOCK = 1024
 

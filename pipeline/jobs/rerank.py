@@ -14,8 +14,7 @@ from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, ConfigError, Profile
-
-from .batch_jobs import BatchJob, JobOutcome, model_for, run_job
+from pipeline.jobs.engine import BatchJob, JobOutcome, model_for, run_job
 
 DEFAULT_MAX_CANDIDATES = 1000
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from configs import ConfigError, load_profile
-
-from .precision import Verdict
-from .tuning_profile import profile_fields, profile_path, write_profile
+from pipeline.tuning.profile import profile_fields, profile_path, write_profile
+from pipeline.tuning.quality_gate import Verdict
 
 
 def read_sample(path: str, limit: int, text_column: str = "text", seed: int = 0) -> list[str]:
@@ -90,11 +89,10 @@ def gate_candidates(
     else every candidate for the profile's kind of device.
     """
     from configs import RuntimeChoice, load_catalog
+    from pipeline.tuning.quality_gate import PrecisionGate, candidates
+    from pipeline.tuning.sample import draw_sample
+    from pipeline.tuning.tune import DEMO_INPUT
     from workers.devices import apply_torch_threads, detect_device
-
-    from .precision import PrecisionGate, candidates
-    from .tuning import DEMO_INPUT
-    from .tuning_sample import draw_sample
 
     loaded = load_profile(profile)
     spec = loaded.tuned(load_catalog(catalog).get(model))

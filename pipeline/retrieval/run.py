@@ -29,13 +29,13 @@ from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, Profile
+from pipeline.jobs.embed import EmbedRequest, run_embed
+from pipeline.jobs.engine import JobOutcome
+from pipeline.jobs.planner import PlanError
+from pipeline.jobs.rerank import RerankRequest, run_rerank
+from pipeline.retrieval.spec import JobSpec, TextSource
+from pipeline.retrieval.top_k import read_texts, read_vectors, top_k, top_k_documents
 from workers.storage import atomic_write, open_fs
-
-from .batch_jobs import EmbedRequest, JobOutcome, run_embed
-from .job_spec import JobSpec, TextSource
-from .planner import PlanError
-from .rerank_jobs import RerankRequest, run_rerank
-from .retrieval import read_texts, read_vectors, top_k, top_k_documents
 
 PAIRS_PER_ITEM = 2048  # rerank work items are sized by pairs, not rows
 RANKED_NAME = "ranked.parquet"

@@ -24,9 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.jobs.planner import PlanError
 from workers.storage import open_fs
-
-from .planner import PlanError
 
 
 @dataclass

@@ -14,9 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from configs import explain, read_yaml
+from pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES
 from workers.chunking import ChunkSettings
-
-from .rerank_jobs import DEFAULT_MAX_CANDIDATES
 
 
 class _Strict(BaseModel):

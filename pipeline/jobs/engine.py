@@ -11,9 +11,7 @@ and the parts written are checked again before the manifest lists them.
 
 from __future__ import annotations
 
-import io
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,17 +19,15 @@ from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, ConfigError, ModelSpec, Profile
-from workers.chunking import ChunkSettings
+from pipeline.cluster import ClusterError
+from pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
+from pipeline.jobs.fingerprints import model_fingerprint
+from pipeline.jobs.follower import follow, summarize
+from pipeline.jobs.lance_output import commit_parts
+from pipeline.jobs.manifest import build_manifest, read_manifest, remove_manifest, write_manifest
+from pipeline.jobs.planner import Plan, check_columns, check_output, list_shards, plan_items, read_footers
+from pipeline.jobs.resume import Inventory, PartStore, current_parts, job_params, stamp_items
 from workers.vector_precision import VectorFormat
-
-from .calibration import calibrate, stored_ranges, with_ranges
-from .cluster import ClusterError
-from .fingerprints import model_fingerprint
-from .follower import follow, summarize
-from .lance_output import commit_parts
-from .manifest import build_manifest, read_manifest, remove_manifest, write_manifest
-from .planner import Plan, check_columns, check_output, list_shards, plan_items, read_footers
-from .resume import Inventory, PartStore, current_parts, job_params, stamp_items
 
 SHOWN_REJECTIONS = 10
 
@@ -49,20 +45,6 @@ class BatchJob:
     manifest_columns: dict[str, Any]
     storage_options: dict[str, Any] = field(default_factory=dict)
     output_root: str | None = None  # where all of this job's outputs live (a reindex's versions); never input
-
-
-@dataclass
-class EmbedRequest:
-    input: str
-    output: str
-    model: str
-    text_column: str = "text"
-    id_column: str | None = "id"
-    keep_columns: list[str] = field(default_factory=list)
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    chunk: ChunkSettings | None = None  # split long texts into token windows
-    vectors: VectorFormat = field(default_factory=VectorFormat)  # stored precision and dimension
-    lance: str | None = None  # a Lance dataset URI: rows go there, `output` holds the markers (lance_output)
 
 
 @dataclass
@@ -84,16 +66,6 @@ def model_for(catalog: Catalog, profile: Profile, name: str, kind: str) -> Model
     if spec.kind != kind and not (spec.kind == "sim" and kind == "embedder"):  # the simulation embeds
         raise ConfigError(f"model {spec.name!r} is of kind {spec.kind!r}; this job needs a model of kind {kind!r}")
     return spec
-
-
-def check_embed_options(request: EmbedRequest, spec: ModelSpec) -> None:
-    """Refuse chunk and vector settings the model cannot meet, before any work (ConfigError: exit 2)."""
-    try:
-        if request.chunk:
-            request.chunk.check_window(spec.max_seq_length, spec.name)
-        request.vectors.check_model(spec.dim, spec.name)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def output_folder(model: str) -> str:
@@ -339,64 +311,3 @@ def _report_rejections(manifest: dict[str, Any], console: Console) -> None:
     hidden = manifest["rejected_rows"] - min(len(manifest["rejected"]), SHOWN_REJECTIONS)
     if hidden:
         console.print(f"[red]… and {hidden} more rejected rows[/red] (up to 20 per part are listed in _manifest.json)")
-
-
-def embed_job(request: EmbedRequest) -> BatchJob:
-    return BatchJob(
-        operation="embed",
-        input=request.input,
-        output=request.output,
-        model=request.model,
-        payload={
-            "text_column": request.text_column,
-            "id_column": request.id_column,
-            "keep_columns": request.keep_columns,
-            # Only when asked for: the options digest (params) of existing outputs stays as it was.
-            **({"chunk": request.chunk.model_dump()} if request.chunk else {}),
-            **({} if request.vectors.is_default else {"vectors": request.vectors.payload()}),
-            **({"lance": request.lance} if request.lance else {}),
-        },
-        required_columns=[request.text_column, *filter(None, [request.id_column]), *request.keep_columns],
-        manifest_columns={"text": request.text_column, "id": request.id_column, "keep": request.keep_columns},
-        storage_options=request.storage_options,
-    )
-
-
-def plan_embed(request: EmbedRequest, profile: Profile) -> Plan:
-    return plan_job(embed_job(request), profile)
-
-
-def run_embed(
-    client: Client, request: EmbedRequest, profile: Profile, catalog: Catalog, console: Console
-) -> JobOutcome:
-    spec = model_for(catalog, profile, request.model, "embedder")
-    check_embed_options(request, spec)
-    return run_job(client, embed_job(request), spec, profile, console)
-
-
-def run_embed_models(
-    client: Client, request: EmbedRequest, models: list[str], profile: Profile, catalog: Catalog, console: Console
-) -> list[JobOutcome]:
-    """Several models over one input, an output folder each (OUTPUT/<model>/).
-
-    Every model's job is in the queue at once, so workers keep several
-    models resident and share the cluster between them. The first job shows
-    the progress bar; the others' summaries follow it.
-    """
-    specs = [model_for(catalog, profile, name, "embedder") for name in models]  # refuse before any work
-    for spec in specs:
-        check_embed_options(request, spec)
-    requests = [
-        replace(request, model=spec.name, output=f"{request.output.rstrip('/')}/{output_folder(name)}")
-        for name, spec in zip(models, specs)
-    ]
-    consoles = [console, *(Console(file=io.StringIO(), soft_wrap=True, width=console.width) for _ in models[1:])]
-    with ThreadPoolExecutor(len(models)) as pool:
-        futures = [
-            pool.submit(run_job, client, embed_job(r), spec, profile, c)
-            for r, spec, c in zip(requests, specs, consoles)
-        ]
-        outcomes = [future.result() for future in futures]
-    for quiet in consoles[1:]:
-        console.print(quiet.file.getvalue(), end="", highlight=False, markup=False)
-    return outcomes

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from configs import ModelSpec, RuntimeChoice
-
-from .precision import REFERENCE, PrecisionGate, Verdict, candidates
-from .tuning_meter import MachineMeter
+from pipeline.tuning.meter import MachineMeter
+from pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, Verdict, candidates
 
 PAIRS = 3
 

@@ -29,9 +29,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.jobs.planner import Plan, Shard
 from workers.storage import open_fs
-
-from .planner import Plan, Shard
 
 STAMP_PREFIX = "shoal."
 PART_NAME = re.compile(r"^part-.+-[0-9a-f]{8}-\d{10}-\d{10}\.parquet$")

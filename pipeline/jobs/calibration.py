@@ -20,10 +20,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from pipeline.jobs.planner import PlanError
 from workers.storage import atomic_write, open_fs
 from workers.vector_precision import VectorFormat, ranges_of
-
-from .planner import PlanError
 
 CALIBRATION_NAME = "_calibration.json"
 SAMPLE_NAME = "_calibration-sample.parquet"

@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 
 from configs import ModelSpec, RuntimeChoice
-
-from .beir import RetrievalSet, load_beir
-from .evaluation import evaluate
-from .retrieval import top_k
+from pipeline.retrieval.beir import RetrievalSet, load_beir
+from pipeline.retrieval.evaluation import evaluate
+from pipeline.retrieval.top_k import top_k
 
 ROOT = Path(__file__).resolve().parent.parent
 JUDGED_SET = str(ROOT / "datasets" / "pydoc-sections")

@@ -22,11 +22,10 @@ from rich.console import Console
 from rich.table import Table
 
 from configs import Catalog, Profile
+from pipeline.retrieval.beir import RetrievalSet
+from pipeline.retrieval.run import RunOutcome, run_pipeline
+from pipeline.retrieval.spec import EmbedStage, JobSpec, RerankStage, RetrieveStage, TextSource
 from workers.storage import atomic_write, open_fs
-
-from .beir import RetrievalSet
-from .job_spec import EmbedStage, JobSpec, RerankStage, RetrieveStage, TextSource
-from .runs import RunOutcome, run_pipeline
 
 METRICS_NAME = "metrics.json"
 

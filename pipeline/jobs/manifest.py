@@ -14,9 +14,8 @@ import datetime as dt
 import json
 from typing import Any
 
+from pipeline.jobs.planner import Shard
 from workers.storage import atomic_write, open_fs
-
-from .planner import Shard
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT_VERSION = 1

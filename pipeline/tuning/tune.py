@@ -39,13 +39,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from configs import Catalog, Profile, load_catalog, load_profile
-
-from .precision import JUDGED_SET
-from .tuning_profile import profile_fields, profile_path, write_profile
-from .tuning_runtimes import RuntimeSearch, choose_runtime, retime
-from .tuning_sample import draw_sample
-from .tuning_search import CoordinateSearch, Dimension, Outcome, SearchResult, Trial
-from .tuning_trials import ClusterTrials, EmbedderTrials
+from pipeline.tuning.profile import profile_fields, profile_path, write_profile
+from pipeline.tuning.quality_gate import JUDGED_SET
+from pipeline.tuning.runtimes import RuntimeSearch, choose_runtime, retime
+from pipeline.tuning.sample import draw_sample
+from pipeline.tuning.search import CoordinateSearch, Dimension, Outcome, SearchResult, Trial
+from pipeline.tuning.trials import ClusterTrials, EmbedderTrials
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_INPUT = str(ROOT / "datasets" / "demo")

@@ -31,25 +31,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
 from configs import Catalog, Profile, explain, load_catalog, load_profile, read_yaml
+from pipeline.cluster import connect
+from pipeline.jobs.embed import EmbedRequest, check_embed_options, embed_job
+from pipeline.jobs.engine import JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
+from pipeline.jobs.fingerprints import model_fingerprint
+from pipeline.jobs.lance_output import LanceTarget
+from pipeline.jobs.lock import JobLock, LockHeld
+from pipeline.jobs.resume import job_params
 from workers.chunking import ChunkSettings
 from workers.storage import atomic_write, open_fs
 from workers.vector_precision import Precision, VectorFormat
-
-from .batch_jobs import (
-    EmbedRequest,
-    JobOutcome,
-    PreparedJob,
-    check_embed_options,
-    embed_job,
-    model_for,
-    prepare_job,
-    run_prepared,
-)
-from .cluster import connect
-from .fingerprints import model_fingerprint
-from .job_lock import JobLock, LockHeld
-from .lance_output import LanceTarget
-from .resume import job_params
 
 CURRENT = "_CURRENT"
 LOCK = "_lock.json"

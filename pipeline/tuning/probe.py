@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from .online_client import AsyncOnlineClient
+from pipeline.client import AsyncOnlineClient
 
 
 class OnlineProbe:

@@ -17,7 +17,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .planner import PlanError, list_shards
+from pipeline.jobs.planner import PlanError, list_shards
 
 ROW_GROUP = 64
 

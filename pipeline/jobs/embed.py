@@ -1,0 +1,107 @@
+"""Batch embed jobs: Parquet text in, one vector per row (or per chunk) out.
+
+An `EmbedRequest` becomes a `BatchJob` of the `embed` operation (run by
+workers/embed_operation.py); the engine plans, submits, follows and writes
+the manifest. Several models over one input share the cluster at once.
+"""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from distributed import Client
+from rich.console import Console
+
+from configs import Catalog, ConfigError, ModelSpec, Profile
+from pipeline.jobs.engine import BatchJob, JobOutcome, model_for, output_folder, plan_job, run_job
+from pipeline.jobs.planner import Plan
+from workers.chunking import ChunkSettings
+from workers.vector_precision import VectorFormat
+
+
+@dataclass
+class EmbedRequest:
+    input: str
+    output: str
+    model: str
+    text_column: str = "text"
+    id_column: str | None = "id"
+    keep_columns: list[str] = field(default_factory=list)
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    chunk: ChunkSettings | None = None  # split long texts into token windows
+    vectors: VectorFormat = field(default_factory=VectorFormat)  # stored precision and dimension
+    lance: str | None = None  # a Lance dataset URI: rows go there, `output` holds the markers (lance_output)
+
+
+def check_embed_options(request: EmbedRequest, spec: ModelSpec) -> None:
+    """Refuse chunk and vector settings the model cannot meet, before any work (ConfigError: exit 2)."""
+    try:
+        if request.chunk:
+            request.chunk.check_window(spec.max_seq_length, spec.name)
+        request.vectors.check_model(spec.dim, spec.name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def embed_job(request: EmbedRequest) -> BatchJob:
+    return BatchJob(
+        operation="embed",
+        input=request.input,
+        output=request.output,
+        model=request.model,
+        payload={
+            "text_column": request.text_column,
+            "id_column": request.id_column,
+            "keep_columns": request.keep_columns,
+            # Only when asked for: the options digest (params) of existing outputs stays as it was.
+            **({"chunk": request.chunk.model_dump()} if request.chunk else {}),
+            **({} if request.vectors.is_default else {"vectors": request.vectors.payload()}),
+            **({"lance": request.lance} if request.lance else {}),
+        },
+        required_columns=[request.text_column, *filter(None, [request.id_column]), *request.keep_columns],
+        manifest_columns={"text": request.text_column, "id": request.id_column, "keep": request.keep_columns},
+        storage_options=request.storage_options,
+    )
+
+
+def plan_embed(request: EmbedRequest, profile: Profile) -> Plan:
+    return plan_job(embed_job(request), profile)
+
+
+def run_embed(
+    client: Client, request: EmbedRequest, profile: Profile, catalog: Catalog, console: Console
+) -> JobOutcome:
+    spec = model_for(catalog, profile, request.model, "embedder")
+    check_embed_options(request, spec)
+    return run_job(client, embed_job(request), spec, profile, console)
+
+
+def run_embed_models(
+    client: Client, request: EmbedRequest, models: list[str], profile: Profile, catalog: Catalog, console: Console
+) -> list[JobOutcome]:
+    """Several models over one input, an output folder each (OUTPUT/<model>/).
+
+    Every model's job is in the queue at once, so workers keep several
+    models resident and share the cluster between them. The first job shows
+    the progress bar; the others' summaries follow it.
+    """
+    specs = [model_for(catalog, profile, name, "embedder") for name in models]  # refuse before any work
+    for spec in specs:
+        check_embed_options(request, spec)
+    requests = [
+        replace(request, model=spec.name, output=f"{request.output.rstrip('/')}/{output_folder(name)}")
+        for name, spec in zip(models, specs)
+    ]
+    consoles = [console, *(Console(file=io.StringIO(), soft_wrap=True, width=console.width) for _ in models[1:])]
+    with ThreadPoolExecutor(len(models)) as pool:
+        futures = [
+            pool.submit(run_job, client, embed_job(r), spec, profile, c)
+            for r, spec, c in zip(requests, specs, consoles)
+        ]
+        outcomes = [future.result() for future in futures]
+    for quiet in consoles[1:]:
+        console.print(quiet.file.getvalue(), end="", highlight=False, markup=False)
+    return outcomes
