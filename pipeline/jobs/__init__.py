@@ -1,0 +1,1 @@
+"""Batch jobs: planning, submitting and following them, manifests, resume, reindex, the run lock."""

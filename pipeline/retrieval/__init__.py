@@ -1,0 +1,1 @@
+"""Retrieval: `shoal run` (embed, top-k, rerank) and `shoal eval` on BEIR-format sets."""

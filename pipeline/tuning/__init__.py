@@ -1,0 +1,1 @@
+"""`shoal tune` and the quality gate: measure this machine and write a profile for it."""
