@@ -31,13 +31,9 @@ Prints Markdown tables and writes everything as JSON to --json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import glob
 import json
 import os
-import platform
-import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -46,124 +42,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as in the workers
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from harness import ROOT, Meter, wait_for_idle
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import yaml  # noqa: E402
-
-from configs import load_catalog, load_profile  # noqa: E402
-from pipeline.jobs.embed import EmbedRequest, plan_embed  # noqa: E402
-from workers.parquet_slices import read_slice, text_column  # noqa: E402
-from workers.token_batching import padding_fraction, plan_batches  # noqa: E402
+from configs import load_catalog, load_profile
+from pipeline.jobs.embed import EmbedRequest, plan_embed
+from workers.parquet_slices import read_slice, text_column
+from workers.token_batching import padding_fraction, plan_batches
 
 DEFAULT_INPUT = str(ROOT / "datasets" / "demo" / "*.parquet")
-DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "batch_throughput.json")
+DEFAULT_JSON = str(harness.result_path("batch_throughput"))
 TARGET_RATIO = 1.10
 WARMUP_TEXTS = 64
-
-
-# -- measuring a run on a possibly shared machine ------------------------------
-
-
-def _proc_stat() -> tuple[float, float, float] | None:
-    """(busy, steal, total) CPU seconds of the whole machine so far, from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [float(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    user, nice, system, idle, iowait, irq, softirq = fields[:7]
-    steal = fields[7] if len(fields) > 7 else 0.0
-    busy = user + nice + system + irq + softirq + steal
-    return busy / tick, steal / tick, (busy + idle + iowait) / tick
-
-
-def wait_for_idle(max_wait: float, threshold: float = 0.10, window: float = 1.0) -> float:
-    """Wait until the machine looks idle (busy share of all cores < threshold over `window`).
-
-    Returns the seconds waited; gives up after `max_wait`. Only softens the
-    noise of a shared machine: a burst can still start mid-run, which is why
-    every run also records the other processes' CPU share.
-    """
-    waited = 0.0
-    while waited < max_wait:
-        before = _proc_stat()
-        time.sleep(window)
-        after = _proc_stat()
-        waited += window
-        if not before or not after:
-            break
-        busy = (after[0] - before[0]) / max(after[2] - before[2], 1e-9)
-        if busy < threshold:
-            break
-    return round(waited, 1)
-
-
-class Meter:
-    """Wall time, our own CPU time, and what the rest of the machine did meanwhile.
-
-    `own` is this process's CPU (direct runs, in-process sweeps) or its reaped
-    children's (a `shoal embed` subprocess and the worker processes it starts).
-    """
-
-    def __init__(self, own: str) -> None:
-        self.own = own
-
-    def _usage(self):
-        return resource.getrusage(resource.RUSAGE_CHILDREN if self.own == "children" else resource.RUSAGE_SELF)
-
-    def __enter__(self) -> Meter:
-        self.load_before = os.getloadavg()[0]
-        self._stat = _proc_stat()
-        self._ru = self._usage()
-        self._cpu = self._ru.ru_utime + self._ru.ru_stime
-        self._t = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.seconds = time.perf_counter() - self._t
-        ru = self._usage()
-        self.own_cpu = ru.ru_utime + ru.ru_stime - self._cpu
-        # system time and minor page faults: what an allocator that keeps returning memory costs
-        self.own_sys = ru.ru_stime - self._ru.ru_stime
-        self.minor_faults = ru.ru_minflt - self._ru.ru_minflt
-        self.load_after = os.getloadavg()[0]
-        stat = _proc_stat()
-        self.other_cpu_share = None
-        self.steal_share = None
-        if stat and self._stat:
-            busy = stat[0] - self._stat[0]
-            steal = stat[1] - self._stat[1]
-            capacity = max(stat[2] - self._stat[2], 1e-9)
-            # CPU the machine spent on something other than this run, as a share of all cores
-            self.other_cpu_share = max(0.0, busy - self.own_cpu) / capacity
-            self.steal_share = steal / capacity
-
-    def record(self, rows: int | None = None) -> dict[str, Any]:
-        extra = {}
-        if rows is not None and self.own_cpu > 0:
-            # less sensitive to other processes than rows/s (though not immune: spin-waits, caches)
-            extra["rows_per_cpu_s"] = round(rows / self.own_cpu, 2)
-        return {
-            **extra,
-            "wall_s": round(self.seconds, 3),
-            "own_cpu_s": round(self.own_cpu, 2),
-            "own_cores_used": round(self.own_cpu / self.seconds, 2) if self.seconds else None,
-            "own_sys_s": round(self.own_sys, 2),
-            "own_minor_faults": self.minor_faults,
-            "other_cpu_share": None if self.other_cpu_share is None else round(self.other_cpu_share, 3),
-            "steal_share": None if self.steal_share is None else round(self.steal_share, 3),
-            "loadavg_1m_before": round(self.load_before, 2),
-            "loadavg_1m_after": round(self.load_after, 2),
-        }
 
 
 # -- the corpus ----------------------------------------------------------------
@@ -246,27 +140,6 @@ def ours_padding(items: list[dict], item_lengths: list[np.ndarray], budget: int,
 # -- the runs ------------------------------------------------------------------
 
 
-SUMMARY_ROW = re.compile(r"^[│|┃]\s*(?P<key>[^│|┃]+?)\s*[│|┃]\s*(?P<value>[^│|┃]*?)\s*[│|┃]\s*$")
-
-
-def parse_summary(stderr: str) -> dict[str, str]:
-    rows = {}
-    for line in stderr.splitlines():
-        m = SUMMARY_ROW.match(line.strip())
-        if m:
-            rows[m.group("key")] = m.group("value")
-    return rows
-
-
-def number(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value.replace(",", ""))
-    except ValueError:
-        return None
-
-
 # The CLI with the embedded cluster started as plain Dask would: the nanny's default
 # MALLOC_TRIM_THRESHOLD_ left in place.
 DASK_MALLOC_TRIM_LAUNCHER = (
@@ -274,16 +147,6 @@ DASK_MALLOC_TRIM_LAUNCHER = (
     "c.start_local_cluster = lambda p, cat=None, n=None, **k: c._local_cluster(p, cat, n, **k); "
     "from pipeline.cli import main; sys.argv[0] = 'shoal'; main()"
 )
-
-
-def shoal_command() -> list[str]:
-    exe = Path(sys.executable).parent / "shoal"
-    if exe.exists():
-        return [str(exe)]
-    found = shutil.which("shoal")
-    if found:
-        return [found]
-    raise SystemExit("no `shoal` command next to this Python or on PATH; run `make install`")
 
 
 def check_output(out_dir: Path, keys: list[tuple[str, int]], reference: np.ndarray | None) -> dict[str, Any]:
@@ -336,7 +199,7 @@ def run_ours(
 ) -> dict[str, Any]:
     out_dir = scratch / f"ours-{variant['slug']}-{run_index}"
     shutil.rmtree(out_dir, ignore_errors=True)
-    launcher = shoal_command()
+    launcher = [harness.venv_command("shoal")]
     if variant.get("dask_malloc_trim"):
         # Dask's nanny gives workers MALLOC_TRIM_THRESHOLD_=65536 (distributed.nanny.pre-spawn-environ);
         # the embedded cluster removes it, this twin keeps it, to measure what it costs.
@@ -355,19 +218,10 @@ def run_ours(
     ]
     if variant["profile"]:
         cmd += ["--profile", variant["profile"]]
-    # PYTHONPATH: the command and its workers import the same tree as this script
-    # (so a clean export of a commit can be benchmarked with the shared venv).
-    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {
-        **os.environ,
-        "COLUMNS": "200",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": pythonpath,
-    }
-    with Meter("children") as meter:
+    env = harness.subprocess_env(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    with Meter() as meter:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
-    summary = parse_summary(proc.stderr)
+    summary = harness.job_figures(proc.stderr)
     record: dict[str, Any] = {
         "kind": "ours",
         "variant": variant["name"],
@@ -375,9 +229,9 @@ def run_ours(
         "command": " ".join(cmd),
         "exit_code": proc.returncode,
         **meter.record(expected_rows),
-        "job_seconds": number(summary.get("seconds")),
-        "job_rows_per_s": number(summary.get("rows/s")),
-        "job_rows": number(summary.get("rows")),
+        "job_seconds": summary.get("seconds"),
+        "job_rows_per_s": summary.get("rows/s"),
+        "job_rows": summary.get("rows"),
     }
     record["end_to_end_rows_per_s"] = round(expected_rows / meter.seconds, 2)
     if record["job_seconds"] is not None:
@@ -400,7 +254,7 @@ def run_ours(
 
 
 def run_direct(model, texts: list[str], batch_size: int, normalize: bool) -> tuple[dict[str, Any], np.ndarray]:
-    with Meter("self") as meter:
+    with Meter() as meter:
         vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=normalize, show_progress_bar=False)
     record = {
         "kind": "direct",
@@ -456,15 +310,15 @@ def sweep_budgets(
             wait_for_idle(wait_idle)
             shift = (r * len(texts_by_item) + i) % len(configs)
             for config in configs[shift:] + configs[:shift]:
-                with Meter("self") as meter:
+                with Meter() as meter:
                     if config is None:
                         model.encode(texts, batch_size=direct_batch, show_progress_bar=False)
                     else:
                         embedders[config].embed(texts)
                 times[config][(r, i)] = meter.seconds
                 cpu[config] += meter.own_cpu
-                if meter.other_cpu_share is not None:
-                    others[config].append(meter.other_cpu_share)
+                if meter.other_share is not None:
+                    others[config].append(meter.other_share)
         print(f"  sweep round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
     for embedder in embedders.values():
         embedder.close()
@@ -529,14 +383,15 @@ def pct(x: float | None) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     c = results["conditions"]
+    m = c["machine"]
     lines = []
     lines.append(
         f"Corpus: {c['corpus_rows']:,} rows ({c['input']}), tokens/text mean {c['tokens_mean']:.1f}, "
         f"p95 {c['tokens_p95']:.0f}, max {c['tokens_max']} (max_seq_length {c['max_seq_length']}, "
         f"{c['truncated']} truncated). Model {c['model']} ({c['model_name']}). "
-        f"{c['cpu_count']} CPUs ({c['cpu_model']}), torch {c['torch']} with {c['torch_threads']} threads, "
-        f"sentence-transformers {c['sentence_transformers']}, dask.distributed {c['distributed']}. {c['date']}, "
-        f"code {c['git'] or '?'}{'; ' + c['note'] if c.get('note') else ''}."
+        f"{m['cores']} CPUs ({m['cpu_model']}), torch {c['torch']} with {c['torch_threads']} threads, "
+        f"sentence-transformers {c['sentence_transformers']}, dask.distributed {c['distributed']}. {c['when']}, "
+        f"code {harness.describe_code(c['git'])}{'; ' + c['note'] if c.get('note') else ''}."
     )
     lines.append("")
     lines.append("| variant | rows/s | padding % | ratio vs best direct | wall s | notes |")
@@ -642,9 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    # the cores this process may use (= os.cpu_count() unless pinned), as the worker counts them
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(cores)
+    torch.set_num_threads(harness.usable_cores())
     batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
     budgets = [int(x) for x in args.budgets.split(",") if x.strip()]
     scratch = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
@@ -681,39 +534,31 @@ def main(argv: list[str] | None = None) -> int:
     offsets = np.cumsum([0] + [sum(t is not None for t in it["texts"]) for it in items])
     item_lengths = [lengths[offsets[i] : offsets[i + 1]] for i in range(len(items))]
 
-    conditions = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "host_platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpu_model": _cpu_model(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "sentence_transformers": sentence_transformers.__version__,
-        "distributed": distributed.__version__,
-        "model": args.model,
-        "model_name": spec.source or Path(path).name,
-        "model_path": path,
-        "max_seq_length": limit,
-        "catalog_token_budget_cpu": spec.budget_for("cpu"),
-        "max_batch_size": spec.max_batch_size,
-        "input": args.input if args.limit is None else f"{args.input} (first {args.limit} rows)",
-        "corpus_rows": rows,
-        "corpus_texts": len(texts),
-        "work_items": len(items),
-        "tokens_total": int(lengths.sum()),
-        "tokens_mean": float(lengths.mean()),
-        "tokens_p95": float(np.percentile(lengths, 95)),
-        "tokens_max": int(lengths.max()),
-        "truncated": int((raw > limit).sum()),
-        "model_load_warm_s": round(warm_load, 2),
-        "git": _git_state(),
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "wait_idle_s": args.wait_idle,
-        "note": args.note,
-        "argv": sys.argv[1:] if argv is None else argv,
-    }
+    conditions = harness.conditions(
+        argv,
+        torch=torch.__version__,
+        torch_threads=torch.get_num_threads(),
+        sentence_transformers=sentence_transformers.__version__,
+        distributed=distributed.__version__,
+        model=args.model,
+        model_name=spec.source or Path(path).name,
+        model_path=path,
+        max_seq_length=limit,
+        catalog_token_budget_cpu=spec.budget_for("cpu"),
+        max_batch_size=spec.max_batch_size,
+        input=args.input if args.limit is None else f"{args.input} (first {args.limit} rows)",
+        corpus_rows=rows,
+        corpus_texts=len(texts),
+        work_items=len(items),
+        tokens_total=int(lengths.sum()),
+        tokens_mean=float(lengths.mean()),
+        tokens_p95=float(np.percentile(lengths, 95)),
+        tokens_max=int(lengths.max()),
+        truncated=int((raw > limit).sum()),
+        model_load_warm_s=round(warm_load, 2),
+        wait_idle_s=args.wait_idle,
+        note=args.note,
+    )
 
     variants = [{"name": f"ours {default_profile.name} (default)", "slug": "default", "profile": None}]
     for i, prof in enumerate(args.profile):
@@ -913,9 +758,9 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {
         "conditions": conditions,
-        "schedule": "direct B=%d, each ours variant (run 1), direct %s, each ours variant (runs 2..%d, order "
-        "reversed every other round); best ours run counts"
-        % (batch_sizes[0], ", ".join(str(b) for b in batch_sizes[1:]) or "-", args.ours_runs),
+        "schedule": f"direct B={batch_sizes[0]}, each ours variant (run 1), "
+        f"direct {', '.join(str(b) for b in batch_sizes[1:]) or '-'}, "
+        f"each ours variant (runs 2..{args.ours_runs}, order reversed every other round); best ours run counts",
         "variants": variants,
         "runs": runs,
         "sweep": sweep,
@@ -927,9 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = markdown(results)
     results["markdown"] = text
-    json_path = Path(args.json)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(results, indent=1, default=float) + "\n")
+    json_path = harness.write_result("batch_throughput", results, args.json)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     print(text)
@@ -940,30 +783,6 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     ok = all(r["ok"] for r in runs)
     return 0 if ok else 1
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _git_state() -> str | None:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-        return f"{head}{' (modified tracked files)' if dirty else ''}" if head else None
-    except OSError:
-        return None
 
 
 if __name__ == "__main__":

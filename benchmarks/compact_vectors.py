@@ -17,26 +17,18 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
-from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+import numpy as np
+import pyarrow.parquet as pq
+from harness import ROOT
 
-import numpy as np  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+from configs import load_catalog
+from pipeline.retrieval.evaluation import evaluate
+from workers.vector_precision import PRECISIONS, VectorFormat, compact, ranges_of
 
-from configs import load_catalog  # noqa: E402
-from pipeline.retrieval.evaluation import evaluate  # noqa: E402
-from workers.vector_precision import PRECISIONS, VectorFormat, compact, ranges_of  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "datasets" / "pydoc-sections"
-RESULTS = ROOT / "benchmarks" / "results" / "compact_vectors.json"
 DIMS = (None, 256, 128)
 
 
@@ -84,12 +76,7 @@ def main() -> int:
                     **evaluate(rankings, qrels, recall_k=10),
                 }
             )
-    result = {
-        "command": "benchmarks/compact_vectors.py",
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "rows": rows,
-    }
-    RESULTS.write_text(json.dumps(result, indent=1))
+    harness.write_result("compact_vectors", {"rows": rows})
     for row in rows:
         print(
             f"{row['precision']:>8} dim {row['dim']:>3}: {row['bytes_per_vector']:>5} B  nDCG@10 {row['ndcg@10']:.3f}  recall@10 {row['recall@10']:.3f}"

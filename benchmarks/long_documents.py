@@ -23,28 +23,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+import numpy as np
+import pyarrow.parquet as pq
+from harness import ROOT, Meter
 
-import numpy as np  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+from configs import load_catalog
+from pipeline.retrieval.evaluation import evaluate
+from pipeline.retrieval.top_k import Vectors, top_k, top_k_documents
+from workers.chunking import ChunkSettings, token_windows
 
-from configs import load_catalog  # noqa: E402
-from pipeline.retrieval.evaluation import evaluate  # noqa: E402
-from pipeline.retrieval.top_k import Vectors, top_k, top_k_documents  # noqa: E402
-from pipeline.tuning.meter import MachineMeter  # noqa: E402
-from workers.chunking import ChunkSettings, token_windows  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "datasets" / "pydoc-sections"
-RESULTS = ROOT / "benchmarks" / "results" / "long_documents.json"
 
 
 def topic_documents() -> tuple[list[str], list[str], list[str], list[str], dict[str, dict[str, int]]]:
@@ -80,7 +73,7 @@ def main() -> int:
     from workers.devices import DevicePlan
     from workers.embedder import SentenceEmbedder
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(harness.usable_cores())
     spec = load_catalog().get("minilm")
     runtime = SentenceEmbedder(spec, DevicePlan("cpu", "cpu", "float32", 10**10))
     doc_ids, docs, query_ids, queries, qrels = topic_documents()
@@ -100,7 +93,7 @@ def main() -> int:
         order = ["truncated", "chunked"] if round_ % 2 == 0 else ["chunked", "truncated"]
         for name in order:
             texts = docs if name == "truncated" else windows.texts
-            with MachineMeter() as meter:
+            with Meter() as meter:
                 vectors[name], _ = runtime.embed(texts)
             times[name].append(meter.seconds)
             if meter.other_share is not None:
@@ -115,13 +108,9 @@ def main() -> int:
 
     window_content = args.tokens - runtime.tokenizer.num_special_tokens_to_add(pair=False)
     result = {
-        "command": " ".join(["benchmarks/long_documents.py", *sys.argv[1:]]),
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "other_share_max": max(others, default=None),
-        },
+        "conditions": harness.conditions(
+            torch_threads=torch.get_num_threads(), other_share_max=max(others, default=None)
+        ),
         "documents": len(docs),
         "queries": len(queries),
         "doc_tokens": {"median": int(statistics.median(doc_tokens)), "max": max(doc_tokens), "total": sum(doc_tokens)},
@@ -144,7 +133,7 @@ def main() -> int:
         ),
         "quality": {"truncated": truncated, "chunked": chunked},
     }
-    RESULTS.write_text(json.dumps(result, indent=1))
+    harness.write_result("long_documents", result)
     print(json.dumps(result, indent=1))
     return 0
 

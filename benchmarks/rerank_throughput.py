@@ -29,61 +29,23 @@ machine other processes used is recorded: this machine may be shared.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import yaml  # noqa: E402
+import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from harness import ROOT, Meter
 
 DATASET = ROOT / "datasets" / "pydoc-sections"
 MODEL_NAME = "bench-reranker"
 MAX_SEQ_LENGTH = 256
 TARGET_RATIO = 1.0
-
-
-class Clock:
-    """Wall time, and the share of the machine's CPU that other processes used meanwhile."""
-
-    def __init__(self, own: str) -> None:
-        self.own = own  # "self" (this process) or "children" (a subprocess)
-
-    def _own_cpu(self) -> float:
-        times = os.times()
-        return times.user + times.system if self.own == "self" else times.children_user + times.children_system
-
-    @staticmethod
-    def _busy_total() -> tuple[float, float]:
-        with open("/proc/stat") as f:
-            fields = [float(x) for x in f.readline().split()[1:]]
-        tick = os.sysconf("SC_CLK_TCK")
-        idle = fields[3] + fields[4]
-        return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick
-
-    def __enter__(self) -> Clock:
-        self.cpu0, (self.busy0, self.total0), self.t0 = self._own_cpu(), self._busy_total(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.seconds = time.perf_counter() - self.t0
-        busy, total = self._busy_total()
-        own = self._own_cpu() - self.cpu0
-        self.others_share = round(max(0.0, (busy - self.busy0) - own) / max(total - self.total0, 1e-9), 3)
 
 
 def build_model(target: Path) -> Path:
@@ -132,15 +94,14 @@ def run_direct(model_dir: Path, pairs: list[tuple[str, str]], batch_size: int) -
 
     model = CrossEncoder(str(model_dir), device="cpu", max_length=MAX_SEQ_LENGTH, local_files_only=True)
     model.predict(pairs[:batch_size], batch_size=batch_size, show_progress_bar=False)  # warm-up
-    with Clock("self") as clock:
+    with Meter() as meter:
         scores = model.predict(pairs, batch_size=batch_size, show_progress_bar=False)
     return {
         "kind": "direct",
         "batch_size": batch_size,
         "torch_threads": torch.get_num_threads(),
-        "seconds": round(clock.seconds, 3),
-        "pairs_per_s": round(len(pairs) / clock.seconds, 2),
-        "others_share": clock.others_share,
+        "pairs_per_s": round(len(pairs) / meter.seconds, 2),
+        **meter.record(),
     }, np.asarray(scores, dtype=np.float32)
 
 
@@ -169,7 +130,7 @@ def run_ours(
 ) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [
-        str(Path(sys.executable).parent / "shoal"),
+        harness.venv_command("shoal"),
         "rerank",
         str(input_path),
         str(out),
@@ -182,24 +143,19 @@ def run_ours(
     ]
     if mode == "candidates":
         cmd += ["--candidates-column", "candidates", "--candidate-ids-column", "candidate_ids"]
-    env = {
-        **os.environ,
-        "COLUMNS": "200",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    with Clock("children") as clock:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
-    match = re.search(r"│ seconds\s+│ ([\d.,]+)", proc.stderr)
-    job_seconds = float(match.group(1).replace(",", "")) if match else None
+    with Meter() as meter:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=harness.subprocess_env(), timeout=timeout, cwd=ROOT
+        )
+    job_seconds = harness.job_figures(proc.stderr).get("seconds")
     record = {
         "kind": "ours",
         "mode": mode,
         "exit_code": proc.returncode,
-        "wall_seconds": round(clock.seconds, 3),
         "job_seconds": job_seconds,
         "pairs_per_s": round(pairs / job_seconds, 2) if job_seconds else None,
-        "end_to_end_pairs_per_s": round(pairs / clock.seconds, 2),
-        "others_share": clock.others_share,
+        "end_to_end_pairs_per_s": round(pairs / meter.seconds, 2),
+        **meter.record(pairs),
     }
     if proc.returncode != 0 or job_seconds is None:
         record["stderr_tail"] = proc.stderr[-2000:]
@@ -226,7 +182,7 @@ def main() -> None:
     parser.add_argument("--modes", default="pairs,candidates")
     parser.add_argument("--model-dir", default=None, help="a CrossEncoder folder to benchmark instead")
     parser.add_argument("--token-budget", type=int, default=8192)
-    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "rerank_throughput.json"))
+    parser.add_argument("--json", default=str(harness.result_path("rerank_throughput")))
     parser.add_argument("--timeout", type=float, default=1200)
     args = parser.parse_args()
 
@@ -290,16 +246,10 @@ def main() -> None:
         )
         print(
             f"| {name} | {r.get('pairs_per_s')} | {r.get('ratio_vs_direct', '-')} "
-            f"| {r.get('end_to_end_pairs_per_s', '-')} | {r.get('max_abs_diff_vs_direct', '-')} | {r['others_share']:.0%} |"
+            f"| {r.get('end_to_end_pairs_per_s', '-')} | {r.get('max_abs_diff_vs_direct', '-')} | {r['other_cpu_share']:.0%} |"
         )
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(
-        json.dumps(
-            {"pairs": len(pairs), "candidates": args.candidates, "target_ratio": TARGET_RATIO, "records": records},
-            indent=1,
-        )
-    )
-    print(f"\nsaved {args.json}")
+    result = {"pairs": len(pairs), "candidates": args.candidates, "target_ratio": TARGET_RATIO, "records": records}
+    print(f"\nsaved {harness.write_result('rerank_throughput', result, args.json)}")
 
 
 if __name__ == "__main__":

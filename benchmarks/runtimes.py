@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -40,32 +38,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+import msgpack
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from harness import ROOT, Meter
+from online_latency import Connection, Server, post_message, short_queries
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from configs import RuntimeChoice, load_catalog, load_profile
+from pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, candidates, judge_vectors
+from pipeline.tuning.runtimes import paired_speedup
+from workers.runtimes import load_runtime
 
-import msgpack  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import yaml  # noqa: E402
-from online_latency import Connection, Server, post_message, short_queries  # noqa: E402
-
-from configs import (  # noqa: E402
-    RuntimeChoice,  # noqa: E402
-    load_catalog,
-    load_profile,
-)
-from pipeline.tuning.meter import MachineMeter  # noqa: E402
-from pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, candidates, judge_vectors  # noqa: E402
-from pipeline.tuning.runtimes import paired_speedup  # noqa: E402
-from workers.runtimes import load_runtime  # noqa: E402
-
-SHOAL = str(Path(sys.executable).parent / "shoal")
-DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "runtimes.json")
+DEFAULT_JSON = str(harness.result_path("runtimes"))
 DEMO = ROOT / "datasets" / "demo"
 
 DIRECT_SCRIPT = """
@@ -197,7 +184,7 @@ def export_token_graph(model_path: str, folder: Path) -> None:
 
 
 def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float | None]:
-    with MachineMeter() as meter:
+    with Meter() as meter:
         done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{command[:3]} failed:\n{done.stderr[-3000:]}")
@@ -239,7 +226,7 @@ def part_batch(texts: list[str], profile: str, rounds: int, scratch: Path, threa
             str(threads),
         ],
         f"shoal embed --profile {profile}": [
-            SHOAL,
+            harness.venv_command("shoal"),
             "embed",
             str(inputs),
             str(scratch / "ours"),
@@ -351,8 +338,11 @@ def part_online(profile: str, rounds: int, scratch: Path, clients: int, seconds:
 
 
 def markdown(results: dict[str, Any]) -> str:
+    c = results["conditions"]
+    m = c["machine"]
     out = [
-        f"runtimes benchmark, {results['when']}, {results['machine']}; other processes' CPU share per run in the JSON",
+        f"runtimes benchmark, {c['when']}, {m['cores']} cores, {m['cpu_model']}; "
+        "other processes' CPU share per run in the JSON",
         "",
     ]
     if "runtimes" in results:
@@ -411,13 +401,7 @@ def main() -> None:
     scratch = Path(args.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     texts = sample_texts(args.limit)
-    results: dict[str, Any] = {
-        "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}",
-        "command": " ".join(["benchmarks/runtimes.py", *sys.argv[1:]]),
-        "profile": args.profile,
-    }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"conditions": harness.conditions(profile=args.profile)}
     runs = {
         "runtimes": lambda: part_runtimes(texts[:512], args.profile),
         "batch": lambda: part_batch(texts, args.profile, args.rounds, scratch, args.threads),
@@ -427,7 +411,7 @@ def main() -> None:
         if part in parts:
             print(f"{part}:", flush=True)
             results[part] = run()
-            Path(args.json).write_text(json.dumps(results, indent=1))  # each part kept as soon as it is measured
+            harness.write_result("runtimes", results, args.json)  # each part kept as soon as it is measured
     print(markdown(results))
 
 
