@@ -20,7 +20,7 @@ from configs import ModelSpec
 
 from .chunking import ChunkSettings, Windows, token_windows
 from .lance_fragments import write_fragment
-from .parquet_slices import REPORTED_REJECTIONS, read_slice, text_column, write_part
+from .parquet_slices import identity_columns, part_ack, part_table, read_slice, rejection, text_column, write_part
 from .vector_precision import VectorFormat, compact
 
 
@@ -84,46 +84,27 @@ def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], s
     mask = None if valid.all() else pa.array(~valid)
     embedding = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1), type=fmt.arrow_type()), width, mask=mask)
     source = data.table.take(pa.array(out["source"])) if "chunk" in out else data.table
-    columns: dict[str, pa.Array] = {}
-    id_col = payload.get("id_column")
-    if id_col:
-        columns[id_col] = source.column(id_col)
-    else:  # no id column: where each row came from identifies it
-        first = (payload.get("row_range") or [0, 0])[0]
-        columns["source_file"] = pa.DictionaryArray.from_arrays(
-            pa.array(np.zeros(rows, dtype=np.int32)), pa.array([payload["input"]])
-        )
-        columns["source_row"] = pa.array(first + out["source"])
+    columns = identity_columns(payload, source, out["source"])
     if "chunk" in out:  # null for a null text: it has no window
         null = ~valid
         columns["chunk"] = pa.array(out["chunk"].astype(np.int32), mask=null)
         columns["start"] = pa.array(out["start"], mask=null)
         columns["end"] = pa.array(out["end"], mask=null)
     columns["embedding"] = embedding
-    for name in payload.get("keep_columns", []):
-        if name not in columns:
-            columns[name] = source.column(name)
-    # The stamp (input version, model fingerprint, options) lets a re-run trust this part.
-    table = pa.table(columns).replace_schema_metadata(payload.get("part_metadata"))
+    table = part_table(payload, columns, source)
     if payload.get("lance"):  # the rows go to a Lance fragment; the part is its marker
         table = write_fragment(payload["lance"], table, payload.get("storage_options"))
     size = write_part(payload["output"], table, payload.get("storage_options"))
-    empty = sum(1 for t in data.texts if t is not None and not t.strip())
-    first = (payload.get("row_range") or [0, 0])[0]
     rejections = [  # kept with a null embedding, like a null text, but reported: the job exits 1
-        f"{payload['input']} row {first + row}, column {payload['text_column']!r}: {problem}"
-        for row, problem in sorted(data.invalid.items())
+        rejection(payload, row, payload["text_column"], problem) for row, problem in sorted(data.invalid.items())
     ]
-    return {
-        "rows": rows,
-        "part": payload["part"],
-        "input": payload["input"],
-        "row_range": payload.get("row_range"),
-        "bytes": size,
-        "null_texts": data.table.num_rows - len(computed["present"]) - len(rejections),
-        "empty_texts": empty,
-        "truncated": computed["truncated"],
-        "chunks": len(computed["windows"].texts) if computed["windows"] else 0,
-        "rejected": len(rejections),
-        "rejections": rejections[:REPORTED_REJECTIONS],
-    }
+    return part_ack(
+        payload,
+        rows,
+        size,
+        rejections,
+        null_texts=data.table.num_rows - len(computed["present"]) - len(rejections),
+        empty_texts=sum(1 for t in data.texts if t is not None and not t.strip()),
+        truncated=computed["truncated"],
+        chunks=len(computed["windows"].texts) if computed["windows"] else 0,
+    )

@@ -4,11 +4,11 @@ Texts are tokenized once to learn their lengths, cut into token-budget
 batches (see token_batching), and each batch goes through the model's own
 ``preprocess`` and forward, the steps ``encode`` runs per batch, so the
 vectors are exactly what a direct sentence-transformers call gives, minus the
-padding it would have computed. ``encode`` itself is not called: per call it
-also puts the model in eval mode and checks every parameter's device, about
-1 ms on this CPU, a tenth of a short query's whole compute. The model's
-default prompt and truncation dimension are resolved once, at load, as
-``encode`` would resolve them on every call.
+padding it would have computed. ``encode`` itself is not called: on every
+call it also puts the model in eval mode and checks every parameter's
+device, a fixed cost that is a noticeable share of a short query's compute.
+The model's default prompt and truncation dimension are resolved once, at
+load, as ``encode`` would resolve them on every call.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from configs import ModelSpec
 
 from .device_thread import DeviceThread
 from .devices import DevicePlan
-from .token_batching import plan_batches
+from .token_batching import Measured
 from .token_counts import count_tokens
+from .torch_model import TorchModel
 
 
-class SentenceEmbedder:
+class SentenceEmbedder(TorchModel):
     def __init__(
         self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None, dtype: str | None = None
     ) -> None:
@@ -33,44 +34,30 @@ class SentenceEmbedder:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        self.spec = spec
-        self.device_thread = device_thread or DeviceThread()
-        self.model = SentenceTransformer(spec.resolve_path(), device=plan.device, local_files_only=True)
-        self.model.max_seq_length = spec.max_seq_length
-        self.dtype = dtype or plan.dtype
-        if self.dtype != "float32":
-            self.model.to(getattr(torch, self.dtype))
-        self.model.eval()
-        self.tokenizer = self.model.tokenizer
+        model = SentenceTransformer(spec.resolve_path(), device=plan.device, local_files_only=True)
+        model.max_seq_length = spec.max_seq_length
+        super().__init__(spec, plan, model, device_thread, dtype)
         self.torch_device = torch.device(plan.device)
-        self.prompt = self.model.prompts.get(self.model.default_prompt_name) if self.model.default_prompt_name else None
-        self.token_budget = spec.budget_for(plan.kind)
-        dim = self.model.get_embedding_dimension()
+        self.prompt = model.prompts.get(model.default_prompt_name) if model.default_prompt_name else None
+        dim = model.get_embedding_dimension()
         if dim != spec.dim:
             raise ValueError(f"model {spec.name!r}: catalog says dim {spec.dim}, the model gives {dim}")
 
-    def memory_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters()) + sum(
-            b.numel() * b.element_size() for b in self.model.buffers()
-        )
-
-    def token_lengths(self, texts: list[str]) -> tuple[np.ndarray, int]:
+    def token_lengths(self, texts: list[str]) -> Measured:
         """Token counts after truncation, and how many texts were truncated."""
         return count_tokens(self.tokenizer, self.spec.max_seq_length, texts)
 
-    def embed(self, texts: list[str], measured: tuple[np.ndarray, int] | None = None) -> tuple[np.ndarray, int]:
+    def embed(self, texts: list[str], measured: Measured | None = None) -> tuple[np.ndarray, int]:
         """float32 vectors in input order, and the count of truncated texts.
 
         `measured`: ``token_lengths(texts)``, when the caller has it already.
         """
-        out = np.empty((len(texts), self.spec.dim), dtype=np.float32)
-        if not texts:
-            return out, 0
-        lengths, truncated = measured or self.token_lengths(texts)
-        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
-            with self.device_thread.turn():
-                out[batch] = self._forward([texts[i] for i in batch])
-        return out, truncated
+        return self.in_batches(
+            len(texts),
+            lambda: measured or self.token_lengths(texts),
+            lambda batch: self._forward([texts[i] for i in batch]),
+            self.spec.dim,
+        )
 
     def _forward(self, texts: list[str]) -> np.ndarray:
         """One forward batch, as ``encode`` computes it (see the module docstring)."""
@@ -85,10 +72,3 @@ class SentenceEmbedder:
             if self.spec.normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
             return vectors.float().cpu().numpy()
-
-    def close(self) -> None:
-        import torch
-
-        self.model = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()

@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,8 +208,29 @@ def _default_prompt(model) -> str:
     return (getattr(model, "prompts", {}) or {}).get(name) or "" if name else ""
 
 
+def _graph_module(model, names: list[str], head: Callable):
+    """A module from the graph's input tensors (in `names` order) to `head` of the model's output.
+
+    The model is registered as the module's child, so ``eval()`` on the
+    module reaches it; `head` must hold no module whose mode matters.
+    """
+    import torch
+
+    class Graph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *tensors):
+            features = dict(zip(names, tensors))
+            features["modality"] = "text"
+            return head(self.model(features))
+
+    return Graph()
+
+
 def _embedder_graph(spec: ModelSpec):
-    """The SentenceTransformer in fp32, and a module from token ids to final vectors."""
+    """The SentenceTransformer in fp32, a module from token ids to final vectors, and the texts to check it on."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import truncate_embeddings
@@ -217,27 +239,20 @@ def _embedder_graph(spec: ModelSpec):
     model.max_seq_length = spec.max_seq_length
     model.eval()
 
-    class SentenceGraph(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, *tensors):
-            features = dict(zip(names, tensors))
-            features["modality"] = "text"
-            vectors = self.model(features)["sentence_embedding"]
-            if self.model.truncate_dim is not None:
-                vectors = truncate_embeddings(vectors, self.model.truncate_dim)
-            if spec.normalize:
-                vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-            return vectors
+    def vectors_of(output):
+        vectors = output["sentence_embedding"]
+        if model.truncate_dim is not None:
+            vectors = truncate_embeddings(vectors, model.truncate_dim)
+        if spec.normalize:
+            vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+        return vectors
 
     names = list(_tokenize(model.tokenizer, spec, CHECK_TEXTS[:2], "embedder"))
-    return model, SentenceGraph(), CHECK_TEXTS
+    return model, _graph_module(model, names, vectors_of), CHECK_TEXTS
 
 
 def _reranker_graph(spec: ModelSpec):
-    """The CrossEncoder in fp32, and a module from pair token ids to its final scores."""
+    """The CrossEncoder in fp32, a module from pair token ids to its final scores, and the pairs to check it on."""
     import torch
     from sentence_transformers import CrossEncoder
 
@@ -245,20 +260,13 @@ def _reranker_graph(spec: ModelSpec):
     model.eval()
     activation = model.activation_fn or torch.nn.Identity()
 
-    class ScoreGraph(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, *tensors):
-            features = dict(zip(names, tensors))
-            features["modality"] = "text"
-            scores = activation(self.model(features)["scores"].float())
-            return scores.reshape(scores.shape[0], -1)[:, 0]
+    def scores_of(output):
+        scores = activation(output["scores"].float())
+        return scores.reshape(scores.shape[0], -1)[:, 0]
 
     pairs = [(CHECK_TEXTS[0], text) for text in CHECK_TEXTS] + [(CHECK_TEXTS[4], CHECK_TEXTS[2])]
     names = list(_tokenize(model.tokenizer, spec, pairs[:2], "reranker"))
-    return model, ScoreGraph(), pairs
+    return model, _graph_module(model, names, scores_of), pairs
 
 
 def _tokenize(tokenizer, spec: ModelSpec, inputs: list, kind: str, prompt: str = "") -> dict[str, np.ndarray]:

@@ -18,20 +18,18 @@ from configs import ModelSpec
 from .device_thread import DeviceThread
 from .devices import DevicePlan
 from .onnx_cache import RECORD_FILE, Artifact, ensure_artifact
-from .token_batching import plan_batches
+from .token_batching import BatchedRuntime, Measured
 from .token_counts import count_tokens
 
 
-class OnnxModel:
+class OnnxModel(BatchedRuntime):
     """What both ONNX runtimes share: the cached graph, its session and its tokenizer."""
 
     def __init__(self, spec: ModelSpec, plan: DevicePlan, dtype: str, device_thread: DeviceThread | None) -> None:
         import onnxruntime as ort
         from transformers import AutoTokenizer
 
-        self.spec = spec
-        self.device_thread = device_thread or DeviceThread()
-        self.token_budget = spec.budget_for(plan.kind)
+        super().__init__(spec, plan.kind, device_thread)
         self.artifact: Artifact = ensure_artifact(spec, dtype)
         record = json.loads((self.artifact.directory / RECORD_FILE).read_text())
         self.input_names: list[str] = record["inputs"]
@@ -44,7 +42,8 @@ class OnnxModel:
         # ONNX Runtime's threads spin between runs by default: on a worker's few cores they would take
         # the CPU its tokenizer, I/O threads and event loop need between batches.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        providers = ["CPUExecutionProvider"]
+        # A provider is named alone, or with its options.
+        providers: list[str | tuple[str, dict[str, int]]] = ["CPUExecutionProvider"]
         if plan.kind == "cuda":
             if "CUDAExecutionProvider" not in ort.get_available_providers():
                 raise RuntimeError(
@@ -74,36 +73,31 @@ class OnnxModel:
 
 
 class OnnxEmbedder(OnnxModel):
-    def token_lengths(self, texts: list[str]) -> tuple[np.ndarray, int]:
-        """Token counts after truncation, and how many texts were truncated."""
+    def token_lengths(self, texts: list[str]) -> Measured:
+        """Token counts after truncation (the prompt included), and how many texts were truncated."""
         return count_tokens(self.tokenizer, self.spec.max_seq_length, [self.prompt + t for t in texts])
 
-    def embed(self, texts: list[str], measured: tuple[np.ndarray, int] | None = None) -> tuple[np.ndarray, int]:
+    def embed(self, texts: list[str], measured: Measured | None = None) -> tuple[np.ndarray, int]:
         """float32 vectors in input order, and the count of truncated texts."""
-        out = np.empty((len(texts), self.spec.dim), dtype=np.float32)
-        if not texts:
-            return out, 0
-        lengths, truncated = measured or self.token_lengths(texts)
-        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
-            with self.device_thread.turn():
-                out[batch] = self._run([self.prompt + texts[i] for i in batch])
-        return out, truncated
+        return self.in_batches(
+            len(texts),
+            lambda: measured or self.token_lengths(texts),
+            lambda batch: self._run([self.prompt + texts[i] for i in batch]),
+            self.spec.dim,
+        )
 
 
 class OnnxCrossEncoder(OnnxModel):
-    def token_lengths(self, queries: list[str], passages: list[str]) -> tuple[np.ndarray, int]:
+    def token_lengths(self, queries: list[str], passages: list[str]) -> Measured:
         """Token counts of each pair after truncation, and how many pairs were truncated."""
         return count_tokens(self.tokenizer, self.spec.max_seq_length, queries, passages)
 
     def score(
-        self, queries: list[str], passages: list[str], measured: tuple[np.ndarray, int] | None = None
+        self, queries: list[str], passages: list[str], measured: Measured | None = None
     ) -> tuple[np.ndarray, int]:
         """One float32 score per pair in input order, and the count of truncated pairs."""
-        out = np.empty(len(queries), dtype=np.float32)
-        if not queries:
-            return out, 0
-        lengths, truncated = measured or self.token_lengths(queries, passages)
-        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
-            with self.device_thread.turn():
-                out[batch] = self._run([queries[i] for i in batch], [passages[i] for i in batch]).reshape(len(batch))
-        return out, truncated
+        return self.in_batches(
+            len(queries),
+            lambda: measured or self.token_lengths(queries, passages),
+            lambda batch: self._run([queries[i] for i in batch], [passages[i] for i in batch]),
+        )

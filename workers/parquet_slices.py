@@ -1,7 +1,10 @@
 """Reading an item's input slice and writing its output part, on any fsspec store.
 
 Inputs are read straight from storage, only the columns an item needs and
-only its row groups; parts are written atomically (see storage).
+only its row groups; parts are written atomically (see storage). The pieces
+every operation's part and ack have in common are here too: the columns that
+identify each output row, the kept columns and stamp, where a rejected row
+is, and the ack's common fields.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -87,3 +91,56 @@ def write_part(url: str, table: pa.Table, storage_options: dict[str, Any] | None
     pq.write_table(table, buffer, compression="zstd")
     atomic_write(url, buffer.getvalue(), storage_options)
     return buffer.tell()
+
+
+def first_row(payload: dict[str, Any]) -> int:
+    """The row of the input file where the item's slice starts (0 for an item of whole row groups)."""
+    return (payload.get("row_range") or [0, 0])[0]
+
+
+def rejection(payload: dict[str, Any], row: int, column: str, problem: str) -> str:
+    """`file row N, column C: problem`, with N counted within the file, for a row that gets no result."""
+    return f"{payload['input']} row {first_row(payload) + row}, column {column!r}: {problem}"
+
+
+def identity_columns(payload: dict[str, Any], source: pa.Table, rows: np.ndarray) -> dict[str, pa.Array]:
+    """What identifies each output row: the id column when the job names one, else its source file and row.
+
+    `source`: the input rows aligned with the output rows; `rows`: their
+    indices within the slice.
+    """
+    id_col = payload.get("id_column")
+    if id_col:
+        return {id_col: source.column(id_col)}
+    return {
+        "source_file": pa.DictionaryArray.from_arrays(
+            pa.array(np.zeros(len(rows), dtype=np.int32)), pa.array([payload["input"]])
+        ),
+        "source_row": pa.array(first_row(payload) + np.asarray(rows, dtype=np.int64)),
+    }
+
+
+def part_table(payload: dict[str, Any], columns: dict[str, pa.Array], source: pa.Table) -> pa.Table:
+    """The part: `columns`, then the kept input columns, with the item's stamp in its metadata.
+
+    The stamp (input version, model fingerprint, options) lets a re-run trust
+    this part (see pipeline/jobs/resume).
+    """
+    for name in payload.get("keep_columns", []):
+        if name not in columns:
+            columns[name] = source.column(name)
+    return pa.table(columns).replace_schema_metadata(payload.get("part_metadata"))
+
+
+def part_ack(payload: dict[str, Any], rows: int, size: int, rejections: list[str], **counts: int) -> dict[str, Any]:
+    """The result sent with the item's ack: where its part is, its counts, and the first rejections."""
+    return {
+        "rows": rows,
+        "part": payload["part"],
+        "input": payload["input"],
+        "row_range": payload.get("row_range"),
+        "bytes": size,
+        **counts,
+        "rejected": len(rejections),
+        "rejections": rejections[:REPORTED_REJECTIONS],
+    }

@@ -28,7 +28,16 @@ import pyarrow.compute as pc
 
 from configs import ModelSpec
 
-from .parquet_slices import REPORTED_REJECTIONS, InputError, read_slice, text_column, write_part
+from .parquet_slices import (
+    InputError,
+    identity_columns,
+    part_ack,
+    part_table,
+    read_slice,
+    rejection,
+    text_column,
+    write_part,
+)
 
 
 @dataclass
@@ -66,16 +75,16 @@ def read(payload: dict[str, Any]) -> RerankInput:
     # Undecodable text reads as null above; its rejection says what it really is.
     for column, bad in ((item_col, bad_passages), (query_col, bad_queries)):
         for row, problem in bad.items():
-            data.rejected[row] = _where(payload, row, column, problem)
+            data.rejected[row] = rejection(payload, row, column, problem)
     return data
 
 
 def _read_pairs(data: RerankInput, payload: dict[str, Any], queries: list, passages: list) -> None:
     for row, (query, passage) in enumerate(zip(queries, passages)):
         if query is None:
-            data.rejected[row] = _where(payload, row, payload["query_column"], "the query is null")
+            data.rejected[row] = rejection(payload, row, payload["query_column"], "the query is null")
         elif passage is None:
-            data.rejected[row] = _where(payload, row, payload["passage_column"], "the passage is null")
+            data.rejected[row] = rejection(payload, row, payload["passage_column"], "the passage is null")
         else:
             data.queries.append(query)
             data.passages.append(passage)
@@ -100,7 +109,7 @@ def _read_candidates(data: RerankInput, payload: dict[str, Any], queries: list, 
         elif id_lengths is not None and id_lengths[row] != len(passages):
             problem, where = f"{id_lengths[row] or 0} ids for {len(passages)} candidates", ids_col
         if problem:
-            data.rejected[row] = _where(payload, row, where, problem)
+            data.rejected[row] = rejection(payload, row, where, problem)
             continue
         data.queries.extend([query] * len(passages))
         data.passages.extend(passages)
@@ -127,12 +136,6 @@ def _list_lengths(table: pa.Table, name: str, url: str) -> list[int | None]:
     return pc.list_value_length(column).to_pylist()
 
 
-def _where(payload: dict[str, Any], row: int, column: str, problem: str) -> str:
-    """`file row N (id X), column C: problem`, with N counted within the shard."""
-    start = (payload.get("row_range") or [0, 0])[0]
-    return f"{payload['input']} row {start + row}, column {column!r}: {problem}"
-
-
 def compute(runtime, data: RerankInput) -> dict[str, Any]:
     scores, truncated = runtime.score(data.queries, data.passages)
     return {"scores": scores, "truncated": truncated}
@@ -140,7 +143,7 @@ def compute(runtime, data: RerankInput) -> dict[str, Any]:
 
 def write(payload: dict[str, Any], data: RerankInput, computed: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
     rows = data.table.num_rows
-    columns = _identity_columns(payload, data.table)
+    columns = identity_columns(payload, data.table, np.arange(rows))
     if payload["mode"] == "pairs":
         scores = np.zeros(rows, dtype=np.float32)
         scores[data.owners] = computed["scores"]
@@ -149,38 +152,9 @@ def write(payload: dict[str, Any], data: RerankInput, computed: dict[str, Any], 
         columns["score"] = pa.array(scores, mask=~valid)
     else:
         columns["ranking"] = _ranking(payload, data, computed["scores"])
-    for name in payload.get("keep_columns", []):
-        if name not in columns:
-            columns[name] = data.table.column(name)
-    # The stamp (input version, model fingerprint, options) lets a re-run trust this part (see pipeline/resume).
-    table = pa.table(columns).replace_schema_metadata(payload.get("part_metadata"))
-    size = write_part(payload["output"], table, payload.get("storage_options"))
+    size = write_part(payload["output"], part_table(payload, columns, data.table), payload.get("storage_options"))
     rejected = [data.rejected[row] for row in sorted(data.rejected)]
-    return {
-        "rows": rows,
-        "part": payload["part"],
-        "input": payload["input"],
-        "row_range": payload.get("row_range"),
-        "bytes": size,
-        "pairs": len(data.queries),
-        "truncated": computed["truncated"],
-        "rejected": len(rejected),
-        "rejections": rejected[:REPORTED_REJECTIONS],
-    }
-
-
-def _identity_columns(payload: dict[str, Any], table: pa.Table) -> dict[str, pa.Array]:
-    id_col = payload.get("id_column")
-    if id_col:
-        return {id_col: table.column(id_col)}
-    rows = table.num_rows  # no id column: where each row came from identifies it
-    first = (payload.get("row_range") or [0, 0])[0]
-    return {
-        "source_file": pa.DictionaryArray.from_arrays(
-            pa.array(np.zeros(rows, dtype=np.int32)), pa.array([payload["input"]])
-        ),
-        "source_row": pa.array(np.arange(first, first + rows, dtype=np.int64)),
-    }
+    return part_ack(payload, rows, size, rejected, pairs=len(data.queries), truncated=computed["truncated"])
 
 
 def _ranking(payload: dict[str, Any], data: RerankInput, scores: np.ndarray) -> pa.Array:

@@ -18,35 +18,35 @@ import numpy as np
 from configs import ModelSpec
 
 from .device_thread import DeviceThread
-from .token_batching import plan_batches
+from .token_batching import BatchedRuntime, Measured
 
 CHARS_PER_TOKEN = 4
 
 
-class SimulatedRuntime:
+class SimulatedRuntime(BatchedRuntime):
     def __init__(self, spec: ModelSpec, device_kind: str = "cpu", device_thread: DeviceThread | None = None) -> None:
-        self.spec = spec
-        self.device_thread = device_thread or DeviceThread()
-        self.token_budget = spec.budget_for(device_kind)
+        super().__init__(spec, device_kind, device_thread)
         time.sleep(spec.load_seconds)
 
     def memory_bytes(self) -> int:
         return self.spec.memory_bytes
 
-    def token_lengths(self, texts: list[str]) -> tuple[np.ndarray, int]:
+    def token_lengths(self, texts: list[str]) -> Measured:
         limit = self.spec.max_seq_length
         raw = np.fromiter((2 + len(t) // CHARS_PER_TOKEN for t in texts), dtype=np.int64, count=len(texts))
         return np.minimum(raw, limit), int((raw > limit).sum())
 
-    def embed(self, texts: list[str], measured: tuple[np.ndarray, int] | None = None) -> tuple[np.ndarray, int]:
+    def embed(self, texts: list[str], measured: Measured | None = None) -> tuple[np.ndarray, int]:
         lengths, truncated = measured or self.token_lengths(texts)
-        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
+
+        def forward(batch: np.ndarray) -> np.ndarray:
             padded = len(batch) * int(lengths[batch].max())
             seconds = self.spec.batch_fixed_seconds + self.spec.per_token_seconds * padded
-            with self.device_thread.turn():
-                if seconds > 0:  # a zero-compute model costs nothing here (sleep(0) is a syscall)
-                    time.sleep(seconds)
-        return self._vectors(texts), truncated
+            if seconds > 0:  # a zero-compute model costs nothing here (sleep(0) is a syscall)
+                time.sleep(seconds)
+            return self._vectors([texts[i] for i in batch])
+
+        return self.in_batches(len(texts), lambda: (lengths, truncated), forward, self.spec.dim)
 
     def _vectors(self, texts: list[str]) -> np.ndarray:
         """Pseudo-random unit vectors drawn from a hash of each text: the same text, the same vector."""

@@ -4,11 +4,27 @@ A forward pass costs roughly (batch size x longest sequence in the batch).
 Sorting by token length and cutting batches where that product would pass the
 budget leaves almost no padding and keeps peak memory bounded, whatever mix
 of short and long texts arrives.
+
+`plan_batches` is the plan alone (pure, also used by tuning and benchmarks);
+`BatchedRuntime` is what every runtime builds on: it runs a forward function
+over the plan, one device turn per batch, and puts the rows back in input
+order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from .device_thread import DeviceThread
+
+if TYPE_CHECKING:
+    from configs import ModelSpec
+
+# Token counts after truncation, and how many inputs were truncated (see token_counts).
+Measured = tuple[np.ndarray, int]
 
 
 def plan_batches(lengths: np.ndarray, token_budget: int, max_batch_size: int) -> list[np.ndarray]:
@@ -32,8 +48,43 @@ def plan_batches(lengths: np.ndarray, token_budget: int, max_batch_size: int) ->
 
 
 def padding_fraction(lengths: np.ndarray, batches: list[np.ndarray]) -> float:
-    """Share of computed tokens that are padding, for benchmarks and tuning."""
+    """Share of computed tokens that are padding, for tuning and benchmarks."""
     lengths = np.asarray(lengths)
     computed = sum(len(b) * int(lengths[b].max()) for b in batches if len(b))
     real = int(lengths.sum())
     return 0.0 if computed == 0 else (computed - real) / computed
+
+
+class BatchedRuntime:
+    """A model runtime's common part: its spec, its token budget on this device kind, its device turns."""
+
+    def __init__(self, spec: ModelSpec, device_kind: str, device_thread: DeviceThread | None) -> None:
+        """`device_thread`: the worker's; None (a standalone runtime) takes its turns on the calling thread."""
+        self.spec = spec
+        self.token_budget = spec.budget_for(device_kind)
+        self.device_thread = device_thread or DeviceThread()
+
+    def in_batches(
+        self,
+        count: int,
+        measure: Callable[[], Measured],
+        forward: Callable[[np.ndarray], np.ndarray],
+        width: int | None = None,
+    ) -> tuple[np.ndarray, int]:
+        """float32 rows of `count` inputs in input order, and how many inputs were truncated.
+
+        `measure()` gives the inputs' token lengths (asked only when there are
+        inputs: a tokenizer may refuse an empty list); `forward(batch)` computes
+        the rows of one batch of input indices, inside one device turn, so
+        online work waiting runs between batches. `width`: values per row, or
+        None for one value per input (scores).
+        """
+        shape = (count,) if width is None else (count, width)
+        out = np.empty(shape, dtype=np.float32)
+        if not count:
+            return out, 0
+        lengths, truncated = measure()
+        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
+            with self.device_thread.turn():
+                out[batch] = np.reshape(forward(batch), (len(batch), *shape[1:]))
+        return out, truncated

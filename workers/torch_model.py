@@ -1,0 +1,43 @@
+"""What both torch runtimes (embedder.py, cross_encoder.py) share.
+
+The sentence-transformers model, cast to the runtime's dtype and in eval
+mode; its tokenizer; the memory its weights take; and closing, which gives
+the CUDA cache back so the pool's next load finds the memory free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from configs import ModelSpec
+
+from .device_thread import DeviceThread
+from .devices import DevicePlan
+from .token_batching import BatchedRuntime
+
+
+class TorchModel(BatchedRuntime):
+    def __init__(
+        self, spec: ModelSpec, plan: DevicePlan, model: Any, device_thread: DeviceThread | None, dtype: str | None
+    ) -> None:
+        """`model`: loaded in fp32 on `plan.device`; `dtype`: the model's own choice, None takes the worker's."""
+        import torch
+
+        super().__init__(spec, plan.kind, device_thread)
+        self.dtype = dtype or plan.dtype
+        if self.dtype != "float32":
+            model.to(getattr(torch, self.dtype))
+        model.eval()
+        self.model = model
+        self.tokenizer = model.tokenizer
+
+    def memory_bytes(self) -> int:
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def close(self) -> None:
+        import torch
+
+        self.model = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
