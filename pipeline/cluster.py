@@ -18,6 +18,8 @@ import dask
 from distributed import Client, LocalCluster
 
 from configs import Profile
+from scheduler_plugins.protocol import NAME as PULL_QUEUE
+from scheduler_plugins.protocol import PullQueueClient
 
 LOOPBACK = "127.0.0.1"  # where everything the embedded cluster starts listens, unless the caller says otherwise
 IN_PROCESS_SWITCH_SECONDS = 0.0005  # the interpreter's thread switch interval with in-process workers
@@ -148,9 +150,14 @@ def contact_address(cluster: LocalCluster) -> str:
         if not listener.contact_address.startswith("inproc://")
     )
 
+def pull_queue(client: Client) -> PullQueueClient:
+    """The pull queue's handlers on `client`'s scheduler; run them with ``client.sync(method, ...)``."""
+    return PullQueueClient(client.scheduler)
+
+
 
 def has_shoal_plugin(dask_scheduler) -> bool:
-    return "shoal" in dask_scheduler.extensions
+    return PULL_QUEUE in dask_scheduler.extensions
 
 
 def check_plugin(client: Client) -> None:

@@ -19,7 +19,7 @@ from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, ConfigError, Profile
-from pipeline.cluster import check_plugin, connect, contact_address, start_local_cluster
+from pipeline.cluster import check_plugin, connect, contact_address, pull_queue, start_local_cluster
 
 
 @contextmanager
@@ -69,7 +69,7 @@ def serve(
     stop = _stop_signal()
     with _cluster(scheduler, profile, catalog_path, list(pinned)) as (client, address):
         try:
-            reply = client.sync(client.scheduler.shoal_gateway_start, settings=settings.model_dump(), models=specs)
+            reply = client.sync(pull_queue(client).gateway_start, settings.model_dump(), specs)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {settings.host}:{settings.port}: {exc}") from None
         if "error" in reply:
@@ -82,6 +82,6 @@ def serve(
         while not stop.wait(0.5):
             pass
         console.print("stopping: no new requests; finishing those in flight")
-        client.sync(client.scheduler.shoal_gateway_stop)
+        client.sync(pull_queue(client).gateway_stop)
     console.print("stopped")
     return 0

@@ -1,7 +1,7 @@
 """`shoal status`: what a cluster is doing, and where a reindexed output stands.
 
 The cluster side comes from the scheduler plugin's `shoal_overview` handler
-(jobs with item states per model, queues, workers and their resident
+(jobs with item states per model, queues, workers and their loaded
 models). A job file adds its output's side: `_CURRENT`, the version
 directories, the lock holder and the current version's manifest. Jobs live
 on the scheduler only while they run; a finished job's record is its manifest.
@@ -16,19 +16,21 @@ from distributed import Client
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.cluster import pull_queue
 from pipeline.jobs.lock import JobLock
 from pipeline.jobs.manifest import read_manifest
 from pipeline.jobs.reindex import ReindexJob, VersionedOutput
+from scheduler_plugins.protocol import Overview
 
 
-def cluster_state(client: Client, pattern: str | None = None) -> dict[str, Any]:
+def cluster_state(client: Client, pattern: str | None = None) -> Overview:
     """The scheduler's overview, keeping the jobs whose id contains `pattern` (all if None)."""
-    view = client.sync(client.scheduler.shoal_overview)
+    view = client.sync(pull_queue(client).overview)
     view["jobs"] = {job: status for job, status in view["jobs"].items() if pattern is None or pattern in job}
     return view
 
 
-def render_cluster(view: dict[str, Any], console: Console) -> None:
+def render_cluster(view: Overview, console: Console) -> None:
     jobs = Table(title="jobs", show_lines=False)
     for column in ("job", "model", "queued", "leased", "done", "failed", "rows", "elapsed s"):
         jobs.add_column(column, justify="left" if column in ("job", "model") else "right")
@@ -46,13 +48,13 @@ def render_cluster(view: dict[str, Any], console: Console) -> None:
             )
     console.print(jobs if jobs.row_count else "no running job")
     workers = Table(title="workers")
-    for column in ("worker", "resident models", "leased items", "free model memory"):
+    for column in ("worker", "loaded models", "leased items", "free model memory"):
         workers.add_column(column)
     for address, info in sorted(view["workers"].items()):
         free = info.get("free_bytes")
         workers.add_row(
             address,
-            ", ".join(info.get("resident") or []) or "-",
+            ", ".join(info.get("loaded") or []) or "-",
             str(view["leased"].get(address, 0)),
             f"{free / 1e6:,.0f} MB" if free is not None else "-",
         )

@@ -3,6 +3,8 @@
 Runs inside the Dask scheduler process and never imports torch. With
 ``--shoal-gateway-port PORT`` (or the Dask config ``shoal.gateway.enabled:
 true``) it also serves the online gateway, with the catalog's models.
+Importing this package loads nothing else: the plugin is imported when Dask
+calls `dask_setup`, so clients and workers can import `protocol` alone.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import dask.config
 
 from configs import GatewaySettings, load_catalog, load_profile
 
-from .pull_queue import NAME, ShoalScheduler
+from .protocol import NAME
 
-__all__ = ["ShoalScheduler", "dask_setup"]
+__all__ = ["dask_setup"]
 
 
 def gateway_settings(port: int | None, host: str | None, profile: str | None) -> GatewaySettings | None:
@@ -38,10 +40,10 @@ def gateway_settings(port: int | None, host: str | None, profile: str | None) ->
 async def dask_setup(
     scheduler, shoal_gateway_port: int | None, shoal_gateway_host: str | None, shoal_profile: str | None
 ) -> None:
+    from .pull_queue import PullQueue
+
     if NAME in scheduler.plugins:
         return
     settings = gateway_settings(shoal_gateway_port, shoal_gateway_host, shoal_profile)
     models = {n: s.model_dump() for n, s in load_catalog().models.items()} if settings else None
-    await scheduler.register_scheduler_plugin(
-        ShoalScheduler(gateway=settings, models=models), name=NAME, idempotent=True
-    )
+    await scheduler.register_scheduler_plugin(PullQueue(gateway=settings, models=models), name=NAME, idempotent=True)

@@ -96,7 +96,7 @@ def render(figures: dict[str, Any], address: str) -> str:
         [
             escape(address),
             f"{w['leased']:,}",
-            ", ".join(escape(m) for m in w["resident"]) or "<span class='none'>none</span>",
+            ", ".join(escape(m) for m in w["loaded"]) or "<span class='none'>none</span>",
             _bytes(w["budget"]),
             _bytes(w["free_bytes"]),
             f"{w['loads']:,}",
@@ -105,7 +105,7 @@ def render(figures: dict[str, Any], address: str) -> str:
         for address, w in sorted(workers.items())
     ]
     out.append(
-        _table("Workers", ["worker", "leased", "resident models", "model budget", "free", "loads", "evictions"], rows)
+        _table("Workers", ["worker", "leased", "loaded models", "model budget", "free", "loads", "evictions"], rows)
     )
     rows = [
         [

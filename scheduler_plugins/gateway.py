@@ -336,7 +336,7 @@ class Gateway:
                 "kind": spec["kind"],
                 "dim": spec["dim"],
                 "max_seq_length": spec["max_seq_length"],
-                "resident_workers": loaded.get(name, 0),
+                "loaded_workers": loaded.get(name, 0),
             }
             for name, spec in sorted(self.backend.specs().items())
         ]

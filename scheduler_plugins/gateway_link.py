@@ -23,6 +23,7 @@ from distributed.core import rpc
 
 from configs import GatewaySettings
 
+from .protocol import PullQueueClient
 from .work_items import unsendable
 
 logger = logging.getLogger("shoal.gateway")
@@ -70,6 +71,7 @@ class SchedulerLink:
         self.name = f"gateway-{uuid.uuid4().hex[:12]}"
         self.connected = False
         self._rpc = rpc(address, connection_args=connection_args or {})
+        self._queue = PullQueueClient(self._rpc)
         self._specs: dict[str, dict[str, Any]] = dict(self._offered)  # until the scheduler's arrive
         self._specs_version: Any = None
         self._workers = 0
@@ -165,9 +167,7 @@ class SchedulerLink:
 
     async def _send(self, requests: list[list[Any]], cancel: list[int]) -> None:
         try:
-            await self._rpc.shoal_online_submit(
-                gateway=self.name, requests=requests, settings=self._settings, cancel=cancel
-            )
+            await self._queue.online_submit(self.name, requests, self._settings, cancel)
         except Exception as exc:  # the scheduler is gone: these requests were never queued
             logger.warning(
                 "could not send %d requests to %s (%s: %s)", len(requests), self.address, type(exc).__name__, exc
@@ -187,7 +187,7 @@ class SchedulerLink:
                 self.connected_once.set()
                 refreshed = asyncio.get_running_loop().time()
                 while True:
-                    reply = await self._rpc.shoal_online_answers(gateway=self.name, timeout=ANSWER_POLL_SECONDS)
+                    reply = await self._queue.online_answers(self.name, ANSWER_POLL_SECONDS)
                     for request_id, outcome in reply["answers"]:
                         self._resolve(request_id, outcome)
                     self._workers = reply["workers"]
@@ -207,7 +207,7 @@ class SchedulerLink:
                 await asyncio.sleep(RECONNECT_SECONDS)
 
     async def _refresh_models(self, offered: dict[str, dict[str, Any]] | None = None) -> None:
-        reply = await self._rpc.shoal_online_models(models=offered)
+        reply = await self._queue.online_models(offered)
         self._specs = reply["models"]
         self._specs_version = reply["specs"]
         self._workers = reply["workers"]

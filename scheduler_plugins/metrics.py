@@ -1,6 +1,6 @@
 """Shoal's live figures, and the same figures as Prometheus metrics on Dask's /metrics.
 
-The pull queue already knows queue depths, leases, workers' resident models
+The pull queue already knows queue depths, leases, workers' loaded models
 and its event counters; workers report their model pool's loads and
 evictions as a Dask custom worker metric (``worker.metrics["shoal"]``,
 sent with every heartbeat), so no Shoal message changes for them. Figures
@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from tornado.ioloop import PeriodicCallback
 
 if TYPE_CHECKING:
-    from .pull_queue import ShoalScheduler
+    from .pull_queue import PullQueue
 
 SAMPLE_MS = 1000
 RATE_WINDOW_SECONDS = 10.0
@@ -35,7 +35,7 @@ WORKER_METRIC = "shoal"  # the key workers' pool figures arrive under, in their 
 
 
 class ShoalMetrics:
-    def __init__(self, queue: ShoalScheduler) -> None:
+    def __init__(self, queue: PullQueue) -> None:
         self.queue = queue
         self._samples: deque[tuple[float, dict[str, float]]] = deque()
 
@@ -119,21 +119,21 @@ class ShoalMetrics:
             compute.add_metric([model], f["compute_seconds"])
             rate.add_metric([model], f["rows_per_second"])
         leased = GaugeMetricFamily("shoal_leased_items", "Items leased to a worker, not yet acked", labels=["worker"])
-        resident = GaugeMetricFamily(
-            "shoal_resident_model", "1 for each model resident on a worker", labels=["worker", "model"]
+        loaded = GaugeMetricFamily(
+            "shoal_loaded_model", "1 for each model loaded on a worker", labels=["worker", "model"]
         )
         budget = GaugeMetricFamily(
-            "shoal_model_budget_bytes", "Memory a worker's resident models may use", labels=["worker"]
+            "shoal_model_budget_bytes", "Memory a worker's loaded models may use", labels=["worker"]
         )
         free = GaugeMetricFamily(
-            "shoal_model_free_bytes", "Of that budget, not used by resident models", labels=["worker"]
+            "shoal_model_free_bytes", "Of that budget, not used by loaded models", labels=["worker"]
         )
         loads = CounterMetricFamily("shoal_model_loads", "Model loads on a worker", labels=["worker"])
         evictions = CounterMetricFamily("shoal_model_evictions", "Models evicted from a worker", labels=["worker"])
         for address, w in workers.items():
             leased.add_metric([address], w["leased"])
-            for model in w["resident"]:
-                resident.add_metric([address, model], 1)
+            for model in w["loaded"]:
+                loaded.add_metric([address, model], 1)
             if w["budget"] is not None:
                 budget.add_metric([address], w["budget"])
             if w["free_bytes"] is not None:
@@ -151,7 +151,7 @@ class ShoalMetrics:
         complete = sum(1 for job in figures["jobs"].values() if job["complete"])
         jobs.add_metric(["running"], len(figures["jobs"]) - complete)
         jobs.add_metric(["complete"], complete)
-        yield from (depth, pending, rows, compute, rate, leased, resident, budget, free, loads, evictions, events, jobs)
+        yield from (depth, pending, rows, compute, rate, leased, loaded, budget, free, loads, evictions, events, jobs)
 
 
 class _LatestScheduler:
@@ -170,7 +170,7 @@ _COLLECTOR = _LatestScheduler()
 REGISTRY.register(_COLLECTOR)
 
 
-def start_metrics(queue: ShoalScheduler) -> ShoalMetrics:
+def start_metrics(queue: PullQueue) -> ShoalMetrics:
     """Figures of `queue`, sampled every second while its scheduler runs, served on /metrics."""
     metrics = ShoalMetrics(queue)
     sampler = PeriodicCallback(metrics.sample, SAMPLE_MS)

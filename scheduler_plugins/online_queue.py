@@ -27,12 +27,13 @@ from configs import GatewaySettings
 
 from .online_requests import OnlineFailure, OnlineJob, leased_at
 from .placement import online_rank
+from .protocol import AckManyReply, PullReply, RemoteAnswers, RemoteModels, RemoteQueued, RemoteRequest
 from .waiting_pulls import WaitingOnlinePulls, WaitingPull
 from .work_items import BATCH, ONLINE, ItemState, WorkItem, unsendable
 from .worker_views import WorkerView, can_host
 
 if TYPE_CHECKING:
-    from .pull_queue import ShoalScheduler
+    from .pull_queue import PullQueue
 
 logger = logging.getLogger("shoal.online")
 
@@ -41,7 +42,7 @@ GATEWAY_GONE_SECONDS = 30.0  # a remote gateway that stops asking for answers th
 
 
 class OnlineQueue:
-    def __init__(self, core: ShoalScheduler) -> None:
+    def __init__(self, core: PullQueue) -> None:
         self.core = core
         self.jobs: dict[str, OnlineJob] = {}  # one standing job per model
         self.pulls = WaitingOnlinePulls(online_rank)
@@ -110,11 +111,11 @@ class OnlineQueue:
     async def pull(
         self,
         worker: str,
-        resident: list[str] | None = None,
+        held: list[str] | None = None,
         timeout: float = 2.0,
         busy: bool = False,
-        ready: list[str] | None = None,
-    ) -> dict[str, Any]:
+        loaded: list[str] | None = None,
+    ) -> PullReply:
         """Lease every waiting online request of one model to `worker`, waiting up to `timeout`.
 
         Workers keep one of these waiting besides their batch pulls, so a
@@ -122,7 +123,7 @@ class OnlineQueue:
         the worker. Which model, and which waiting pull a new request wakes,
         is placement's (Placement.online_model_for, online_rank).
         """
-        view = self.core.reported(worker, resident, ready)
+        view = self.core.reported(worker, held, loaded)
         if view is None:
             return {"items": [], "reason": "unknown worker"}
         deadline = time.monotonic() + max(0.0, timeout)
@@ -161,7 +162,7 @@ class OnlineQueue:
         held = bool(self.core.views.holders.get(model))
         spec = self.core.model_specs.get(model, {})
         while (
-            pull := self.pulls.take(model, held, lambda view: model in view.resident or can_host(spec, view))
+            pull := self.pulls.take(model, held, lambda view: model in view.held or can_host(spec, view))
         ) is not None:
             if pull.wake(model):  # else its timeout woke it: it leaves the index and the next one is asked
                 self._claims[model] = pull
@@ -172,11 +173,11 @@ class OnlineQueue:
         and wakes for requests of a model it now holds that nobody was woken for."""
         if self.pulls.refile(view.address) is None:
             return
-        for model in view.resident:
+        for model in view.held:
             if self.core.queues.waiting_items(model, ONLINE) and model not in self._claims:
                 self.wake(model)
 
-    def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> dict[str, Any]:
+    def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> AckManyReply:
         """Finish a worker's group of online items: `results` is [[item id, result], ...].
 
         Each result gets the stage timings the gateway reports: queue (enqueued
@@ -199,10 +200,10 @@ class OnlineQueue:
     def remote_submit(
         self,
         gateway: str,
-        requests: list[list[Any]],
+        requests: list[RemoteRequest],
         settings: dict[str, Any] | None = None,
         cancel: list[int] | None = None,
-    ) -> dict[str, Any]:
+    ) -> RemoteQueued:
         """Queue a gateway's batch of requests: [[request id, model, op, payload, rows, timeout], ...].
 
         Answers come back through ``shoal_online_answers``; a request refused
@@ -230,7 +231,7 @@ class OnlineQueue:
             )
         return {"queued": len(requests)}
 
-    async def remote_answers(self, gateway: str, timeout: float = 2.0) -> dict[str, Any]:
+    async def remote_answers(self, gateway: str, timeout: float = 2.0) -> RemoteAnswers:
         """Every answer ready for `gateway`, waiting up to `timeout` for one: a long poll."""
         remote = self.gateways.get(gateway)
         if remote is None:
@@ -239,7 +240,7 @@ class OnlineQueue:
         answers = await remote.collect(timeout)
         return {"answers": answers, "workers": len(self.core.scheduler.workers), "specs": self.core.specs_version}
 
-    def remote_models(self, models: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    def remote_models(self, models: dict[str, dict[str, Any]] | None = None) -> RemoteModels:
         """What a gateway validates requests against and lists: specs, workers, loaded copies.
 
         `models`: specs the gateway brings from its own catalog (as `shoal serve`

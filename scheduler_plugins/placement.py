@@ -3,9 +3,9 @@
 Workers pull, so a model's work goes to whichever worker has room, not to
 where a router guessed. A batch pull is answered, in order, with:
 
-1. online items of models resident on the worker, or of models no worker
+1. online items of models the worker holds, or of models no worker
    holds (online requests never pay a load a holder could spare them);
-2. batch items of models resident on the worker, oldest head first;
+2. batch items of models the worker holds, oldest head first;
 3. stealing: a model the worker does not hold, when its backlog is worth the
    load: expected drain time (waiting rows over the measured rate of the
    workers already holding it) longer than its load time on this worker
@@ -73,7 +73,7 @@ def online_rank(view: WorkerView, model: str, busy: bool) -> int:
     Loaded and idle, loaded and busy (one forward batch to wait), loading and
     idle, loading and busy.
     """
-    return (0 if model in view.ready else 2) + (1 if busy else 0)
+    return (0 if model in view.loaded else 2) + (1 if busy else 0)
 
 
 class Placement:
@@ -104,24 +104,22 @@ class Placement:
         heads = [
             (head.enqueued_at, model)
             for model in self.queues.models(ONLINE)
-            if (model in worker.resident or can_host(self.specs.get(model, {}), worker))
+            if (model in worker.held or can_host(self.specs.get(model, {}), worker))
             and (head := self.queues.head(model, ONLINE)) is not None
         ]
-        resident = [h for h in heads if h[1] in worker.resident]
-        if resident:
-            return min(resident)[1], ONLINE
+        held = [h for h in heads if h[1] in worker.held]
+        if held:
+            return min(held)[1], ONLINE
         # Online requests of a model another worker holds wait for it (at most
         # its running batch): a load here would cost them far more.
         unheld = [h for h in heads if not self.views.holders.get(h[1])]
         if unheld:
             return min(unheld)[1], ONLINE
-        resident = [
-            (head.enqueued_at, model)
-            for model in worker.resident
-            if (head := self.queues.head(model, BATCH)) is not None
+        held = [
+            (head.enqueued_at, model) for model in worker.held if (head := self.queues.head(model, BATCH)) is not None
         ]
-        if resident:
-            return min(resident)[1], BATCH
+        if held:
+            return min(held)[1], BATCH
         steal = self._steal(worker)
         return (steal, BATCH) if steal is not None else None
 
@@ -138,7 +136,7 @@ class Placement:
         for model in self.queues.models(ONLINE):
             if model in claimed:
                 continue
-            here = model in view.resident
+            here = model in view.held
             held = bool(self.views.holders.get(model))
             if not here and (held or not can_host(self.specs.get(model, {}), view)):
                 continue
@@ -180,7 +178,7 @@ class Placement:
                 break
             popped.append(heapq.heappop(self._drains))
             seen.add(model)
-            if model in worker.resident or not can_host(self.specs.get(model, {}), worker):
+            if model in worker.held or not can_host(self.specs.get(model, {}), worker):
                 continue
             if tier == 1:
                 best = (float("inf"), model)
@@ -276,9 +274,9 @@ class Placement:
             popped.append(heapq.heappop(self._waits))
             if work.worker == thief.address:
                 continue
-            if work.model not in thief.resident and not can_host(self.specs.get(work.model, {}), thief):
+            if work.model not in thief.held and not can_host(self.specs.get(work.model, {}), thief):
                 continue
-            on_thief = 0.0 if work.model in thief.ready else self.steal_factor * self._load_seconds(thief, work.model)
+            on_thief = 0.0 if work.model in thief.loaded else self.steal_factor * self._load_seconds(thief, work.model)
             gain = wait - on_thief
             if gain > 0 and (best is None or gain > best[0]):
                 best = (gain, work)
@@ -291,7 +289,7 @@ class Placement:
         holder = work.worker or ""
         wait = self._ahead.get(holder, 0.0)
         view = self.views.get(holder)
-        if view is not None and work.model not in view.ready:
+        if view is not None and work.model not in view.loaded:
             wait += self._load_seconds(view, work.model)
         return wait
 

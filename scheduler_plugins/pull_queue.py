@@ -5,7 +5,7 @@ of one model; each pulled item is leased with a deadline that the worker
 extends while it runs. A lost worker or an expired lease puts the item back;
 after `max_attempts` leases it goes to the job's dead letters with its errors.
 
-Routes (all declared in ``ShoalScheduler.start``):
+Routes (all declared in ``PullQueue.start``):
 
 - ``shoal_submit``: register a job and enqueue its items
 - ``shoal_pull``: lease up to `room` items of one model to a worker
@@ -48,17 +48,31 @@ from .metrics import start_metrics
 from .model_queues import ModelQueues
 from .online_queue import MAX_ONLINE_BATCH, OnlineQueue
 from .placement import Placement
+from .protocol import (
+    NAME,
+    AckReply,
+    ExtendReply,
+    GatewayStarted,
+    GatewayStopped,
+    JobSettings,
+    JobStatus,
+    Overview,
+    PullReply,
+    ReleaseReply,
+    StartReply,
+    SubmitReply,
+    SubmittedItem,
+)
 from .waiting_pulls import Timeouts, WaitingBatchPulls, WaitingPull
 from .work_items import BATCH, ONLINE, ItemState, WorkItem
 from .worker_views import WorkerView, WorkerViews, can_host
 
 logger = logging.getLogger("shoal.scheduler")
 
-NAME = "shoal-pull-queue"
 LEASE_CHECK_MS = 500
 
 
-class ShoalScheduler(SchedulerPlugin):
+class PullQueue(SchedulerPlugin):
     name = NAME
 
     def __init__(self, gateway: GatewaySettings | None = None, models: dict[str, dict[str, Any]] | None = None) -> None:
@@ -106,7 +120,7 @@ class ShoalScheduler(SchedulerPlugin):
                 **self.online.handlers(),
             }
         )
-        scheduler.extensions["shoal"] = self
+        scheduler.extensions[NAME] = self
         self.metrics = start_metrics(self)
         start_dashboard(scheduler, self.metrics)
         self._lease_checker = PeriodicCallback(self.check_leases_and_placement, LEASE_CHECK_MS)
@@ -127,7 +141,7 @@ class ShoalScheduler(SchedulerPlugin):
 
     # -- handlers -----------------------------------------------------------
 
-    def submit(self, job: str, items: list[dict[str, Any]], settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    def submit(self, job: str, items: list[SubmittedItem], settings: JobSettings | None = None) -> SubmitReply:
         if job in self.jobs:
             raise ValueError(f"job {job!r} already exists")
         unknown = {spec["model"] for spec in items} - set(self.model_specs) - set((settings or {}).get("models", {}))
@@ -166,27 +180,27 @@ class ShoalScheduler(SchedulerPlugin):
     async def pull(
         self,
         worker: str,
-        resident: list[str] | None = None,
+        held: list[str] | None = None,
         room: int = 1,
         timeout: float = 2.0,
-        held: int = 0,
+        in_hand: int = 0,
         budget: int | None = None,
         free_bytes: int | None = None,
         load_seconds: dict[str, float] | None = None,
-        ready: list[str] | None = None,
-    ) -> dict[str, Any]:
+        loaded: list[str] | None = None,
+    ) -> PullReply:
         """Lease work to `worker`, waiting up to `timeout` seconds for some.
 
-        The worker reports the models it holds (`resident`: loaded, loading or
-        named by work in hand) and those loaded now (`ready`), its model
+        The worker reports the models it holds (`held`: loaded, loading or
+        named by work in hand) and those loaded now (`loaded`), its model
         budget and measured load times with every pull, so placement always
         sees its present state.
         """
         state = self.scheduler.workers.get(worker)
         view = self.reported(
             worker,
-            resident,
-            ready,
+            held,
+            loaded,
             budget=budget,
             free_bytes=free_bytes,
             load_seconds=load_seconds or {},
@@ -199,7 +213,7 @@ class ShoalScheduler(SchedulerPlugin):
             if worker not in self.scheduler.workers:
                 return {"items": [], "reason": "unknown worker"}
             items = self._lease_next(view, max(1, room))
-            if not items and held == 0:
+            if not items and in_hand == 0:
                 items = self._take_back(view)
             if items:
                 return self._pull_reply(items, view)
@@ -213,7 +227,7 @@ class ShoalScheduler(SchedulerPlugin):
             finally:
                 self.batch_pulls.discard(waiting)
 
-    def start_item(self, worker: str, item: str) -> dict[str, Any]:
+    def start_item(self, worker: str, item: str) -> StartReply:
         """True when `worker` still holds the lease: the item is now running there."""
         work = self.items.get(item)
         if work is None or work.state is not ItemState.LEASED or work.worker != worker:
@@ -222,7 +236,7 @@ class ShoalScheduler(SchedulerPlugin):
         self.placement.started(work)
         return {"ok": True}
 
-    def ack(self, worker: str, item: str, result: dict[str, Any]) -> dict[str, Any]:
+    def ack(self, worker: str, item: str, result: dict[str, Any]) -> AckReply:
         work = self.items.get(item)
         if work is None or work.state is ItemState.DONE:
             return {"accepted": False}
@@ -240,7 +254,7 @@ class ShoalScheduler(SchedulerPlugin):
         self.events["acked"] += 1
         return {"accepted": True}
 
-    def fail(self, worker: str, item: str, error: str, permanent: bool = False) -> dict[str, Any]:
+    def fail(self, worker: str, item: str, error: str, permanent: bool = False) -> AckReply:
         work = self.items.get(item)
         if work is None or work.state in (ItemState.DONE, ItemState.DEAD):
             return {"accepted": False}
@@ -252,7 +266,7 @@ class ShoalScheduler(SchedulerPlugin):
         self._retry_or_bury(work, permanent)
         return {"accepted": True}
 
-    def extend(self, worker: str, items: list[str]) -> dict[str, Any]:
+    def extend(self, worker: str, items: list[str]) -> ExtendReply:
         lost = []
         now = time.monotonic()
         for item_id in items:
@@ -264,12 +278,12 @@ class ShoalScheduler(SchedulerPlugin):
             self.leases.extended(work)
         return {"lost": lost}
 
-    def job_status(self, job: str, results: bool = False) -> dict[str, Any]:
+    def job_status(self, job: str, results: bool = False) -> JobStatus:
         if job not in self.jobs:
             raise KeyError(f"unknown job {job!r}")
         return self.jobs[job].status(with_results=results)
 
-    def job_release(self, job: str) -> dict[str, Any]:
+    def job_release(self, job: str) -> ReleaseReply:
         record = self.jobs.pop(job, None)
         if record is None:
             return {"released": False}
@@ -281,7 +295,7 @@ class ShoalScheduler(SchedulerPlugin):
             self.items.pop(item_id, None)
         return {"released": True}
 
-    def overview(self) -> dict[str, Any]:
+    def overview(self) -> Overview:
         return {
             "queues": {
                 model: {
@@ -292,7 +306,12 @@ class ShoalScheduler(SchedulerPlugin):
             },
             "leased": {w: len(ids) for w, ids in self.leases.by_worker.items() if ids},
             "workers": {
-                address: {"resident": sorted(view.ready), "budget": view.budget, "free_bytes": view.free_bytes}
+                address: {
+                    "held": sorted(view.held),
+                    "loaded": sorted(view.loaded),
+                    "budget": view.budget,
+                    "free_bytes": view.free_bytes,
+                }
                 for address, view in self.views.views.items()
             },
             "jobs": {job_id: {**job.status(), "models": self._item_states(job)} for job_id, job in self.jobs.items()},
@@ -314,7 +333,7 @@ class ShoalScheduler(SchedulerPlugin):
         settings: dict[str, Any] | None = None,
         models: dict[str, dict[str, Any]] | None = None,
         replace: bool = False,
-    ) -> dict[str, Any]:
+    ) -> GatewayStarted:
         """Start the gateway serving `models` besides those known: {"url"}.
 
         A running gateway is stopped first with `replace`, else left alone:
@@ -329,7 +348,7 @@ class ShoalScheduler(SchedulerPlugin):
         self.gateway = gateway
         return {"url": url}
 
-    async def gateway_stop(self) -> dict[str, Any]:
+    async def gateway_stop(self) -> GatewayStopped:
         """Stop accepting requests, finish those in flight, close the gateway."""
         gateway, self.gateway = self.gateway, None
         if gateway is not None:
@@ -423,7 +442,7 @@ class ShoalScheduler(SchedulerPlugin):
     # -- internals ----------------------------------------------------------
 
     def reported(
-        self, worker: str, resident: list[str] | None, ready: list[str] | None, **capability: Any
+        self, worker: str, held: list[str] | None, loaded: list[str] | None, **capability: Any
     ) -> WorkerView | None:
         """The view of `worker`, updated with what its pull reports; None for a removed worker.
 
@@ -433,7 +452,7 @@ class ShoalScheduler(SchedulerPlugin):
         """
         if worker not in self.scheduler.workers:
             return None
-        view, changed = self.views.report(worker, resident, ready, **capability)
+        view, changed = self.views.report(worker, held, loaded, **capability)
         if changed:
             self.placement.holder_changed(worker)
             self.online.view_changed(view)
@@ -442,7 +461,7 @@ class ShoalScheduler(SchedulerPlugin):
     def hold(self, view: WorkerView, model: str) -> None:
         """The worker was given `model`'s work: it loads it now, so count it as a holder before
         its next pull says so, or every idle worker would steal the same hot model at once."""
-        if model not in view.resident:
+        if model not in view.held:
             self.views.hold(view, model)
             self.online.view_changed(view)
 
@@ -453,7 +472,7 @@ class ShoalScheduler(SchedulerPlugin):
         model, priority = choice
         # A steal takes one item: the model must load before any of them runs,
         # and meanwhile the rest are better off with the workers that hold it.
-        limit = MAX_ONLINE_BATCH if priority == ONLINE else room if model in worker.resident else 1
+        limit = MAX_ONLINE_BATCH if priority == ONLINE else room if model in worker.held else 1
         items = self.queues.take(model, priority, limit)
         for work in items:
             self.lease(work, worker.address)
@@ -482,7 +501,7 @@ class ShoalScheduler(SchedulerPlugin):
         self.placement.leased(work)
         self.events["leased"] += 1
 
-    def _pull_reply(self, items: list[WorkItem], view: WorkerView) -> dict[str, Any]:
+    def _pull_reply(self, items: list[WorkItem], view: WorkerView) -> PullReply:
         """A batch pull's reply: the items, their jobs' contexts, and demand for the worker's evictions.
 
         Demand (waiting items and holders) is sent for the models the worker
@@ -491,16 +510,12 @@ class ShoalScheduler(SchedulerPlugin):
         return {
             **self.items_reply(items),
             "contexts": {j: self.jobs[j].context for j in {work.job for work in items}},
-            "demand": {m: [self.queues.waiting_items(m), self.views.holders.get(m, 0)] for m in view.resident},
+            "demand": {m: [self.queues.waiting_items(m), self.views.holders.get(m, 0)] for m in view.held},
         }
 
-    def items_reply(self, items: list[WorkItem]) -> dict[str, Any]:
+    def items_reply(self, items: list[WorkItem]) -> PullReply:
         """The items with their leases, and their models' specs: an online pull's whole reply, a batch pull's core."""
-        messages = []
-        for work in items:
-            message = work.to_message()
-            message["lease_seconds"] = self.jobs[work.job].lease_seconds
-            messages.append(message)
+        messages = [work.to_message(self.jobs[work.job].lease_seconds) for work in items]
         return {"items": messages, "models": {m: self.model_specs[m] for m in {work.model for work in items}}}
 
     def unlease(self, work: WorkItem) -> None:
@@ -525,7 +540,7 @@ class ShoalScheduler(SchedulerPlugin):
             self.online.wake(model)
             return
         spec = self.model_specs.get(model, {})
-        self.batch_pulls.wake(model, count, lambda view: model in view.resident or can_host(spec, view))
+        self.batch_pulls.wake(model, count, lambda view: model in view.held or can_host(spec, view))
 
     def _batch_work_changed(self, model: str) -> None:
         self.placement.model_changed(model)

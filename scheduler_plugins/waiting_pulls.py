@@ -102,7 +102,7 @@ class WaitingBatchPulls:
     def add(self, pull: WaitingPull) -> None:
         address = pull.view.address
         self.all[address] = pull
-        pull.models = [(model, 0) for model in pull.view.resident]
+        pull.models = [(model, 0) for model in pull.view.held]
         for model, _ in pull.models:
             pulls = self.by_model.get(model)
             if pulls is None:
@@ -146,7 +146,7 @@ class WaitingOnlinePulls:
     def add(self, pull: WaitingPull) -> None:
         address = pull.view.address
         (self.busy if pull.busy else self.idle)[address] = pull
-        pull.models = [(model, self._rank(pull.view, model, pull.busy)) for model in pull.view.resident]
+        pull.models = [(model, self._rank(pull.view, model, pull.busy)) for model in pull.view.held]
         for model, rank in pull.models:
             buckets = self.by_model.get(model)
             if buckets is None:

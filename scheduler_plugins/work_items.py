@@ -13,6 +13,8 @@ from typing import Any
 
 import msgpack
 
+from .protocol import ItemMessage
+
 ONLINE = 0
 BATCH = 1
 
@@ -55,7 +57,7 @@ class WorkItem:
         self.started = False
         self.enqueued_at = time.monotonic()
 
-    def to_message(self) -> dict[str, Any]:
+    def to_message(self, lease_seconds: float) -> ItemMessage:
         """What a worker receives when it pulls this item."""
         return {
             "id": self.id,
@@ -64,6 +66,7 @@ class WorkItem:
             "op": self.op,
             "payload": self.payload,
             "attempt": self.attempts,
+            "lease_seconds": lease_seconds,
         }
 
 

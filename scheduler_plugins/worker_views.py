@@ -21,8 +21,8 @@ class WorkerView:
     """What placement knows of one worker: reported on each pull."""
 
     address: str
-    resident: set[str] = field(default_factory=set)  # held: loaded, loading, or named by work in hand
-    ready: set[str] = field(default_factory=set)  # loaded now
+    held: set[str] = field(default_factory=set)  # loaded, loading, or named by work in hand
+    loaded: set[str] = field(default_factory=set)  # weights in memory now
     resources: dict[str, float] = field(default_factory=dict)
     budget: int | None = None
     free_bytes: int | None = None
@@ -68,7 +68,7 @@ class WorkerViews:
         return self.views.values()
 
     def report(
-        self, address: str, resident: list[str] | None, ready: list[str] | None, **capability: Any
+        self, address: str, held: list[str] | None, loaded: list[str] | None, **capability: Any
     ) -> tuple[WorkerView, bool]:
         """A pull's report, and whether its held or loaded models changed.
 
@@ -79,19 +79,19 @@ class WorkerViews:
         if view is None:
             view = self.views[address] = WorkerView(address)
             self._count_capability(view, +1)
-        held = set(resident or [])
-        loaded = set(ready) if ready is not None else held
-        changed = held != view.resident or loaded != view.ready
+        now_held = set(held or [])
+        now_loaded = set(loaded) if loaded is not None else now_held
+        changed = now_held != view.held or now_loaded != view.loaded
         if changed:
-            for model in held - view.resident:
+            for model in now_held - view.held:
                 self._hold(model, +1)
-            for model in view.resident - held:
+            for model in view.held - now_held:
                 self._hold(model, -1)
-            for model in loaded - view.ready:
+            for model in now_loaded - view.loaded:
                 _count(self.loaded, model, +1)
-            for model in view.ready - loaded:
+            for model in view.loaded - now_loaded:
                 _count(self.loaded, model, -1)
-            view.resident, view.ready = held, set(loaded)
+            view.held, view.loaded = now_held, set(now_loaded)
         if capability:
             resources = capability.get("resources", view.resources)
             budget = capability.get("budget", view.budget)
@@ -108,16 +108,16 @@ class WorkerViews:
 
     def hold(self, view: WorkerView, model: str) -> None:
         """`view`'s worker was given `model`'s work: a holder from now, before its next pull says so."""
-        if model not in view.resident:
-            view.resident.add(model)
+        if model not in view.held:
+            view.held.add(model)
             self._hold(model, +1)
 
     def remove(self, address: str) -> WorkerView | None:
         view = self.views.pop(address, None)
         if view is not None:
-            for model in view.resident:
+            for model in view.held:
                 self._hold(model, -1)
-            for model in view.ready:
+            for model in view.loaded:
                 _count(self.loaded, model, -1)
             self._count_capability(view, -1)
         return view

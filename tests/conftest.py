@@ -157,7 +157,7 @@ def kill_busy_worker(cluster, job) -> str:
     """
     import time
 
-    plugin = cluster.scheduler.extensions["shoal"]
+    plugin = cluster.scheduler.extensions["shoal-pull-queue"]
     victim = None
     deadline = time.monotonic() + 240
     while victim is None and time.monotonic() < deadline and job.poll() is None:

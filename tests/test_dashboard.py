@@ -78,7 +78,7 @@ def test_page_shows_live_queue_workers_and_throughput(running_job):
     assert f"<td>{MODEL}</td>" in html
     for address in figures["workers"]:
         assert address in html
-    assert any(MODEL in w["resident"] for w in figures["workers"].values())
+    assert any(MODEL in w["loaded"] for w in figures["workers"].values())
     job_id = next(iter(figures["jobs"]))
     assert job_id in html
     rate = re.search(r"rows/s<b>([\d,.]+)</b>", html)
@@ -96,7 +96,7 @@ def test_dask_metrics_endpoint_carries_shoal_figures(running_job):
     assert metric(text, "shoal_queue_events_total", event="leased") > 0
     workers = list(figures["workers"])
     assert sum(metric(text, "shoal_model_loads_total", worker=w) or 0 for w in workers) >= 1
-    assert any(metric(text, "shoal_resident_model", worker=w, model=MODEL) == 1 for w in workers)
+    assert any(metric(text, "shoal_loaded_model", worker=w, model=MODEL) == 1 for w in workers)
     assert all(metric(text, "shoal_model_budget_bytes", worker=w) > 0 for w in workers)
     assert metric(text, "shoal_jobs", state="running") is not None
     assert metric(text, "shoal_online_pending", model=MODEL) == 0  # no online load in this test

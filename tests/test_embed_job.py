@@ -122,7 +122,7 @@ def test_embedded_cluster_warms_the_job_model_before_the_job(tiny_catalog, tmp_p
 
     def pool_state(dask_worker):
         pool = dask_worker.plugins["shoal-worker"].pool
-        return pool.resident(), pool.loads
+        return pool.loaded(), pool.loads
 
     with connect(None, profile, str(tiny_catalog), warm=["tiny", "no-such-model"]) as client:
         assert list(client.run(pool_state).values()) == [(["tiny"], 1)]

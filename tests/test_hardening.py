@@ -33,6 +33,7 @@ from conftest import ROOT, SHOAL, invoke_shoal, read_output, write_profile, writ
 
 from configs import load_catalog
 from pipeline.client import OnlineClient
+from pipeline.cluster import pull_queue
 
 UNREACHABLE = "tcp://127.0.0.1:9"  # a refusal that comes first never gets as far as this scheduler
 LOOPBACK = {"127.0.0.1", "::1"}
@@ -57,7 +58,7 @@ class Gateway:
         if self.url:
             settings["port"] = self.port
         reply = self.client.sync(
-            self.client.scheduler.shoal_gateway_start, settings=settings, models=self.models, replace=True
+            pull_queue(self.client).gateway_start, settings=settings, models=self.models, replace=True
         )
         self.url = reply["url"]
 
@@ -123,7 +124,7 @@ def gateway(cluster, tiny_catalog):
         online.encode("tiny", ["warm up"])
         online.rerank("tiny-reranker", "warm", ["up"])
     yield gw
-    client.sync(client.scheduler.shoal_gateway_stop)
+    client.sync(pull_queue(client).gateway_stop)
 
 
 def _direct(model_path: Path, texts: list[str]) -> np.ndarray:

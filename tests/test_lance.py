@@ -82,7 +82,7 @@ def test_lance_output_every_row_once_and_lancedb_finds_the_nearest_neighbour(
 
 def test_client_killed_then_rerun_commits_every_row_once(cluster, tiny_catalog, demo_texts, tmp_path):
     local, client = cluster
-    plugin = local.scheduler.extensions["shoal"]
+    plugin = local.scheduler.extensions["shoal-pull-queue"]
     ids = write_shards(tmp_path / "in", demo_texts[:300], shards=2, row_group_size=5)
     profile = write_profile(tmp_path, name="lance-resume", rows_per_item=5)  # 60 small items
     dataset = str(tmp_path / "docs.lance")
@@ -138,7 +138,7 @@ def test_worker_killed_mid_job_loses_no_row_and_duplicates_none(demo_texts, tmp_
     dataset = str(tmp_path / "docs.lance")
     with start_local_cluster(profile) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
-        plugin = cluster.scheduler.extensions["shoal"]
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
         job = subprocess.Popen(
             [
                 SHOAL,

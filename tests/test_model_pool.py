@@ -51,7 +51,7 @@ def test_lru_eviction_under_budget():
     # c evicts b (a was used more recently); b then evicts c
     assert loaded == ["a", "b", "c", "b"]
     assert closed == ["b", "c"] == pool.evictions
-    assert sorted(pool.resident()) == ["a", "b"] and pool.free_bytes() == 20
+    assert sorted(pool.loaded()) == ["a", "b"] and pool.free_bytes() == 20
 
 
 def test_pinned_model_is_never_evicted_and_too_large_is_rejected():
@@ -61,7 +61,7 @@ def test_pinned_model_is_never_evicted_and_too_large_is_rejected():
         for name in ("x", "y", "x"):
             async with pool.use(spec(name, 40)):
                 pass
-        assert "p" in pool.resident()
+        assert "p" in pool.loaded()
         with pytest.raises(ModelTooLarge, match="model 'big' needs .* budget"):
             async with pool.use(spec("big", 50)):
                 pass
@@ -82,7 +82,7 @@ def test_warm_loads_only_what_fits_and_stays_evictable():
         return pool, loaded, closed
 
     pool, loaded, closed = asyncio.run(scenario())
-    assert loaded == ["a", "c"] and closed == ["a"] and pool.resident() == ["c"]
+    assert loaded == ["a", "c"] and closed == ["a"] and pool.loaded() == ["c"]
 
 
 def test_model_in_use_is_not_evicted_until_released():
@@ -107,7 +107,7 @@ def test_model_in_use_is_not_evicted_until_released():
 
     order, pool = asyncio.run(scenario())
     assert order == ["a in use", "a released", "b loaded"]
-    assert pool.resident() == ["b"]
+    assert pool.loaded() == ["b"]
 
 
 def test_concurrent_users_share_one_load():
@@ -154,7 +154,7 @@ def test_a_cancelled_user_leaves_the_shared_load_to_the_others():
         release.set()
         runtime = await asyncio.wait_for(second, 5)
         assert first.cancelled() and runtime.spec.name == "a"
-        assert pool.resident() == ["a"] and pool.loads == 1
+        assert pool.loaded() == ["a"] and pool.loads == 1
 
     asyncio.run(scenario())
 
@@ -197,4 +197,4 @@ def test_eviction_spares_the_last_copy_of_a_model_with_waiting_work():
     pool = asyncio.run(scenario())
     # least recently used would have evicted "last-copy" first
     assert pool.evictions == ["idle", "shared"]
-    assert "last-copy" in pool.resident()
+    assert "last-copy" in pool.loaded()

@@ -181,14 +181,12 @@ def test_a_cached_hub_id_is_served_online_under_its_id(cluster, hub_cache, tiny_
 
     _, client = cluster
     spec = load_catalog().get(REPO_ID)
-    reply = client.sync(
-        client.scheduler.shoal_gateway_start, settings={"port": 0}, models={spec.name: spec.model_dump()}
-    )
+    reply = client.sync(pull_queue(client).gateway_start, settings={"port": 0}, models={spec.name: spec.model_dump()})
     try:
         with OnlineClient(reply["url"], timeout=120) as online:
             vectors = online.encode(REPO_ID, ["a question about files", "another text"])
     finally:
-        client.sync(client.scheduler.shoal_gateway_stop)
+        client.sync(pull_queue(client).gateway_stop)
     np.testing.assert_allclose(
         vectors, direct_encode(tiny_model, ["a question about files", "another text"]), atol=2e-5
     )

@@ -17,6 +17,7 @@ from conftest import read_output, run_shoal, write_shards
 
 from configs import load_catalog
 from pipeline.client import AsyncOnlineClient, OnlineClient, OnlineError
+from pipeline.cluster import pull_queue
 
 SLOW = {"name": "slow", "kind": "sim", "dim": 4, "max_seq_length": 32, "memory_bytes": 1000, "batch_fixed_seconds": 0.3}
 SETTINGS = {
@@ -41,7 +42,7 @@ class Gateway:
         if hasattr(self, "url"):
             settings["port"] = urlsplit(self.url).port
         reply = self.client.sync(
-            self.client.scheduler.shoal_gateway_start, settings=settings, models=self.models, replace=True
+            pull_queue(self.client).gateway_start, settings=settings, models=self.models, replace=True
         )
         return reply["url"]
 
@@ -77,7 +78,7 @@ def gateway(cluster, tiny_catalog):
         online.encode("tiny", ["warm up"])
         online.rerank("tiny-reranker", "warm", ["up"])
     yield gw
-    client.sync(client.scheduler.shoal_gateway_stop)
+    client.sync(pull_queue(client).gateway_stop)
 
 
 TEXTS = ["The cat sat on the mat.", "A quick brown fox", "Vector search with small models", "x"]

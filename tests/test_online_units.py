@@ -18,7 +18,8 @@ from configs import GatewaySettings, ModelSpec
 from scheduler_plugins import api_formats as api
 from scheduler_plugins.gateway_auth import BearerAuth
 from scheduler_plugins.online_requests import OnlineFailure
-from scheduler_plugins.pull_queue import ShoalScheduler
+from scheduler_plugins.protocol import PullQueueClient
+from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
 from workers import online_operations
 from workers.device_thread import DeviceThread
@@ -38,8 +39,8 @@ class FakeScheduler:
         self.periodic_callbacks: dict = {}
 
 
-async def plugin_with_model() -> ShoalScheduler:
-    plugin = ShoalScheduler(models={"m": {"name": "m", "kind": "sim"}})
+async def plugin_with_model() -> PullQueue:
+    plugin = PullQueue(models={"m": {"name": "m", "kind": "sim"}})
     await plugin.start(FakeScheduler())
     return plugin
 
@@ -48,7 +49,7 @@ def test_online_requests_are_pulled_together_and_acked_in_one_message():
     async def go():
         plugin = await plugin_with_model()
         submitted = [plugin.submit_online("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS) for i in range(3)]
-        reply = await plugin.pull_online("w1", resident=["m"], timeout=0)
+        reply = await plugin.pull_online("w1", held=["m"], timeout=0)
         assert [m["id"] for m in reply["items"]] == [item.id for item, _ in submitted]
         assert reply["models"] == {"m": {"name": "m", "kind": "sim"}}
         results = [[m["id"], {"n": i}] for i, m in enumerate(reply["items"])]
@@ -66,9 +67,9 @@ def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason():
     async def go():
         plugin = await plugin_with_model()
         item, future = plugin.submit_online("m", "encode", {"texts": ["x"]}, 1, SETTINGS)
-        await plugin.pull_online("w1", resident=["m"], timeout=0)
+        await plugin.pull_online("w1", held=["m"], timeout=0)
         plugin.remove_worker(None, "w1")
-        reply = await plugin.pull_online("w2", resident=["m"], timeout=0)
+        reply = await plugin.pull_online("w2", held=["m"], timeout=0)
         assert [m["id"] for m in reply["items"]] == [item.id] and not future.done()
         plugin.remove_worker(None, "w2")  # second and last attempt
         with pytest.raises(OnlineFailure, match="was lost"):
@@ -82,10 +83,10 @@ def test_an_online_pull_of_an_unheld_model_makes_the_worker_its_holder():
     async def go():
         plugin = await plugin_with_model()
         plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        assert len((await plugin.pull_online("w1", resident=[], timeout=0))["items"]) == 1
-        assert "m" in plugin.worker_views["w1"].resident  # loading it: w2 must not load it too
+        assert len((await plugin.pull_online("w1", held=[], timeout=0))["items"]) == 1
+        assert "m" in plugin.worker_views["w1"].held  # loading it: w2 must not load it too
         plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
-        assert (await plugin.pull_online("w2", resident=[], timeout=0))["items"] == []
+        assert (await plugin.pull_online("w2", held=[], timeout=0))["items"] == []
         await plugin.close()
 
     asyncio.run(go())
@@ -96,9 +97,9 @@ def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused():
         plugin = await plugin_with_model()
         queued, _ = plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
         plugin.cancel_online(queued)
-        assert (await plugin.pull_online("w1", resident=["m"], timeout=0))["items"] == []
+        assert (await plugin.pull_online("w1", held=["m"], timeout=0))["items"] == []
         leased, _ = plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
-        await plugin.pull_online("w1", resident=["m"], timeout=0)
+        await plugin.pull_online("w1", held=["m"], timeout=0)
         plugin.cancel_online(leased)
         assert plugin.ack_many("w1", [[leased.id, {}]]) == {"accepted": 0}
         assert not plugin.leases.of_worker("w1")
@@ -111,10 +112,10 @@ def test_online_pull_leaves_a_model_resident_elsewhere_to_its_holder():
     async def go():
         plugin = await plugin_with_model()
         plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        await plugin.pull_online("w1", resident=["m"], timeout=0.01)  # w1 registers as a holder, takes it
+        await plugin.pull_online("w1", held=["m"], timeout=0.01)  # w1 registers as a holder, takes it
         plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
-        assert (await plugin.pull_online("w2", resident=[], timeout=0))["items"] == []
-        assert len((await plugin.pull_online("w1", resident=["m"], timeout=0))["items"]) == 1
+        assert (await plugin.pull_online("w2", held=[], timeout=0))["items"] == []
+        assert len((await plugin.pull_online("w1", held=["m"], timeout=0))["items"]) == 1
         await plugin.close()
 
     asyncio.run(go())
@@ -126,10 +127,10 @@ def test_a_request_goes_to_the_worker_with_its_model_loaded_not_one_still_loadin
 
     async def go():
         plugin = await plugin_with_model()
-        loaded = asyncio.create_task(plugin.pull_online("w1", resident=["m"], ready=["m"], busy=True, timeout=1))
-        await asyncio.sleep(0.01)  # w1's pull is waiting
+        loaded = asyncio.create_task(plugin.pull_online("w1", held=["m"], loaded=["m"], busy=True, timeout=1))
+        await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
         item, _ = plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        loading = await plugin.pull_online("w2", resident=["m"], ready=[], busy=loading_is_busy, timeout=0)
+        loading = await plugin.pull_online("w2", held=["m"], loaded=[], busy=loading_is_busy, timeout=0)
         assert loading["items"] == []
         assert [m["id"] for m in (await loaded)["items"]] == [item.id]
         await plugin.close()
@@ -289,8 +290,8 @@ def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after
         device = TurnLog()
         pool = ModelPool(10**9, lambda s: SimulatedRuntime(s, device_thread=device), ThreadPoolExecutor(1))
         await pool.pin(online_spec)
-        worker = SimpleNamespace(address="w", scheduler=SimpleNamespace(shoal_ack_many=ack))
-        groups = OnlineGroups(worker, pool, device, {"o": online_spec}, report_failure=None)
+        queue = PullQueueClient(SimpleNamespace(shoal_ack_many=ack))
+        groups = OnlineGroups("w", queue, pool, device, {"o": online_spec}, report_failure=None)
         batch = SimulatedRuntime(batch_spec, device_thread=device)
         item = asyncio.wrap_future(device.run(batch.embed, [f"row {i}" for i in range(8)]))  # 8 turns of 50 ms
         await asyncio.sleep(0.07)
@@ -336,7 +337,7 @@ def test_no_workers_and_shutting_down_are_503_with_retry_after():
     import aiohttp
 
     async def go():
-        plugin = ShoalScheduler(models={"m": {"name": "m", "kind": "sim", "dim": 8}})
+        plugin = PullQueue(models={"m": {"name": "m", "kind": "sim", "dim": 8}})
         await plugin.start(FakeScheduler(workers=()))
         url = (await plugin.gateway_start({"port": 0, "retry_after_seconds": 3}))["url"]
         assert "already serves" in (await plugin.gateway_start({"port": 0}))["error"]
@@ -364,13 +365,13 @@ def test_no_workers_and_shutting_down_are_503_with_retry_after():
 def test_a_busy_worker_leaves_online_requests_to_an_idle_one():
     async def go():
         plugin = await plugin_with_model()
-        idle = asyncio.create_task(plugin.pull_online("w2", resident=["m"], timeout=1))
-        busy = asyncio.create_task(plugin.pull_online("w1", resident=["m"], timeout=1, busy=True))
-        await asyncio.sleep(0)
+        idle = asyncio.create_task(plugin.pull_online("w2", held=["m"], timeout=1))
+        busy = asyncio.create_task(plugin.pull_online("w1", held=["m"], timeout=1, busy=True))
+        await async_wait_for(lambda: len(plugin.online.pulls) == 2, what="both online pulls waiting")
         plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
         assert len((await idle)["items"]) == 1 and (await busy)["items"] == []
         plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)  # no idle puller now
-        assert len((await plugin.pull_online("w1", resident=["m"], timeout=0, busy=True))["items"]) == 1
+        assert len((await plugin.pull_online("w1", held=["m"], timeout=0, busy=True))["items"]) == 1
         await plugin.close()
 
     asyncio.run(go())
@@ -400,8 +401,8 @@ def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_answere
         device = DeviceThread()
         pool = ModelPool(10**9, lambda s: PoisonRuntime(s, device_thread=device), ThreadPoolExecutor(1))
         await pool.pin(spec)
-        worker = SimpleNamespace(address="w", scheduler=SimpleNamespace(shoal_ack_many=ack))
-        groups = OnlineGroups(worker, pool, device, {"p": spec}, report_failure=report_failure)
+        queue = PullQueueClient(SimpleNamespace(shoal_ack_many=ack))
+        groups = OnlineGroups("w", queue, pool, device, {"p": spec}, report_failure=report_failure)
         texts = ["a", "b", "poison", "c"]
         payload = lambda text: {"texts": [text], "truncate": True, "dtype": "float32"}  # noqa: E731
         groups.add([{"id": text, "model": "p", "op": "encode", "payload": payload(text)} for text in texts])
@@ -419,8 +420,8 @@ def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400():
     async def go():
         plugin = await plugin_with_model()
         backend = plugin.online.local_backend()
-        pulled = asyncio.create_task(plugin.pull_online("w1", resident=["m"], ready=["m"], timeout=5))
-        await asyncio.sleep(0)
+        pulled = asyncio.create_task(plugin.pull_online("w1", held=["m"], loaded=["m"], timeout=5))
+        await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
         poison = await backend.answer("m", "encode", {"texts": ["\ud800"]}, 1, 5, SETTINGS)
         assert poison["status"] == 400 and "cannot be sent" in poison["error"]
         legit = asyncio.create_task(backend.answer("m", "encode", {"texts": ["fine"]}, 1, 5, SETTINGS))

@@ -126,7 +126,7 @@ def run_jobs(
 def worker_pools(client: Client) -> dict[str, dict]:
     def pool_state(dask_worker):
         pool = dask_worker.plugins["shoal-worker"].pool
-        return {"loads": pool.loads, "evictions": list(pool.evictions), "resident": pool.resident()}
+        return {"loads": pool.loads, "evictions": list(pool.evictions), "loaded": pool.loaded()}
 
     return client.run(pool_state)
 
@@ -136,7 +136,7 @@ def test_budget_for_two_of_three_models(sim_catalog, corpus, tmp_path):
     corpus_dir, ids = corpus
     with start(profile, sim_catalog, {"w": {"MEMORY": 100 * MB}}) as cluster, Client(cluster) as client:
         client.wait_for_workers(1)
-        watch = JobWatch(cluster.scheduler.extensions["shoal"])
+        watch = JobWatch(cluster.scheduler.extensions["shoal-pull-queue"])
         results = run_jobs(
             cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out", ["sim-a", "sim-b", "sim-c"]
         )
@@ -148,7 +148,7 @@ def test_budget_for_two_of_three_models(sim_catalog, corpus, tmp_path):
         (pool,) = worker_pools(client).values()
     # each model loaded once; the third load evicted exactly one of the first two
     assert pool["loads"] == 3 and len(pool["evictions"]) == 1, pool
-    assert len(pool["resident"]) == 2 and pool["evictions"][0] not in pool["resident"], pool
+    assert len(pool["loaded"]) == 2 and pool["evictions"][0] not in pool["loaded"], pool
     # three concurrent jobs all progressed before the last one finished
     last_done = max(s["done_at"] for s in seen.values())
     assert all(s["first_rows_at"] < last_done for s in seen.values()), seen
@@ -176,7 +176,7 @@ def test_pinned_model_stays_and_a_model_too_large_fails_alone(sim_catalog, corpu
             ["sim-a", "sim-b", "sim-c", "sim-huge"],
         )
         (pool,) = worker_pools(client).values()
-    assert "sim-a" in pool["resident"] and "sim-a" not in pool["evictions"]
+    assert "sim-a" in pool["loaded"] and "sim-a" not in pool["evictions"]
     assert results["sim-huge"].returncode == 1
     assert "no worker can host model 'sim-huge'" in results["sim-huge"].stderr
     assert "10.00 GB" in results["sim-huge"].stderr and "largest worker budget is 0.10 GB" in results["sim-huge"].stderr
@@ -191,7 +191,7 @@ def test_idle_worker_steals_and_gpu_models_stay_on_gpu_workers(sim_catalog, corp
     workers = {"cpu": {"MEMORY": 100 * MB}, "gpu": {"MEMORY": 100 * MB, "GPU": 1}}
     with start(profile, sim_catalog, workers) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
-        watch = JobWatch(cluster.scheduler.extensions["shoal"])
+        watch = JobWatch(cluster.scheduler.extensions["shoal-pull-queue"])
         results = run_jobs(
             cluster.scheduler_address, sim_catalog, profile, corpus_dir, tmp_path / "out", ["sim-slow", "sim-gpu"]
         )
@@ -236,7 +236,7 @@ def test_one_command_several_models(sim_catalog, corpus, tmp_path):
         table = read_output(tmp_path / "out" / model)
         assert sorted(table.column("id").to_pylist()) == sorted(ids)
         assert (tmp_path / "out" / model / "_manifest.json").exists()
-    assert sorted(pool["resident"]) == ["sim-a", "sim-b"] and not pool["evictions"]  # both fit: both stay
+    assert sorted(pool["loaded"]) == ["sim-a", "sim-b"] and not pool["evictions"]  # both fit: both stay
     assert result.stderr.count("job summary") == 2
     result = subprocess.run(
         [

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from scheduler_plugins.pull_queue import ShoalScheduler
+from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import ONLINE
 
 
@@ -30,8 +30,8 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def started(**settings) -> ShoalScheduler:
-    plugin = ShoalScheduler()
+async def started(**settings) -> PullQueue:
+    plugin = PullQueue()
     await plugin.start(FakeScheduler())
     return plugin
 
@@ -58,14 +58,14 @@ def test_pull_ack_completes_job_with_rows_per_worker():
     async def go():
         plugin = await started()
         plugin.submit("j", items("m", 3), SPECS)
-        reply = await plugin.pull("w1", resident=["m"], room=2, timeout=0)
+        reply = await plugin.pull("w1", held=["m"], room=2, timeout=0)
         assert [m["id"] for m in reply["items"]] == ["j/m-0", "j/m-1"]
         assert reply["models"] == {"m": {"name": "m"}} and reply["items"][0]["lease_seconds"] == 60
         for m in reply["items"]:
             plugin.ack("w1", m["id"], {"rows": 10})
         # w1 now holds m and 10 rows drain faster than a load: w2 gets m only because it holds it too
-        assert (await plugin.pull("w2", room=5, timeout=0, held=1))["items"] == []
-        reply = await plugin.pull("w2", resident=["m"], room=5, timeout=0)
+        assert (await plugin.pull("w2", room=5, timeout=0, in_hand=1))["items"] == []
+        reply = await plugin.pull("w2", held=["m"], room=5, timeout=0)
         plugin.ack("w2", reply["items"][0]["id"], {"rows": 10})
         status = plugin.job_status("j", results=True)
         assert status["complete"] and status["rows_done"] == 30
@@ -100,7 +100,7 @@ def test_extended_lease_does_not_expire():
         plugin.submit("j", items("m", 1), {**SPECS, "lease_seconds": 0.2})
         item = (await plugin.pull("w1", timeout=0))["items"][0]["id"]
         for _ in range(4):
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # 0.4 s in all, twice the lease: only the extensions keep it
             assert plugin.extend("w1", [item]) == {"lost": []}
             plugin.expire_leases()
         assert plugin.job_status("j")["leased"] == 1
@@ -114,14 +114,14 @@ def test_lost_worker_items_go_back_to_the_front():
     async def go():
         plugin = await started()
         plugin.submit("j", items("m", 3), SPECS)
-        taken = [m["id"] for m in (await plugin.pull("w1", resident=["m"], room=2, timeout=0))["items"]]
+        taken = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=2, timeout=0))["items"]]
         del plugin.scheduler.workers["w1"]
         plugin.remove_worker(plugin.scheduler, "w1", stimulus_id="test")
-        again = [m["id"] for m in (await plugin.pull("w2", resident=["m"], room=3, timeout=0))["items"]]
+        again = [m["id"] for m in (await plugin.pull("w2", held=["m"], room=3, timeout=0))["items"]]
         assert set(again[:2]) == set(taken) and again[2] == "j/m-2"
         assert plugin.events["lost"] == 2
-        assert (await plugin.pull("w1", resident=["m"], timeout=0)) == {"items": [], "reason": "unknown worker"}
-        assert (await plugin.pull_online("w1", resident=["m"], timeout=0))["reason"] == "unknown worker"
+        assert (await plugin.pull("w1", held=["m"], timeout=0)) == {"items": [], "reason": "unknown worker"}
+        assert (await plugin.pull_online("w1", held=["m"], timeout=0))["reason"] == "unknown worker"
         assert "w1" not in plugin.worker_views  # a late pull does not bring it back as a holder of m
         await plugin.close()
 
@@ -132,7 +132,7 @@ def test_permanent_failure_is_dead_at_once_retryable_is_retried():
     async def go():
         plugin = await started()
         plugin.submit("j", items("m", 2), SPECS)
-        first, second = [m["id"] for m in (await plugin.pull("w1", resident=["m"], room=2, timeout=0))["items"]]
+        first, second = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=2, timeout=0))["items"]]
         plugin.fail("w1", first, "InputError: no column 'text'", permanent=True)
         plugin.fail("w1", second, "OSError: connection reset")
         assert plugin.fail("w2", second, "not mine") == {"accepted": False}
@@ -184,11 +184,11 @@ def test_online_before_batch_and_resident_models_first():
         plugin.submit("batch-m", items("m", 2), SPECS)
         plugin.submit("batch-n", items("n", 2), SPECS)
         # resident model first, even though m's backlog is older
-        assert (await plugin.pull("w1", resident=["n"], timeout=0))["items"][0]["model"] == "n"
+        assert (await plugin.pull("w1", held=["n"], timeout=0))["items"][0]["model"] == "n"
         plugin.submit("online", items("n", 3, rows=1), {**SPECS, "priority": ONLINE})
         # w2 does not hold n while w1 does: the online items wait for w1
-        assert [m["model"] for m in (await plugin.pull("w2", resident=["m"], room=1, timeout=0))["items"]] == ["m"]
-        reply = await plugin.pull("w1", resident=["n"], room=1, timeout=0)
+        assert [m["model"] for m in (await plugin.pull("w2", held=["m"], room=1, timeout=0))["items"]] == ["m"]
+        reply = await plugin.pull("w1", held=["n"], room=1, timeout=0)
         # online items come first, every waiting one in one pull
         assert [m["model"] for m in reply["items"]] == ["n", "n", "n"]
         await plugin.close()
@@ -211,14 +211,14 @@ def test_idle_worker_takes_back_an_item_not_yet_started():
     async def go():
         plugin = await started()
         plugin.submit("j", items("m", 2), SPECS)
-        first, second = [m["id"] for m in (await plugin.pull("w1", resident=["m"], room=2, timeout=0))["items"]]
+        first, second = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=2, timeout=0))["items"]]
         assert plugin.start_item("w1", first) == {"ok": True}
-        assert (await plugin.pull("w2", resident=["m"], held=1, timeout=0))["items"] == []  # busy: no take-back
-        taken = (await plugin.pull("w2", resident=["m"], held=0, timeout=0))["items"]
+        assert (await plugin.pull("w2", held=["m"], in_hand=1, timeout=0))["items"] == []  # busy: no take-back
+        taken = (await plugin.pull("w2", held=["m"], in_hand=0, timeout=0))["items"]
         assert [m["id"] for m in taken] == [second] and taken[0]["attempt"] == 1
         assert plugin.start_item("w1", second) == {"ok": False}  # w1 drops it
         assert plugin.start_item("w2", second) == {"ok": True}
-        assert (await plugin.pull("w1", held=0, timeout=0))["items"] == []  # started items stay put
+        assert (await plugin.pull("w1", in_hand=0, timeout=0))["items"] == []  # started items stay put
         await plugin.close()
 
     run(go())
@@ -232,9 +232,9 @@ def test_a_worker_without_the_model_takes_back_only_what_its_holder_would_start_
         plugin = await started()
         specs = {"models": {"m": {"name": "m", "load_seconds": 2.0}}}
         plugin.submit("j", items("m", 2, rows=rows), specs)
-        first, second = [m["id"] for m in (await plugin.pull("w1", resident=["m"], room=2, timeout=0))["items"]]
+        first, second = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=2, timeout=0))["items"]]
         assert plugin.start_item("w1", first) == {"ok": True}
-        taken = [m["id"] for m in (await plugin.pull("w2", resident=[], held=0, timeout=0))["items"]]
+        taken = [m["id"] for m in (await plugin.pull("w2", held=[], in_hand=0, timeout=0))["items"]]
         assert taken == ([second] if taken_back else [])
         await plugin.close()
 
@@ -246,7 +246,7 @@ def test_jobs_of_one_model_share_it_round_robin():
         plugin = await started()
         plugin.submit("big", items("m", 6), SPECS)
         plugin.submit("small", items("m", 2), SPECS)
-        reply = await plugin.pull("w1", resident=["m"], room=4, timeout=0)
+        reply = await plugin.pull("w1", held=["m"], room=4, timeout=0)
         assert [m["job"] for m in reply["items"]] == ["big", "small", "big", "small"]
         await plugin.close()
 
@@ -255,7 +255,7 @@ def test_jobs_of_one_model_share_it_round_robin():
 
 def test_requirements_keep_gpu_models_off_cpu_workers():
     async def go():
-        plugin = ShoalScheduler()
+        plugin = PullQueue()
         scheduler = FakeScheduler()
         await plugin.start(scheduler)
         scheduler.workers = {
@@ -265,9 +265,9 @@ def test_requirements_keep_gpu_models_off_cpu_workers():
         specs = {"models": {"g": {"name": "g", "requires": {"GPU": 1}}, "big": {"name": "big", "memory_bytes": 10**10}}}
         plugin.submit("j", items("g", 1) + items("big", 1), specs)
         assert (await plugin.pull("cpu", timeout=0, budget=10**9))["items"] == []
-        assert [m["model"] for m in (await plugin.pull("gpu", timeout=0, budget=10**9, held=1))["items"]] == ["g"]
-        assert (await plugin.pull("gpu", timeout=0, budget=10**9, held=1))["items"] == []  # big fits nowhere yet
-        assert [m["model"] for m in (await plugin.pull("gpu", timeout=0, budget=10**11, held=1))["items"]] == ["big"]
+        assert [m["model"] for m in (await plugin.pull("gpu", timeout=0, budget=10**9, in_hand=1))["items"]] == ["g"]
+        assert (await plugin.pull("gpu", timeout=0, budget=10**9, in_hand=1))["items"] == []  # big fits nowhere yet
+        assert [m["model"] for m in (await plugin.pull("gpu", timeout=0, budget=10**11, in_hand=1))["items"]] == ["big"]
         await plugin.close()
 
     run(go())
@@ -279,11 +279,11 @@ def test_stealing_only_when_the_backlog_outweighs_the_load():
         plugin.model_specs.update({"m": {"name": "m", "load_seconds": 5.0}})
         plugin.placement.stats.record("m", 100, 1.0)  # 100 rows/s on a holder
         plugin.submit("j", items("m", 2, rows=100), {})  # 200 rows: 2 s to drain on one holder
-        await plugin.pull("w1", resident=["m"], timeout=0, held=1)
+        await plugin.pull("w1", held=["m"], timeout=0, in_hand=1)
         # w2 does not hold m; draining the rest takes 1 s on w1, loading takes 5 s: no steal
-        assert (await plugin.pull("w2", resident=[], timeout=0, held=1))["items"] == []
+        assert (await plugin.pull("w2", held=[], timeout=0, in_hand=1))["items"] == []
         plugin.submit("k", items("m", 20, rows=100), {})  # now 21 s of backlog: worth a 5 s load
-        assert (await plugin.pull("w2", resident=[], timeout=0, held=1))["items"][0]["model"] == "m"
+        assert (await plugin.pull("w2", held=[], timeout=0, in_hand=1))["items"][0]["model"] == "m"
         await plugin.close()
 
     run(go())
@@ -293,10 +293,10 @@ def test_a_steal_takes_one_item_and_makes_the_thief_a_holder():
     async def go():
         plugin = await started()
         plugin.submit("j", items("m", 6), SPECS)
-        first = await plugin.pull("w1", resident=[], timeout=0, room=2)
+        first = await plugin.pull("w1", held=[], timeout=0, room=2)
         assert len(first["items"]) == 1  # the model must load first; the rest stay for others
-        assert "m" in plugin.worker_views["w1"].resident
-        second = await plugin.pull("w1", resident=["m"], timeout=0, room=2)
+        assert "m" in plugin.worker_views["w1"].held
+        second = await plugin.pull("w1", held=["m"], timeout=0, room=2)
         assert len(second["items"]) == 2  # now it holds m: a full pull
         await plugin.close()
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from configs import GatewaySettings
-from scheduler_plugins.pull_queue import ShoalScheduler
+from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import BATCH, ONLINE, ItemState
 from scheduler_plugins.worker_views import can_host
 
@@ -36,8 +36,8 @@ class FakeScheduler:
         self.periodic_callbacks: dict = {}
 
 
-async def started(workers, models=("m", "n")) -> ShoalScheduler:
-    plugin = ShoalScheduler(models={m: {"name": m, "kind": "sim"} for m in models})
+async def started(workers, models=("m", "n")) -> PullQueue:
+    plugin = PullQueue(models={m: {"name": m, "kind": "sim"} for m in models})
     await plugin.start(FakeScheduler(workers))
     return plugin
 
@@ -68,7 +68,7 @@ WORKERS = [f"w{i}" for i in range(256)]
 def test_an_online_request_wakes_one_waiting_pull_whatever_the_number_of_workers():
     async def go():
         plugin = await started(WORKERS)
-        pulls = [asyncio.create_task(plugin.pull_online(w, resident=["m"], ready=["m"], timeout=30)) for w in WORKERS]
+        pulls = [asyncio.create_task(plugin.pull_online(w, held=["m"], loaded=["m"], timeout=30)) for w in WORKERS]
         woken = await wakes_after(lambda: plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS))
         assert woken <= 2, woken
         assert sum(1 for p in pulls if p.done() and p.result()["items"]) == 1
@@ -82,7 +82,7 @@ def test_an_online_request_wakes_one_waiting_pull_whatever_the_number_of_workers
 def test_a_batch_submit_of_k_items_wakes_at_most_k_batch_pulls():
     async def go():
         plugin = await started(WORKERS)
-        pulls = [asyncio.create_task(plugin.pull(w, resident=["m"], timeout=30, held=1)) for w in WORKERS]
+        pulls = [asyncio.create_task(plugin.pull(w, held=["m"], timeout=30, in_hand=1)) for w in WORKERS]
         woken = await wakes_after(lambda: plugin.submit("j", items("m", 3), {}))
         assert woken <= 3, woken
         assert sum(len(p.result()["items"]) for p in pulls if p.done()) == 3
@@ -96,8 +96,8 @@ def test_a_batch_submit_of_k_items_wakes_at_most_k_batch_pulls():
 def test_a_batch_submit_wakes_holders_before_other_workers():
     async def go():
         plugin = await started(["holder", "other"])
-        other = asyncio.create_task(plugin.pull("other", resident=["n"], timeout=30, held=1))
-        holder = asyncio.create_task(plugin.pull("holder", resident=["m"], timeout=30, held=1))
+        other = asyncio.create_task(plugin.pull("other", held=["n"], timeout=30, in_hand=1))
+        holder = asyncio.create_task(plugin.pull("holder", held=["m"], timeout=30, in_hand=1))
         await settle()
         plugin.submit("j", items("m", 1), {})
         await settle()
@@ -113,8 +113,8 @@ def test_online_items_of_a_lost_worker_wake_a_waiting_online_pull_at_once():
     async def go():
         plugin = await started(["w1", "w2"])
         item, future = plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        assert (await plugin.pull_online("w1", resident=["m"], ready=["m"], timeout=0))["items"]
-        survivor = asyncio.create_task(plugin.pull_online("w2", resident=["m"], ready=["m"], timeout=30))
+        assert (await plugin.pull_online("w1", held=["m"], loaded=["m"], timeout=0))["items"]
+        survivor = asyncio.create_task(plugin.pull_online("w2", held=["m"], loaded=["m"], timeout=30))
         await settle()
         del plugin.scheduler.workers["w1"]
         plugin.remove_worker(plugin.scheduler, "w1")
@@ -131,10 +131,10 @@ def test_a_waiting_online_pull_of_a_worker_that_just_took_a_model_serves_its_req
 
     async def go():
         plugin = await started(["w1"])
-        online = asyncio.create_task(plugin.pull_online("w1", resident=[], ready=[], timeout=30))
+        online = asyncio.create_task(plugin.pull_online("w1", held=[], loaded=[], timeout=30))
         await settle()
         plugin.submit("j", items("m", 1), {})
-        assert (await plugin.pull("w1", resident=[], timeout=0))["items"]  # a steal: w1 holds m now
+        assert (await plugin.pull("w1", held=[], timeout=0))["items"]  # a steal: w1 holds m now
         plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
         await settle()
         assert online.done() and len(online.result()["items"]) == 1
@@ -171,14 +171,14 @@ step = st.one_of(
 )
 
 
-def leased_items(plugin: ShoalScheduler) -> list:
+def leased_items(plugin: PullQueue) -> list:
     return sorted((w for w in plugin.items.values() if w.state is ItemState.LEASED), key=lambda w: w.id)
 
 
-def check_indexes(plugin: ShoalScheduler) -> None:
+def check_indexes(plugin: PullQueue) -> None:
     views = plugin.views
-    assert views.holders == Counter(m for v in views.values() for m in v.resident)
-    assert views.loaded == Counter(m for v in views.values() for m in v.ready)
+    assert views.holders == Counter(m for v in views.values() for m in v.held)
+    assert views.loaded == Counter(m for v in views.values() for m in v.loaded)
     for model in MODELS:
         spec = plugin.model_specs.get(model, {})
         assert views.anyone_can_host(spec) == any(can_host(spec, v) for v in views.values())
@@ -210,12 +210,12 @@ def check_indexes(plugin: ShoalScheduler) -> None:
             assert (model in plugin.queues.models(priority)) == bool(queued)
 
 
-def best_steal_gain(plugin: ShoalScheduler, view) -> tuple[int, float] | None:
+def best_steal_gain(plugin: PullQueue, view) -> tuple[int, float] | None:
     """The old scan over every model: (unheld, gain) of the best steal, or None."""
     placement, queues = plugin.placement, plugin.queues
     best = None
     for model in queues.models(BATCH):
-        if model in view.resident or not can_host(plugin.model_specs.get(model, {}), view):
+        if model in view.held or not can_host(plugin.model_specs.get(model, {}), view):
             continue
         holders = plugin.views.holders.get(model, 0)
         if holders == 0:
@@ -230,21 +230,21 @@ def best_steal_gain(plugin: ShoalScheduler, view) -> tuple[int, float] | None:
     return best
 
 
-def best_take_back_gain(plugin: ShoalScheduler, thief) -> float | None:
+def best_take_back_gain(plugin: PullQueue, thief) -> float | None:
     """The old scan over every leased item of every worker."""
     placement = plugin.placement
     best = None
     for work in leased_items(plugin):
         if work.worker == thief.address or work.started or work.priority != BATCH:
             continue
-        if work.model not in thief.resident and not can_host(plugin.model_specs.get(work.model, {}), thief):
+        if work.model not in thief.held and not can_host(plugin.model_specs.get(work.model, {}), thief):
             continue
         holder = plugin.views.get(work.worker)
         on_holder = placement._ahead.get(work.worker, 0.0)
-        if holder is not None and work.model not in holder.ready:
+        if holder is not None and work.model not in holder.loaded:
             on_holder += placement._load_seconds(holder, work.model)
         on_thief = (
-            0.0 if work.model in thief.ready else placement.steal_factor * placement._load_seconds(thief, work.model)
+            0.0 if work.model in thief.loaded else placement.steal_factor * placement._load_seconds(thief, work.model)
         )
         gain = on_holder - on_thief
         if gain > 0 and (best is None or gain > best):
@@ -252,7 +252,7 @@ def best_take_back_gain(plugin: ShoalScheduler, thief) -> float | None:
     return best
 
 
-def check_choices(plugin: ShoalScheduler) -> None:
+def check_choices(plugin: PullQueue) -> None:
     """Steal and take-back picks from the indexes are as good as the old scans' (equal gain)."""
     placement = plugin.placement
     for view in list(plugin.views.values()):
@@ -277,9 +277,9 @@ def check_choices(plugin: ShoalScheduler) -> None:
             assert taken is not None
             holder = plugin.views.get(taken.worker)
             on_holder = placement._ahead.get(taken.worker, 0.0)
-            if holder is not None and taken.model not in holder.ready:
+            if holder is not None and taken.model not in holder.loaded:
                 on_holder += placement._load_seconds(holder, taken.model)
-            on_thief = 0.0 if taken.model in view.ready else placement._load_seconds(view, taken.model)
+            on_thief = 0.0 if taken.model in view.loaded else placement._load_seconds(view, taken.model)
             assert abs((on_holder - on_thief) - expected_back) < 1e-9
 
 
@@ -287,7 +287,7 @@ def check_choices(plugin: ShoalScheduler) -> None:
 @given(st.lists(step, min_size=1, max_size=60))
 def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
     async def go():
-        plugin = ShoalScheduler(
+        plugin = PullQueue(
             models={
                 "a": {"name": "a", "kind": "sim", "load_seconds": 2.0},
                 "b": {"name": "b", "kind": "sim", "load_seconds": 0.5},
@@ -315,17 +315,17 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
                 budget = 10**10 if worker in ("w0", "w1") else 10**8
                 await plugin.pull(
                     worker,
-                    resident=resident,
-                    ready=[m for m in ready if m in resident],
+                    held=resident,
+                    loaded=[m for m in ready if m in resident],
                     room=room,
-                    held=held,
+                    in_hand=held,
                     timeout=0,
                     budget=budget,
                     load_seconds={m: 1.0 for m in resident[:1]},
                 )
             elif op == "pull_online":
                 worker, resident, busy = args
-                await plugin.pull_online(worker, resident=resident, ready=resident[:1], busy=busy, timeout=0)
+                await plugin.pull_online(worker, held=resident, loaded=resident[:1], busy=busy, timeout=0)
             elif op == "start" and leased:
                 work = leased[args[0] % len(leased)]
                 plugin.start_item(work.worker, work.id)
@@ -362,7 +362,7 @@ def test_a_gpu_only_model_is_judged_unplaceable_from_worker_capabilities():
         plugin.submit(
             "j", items("m", 1), {"models": {"m": {"name": "m", "requires": {"GPU": 1}}}, "unplaceable_seconds": 0}
         )
-        await plugin.pull("cpu", resident=[], timeout=0, held=1)
+        await plugin.pull("cpu", held=[], timeout=0, in_hand=1)
         plugin.bury_unplaceable()
         status = plugin.job_status("j")
         assert status["failed"] == 1 and "GPU=1" in status["dead_letters"][0]["errors"][0]

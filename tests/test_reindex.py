@@ -88,7 +88,7 @@ def change_inputs(directory, texts: list[str], remove) -> list[str]:
 
 def test_reindex_after_added_changed_removed_shards_does_minimal_work(job_file, cluster, demo_texts, tmp_path):
     local, _ = cluster
-    plugin = local.scheduler.extensions["shoal"]
+    plugin = local.scheduler.extensions["shoal-pull-queue"]
     write_shards(tmp_path / "in", demo_texts[:600], shards=3, row_group_size=50)  # 3 shards × 2 items
     job = job_file()
     first = reindex(job)

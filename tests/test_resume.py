@@ -80,7 +80,7 @@ class Store:
 @pytest.mark.parametrize("kind", ["local", "s3"])
 def test_client_killed_mid_job_then_same_command_completes(kind, cluster, tiny_catalog, demo_texts, tmp_path, request):
     local, client = cluster
-    plugin = local.scheduler.extensions["shoal"]
+    plugin = local.scheduler.extensions["shoal-pull-queue"]
     store = Store(kind, tmp_path, request.getfixturevalue("s3_server") if kind == "s3" else None)
     ids = write_shards(tmp_path / "in", demo_texts[:300], shards=2, row_group_size=5)
     profile = write_profile(tmp_path, name="resume", rows_per_item=5)  # 60 small items: a long enough job

@@ -9,6 +9,7 @@ import yaml
 from conftest import invoke_shoal, write_shards
 
 from configs import load_catalog, load_profile
+from pipeline.cluster import pull_queue
 from pipeline.jobs.embed import EmbedRequest, embed_job
 from pipeline.jobs.engine import model_for, plan_job
 
@@ -20,21 +21,21 @@ def test_status_lists_jobs_per_model_and_workers(cluster, tiny_catalog, test_pro
     plan = plan_job(embed_job(EmbedRequest(str(tmp_path / "in"), str(tmp_path / "out"), "tiny")), profile)
     spec = model_for(catalog, profile, "tiny", "embedder")
     client.sync(
-        client.scheduler.shoal_submit,
+        pull_queue(client).submit,
         job="status-probe",
         items=plan.items,
         settings={"models": {"tiny": spec.model_dump()}},
     )
     try:
         deadline = time.monotonic() + 120
-        while not client.sync(client.scheduler.shoal_job_status, job="status-probe")["complete"]:
+        while not client.sync(pull_queue(client).job_status, job="status-probe")["complete"]:
             assert time.monotonic() < deadline
             time.sleep(0.2)
         raw = invoke_shoal("status", "--scheduler", client.scheduler.address, "--json")
         assert raw.returncode == 0, raw.stderr
         state = json.loads(raw.stdout)["cluster"]
         assert state["jobs"]["status-probe"]["models"] == {"tiny": {"done": len(plan.items)}}
-        assert len(state["workers"]) == 2 and any("tiny" in w["resident"] for w in state["workers"].values())
+        assert len(state["workers"]) == 2 and any("tiny" in w["loaded"] for w in state["workers"].values())
 
         table = invoke_shoal("status", "status-probe", "--scheduler", client.scheduler.address)
         assert table.returncode == 0, table.stderr
@@ -42,7 +43,7 @@ def test_status_lists_jobs_per_model_and_workers(cluster, tiny_catalog, test_pro
         worker = next(iter(state["workers"]))
         assert worker in table.stdout
     finally:
-        client.sync(client.scheduler.shoal_job_release, job="status-probe")
+        client.sync(pull_queue(client).job_release, job="status-probe")
     none = invoke_shoal("status", "other-job", "--scheduler", client.scheduler.address)
     assert none.returncode == 0 and "no running job" in none.stdout
     missing = invoke_shoal("status")

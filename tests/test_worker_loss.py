@@ -11,7 +11,9 @@ from conftest import ROOT, SHOAL, kill_busy_worker, kill_worker, read_output, wr
 from distributed import Client
 
 from configs import load_profile
-from pipeline.cluster import start_local_cluster
+from pipeline.cluster import pull_queue, start_local_cluster
+
+pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
 
 
 def test_killed_worker_loses_no_rows(demo_texts, tmp_path):
@@ -38,7 +40,7 @@ def test_killed_worker_loses_no_rows(demo_texts, tmp_path):
     )
     with start_local_cluster(profile) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
-        plugin = cluster.scheduler.extensions["shoal"]
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
         job = subprocess.Popen(
             [
                 SHOAL,
@@ -86,9 +88,9 @@ def test_online_request_of_a_killed_worker_is_answered_by_another(tmp_path):
     profile = load_profile(str(write_profile(tmp_path, name="kill-online", lease_seconds=30)))
     with start_local_cluster(profile) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
-        plugin = cluster.scheduler.extensions["shoal"]
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
         reply = client.sync(
-            client.scheduler.shoal_gateway_start,
+            pull_queue(client).gateway_start,
             settings={"port": 0, "request_timeout_seconds": 120},
             models={"slow-online": slow},
         )
@@ -110,7 +112,7 @@ def test_online_request_of_a_killed_worker_is_answered_by_another(tmp_path):
         kill_worker(cluster, victim)
         caller.join(120)
         assert plugin.events["lost"] >= 1
-        client.sync(client.scheduler.shoal_gateway_stop)
+        client.sync(pull_queue(client).gateway_stop)
     runtime = SimulatedRuntime(ModelSpec(**{**slow, "batch_fixed_seconds": 0.0}))
     expected, _ = runtime.embed(["a question", "another one"])
     assert np.array_equal(answer["vectors"], expected)
@@ -132,9 +134,9 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
     pin = ["--shoal-pin", "steady"]  # both workers hold the model before the kill
     with start_local_cluster(profile, str(catalog), preload_argv=pin) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
-        plugin = cluster.scheduler.extensions["shoal"]
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
         url = client.sync(
-            client.scheduler.shoal_gateway_start,
+            pull_queue(client).gateway_start,
             settings={"port": 0, "request_timeout_seconds": 30},
             models={"steady": {"name": "steady", **model}},
         )["url"]
@@ -146,7 +148,7 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
             {"key": str(i), "model": "steady", "op": "sim", "rows": 8, "payload": {"tokens": [16] * 8}}
             for i in range(400)
         ]
-        client.sync(client.scheduler.shoal_submit, job="background", items=batch, settings={"lease_seconds": 30})
+        client.sync(pull_queue(client).submit, job="background", items=batch, settings={"lease_seconds": 30})
         while sum(len(items) for items in plugin.leased_by_worker.values()) < 4:
             time.sleep(0.05)
 
@@ -167,7 +169,7 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
             killed_at = time.monotonic()
             kill_worker(cluster, victim)
             answered_at = [a.result(timeout=60) for a in answers]
-        client.sync(client.scheduler.shoal_job_release, job="background")
-        client.sync(client.scheduler.shoal_gateway_stop)
+        client.sync(pull_queue(client).job_release, job="background")
+        client.sync(pull_queue(client).gateway_stop)
     assert plugin.events["lost"] >= 1
     assert max(answered_at) - killed_at < 2.0, [round(t - killed_at, 2) for t in answered_at]

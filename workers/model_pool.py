@@ -1,4 +1,4 @@
-"""Models resident on one worker's device, under a memory budget.
+"""Models loaded on one worker's device, under a memory budget.
 
 Pinned models load at start and stay. Others load on demand and are evicted
 least-recently-used, never while a batch is using them. Loading runs in a
@@ -29,7 +29,7 @@ class ModelTooLarge(RuntimeError):
 
 
 @dataclass
-class Resident:
+class LoadedModel:
     runtime: Any
     size: int
     pinned: bool = False
@@ -46,7 +46,7 @@ class ModelPool:
         self.budget = budget_bytes
         self._load = load
         self._executor = executor
-        self._resident: OrderedDict[str, Resident] = OrderedDict()
+        self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._loading: dict[str, asyncio.Task] = {}
         self._reserved: dict[str, int] = {}
         self._awaited: Counter[str] = Counter()  # waiters of each load in flight
@@ -61,25 +61,25 @@ class ModelPool:
 
     # -- what the scheduler is told ----------------------------------------
 
-    def resident(self) -> list[str]:
-        return list(self._resident)
+    def loaded(self) -> list[str]:
+        return list(self._loaded)
 
     def held(self) -> list[str]:
-        """Resident models and those loading: what the scheduler counts as held here.
+        """Loaded models and those loading: what the scheduler counts as held here.
 
         A model counts from the start of its load, so other workers do not
         load it too, and its requests come here rather than to a second load.
         """
-        return [*self._resident, *(name for name in self._loading if name not in self._resident)]
+        return [*self._loaded, *(name for name in self._loading if name not in self._loaded)]
 
     def used_bytes(self) -> int:
-        return sum(entry.size for entry in self._resident.values())
+        return sum(entry.size for entry in self._loaded.values())
 
     def free_bytes(self) -> int:
         return self.budget - self.used_bytes()
 
     def can_ever_fit(self, spec: ModelSpec) -> bool:
-        pinned = sum(e.size for name, e in self._resident.items() if e.pinned and name != spec.name)
+        pinned = sum(e.size for name, e in self._loaded.items() if e.pinned and name != spec.name)
         return self.size_of(spec) <= self.budget - pinned
 
     def size_of(self, spec: ModelSpec) -> int:
@@ -89,7 +89,7 @@ class ModelPool:
 
     async def pin(self, spec: ModelSpec) -> None:
         async with self.use(spec):
-            self._resident[spec.name].pinned = True
+            self._loaded[spec.name].pinned = True
 
     async def warm(self, spec: ModelSpec) -> bool:
         """Load `spec` now if it fits without evicting anything; it stays evictable.
@@ -97,7 +97,7 @@ class ModelPool:
         A job's model loads while its cluster starts instead of on the job's
         first item. False when it does not fit in what is free.
         """
-        if spec.name in self._resident:
+        if spec.name in self._loaded:
             return True
         if self.size_of(spec) > self.free_bytes() - self._loading_bytes():
             return False
@@ -106,7 +106,7 @@ class ModelPool:
 
     @asynccontextmanager
     async def use(self, spec: ModelSpec) -> AsyncIterator[Any]:
-        """The loaded runtime for `spec`, held resident while the block runs."""
+        """The loaded runtime for `spec`, kept loaded while the block runs."""
         entry = await self._acquire(spec)
         try:
             yield entry.runtime
@@ -114,11 +114,11 @@ class ModelPool:
             entry.in_use -= 1
             await self._wake()
 
-    async def _acquire(self, spec: ModelSpec) -> Resident:
+    async def _acquire(self, spec: ModelSpec) -> LoadedModel:
         while True:
-            entry = self._resident.get(spec.name)
+            entry = self._loaded.get(spec.name)
             if entry is not None:
-                self._resident.move_to_end(spec.name)
+                self._loaded.move_to_end(spec.name)
                 entry.in_use += 1
                 return entry
             pending = self._loading.get(spec.name)
@@ -130,7 +130,7 @@ class ModelPool:
                         f"({self._pinned_bytes() / 1e9:.2f} GB pinned)"
                     )
                 await self._make_room(self.size_of(spec))
-                if spec.name in self._resident or spec.name in self._loading:
+                if spec.name in self._loaded or spec.name in self._loading:
                     continue
                 pending = self._start_load(spec)
             # Shielded: a waiter that is cancelled (its item taken back) leaves
@@ -142,7 +142,7 @@ class ModelPool:
                 await asyncio.shield(pending)
             finally:
                 self._awaited[spec.name] -= 1
-                if not self._awaited[spec.name] and spec.name in self._resident:
+                if not self._awaited[spec.name] and spec.name in self._loaded:
                     self._wake_soon()  # a cancelled waiter leaves it idle: room for others
 
     def _start_load(self, spec: ModelSpec) -> asyncio.Task:
@@ -160,7 +160,7 @@ class ModelPool:
             self.load_seconds[spec.name] = round(time.perf_counter() - began, 3)
             size = int(getattr(runtime, "memory_bytes", lambda: spec.memory_bytes)())
             self._sizes[spec.name] = size
-            self._resident[spec.name] = Resident(runtime, size)
+            self._loaded[spec.name] = LoadedModel(runtime, size)
             self.loads += 1
             logger.info("loaded %s (%.1f MB)", spec.name, size / 1e6)
         finally:
@@ -197,7 +197,7 @@ class ModelPool:
         """
         idle = [
             (i, n)
-            for i, (n, e) in enumerate(self._resident.items())
+            for i, (n, e) in enumerate(self._loaded.items())
             if not e.pinned and e.in_use == 0 and not self._awaited[n]
         ]
         if not idle:
@@ -210,7 +210,7 @@ class ModelPool:
         return min(idle, key=cost)[1]
 
     def _evict(self, name: str) -> None:
-        entry = self._resident.pop(name)
+        entry = self._loaded.pop(name)
         close = getattr(entry.runtime, "close", None)
         if close is not None:
             close()
@@ -218,7 +218,7 @@ class ModelPool:
         logger.info("evicted %s", name)
 
     def _pinned_bytes(self) -> int:
-        return sum(e.size for e in self._resident.values() if e.pinned)
+        return sum(e.size for e in self._loaded.values() if e.pinned)
 
     def _loading_bytes(self) -> int:
         return sum(self._reserved.values())

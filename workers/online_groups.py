@@ -1,8 +1,8 @@
 """Continuous batching of a worker's online requests.
 
 Online requests leased to this worker wait here. A model that is not
-resident loads in the background, and its requests wait for it without
-holding up the others. Each round holds the resident models of waiting
+loaded loads in the background, and its requests wait for it without
+holding up the others. Each round holds the loaded models of waiting
 requests in the pool, then runs on the device thread, ahead of batch items
 but after the forward batch running now (see device_thread), and only then
 takes every request of those models that is waiting: what accumulated while
@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any
 
 from configs import ModelSpec
+from scheduler_plugins.protocol import ItemMessage, PullQueueClient
 
 from .device_thread import DeviceThread
 from .model_pool import ModelPool
@@ -39,7 +40,7 @@ from .operations import ONLINE_OPERATIONS, PERMANENT_ERRORS
 
 logger = logging.getLogger("shoal.worker.online")
 
-Message = dict[str, Any]
+Message = ItemMessage
 ReportFailure = Callable[[str, str, bool], Awaitable[None]]
 
 
@@ -54,13 +55,15 @@ class Outcome:
 class OnlineGroups:
     def __init__(
         self,
-        worker,
+        worker: str,
+        queue: PullQueueClient,
         pool: ModelPool,
         device_thread: DeviceThread,
         specs: dict[str, ModelSpec],
         report_failure: ReportFailure,
     ) -> None:
-        self.worker = worker
+        self.worker = worker  # its address
+        self.queue = queue
         self.pool = pool
         self.device_thread = device_thread
         self.specs = specs  # the pull loop's, filled by every pull reply
@@ -100,19 +103,19 @@ class OnlineGroups:
 
     async def _run(self, models: set[str]) -> None:
         """A round of `models` (pending since _kick); one not loaded loads first, with its own round."""
-        resident = set(self.pool.resident())
-        for name in models - resident:
+        loaded = set(self.pool.loaded())
+        for name in models - loaded:
             if name not in self._loads:
                 self._loads[name] = asyncio.create_task(self._load(name))
-        self._started(models - resident)  # their loads' rounds take them
+        self._started(models - loaded)  # their loads' rounds take them
         try:
-            await self._round(models & resident)
+            await self._round(models & loaded)
         except BaseException:
             self._started(models)  # it may never reach the device
             raise
 
     async def _load(self, name: str) -> None:
-        """Make `name` resident for the requests waiting on it and run their round.
+        """Load `name` for the requests waiting on it and run their round.
 
         The round runs while the load still holds the model, so no other load
         evicts it in between.
@@ -210,8 +213,6 @@ class OnlineGroups:
         """One message, no reply awaited: nothing here depends on the answer, so nothing waits for it."""
         results = [[m["id"], r] for m, r in zip(outcome.group, outcome.results or [])]
         try:
-            await self.worker.scheduler.shoal_ack_many(
-                worker=self.worker.address, results=results, compute_seconds=outcome.seconds, reply=False
-            )
+            await self.queue.ack_many(self.worker, results, outcome.seconds)
         except Exception as exc:  # the leases run out and the requests are retried
             logger.warning("could not ack %d online requests (%s)", len(outcome.group), exc)

@@ -19,7 +19,7 @@ from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, ConfigError, ModelSpec, Profile
-from pipeline.cluster import ClusterError
+from pipeline.cluster import ClusterError, pull_queue
 from pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
 from pipeline.jobs.fingerprints import model_fingerprint
 from pipeline.jobs.follower import follow, summarize
@@ -27,6 +27,7 @@ from pipeline.jobs.lance_output import commit_parts
 from pipeline.jobs.manifest import build_manifest, read_manifest, remove_manifest, write_manifest
 from pipeline.jobs.planner import Plan, check_columns, check_output, list_shards, plan_items, read_footers
 from pipeline.jobs.resume import Inventory, PartStore, current_parts, job_params, stamp_items
+from scheduler_plugins.protocol import JobStatus
 from workers.vector_precision import VectorFormat
 
 SHOWN_REJECTIONS = 10
@@ -277,12 +278,13 @@ def _submit_and_follow(
     spec: ModelSpec,
     profile: Profile,
     console: Console,
-) -> dict[str, Any]:
+) -> JobStatus:
+    queue = pull_queue(client)
     client.sync(
-        client.scheduler.shoal_submit,
-        job=job_id,
-        items=items,
-        settings={
+        queue.submit,
+        job_id,
+        items,
+        {
             "lease_seconds": profile.lease_seconds,
             "max_attempts": profile.max_attempts,
             "unplaceable_seconds": profile.unplaceable_seconds,
@@ -299,9 +301,9 @@ def _submit_and_follow(
             "run the same command again to finish the rest"
         ) from exc
     except BaseException:  # Ctrl-C and the like: drop the job's queued work
-        client.sync(client.scheduler.shoal_job_release, job=job_id)
+        client.sync(queue.job_release, job_id)
         raise
-    client.sync(client.scheduler.shoal_job_release, job=job_id)
+    client.sync(queue.job_release, job_id)
     return status
 
 

@@ -10,15 +10,18 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pipeline.cluster import pull_queue
+from scheduler_plugins.protocol import JobStatus, WorkerSummary
+
 POLL_SECONDS = 0.5
 NO_WORKER_WARNING_SECONDS = 30
 
 
-def job_status(client: Client, job: str, results: bool = False) -> dict[str, Any]:
-    return client.sync(client.scheduler.shoal_job_status, job=job, results=results)
+def job_status(client: Client, job: str, results: bool = False) -> JobStatus:
+    return client.sync(pull_queue(client).job_status, job, results)
 
 
-def follow(client: Client, job: str, console: Console, label: str) -> dict[str, Any]:
+def follow(client: Client, job: str, console: Console, label: str) -> JobStatus:
     """Poll the scheduler until the job completes; the final status has results."""
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -53,8 +56,8 @@ def follow(client: Client, job: str, console: Console, label: str) -> dict[str, 
     return final
 
 
-def _pulling_workers(client: Client) -> dict[str, Any]:
-    return client.sync(client.scheduler.shoal_overview)["workers"]
+def _pulling_workers(client: Client) -> dict[str, WorkerSummary]:
+    return client.sync(pull_queue(client).overview)["workers"]
 
 
 def summarize(status: dict[str, Any], console: Console, output: str) -> None:

@@ -28,7 +28,7 @@ from distributed import Client, LocalCluster
 from rich.console import Console
 
 from configs import Catalog, GatewaySettings, ModelSpec, Profile, load_profile
-from pipeline.cluster import start_local_cluster
+from pipeline.cluster import pull_queue, start_local_cluster
 from pipeline.jobs.embed import EmbedRequest, embed_job
 from pipeline.jobs.engine import model_for, prepare_job, run_prepared
 from pipeline.tuning.meter import MachineMeter
@@ -183,7 +183,7 @@ class ClusterTrials:
             self._cluster = None
             if url:
                 try:
-                    client.sync(client.scheduler.shoal_gateway_stop)
+                    client.sync(pull_queue(client).gateway_stop)
                 except Exception:
                     pass
             client.close()
@@ -212,7 +212,7 @@ class ClusterTrials:
             if self.online_rate:
                 specs = {m: model_for(self.catalog, profile, m, "embedder").model_dump() for m in self.models}
                 settings = GatewaySettings(host="127.0.0.1", port=0).model_dump()
-                url = client.sync(client.scheduler.shoal_gateway_start, settings=settings, models=specs)["url"]
+                url = client.sync(pull_queue(client).gateway_start, settings, specs)["url"]
         self._cluster = (key, cluster, client, url)
         return round(meter.seconds, 1), client, url
 

@@ -1,0 +1,266 @@
+"""The pull queue's messages, and its client: the one module every side imports.
+
+The scheduler extension (`pull_queue.PullQueue`, with `online_queue.OnlineQueue`
+beside it) declares the handlers; `PullQueueClient` has one method per
+handler, so a handler's name and arguments are spelled here and at the
+handler, nowhere else. The CLI, the workers' pull loop, `shoal status`,
+a gateway in its own process and the benchmarks all call through it.
+
+Messages travel as Dask messages (MessagePack), so they are plain dicts on
+the wire; the TypedDicts below give them names and types in the code.
+
+Words used everywhere: a worker *holds* a model it has loaded, is loading,
+or has work in hand for; it has a model *loaded* when its weights are in
+memory, ready to compute.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+NAME = "shoal-pull-queue"  # the scheduler plugin's name and its key in `scheduler.extensions`
+
+
+# -- batch jobs (the client) -----------------------------------------------------------
+
+
+class SubmittedItem(TypedDict, total=False):
+    """One planned work item; the queue's id for it is ``JOB/KEY``."""
+
+    key: str
+    model: str
+    op: str  # the operation a worker runs: embed, rerank, ...
+    payload: dict[str, Any]  # the operation's input: URL and row groups, options
+    rows: int
+
+
+class JobSettings(TypedDict, total=False):
+    priority: int  # work_items.BATCH unless given
+    models: dict[str, dict[str, Any]]  # model specs (configs.ModelSpec dumps) the job's items name
+    lease_seconds: float
+    max_attempts: int
+    unplaceable_seconds: float  # grace before items no worker can host go to dead letters
+    context: dict[str, Any]  # sent once per pull with the job's items (storage options, output format)
+    client: str  # the Dask client id: its jobs are dropped when it leaves
+
+
+class SubmitReply(TypedDict):
+    job: str
+    items: int
+
+
+class JobStatus(TypedDict, total=False):
+    job: str
+    items: int
+    queued: int
+    leased: int
+    done: int
+    failed: int
+    rows_total: int
+    rows_done: int
+    rows_by_worker: dict[str, int]
+    complete: bool
+    elapsed: float
+    dead_letters: list[dict[str, Any]]
+    results: list[dict[str, Any]]  # each item's ack result, when asked for
+    models: dict[str, dict[str, int]]  # item states per model (in the overview only)
+
+
+class ReleaseReply(TypedDict):
+    released: bool
+
+
+class QueueDepths(TypedDict):
+    online: int
+    batch: int
+
+
+class WorkerSummary(TypedDict):
+    held: list[str]
+    loaded: list[str]
+    budget: int | None
+    free_bytes: int | None
+
+
+class Overview(TypedDict):
+    """What `shoal status`, the dashboard and the metrics read."""
+
+    queues: dict[str, QueueDepths]
+    leased: dict[str, int]  # leased items per worker
+    workers: dict[str, WorkerSummary]
+    jobs: dict[str, JobStatus]
+    events: dict[str, int]  # leased, acked, failed, lost, expired, dead, taken_back
+
+
+class GatewayStarted(TypedDict, total=False):
+    url: str
+    error: str  # another gateway already runs on this scheduler
+
+
+class GatewayStopped(TypedDict):
+    stopped: bool
+
+
+# -- pulls (the workers) --------------------------------------------------------------
+
+
+class ItemMessage(TypedDict):
+    """A leased item as a worker receives it."""
+
+    id: str
+    job: str
+    model: str
+    op: str
+    payload: dict[str, Any]
+    attempt: int
+    lease_seconds: float
+
+
+class PullReply(TypedDict, total=False):
+    items: list[ItemMessage]
+    models: dict[str, dict[str, Any]]  # the items' model specs
+    contexts: dict[str, dict[str, Any]]  # the items' jobs' contexts (batch pulls)
+    demand: dict[str, list[int]]  # per model the worker holds: [waiting items, holders] (batch pulls)
+    reason: str  # why nothing came: "unknown worker"
+
+
+class StartReply(TypedDict):
+    ok: bool  # False: the lease was lost or taken back for an idle worker
+
+
+class AckReply(TypedDict):
+    accepted: bool
+
+
+class AckManyReply(TypedDict):
+    accepted: int
+
+
+class ExtendReply(TypedDict):
+    lost: list[str]  # items this worker no longer holds a lease on
+
+
+# -- gateways in their own processes ----------------------------------------------------
+
+# A request: [request id, model, op, payload, rows, timeout seconds]; an answer: [request id, outcome].
+RemoteRequest = list[Any]
+RemoteAnswer = list[Any]
+
+
+class RemoteQueued(TypedDict):
+    queued: int
+
+
+class RemoteAnswers(TypedDict):
+    answers: list[RemoteAnswer]
+    workers: int
+    specs: int  # the version of the model specs: a gateway refreshes them when it changes
+
+
+class RemoteModels(TypedDict):
+    models: dict[str, dict[str, Any]]
+    specs: int
+    workers: int
+    loaded: dict[str, int]  # workers with each model loaded
+
+
+class PullQueueClient:
+    """One method per handler of the pull queue.
+
+    `scheduler` is an rpc to the scheduler: a Worker's ``worker.scheduler`` or
+    a Client's ``client.scheduler``. Methods are coroutines; a blocking
+    client runs them with ``client.sync(queue.job_status, job)``.
+    """
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    # -- batch jobs --------------------------------------------------------------------
+
+    async def submit(self, job: str, items: list[SubmittedItem], settings: JobSettings) -> SubmitReply:
+        return await self.scheduler.shoal_submit(job=job, items=items, settings=settings)
+
+    async def job_status(self, job: str, results: bool = False) -> JobStatus:
+        return await self.scheduler.shoal_job_status(job=job, results=results)
+
+    async def job_release(self, job: str) -> ReleaseReply:
+        return await self.scheduler.shoal_job_release(job=job)
+
+    async def overview(self) -> Overview:
+        return await self.scheduler.shoal_overview()
+
+    async def gateway_start(
+        self, settings: dict[str, Any], models: dict[str, dict[str, Any]], replace: bool = False
+    ) -> GatewayStarted:
+        return await self.scheduler.shoal_gateway_start(settings=settings, models=models, replace=replace)
+
+    async def gateway_stop(self) -> GatewayStopped:
+        return await self.scheduler.shoal_gateway_stop()
+
+    # -- workers ---------------------------------------------------------------------------
+
+    async def pull(
+        self,
+        worker: str,
+        held: list[str],
+        loaded: list[str],
+        room: int,
+        in_hand: int,
+        timeout: float,
+        budget: int | None = None,
+        free_bytes: int | None = None,
+        load_seconds: dict[str, float] | None = None,
+    ) -> PullReply:
+        """Batch work for `worker`, waiting up to `timeout`; it reports what it holds and has loaded."""
+        return await self.scheduler.shoal_pull(
+            worker=worker,
+            held=held,
+            loaded=loaded,
+            room=room,
+            in_hand=in_hand,
+            timeout=timeout,
+            budget=budget,
+            free_bytes=free_bytes,
+            load_seconds=load_seconds,
+        )
+
+    async def pull_online(
+        self, worker: str, held: list[str], loaded: list[str], busy: bool, timeout: float
+    ) -> PullReply:
+        return await self.scheduler.shoal_pull_online(
+            worker=worker, held=held, loaded=loaded, busy=busy, timeout=timeout
+        )
+
+    async def start(self, worker: str, item: str) -> StartReply:
+        return await self.scheduler.shoal_start(worker=worker, item=item)
+
+    async def ack(self, worker: str, item: str, result: dict[str, Any]) -> None:
+        """One way: nothing waits on the answer, and the scheduler saves a reply per item."""
+        await self.scheduler.shoal_ack(worker=worker, item=item, result=result, reply=False)
+
+    async def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float) -> None:
+        """A group of online items: `results` is [[item id, result], ...]. One way, as `ack`."""
+        await self.scheduler.shoal_ack_many(
+            worker=worker, results=results, compute_seconds=compute_seconds, reply=False
+        )
+
+    async def fail(self, worker: str, item: str, error: str, permanent: bool) -> AckReply:
+        return await self.scheduler.shoal_fail(worker=worker, item=item, error=error, permanent=permanent)
+
+    async def extend(self, worker: str, items: list[str]) -> ExtendReply:
+        return await self.scheduler.shoal_extend(worker=worker, items=items)
+
+    # -- gateways in their own processes -------------------------------------------------------
+
+    async def online_submit(
+        self, gateway: str, requests: list[RemoteRequest], settings: dict[str, Any] | None, cancel: list[int]
+    ) -> RemoteQueued:
+        return await self.scheduler.shoal_online_submit(
+            gateway=gateway, requests=requests, settings=settings, cancel=cancel
+        )
+
+    async def online_answers(self, gateway: str, timeout: float) -> RemoteAnswers:
+        return await self.scheduler.shoal_online_answers(gateway=gateway, timeout=timeout)
+
+    async def online_models(self, models: dict[str, dict[str, Any]] | None = None) -> RemoteModels:
+        return await self.scheduler.shoal_online_models(models=models)
