@@ -6,7 +6,7 @@ DEMO_OUT ?= out/demo-embeddings
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench tune bench-tuned bench-runtimes clean
+.PHONY: install demo test test-fast bench tune bench-tuned bench-runtimes clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,6 +25,10 @@ demo: install
 
 test: install
 	$(VENV)/bin/pytest -q
+
+# The unit tests only (tests/conftest.py, "Two tiers"): no cluster, model, S3 server or process; seconds.
+test-fast: install
+	$(VENV)/bin/pytest -q -m unit
 
 bench: install
 	$(PY) benchmarks/batch_throughput.py

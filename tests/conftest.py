@@ -1,10 +1,41 @@
-"""Shared fixtures: tiny models, a real multi-process Dask cluster, a real S3 API."""
+"""Shared fixtures (tiny models, a real multi-process Dask cluster, a real S3 API), the test tiers, and `wait_for`.
+
+Two tiers
+---------
+`make test-fast` (`pytest -m unit`): the unit tests only, in seconds. A unit test starts no Dask cluster
+or client, loads no model (not even the tiny ones `model_factory` builds), starts no S3 server and no
+process: the scheduler plugin, the model pool, the device thread, configs, planning and formats are
+driven in-process with fakes (see `FakeScheduler` in test_pull_queue.py).
+
+`make test` (`pytest`): everything, the unit tests included. Minutes.
+
+Which tier a test is in is decided here, in `pytest_collection_modifyitems`: every test gets the `unit`
+marker unless
+  - it needs one of HEAVY_FIXTURES, directly or through another fixture (`cluster`, `tiny_model`, ...), or
+  - it is marked `integration` (starts a cluster, server or process itself, without those fixtures;
+    mark such a test `@pytest.mark.integration`, or a whole module with `pytestmark = pytest.mark.integration`), or
+  - it is marked `slow` (the real MiniLM model).
+A test that forgets its `integration` mark fails in the fast tier rather than slowing it: for unit tests,
+`_unit_tier_guard` refuses processes, Dask clusters, clients and servers, and the model and S3-server
+libraries (torch, transformers, sentence-transformers, onnxruntime, moto).
+
+Waiting
+-------
+Tests never sleep a fixed time for something to happen: they wait for it with `wait_for` (or
+`async_wait_for` in a coroutine), which polls the condition and fails with `what` if it never holds.
+A sleep that stays is the thing under test (a slow client, a lease left to expire, a forward batch's
+compute time) and says so in a comment.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.abc
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,6 +53,94 @@ from model_factory import TINY_DIM, TINY_MAX_SEQ, build_tiny_cross_encoder, buil
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "datasets" / "demo"
 SHOAL = str(Path(sys.executable).parent / "shoal")
+
+# -- tiers ---------------------------------------------------------------------------------
+
+# Fixtures that start a cluster, build or load a model, or start a server: a test needing one is not a unit test.
+HEAVY_FIXTURES = {"cluster", "tiny_model", "tiny_reranker", "tiny_catalog", "s3_server"}
+# Libraries a unit test must not import: models and the S3 server (checked only while they are not yet imported).
+HEAVY_MODULES = {"torch", "transformers", "sentence_transformers", "onnxruntime", "moto"}
+# Commands a unit test may run: system tools that take milliseconds (a tmpfs to fill up, in test_hardening.py).
+UNIT_COMMANDS = {"mount", "umount"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        heavy = HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if not heavy and not item.get_closest_marker("integration") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.unit)
+
+
+class _RefuseHeavyImports(importlib.abc.MetaPathFinder):
+    def __init__(self, refuse: Callable[[str], None]) -> None:
+        self.refuse = refuse
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in HEAVY_MODULES:
+            self.refuse(f"imports {name}")
+        return None
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_guard(request, monkeypatch):
+    """For a unit test: starting a process, a cluster, a client or a server, or importing a model library, fails it."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    import distributed
+    import distributed.core
+    import distributed.deploy.spec
+
+    def refuse(what: str) -> None:
+        pytest.fail(
+            f"{request.node.nodeid} is a unit test (make test-fast) but {what}: "
+            "mark it @pytest.mark.integration, or give it the fixture it needs (conftest.py, HEAVY_FIXTURES)",
+            pytrace=False,
+        )
+
+    def refusing(what: str):
+        def refused(*args, **kwargs):
+            refuse(what)
+
+        return refused
+
+    popen_init = subprocess.Popen.__init__
+
+    def guarded_popen(self, args, *rest, **kwargs):
+        command = Path(str(args[0] if isinstance(args, (list, tuple)) else str(args).split()[0])).name
+        if command not in UNIT_COMMANDS:
+            refuse(f"starts a process ({command})")
+        popen_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded_popen)
+    monkeypatch.setattr(distributed.deploy.spec.SpecCluster, "__init__", refusing("starts a Dask cluster"))
+    monkeypatch.setattr(distributed.Client, "__init__", refusing("starts a Dask client"))
+    monkeypatch.setattr(distributed.core.Server, "__init__", refusing("starts a Dask scheduler, worker or nanny"))
+    monkeypatch.setattr(sys, "meta_path", [_RefuseHeavyImports(refuse), *sys.meta_path])
+    yield
+
+
+# -- waiting -------------------------------------------------------------------------------
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 60, what: str = "", step: float = 0.02):
+    """Poll `condition` until it is true; its value. Fails with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(step)
+    return value
+
+
+async def async_wait_for(condition: Callable[[], object], timeout: float = 10, what: str = "", step: float = 0.005):
+    """`wait_for` inside a coroutine: the event loop runs on while it waits."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        await asyncio.sleep(step)
+    return value
 
 
 @pytest.fixture(scope="session")

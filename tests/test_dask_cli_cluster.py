@@ -13,6 +13,8 @@ from conftest import ROOT, read_output, run_shoal, write_shards
 
 DASK = str(Path(sys.executable).parent / "dask")
 
+pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
+
 
 def wait_for_address(scheduler_file: Path) -> str:
     deadline = time.monotonic() + 60

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, SHOAL
-from test_online_serve import DASK, SIM, free_port, wait_for_line
+from conftest import ROOT, SHOAL, wait_for
+from test_online_serve import DASK, SIM, free_port, in_flight, wait_for_line
 
 from pipeline.client import OnlineClient, OnlineError
+
+pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
 
 
 @dataclass
@@ -62,10 +63,7 @@ def encode_status(url: str) -> int:
 
 
 def wait_ready(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while status_of(url) != 200:
-        assert time.monotonic() < deadline, f"{url} never became ready"
-        time.sleep(0.2)
+    wait_for(lambda: status_of(url) == 200, timeout, what=f"{url} ready", step=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +193,7 @@ def test_killing_a_gateway_loses_only_its_own_requests(remote):
     with ThreadPoolExecutor(16) as pool:
         on_doomed = [pool.submit(ask, doomed_url, "slow", f"doomed {i}") for i in range(4)]
         on_survivor = [pool.submit(ask, survivor, "slow", f"kept {i}") for i in range(8)]
-        time.sleep(0.5)  # the doomed gateway's requests are at the scheduler
+        wait_for(lambda: in_flight(doomed_url) == 4, timeout=60, what="the doomed gateway answering its 4 requests")
         doomed.send_signal(signal.SIGKILL)
         doomed.wait(30)
         kept = [f.result() for f in on_survivor]

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, invoke_shoal, read_output, write_profile, write_shards
+from conftest import ROOT, SHOAL, invoke_shoal, read_output, wait_for, write_profile, write_shards
 
 from configs import load_catalog
 from pipeline.client import OnlineClient
@@ -87,13 +87,20 @@ class Gateway:
         payload = raw.split(b"\r\n\r\n", 1)[1]
         return status, json.loads(payload) if payload else None
 
-    def statuses(self) -> dict[str, float]:
-        """shoal_online_requests_total by status label, for model "tiny"."""
+    def metrics(self) -> str:
         with self.connect() as sock:
             sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: shoal\r\nConnection: close\r\n\r\n")
-            text = _read_all(sock).decode()
+            return _read_all(sock).decode()
+
+    def in_flight(self) -> int:
+        """Requests the gateway is answering (shoal_online_in_flight), less the /metrics request that asks."""
+        line = next(line for line in self.metrics().splitlines() if line.startswith("shoal_online_in_flight "))
+        return int(float(line.rsplit(" ", 1)[1])) - 1
+
+    def statuses(self) -> dict[str, float]:
+        """shoal_online_requests_total by status label, for model "tiny"."""
         counts: dict[str, float] = {}
-        for line in text.splitlines():
+        for line in self.metrics().splitlines():
             if line.startswith('shoal_online_requests_total{model="tiny"'):
                 status = line.split('status="', 1)[1].split('"', 1)[0]
                 counts[status] = float(line.rsplit(" ", 1)[1])
@@ -244,11 +251,10 @@ def test_a_client_gone_mid_body_is_counted_as_a_client_close_not_a_500(gateway):
             b"POST /v1/encode/tiny HTTP/1.1\r\nHost: shoal\r\nContent-Type: application/json\r\n"
             b'Content-Length: 1000\r\n\r\n{"texts": ["half'
         )
-        time.sleep(0.2)  # the head is read and the handler waits for the body
-    deadline = time.monotonic() + 30
-    while gateway.statuses().get("499", 0) <= before.get("499", 0):
-        assert time.monotonic() < deadline, gateway.statuses()
-        time.sleep(0.1)
+        wait_for(lambda: gateway.in_flight() == 1, timeout=30, what="the head read, the handler waiting for the body")
+    wait_for(
+        lambda: gateway.statuses().get("499", 0) > before.get("499", 0), timeout=30, what="the request counted as 499"
+    )
     assert gateway.statuses().get("500", 0) == before.get("500", 0)
 
 
@@ -258,7 +264,7 @@ def test_slow_headers_and_bodies_are_cut_off_and_open_connections_are_capped(gat
         dribbler = gateway.connect()
         dribbler.sendall(b"POST /v1/encode/tiny HTTP/1.1\r\nHost: shoal\r\n")
         for i in range(4):  # a header line now and then, never the blank line that ends them
-            time.sleep(0.3)
+            time.sleep(0.3)  # the slow client under test: 1.2 s in all, over the 1 s header timeout
             dribbler.sendall(f"X-Dribble-{i}: x\r\n".encode())
         dribbler.settimeout(15)  # the test's bound on "closed": ten times the configured timeout
         assert _closed_by_server(dribbler) == b""
@@ -328,6 +334,7 @@ def _wait_for(proc: subprocess.Popen, marker: str, timeout: float = 120) -> None
     raise AssertionError(f"no {marker!r} in {seen}")
 
 
+@pytest.mark.integration  # starts `shoal serve` and `shoal embed` processes
 def test_nothing_shoal_serve_or_shoal_embed_starts_listens_beyond_loopback(sim_catalog, tmp_path, demo_texts):
     profile = write_profile(tmp_path, name="two", workers=2, rows_per_item=50)
     serve = subprocess.Popen(
@@ -365,7 +372,7 @@ def test_nothing_shoal_serve_or_shoal_embed_starts_listens_beyond_loopback(sim_c
         stderr=subprocess.DEVNULL,
     )
     seen: set[tuple[str, int]] = set()
-    while embed.poll() is None:
+    while embed.poll() is None:  # sampled for the whole run: every listener it opens, however briefly
         seen |= _listeners(embed.pid)
         time.sleep(0.2)
     assert embed.returncode == 0
@@ -602,10 +609,12 @@ def test_ctrl_c_exits_130_and_the_rerun_finishes_the_job(cluster, sim_catalog, t
         client.scheduler.address,
     ]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list((tmp_path / "out").glob("part-*.parquet")):  # interrupted mid-job, once a part is written
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.1)
+    wait_for(  # interrupted mid-job, once a part is written
+        lambda: list((tmp_path / "out").glob("part-*.parquet")) or proc.poll() is not None,
+        timeout=120,
+        what="a first part written",
+    )
+    assert proc.poll() is None, "the job ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr

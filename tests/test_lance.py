@@ -114,6 +114,7 @@ def test_client_killed_then_rerun_commits_every_row_once(cluster, tiny_catalog, 
     assert lance.dataset(dataset).version == 1
 
 
+@pytest.mark.integration  # starts its own cluster
 def test_worker_killed_mid_job_loses_no_row_and_duplicates_none(demo_texts, tmp_path):
     profile = load_profile(str(write_profile(tmp_path, name="lance-kill", rows_per_item=100, lease_seconds=30)))
     ids = write_shards(tmp_path / "in", demo_texts[:1600], shards=4, row_group_size=50)

@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import async_wait_for
 
 from configs import ModelSpec
 from workers.model_pool import ModelPool, ModelTooLarge
@@ -90,15 +91,18 @@ def test_model_in_use_is_not_evicted_until_released():
         pool, loaded, _ = make_pool(100)
         order = []
         a, b = spec("a", 60), spec("b", 60)
+        a_in_use = asyncio.Event()
 
         async def hold_a():
             async with pool.use(a):
                 order.append("a in use")
-                await asyncio.sleep(0.2)
+                a_in_use.set()
+                # b's load waits for room (the pool's asyncio.Condition lists its waiters): a is not evicted
+                await async_wait_for(lambda: pool._changed._waiters, what="b's load waiting for room")
                 order.append("a released")
 
         async def want_b():
-            await asyncio.sleep(0.05)
+            await a_in_use.wait()
             async with pool.use(b):
                 order.append("b loaded")
 
@@ -117,7 +121,7 @@ def test_concurrent_users_share_one_load():
 
         async def use():
             async with pool.use(s):
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # each user holds the model a moment, as an item's compute would
 
         await asyncio.gather(*(use() for _ in range(5)))
         return loaded
@@ -148,9 +152,9 @@ def test_a_cancelled_user_leaves_the_shared_load_to_the_others():
         first = asyncio.create_task(use())
         await started.wait()
         second = asyncio.create_task(use())
-        await asyncio.sleep(0.01)
+        await async_wait_for(lambda: pool._awaited["a"] == 2, what="both users waiting on the one load")
         first.cancel()
-        await asyncio.sleep(0.01)
+        await async_wait_for(lambda: pool._awaited["a"] == 1, what="the cancelled user gone from the load")
         release.set()
         runtime = await asyncio.wait_for(second, 5)
         assert first.cancelled() and runtime.spec.name == "a"
@@ -164,14 +168,14 @@ def test_a_loaded_model_reaches_its_waiters_before_another_load_can_evict_it():
 
     async def scenario():
         def load(s: ModelSpec):
-            time.sleep(0.02)
+            time.sleep(0.02)  # a load takes time: the three uses overlap
             return FakeRuntime(s, [])
 
         pool = ModelPool(20, load, ThreadPoolExecutor(1))
 
         async def use(name: str):
             async with pool.use(spec(name, 10)):
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # in use while the other models are wanted
 
         await asyncio.wait_for(asyncio.gather(*(use(n) for n in "abc")), 10)
         return pool.loads

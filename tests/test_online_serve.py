@@ -17,12 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, read_output, write_profile, write_shards
+from conftest import ROOT, SHOAL, read_output, wait_for, write_profile, write_shards
 
 from pipeline.client import OnlineClient, OnlineError
 
 DASK = str(Path(sys.executable).parent / "dask")
 SIM = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 1000}
+
+pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,25 @@ def wait_for_line(stream, marker: str, timeout: float = 120) -> str:
                 return line
         time.sleep(0.1)
     raise TimeoutError(f"no {marker!r} in: {lines}")
+
+
+def in_flight(url: str) -> int:
+    """Requests the gateway at `url` is answering (shoal_online_in_flight), less the /metrics request that asks."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    line = next(line for line in text.splitlines() if line.startswith("shoal_online_in_flight "))
+    return int(float(line.rsplit(" ", 1)[1])) - 1
+
+
+def refuses(url: str) -> bool:
+    """The server at `url` no longer takes a request."""
+    try:
+        OnlineClient(url).encode("simzero", ["late"])
+    except (ConnectionError, OnlineError):
+        return True
+    return False
 
 
 @contextmanager
@@ -74,11 +95,9 @@ def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_cat
         in_flight: dict = {}
         slow = threading.Thread(target=lambda: in_flight.update(v=OnlineClient(url).encode("slow", ["x"])))
         slow.start()
-        time.sleep(0.5)
+        wait_for(lambda: in_flight(url) == 1, timeout=30, what="the slow request in flight")
         proc.send_signal(signal.SIGTERM)
-        time.sleep(1.5)
-        with pytest.raises((ConnectionError, OnlineError)):  # no longer accepting
-            OnlineClient(url).encode("simzero", ["late"])
+        wait_for(lambda: refuses(url), timeout=30, what="no longer accepting after SIGTERM")
         slow.join(30)
         assert in_flight["v"].shape == (1, 8)  # answered although the stop came first
         assert proc.wait(60) == 0

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import msgpack
 import numpy as np
 import pytest
+from conftest import async_wait_for, wait_for
 
 from configs import GatewaySettings, ModelSpec
 from scheduler_plugins import api_formats as api
@@ -222,7 +223,7 @@ def test_device_thread_runs_online_work_at_the_next_turn_before_waiting_batch_wo
             with device.turn():
                 order.append(f"{name} {i}")
                 first_turn.set()
-                time.sleep(hold)
+                time.sleep(hold)  # a forward batch's compute time, holding the device
 
     running = device.run(batch, "running", 3, 0.1)
     first_turn.wait()
@@ -247,11 +248,11 @@ def test_device_thread_runs_online_work_at_once_when_idle_and_reports_its_errors
 
 def test_online_call_waits_for_one_forward_batch_not_the_whole_item():
     """A batch item of 20 forward batches computes; an online group arriving meanwhile is answered before it ends."""
-    device = DeviceThread()
+    device = TurnLog()
     spec = ModelSpec(name="s", kind="sim", dim=8, max_seq_length=16, batch_fixed_seconds=0.05, max_batch_size=1)
     runtime = SimulatedRuntime(spec, device_thread=device)
     item = device.run(runtime.embed, [f"row {i}" for i in range(20)])  # 20 batches of 50 ms
-    time.sleep(0.12)
+    wait_for(lambda: device.log, timeout=10, what="the item's first forward batch")
     payload = {"texts": ["query"], "truncate": True, "dtype": "float32"}
     answer = device.run_online(lambda: online_operations.encode(runtime, [payload])).result(timeout=5)
     answered_while_item_ran = not item.done()
@@ -294,7 +295,7 @@ def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after
         groups = OnlineGroups("w", queue, pool, device, {"o": online_spec}, report_failure=None)
         batch = SimulatedRuntime(batch_spec, device_thread=device)
         item = asyncio.wrap_future(device.run(batch.embed, [f"row {i}" for i in range(8)]))  # 8 turns of 50 ms
-        await asyncio.sleep(0.07)
+        await async_wait_for(lambda: "batch" in device.log, what="the batch item's first turn")
 
         def request(name: str) -> dict:
             payload = {"texts": [name], "truncate": True, "dtype": "float32"}
@@ -304,8 +305,7 @@ def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after
         await asyncio.get_running_loop().run_in_executor(None, device.online.wait)
         groups.add([request("B")])  # while A's round computes (100 ms)
         await item
-        while len(acked) < 2:
-            await asyncio.sleep(0.01)
+        await async_wait_for(lambda: len(acked) == 2, what="A and B acked")
         groups.close()
         device.shutdown()
         return device.log
@@ -406,8 +406,7 @@ def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_answere
         texts = ["a", "b", "poison", "c"]
         payload = lambda text: {"texts": [text], "truncate": True, "dtype": "float32"}  # noqa: E731
         groups.add([{"id": text, "model": "p", "op": "encode", "payload": payload(text)} for text in texts])
-        while len(acked) + len(failed) < len(texts):
-            await asyncio.sleep(0.01)
+        await async_wait_for(lambda: len(acked) + len(failed) == len(texts), what="every request answered")
         groups.close()
         device.shutdown()
 

@@ -17,6 +17,8 @@ from distributed import Client, Scheduler, SpecCluster, Worker
 
 MB = 10**6
 
+pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
+
 
 def sim(memory_mb: int, **extra) -> dict:
     return {

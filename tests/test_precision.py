@@ -124,6 +124,7 @@ def test_check_precision_refuses_int8_minilm_and_keeps_fp32(tmp_path, demo_texts
     assert choice.gate["refused_candidate"] == "onnx int8" and choice.gate["failed"]
 
 
+@pytest.mark.integration  # runs the CLI as a process
 def test_bad_sample_file_is_a_clear_error(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+from conftest import async_wait_for
 
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import ONLINE
@@ -82,7 +83,7 @@ def test_expired_lease_retries_then_dead_letters():
         for attempt in (1, 2):
             reply = await plugin.pull("w1", timeout=0)
             assert reply["items"][0]["attempt"] == attempt
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the 0.05 s lease runs out: expiry by time is what is tested
             plugin.expire_leases()
         status = plugin.job_status("j")
         assert status["complete"] and status["failed"] == 1
@@ -149,7 +150,7 @@ def test_late_ack_after_requeue_counts_once():
         plugin = await started()
         plugin.submit("j", items("m", 1), {**SPECS, "lease_seconds": 0.01})
         item = (await plugin.pull("w1", timeout=0))["items"][0]["id"]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the 0.01 s lease runs out by time, as a slow worker's would
         plugin.expire_leases()
         assert plugin.ack("w1", item, {"rows": 10}) == {"accepted": True}
         assert plugin.ack("w1", item, {"rows": 10}) == {"accepted": False}
@@ -166,7 +167,7 @@ def test_long_poll_wakes_when_work_arrives():
         plugin = await started()
         start = time.monotonic()
         waiting = asyncio.create_task(plugin.pull("w1", timeout=5))
-        await asyncio.sleep(0.1)
+        await async_wait_for(lambda: len(plugin.batch_pulls) == 1, what="w1's pull waiting")
         plugin.submit("j", items("m", 1), SPECS)
         reply = await waiting
         assert reply["items"] and time.monotonic() - start < 2

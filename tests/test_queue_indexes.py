@@ -49,6 +49,7 @@ def items(model: str, n: int, rows: int = 10, prefix: str = "") -> list[dict]:
 
 
 async def settle() -> None:
+    """Let every woken pull run its pass: turns of the event loop, no time (counting them is the test)."""
     for _ in range(5):
         await asyncio.sleep(0)
 

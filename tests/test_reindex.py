@@ -158,7 +158,7 @@ def test_second_run_of_the_same_job_exits_with_a_clear_message(job_file, demo_te
     assert reindex(job).returncode == 0  # released: the next run goes ahead
 
 
-@pytest.mark.parametrize("kind", ["local", "s3"])
+@pytest.mark.parametrize("kind", ["local", pytest.param("s3", marks=pytest.mark.integration)])  # s3: the moto server
 def test_lock_admits_one_holder_and_lapses_after_expiry(kind, tmp_path, request):
     if kind == "s3":
         options = s3_options(request.getfixturevalue("s3_server"))
@@ -187,7 +187,7 @@ def test_lock_admits_one_holder_and_lapses_after_expiry(kind, tmp_path, request)
     crashed._write()  # a holder that died without releasing
     with pytest.raises(LockHeld):
         JobLock(url, options, settle_seconds=0).acquire()
-    time.sleep(0.6)
+    time.sleep(0.6)  # the dead holder's 0.5 s lock lapses by time: what is tested
     with JobLock(url, options, settle_seconds=0) as successor:
         assert successor.read()["owner"] == successor.owner
 

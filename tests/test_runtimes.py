@@ -16,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sentence_transformers import CrossEncoder, SentenceTransformer
 
 from configs import ModelSpec, Profile, RuntimeChoice, load_catalog
 from pipeline.tuning.quality_gate import judge_scores, judge_vectors
@@ -44,6 +43,8 @@ def _pairs(texts: list[str]) -> tuple[list[str], list[str]]:
 
 @pytest.mark.parametrize("runtime,dtype", [("torch", "float32"), ("torch", "bfloat16"), ("onnx", "float32")])
 def test_tiny_embedder_on_every_runtime_matches_a_direct_encode(tiny_catalog, tiny_model, demo_texts, runtime, dtype):
+    from sentence_transformers import SentenceTransformer  # here, not at the top: `make test-fast` collects this file
+
     texts = demo_texts[:96]
     direct = SentenceTransformer(str(tiny_model), device="cpu").encode(texts, normalize_embeddings=True)
     loaded = load_runtime(_spec(tiny_catalog, "tiny", runtime, dtype), PLAN)
@@ -64,6 +65,8 @@ def test_tiny_embedder_on_every_runtime_matches_a_direct_encode(tiny_catalog, ti
 def test_cross_encoder_on_every_runtime_is_judged_by_score_order(
     tiny_catalog, tiny_reranker, demo_texts, runtime, dtype
 ):
+    from sentence_transformers import CrossEncoder
+
     queries, passages = _pairs(demo_texts[:120])
     direct = CrossEncoder(str(tiny_reranker), device="cpu", max_length=128).predict(list(zip(queries, passages)))
     loaded = load_runtime(_spec(tiny_catalog, "tiny-reranker", runtime, dtype), PLAN)
@@ -192,6 +195,7 @@ def test_a_profile_naming_a_missing_runtime_fails_at_start(tmp_path, tiny_catalo
 def test_embed_and_rerank_jobs_on_onnx_through_a_cluster(tmp_path, tiny_catalog, tiny_model, tiny_reranker, demo_texts):
     """Whole commands on a real cluster whose profile puts both models on ONNX Runtime: same outputs as direct calls."""
     from conftest import read_output, run_shoal, write_shards
+    from sentence_transformers import CrossEncoder, SentenceTransformer
 
     texts = demo_texts[:300]
     ids = write_shards(tmp_path / "in", texts, shards=2, row_group_size=64)

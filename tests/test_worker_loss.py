@@ -6,6 +6,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 import yaml
 from conftest import ROOT, SHOAL, kill_busy_worker, kill_worker, read_output, write_profile, write_shards
 from distributed import Client
