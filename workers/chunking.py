@@ -111,7 +111,13 @@ def token_windows(tokenizer, texts: list[str], settings: ChunkSettings) -> Windo
             start.append(lo)
             end.append(hi)
             windows.append(text[lo:hi])
-    return Windows(*(np.asarray(values, dtype=np.int64) for values in (source, chunk, start, end)), windows)
+    return Windows(
+        source=np.asarray(source, dtype=np.int64),
+        chunk=np.asarray(chunk, dtype=np.int64),
+        start=np.asarray(start, dtype=np.int64),
+        end=np.asarray(end, dtype=np.int64),
+        texts=windows,
+    )
 
 
 def _word_starts(word_ids: list[int | None]) -> list[int]:

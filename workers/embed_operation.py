@@ -47,7 +47,7 @@ def read(payload: dict[str, Any]) -> EmbedInput:
 
 def compute(runtime, data: EmbedInput) -> dict[str, Any]:
     present = [i for i, text in enumerate(data.texts) if text is not None]
-    texts = [data.texts[i] for i in present]
+    texts = [text for text in data.texts if text is not None]
     windows = token_windows(runtime.tokenizer, texts, data.chunk) if data.chunk else None
     vectors, truncated = runtime.embed(windows.texts if windows else texts)
     return {"present": present, "windows": windows, "vectors": vectors, "truncated": truncated}

@@ -1,8 +1,10 @@
 """Which runtime loads a catalog entry: by its kind, and the runtime and dtype chosen for this device kind.
 
-Every runtime offers the same interface to the operations: ``token_lengths``,
-``embed`` (embedders) or ``score`` (rerankers), ``memory_bytes``, ``close``,
-and the HF ``tokenizer``. A model without a choice for this device kind runs
+Every runtime is a ``BatchedRuntime`` (token_batching: its forward batches
+are token-budget batches, one device turn each) and offers the operations the
+same interface: ``token_lengths``, ``embed`` (embedders) or ``score``
+(rerankers), ``memory_bytes``, ``close``, and the HF ``tokenizer`` (not the
+simulated runtime, which has none and so cannot chunk). A model without a choice for this device kind runs
 on torch in the worker's dtype (the profile's ``dtype``, fp16/bf16 on GPUs).
 """
 
@@ -16,6 +18,7 @@ from configs import ModelSpec, RuntimeChoice
 
 from .device_thread import DeviceThread
 from .devices import DevicePlan, apply_torch_threads
+from .token_batching import BatchedRuntime
 
 logger = logging.getLogger("shoal.worker.runtimes")
 
@@ -60,11 +63,12 @@ def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread 
     require_installed(runtime)
     began = time.perf_counter()
     apply_torch_threads(plan)
+    loaded: BatchedRuntime
     if runtime == "onnx":
         from .onnx_runtime import OnnxCrossEncoder, OnnxEmbedder
 
-        loaded = (OnnxEmbedder if spec.kind == "embedder" else OnnxCrossEncoder)(spec, plan, dtype, device_thread)
-        how = "exported and checked" if loaded.artifact.exported else "cached export"
+        onnx = (OnnxEmbedder if spec.kind == "embedder" else OnnxCrossEncoder)(spec, plan, dtype, device_thread)
+        loaded, how = onnx, "exported and checked" if onnx.artifact.exported else "cached export"
     elif spec.kind == "embedder":
         from .embedder import SentenceEmbedder
 

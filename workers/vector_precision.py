@@ -1,7 +1,7 @@
 """Compact vectors: Matryoshka truncation and int8/uint8/binary quantization, as stored and as served.
 
-Vector stores take int8 and binary vectors (4x and 32x smaller than
-float32), and Matryoshka-trained models are meant to be cut to a shorter
+Vector stores take int8 and binary vectors (8 bits and 1 bit a dimension,
+against float32's 32), and Matryoshka-trained models are meant to be cut to a shorter
 dimension. Both are sentence-transformers' own functions
 (``truncate_embeddings`` semantics, then ``quantize_embeddings``), applied
 to the float32 vectors the runtime computed, so the stored values are what
@@ -106,4 +106,6 @@ def compact(vectors: np.ndarray, fmt: VectorFormat) -> np.ndarray:
     if fmt.needs_ranges and fmt.ranges is None:
         raise ValueError(f"precision {fmt.precision} needs calibration ranges (a job computes them from a sample)")
     ranges = np.asarray(fmt.ranges, dtype=np.float32) if fmt.ranges is not None else None
-    return quantize_embeddings(vectors, precision=fmt.precision, ranges=ranges)
+    quantized = quantize_embeddings(vectors, precision=fmt.precision, ranges=ranges)
+    assert isinstance(quantized, np.ndarray)  # one matrix in, one matrix out (a list in would give a list)
+    return quantized
