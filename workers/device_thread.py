@@ -4,15 +4,14 @@ One thread, because torch runs its CPU kernels on an OpenMP team of threads
 per calling thread. Once a second thread has made model calls (batch items in
 one, online groups in another), libgomp counts more threads than cores and
 its idle team threads stop spinning between parallel regions: each small
-forward pass then pays a wake-up per region. A short online query took 2.3 ms
-(25 %) longer on a worker that had run one batch job (docs/BENCHMARKS.md).
+forward pass then pays a wake-up per region, which makes short online
+queries measurably slower on a worker that has run batch work.
 
 Turns, because a batch work item is many token-budget forward batches, and an
 online request must not wait for the whole item, only for the forward batch
-running when it arrives (the issue's "never more than the batch already
-running"). Runtimes call ``with device.turn():`` around each forward batch;
-online work waiting then runs first, on this same thread. Nothing is
-preempted mid-batch.
+running when it arrives. Runtimes take a turn around each forward batch (see
+``BatchedRuntime.in_batches`` in token_batching); online work waiting then
+runs first, on this same thread. Nothing is preempted mid-batch.
 
 A runtime used on another thread (a standalone runtime in tuning or tests)
 takes its turns there, and they serve nothing.

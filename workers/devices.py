@@ -1,7 +1,8 @@
 """Device selection and the memory budget a worker's model pool may fill.
 
-Pure functions of what the worker was told (its profile and Dask resources)
-and what the hardware reports, so the GPU paths are tested on CPU machines.
+``plan_device`` is a pure function of what the worker was told (its profile
+and Dask resources) and what the hardware reports, so the GPU paths are
+tested on CPU machines; ``detect_device`` asks the hardware.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ class DevicePlan:
     device: str  # "cpu" or "cuda:N"
     kind: str  # "cpu" or "cuda": selects the per-model token budget
     dtype: str  # "float32", "float16" or "bfloat16"
-    memory_budget: int  # bytes of model weights this worker may keep resident
+    memory_budget: int  # bytes of model weights this worker's pool may hold
     threads: int = 1  # torch intra-op threads: the cores this worker owns
 
 

@@ -7,8 +7,8 @@ vectors are exactly what a direct sentence-transformers call gives, minus the
 padding it would have computed. ``encode`` itself is not called: on every
 call it also puts the model in eval mode and checks every parameter's
 device, a fixed cost that is a noticeable share of a short query's compute.
-The model's default prompt and truncation dimension are resolved once, at
-load, as ``encode`` would resolve them on every call.
+The model's default prompt is looked up once, at load, where ``encode`` looks
+it up on every call.
 """
 
 from __future__ import annotations

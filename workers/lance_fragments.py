@@ -4,8 +4,8 @@ A Lance dataset becomes visible one version at a time, by a commit that
 lists its fragments. Workers therefore only write fragments (data files
 under the dataset's ``data/``, invisible to readers until committed) and
 leave the commit to the client, once every part is done (see
-pipeline/lance_output). What a worker does keep, as Parquet parts are kept
-today, is a small record per item: a Parquet *marker* at the part's usual
+pipeline/jobs/lance_output). What a worker does keep, as it keeps Parquet
+parts, is a small record per item: a Parquet *marker* at the part's usual
 name, holding the fragment's metadata and the item's stamp in its footer, and
 one null row per output row. So resume, reindex and the manifest work on
 markers exactly as on Parquet parts, and the commit reads the fragments back

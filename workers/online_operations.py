@@ -1,7 +1,8 @@
-"""Online operations: every request of one pull answered by one model call.
+"""Online operations: every waiting request of one model answered by one model call.
 
-The pull loop hands a whole online group (what queued while the last group
-ran) to one of these functions, on the device thread. The texts of all
+The online groups (online_groups) hand a whole group (the requests of one
+model and operation that waited for the round) to one of these functions, on
+the device thread. The texts of all
 requests go through the runtime together, so its token-budget batching sorts
 and packs them; each request then gets its own slice. A request that cannot be
 answered (too long with truncation off) gets an error result with an HTTP

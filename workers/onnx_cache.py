@@ -1,7 +1,7 @@
 """ONNX exports of catalog models, built once per model fingerprint and kept on disk.
 
-An export costs seconds to a minute and a worker may start many times, so the
-graph is written under ``$SHOAL_CACHE_DIR/onnx`` (default ``~/.cache/shoal``),
+An export is slow (tracing the model, then checking the graph against it)
+and a worker may start many times, so the graph is written under ``$SHOAL_CACHE_DIR/onnx`` (default ``~/.cache/shoal``),
 keyed by a hash of the model's files and the settings that change its output.
 An entry is built in a temporary folder and renamed into place, and its
 ``artifact.json`` (written last) records the graph's size and sha256: an entry
@@ -212,7 +212,7 @@ def _graph_module(model, names: list[str], head: Callable):
     """A module from the graph's input tensors (in `names` order) to `head` of the model's output.
 
     The model is registered as the module's child, so ``eval()`` on the
-    module reaches it; `head` must hold no module whose mode matters.
+    module reaches it; `head` must contain no module whose mode matters.
     """
     import torch
 

@@ -4,7 +4,7 @@ SIMULATION: no model runs. Loading sleeps the catalog's `load_seconds` and
 claims `memory_bytes`; each token-budget batch sleeps `batch_fixed_seconds +
 per_token_seconds x padded tokens`. Vectors are deterministic pseudo-random
 unit vectors of the text. It goes through the same pool, pull loop and queue
-as the real runtimes, so 16+ workers and 20+ models fit on two cores and the
+as the real runtimes, so many workers and models fit on a few cores and the
 scheduling can be studied on its own.
 """
 
