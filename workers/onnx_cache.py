@@ -1,11 +1,12 @@
 """ONNX exports of catalog models, built once per model fingerprint and kept on disk.
 
 An export is slow (tracing the model, then checking the graph against it)
-and a worker may start many times, so the graph is written under ``$SHOAL_CACHE_DIR/onnx`` (default ``~/.cache/shoal``),
-keyed by a hash of the model's files and the settings that change its output.
-An entry is built in a temporary folder and renamed into place, and its
-``artifact.json`` (written last) records the graph's size and sha256: an entry
-that is incomplete, truncated or altered is rebuilt, never loaded.
+and a worker may start many times, so the graph is written under
+``$SHOAL_CACHE_DIR/onnx`` (default ``~/.cache/shoal``), keyed by a hash of
+the model's files and the settings that change its output. An entry is
+built in a temporary folder and renamed into place, and its ``artifact.json``
+(written last) records the graph's size and sha256: an entry that is
+incomplete, truncated or altered is rebuilt, never loaded.
 
 Every export is checked before it is cached: the graph's outputs on a few
 fixed texts must reproduce the torch fp32 model's, and no module may be left
