@@ -44,23 +44,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import aiohttp
+import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from distributed import Client
+from harness import ROOT
+from rich.console import Console
 
-import aiohttp  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import yaml  # noqa: E402
-from distributed import Client  # noqa: E402
-from rich.console import Console  # noqa: E402
+from configs import load_catalog, load_profile
+from pipeline.cluster import pull_queue, start_local_cluster
+from pipeline.jobs.embed import EmbedRequest, run_embed
 
-from configs import load_catalog, load_profile  # noqa: E402
-from pipeline.cluster import start_local_cluster  # noqa: E402
-from pipeline.jobs.embed import EmbedRequest, run_embed  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "datasets" / "demo"
 SIM = {
     "kind": "sim",
@@ -156,7 +153,7 @@ async def online_load(
                     if kind == "legit" and response.status != 200:
                         message = json.loads(raw)["error"]["message"] if raw else ""
                     answers.append(Answer(kind, scheduled, latency, response.status, message))
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 answers.append(Answer(kind, scheduled, None, None))
 
         tasks = []
@@ -261,9 +258,8 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=10.0, help="each online request's deadline, seconds")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds after a fault still counted as during it")
     parser.add_argument("--seed", type=int, default=16)
-    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "chaos.json"))
+    parser.add_argument("--json", default=str(harness.result_path("chaos")))
     args = parser.parse_args()
-    rng = random.Random(args.seed)
 
     with tempfile.TemporaryDirectory(prefix="shoal-chaos-") as tmp:
         work = Path(tmp)
@@ -293,9 +289,9 @@ def main() -> None:
             specs = {name: profile.tuned(spec).model_dump() for name, spec in catalog.models.items()}
             if args.model not in specs:
                 specs[args.model] = profile.tuned(catalog.get(args.model)).model_dump()
-            url = client.sync(
-                client.scheduler.shoal_gateway_start, settings=profile.gateway.model_dump(), models=specs
-            )["url"]
+            url = client.sync(pull_queue(client).gateway_start, settings=profile.gateway.model_dump(), models=specs)[
+                "url"
+            ]
             clean = run_batch(client, work / "in", work / "clean", args.model, profile, catalog)
             expected, _ = vectors_by_id(work / "clean")
             print(f"clean run: {len(expected)} rows in {clean['seconds']} s; chaos for {args.minutes} min", flush=True)
@@ -321,21 +317,19 @@ def main() -> None:
             stop.set()
             injector.join()
             loader.join()
-            client.sync(client.scheduler.shoal_gateway_stop)
+            client.sync(pull_queue(client).gateway_stop)
 
     online = summarize_online(answers, faults, args.settle, args.deadline)
     totals = {key: sum(r[key] for r in runs) for key in ("lost", "duplicated", "differing", "extra")}
     report = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "conditions": {
-            "minutes": args.minutes,
-            "rate": args.rate,
-            "rows": args.rows,
-            "model": args.model,
-            "deadline_s": args.deadline,
-            "seed": args.seed,
-            "cpus": os.cpu_count(),
-        },
+        "conditions": harness.conditions(
+            minutes=args.minutes,
+            rate=args.rate,
+            rows=args.rows,
+            model=args.model,
+            deadline_s=args.deadline,
+            seed=args.seed,
+        ),
         "faults": {
             "count": len(faults.windows),
             "kills": sum(1 for f in faults.log if f["fault"] == "SIGKILL"),
@@ -352,8 +346,7 @@ def main() -> None:
         "runs": runs,
         "fault_log": faults.log,
     }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=1))
+    harness.write_result("chaos", report, args.json)
     print(json.dumps({k: report[k] for k in ("conditions", "faults", "batch", "online")}, indent=1))
     failed = totals["lost"] or totals["duplicated"] or totals["differing"] or online["legit"].get("unanswered", 0)
     sys.exit(1 if failed else 0)

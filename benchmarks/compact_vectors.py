@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
@@ -47,6 +48,10 @@ def scores(queries: np.ndarray, corpus: np.ndarray, precision: str) -> np.ndarra
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", default=str(harness.result_path("compact_vectors")))
+    args = parser.parse_args()
+
     from workers.devices import DevicePlan
     from workers.embedder import SentenceEmbedder
 
@@ -76,7 +81,7 @@ def main() -> int:
                     **evaluate(rankings, qrels, recall_k=10),
                 }
             )
-    harness.write_result("compact_vectors", {"rows": rows})
+    harness.write_result("compact_vectors", {"rows": rows}, args.json)
     for row in rows:
         print(
             f"{row['precision']:>8} dim {row['dim']:>3}: {row['bytes_per_vector']:>5} B  nDCG@10 {row['ndcg@10']:.3f}  recall@10 {row['recall@10']:.3f}"

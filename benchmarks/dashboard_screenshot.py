@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,21 +27,16 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from distributed import Client
+from harness import ROOT  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+from rich.console import Console
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from distributed import Client  # noqa: E402
-from rich.console import Console  # noqa: E402
-
-from configs import GatewaySettings, load_catalog, load_profile  # noqa: E402
-from pipeline.cluster import start_local_cluster  # noqa: E402
-from pipeline.jobs.embed import EmbedRequest, run_embed  # noqa: E402
-from pipeline.jobs.engine import model_for  # noqa: E402
-from pipeline.tuning.probe import OnlineProbe  # noqa: E402
-from pipeline.tuning.sample import draw_sample  # noqa: E402
+from configs import GatewaySettings, load_catalog, load_profile
+from pipeline.cluster import pull_queue, start_local_cluster
+from pipeline.jobs.embed import EmbedRequest, run_embed
+from pipeline.jobs.engine import model_for
+from pipeline.tuning.probe import OnlineProbe
+from pipeline.tuning.sample import draw_sample
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -88,7 +82,7 @@ def main() -> int:
         if args.online_rate:  # online requests too, so the page's online figures are live
             specs = {args.model: model_for(catalog, profile, args.model, "embedder").model_dump()}
             url = client.sync(
-                client.scheduler.shoal_gateway_start, settings=GatewaySettings(port=0).model_dump(), models=specs
+                pull_queue(client).gateway_start, settings=GatewaySettings(port=0).model_dump(), models=specs
             )["url"]
             texts = draw_sample(args.input, 256, scratch / "sample").texts
             stack.enter_context(OnlineProbe(url, args.model, texts, args.online_rate))

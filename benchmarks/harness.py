@@ -18,6 +18,7 @@ a benchmark imports it before anything of Shoal's.
 - ``write_result``: one JSON file per benchmark, ``benchmarks/results/<name>.json``
   (``--json PATH`` elsewhere), written over the last run's: older runs live in
   docs/BENCHMARKS.md's tables.
+- ``markdown_table``: a table for the report a benchmark prints.
 - ``venv_command``, ``subprocess_env``, ``job_figures``: running the
   ``shoal`` command as a user does and reading its job summary.
 """
@@ -223,7 +224,7 @@ def describe_code(git: dict[str, Any]) -> str:
 def conditions(argv: list[str] | None = None, **extra: Any) -> dict[str, Any]:
     """When, how, on what machine and which code a run measured; `extra` adds the benchmark's own."""
     return {
-        "when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]),
         "machine": machine_info(),
         "git": git_state(),
@@ -247,6 +248,22 @@ def write_result(name: str, result: dict[str, Any], path: str | Path | None = No
     data.setdefault("conditions", conditions())
     target.write_text(json.dumps(data, indent=1, default=float) + "\n")
     return target
+
+
+# -- reports ----------------------------------------------------------------------
+
+
+def markdown_table(columns: list[str], rows: list[Any], right: tuple[str, ...] = ()) -> list[str]:
+    """The lines of a Markdown table. A row is a sequence of cells or a dict by column name;
+    columns named in `right` are right-aligned (numbers); None shows as an empty cell."""
+    lines = [
+        "| " + " | ".join(columns) + " |",
+        "| " + " | ".join("---:" if c in right else "---" for c in columns) + " |",
+    ]
+    for row in rows:
+        cells = [row.get(c) for c in columns] if isinstance(row, dict) else row
+        lines.append("| " + " | ".join("" if v is None else str(v) for v in cells) + " |")
+    return lines
 
 
 # -- running shoal ----------------------------------------------------------------

@@ -66,6 +66,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--overlap", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", default=str(harness.result_path("long_documents")))
     args = parser.parse_args()
 
     import torch
@@ -133,7 +134,7 @@ def main() -> int:
         ),
         "quality": {"truncated": truncated, "chunked": chunked},
     }
-    harness.write_result("long_documents", result)
+    harness.write_result("long_documents", result, args.json)
     print(json.dumps(result, indent=1))
     return 0
 

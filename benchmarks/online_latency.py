@@ -41,37 +41,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
-import platform
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+import msgpack
+import numpy as np
+import pyarrow.parquet as pq
+import yaml
+from harness import ROOT, ProcessClock, load_average, markdown_table
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pipeline.cluster import pull_queue
 
-import msgpack  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import yaml  # noqa: E402
-
-from pipeline.tuning.meter import process_tree_cpu_seconds  # noqa: E402
-
-SHOAL = str(Path(sys.executable).parent / "shoal")
-DEFAULT_JSON = str(ROOT / "benchmarks" / "results" / "online_latency.json")
+DEFAULT_JSON = str(harness.result_path("online_latency"))
 SIM = {"kind": "sim", "dim": 384, "max_seq_length": 256, "memory_bytes": 1_000_000}
 ITEM_TEXTS = 64  # texts per simbatch item
 MODES = {  # --modes: where the one worker runs (the profile's `in_process_workers`)
@@ -246,7 +238,7 @@ class Server:
     def __init__(self, catalog: Path, profile: Path, pinned: list[str]) -> None:
         self.proc = subprocess.Popen(
             [
-                SHOAL,
+                harness.venv_command("shoal"),
                 "serve",
                 "--catalog",
                 str(catalog),
@@ -314,14 +306,10 @@ def encode_message(url: str, model: str, texts: list[str]) -> bytes:
 
 
 def freeze_heap() -> None:
-    """Keep this process's full garbage collections short: they stall the load generator (25-33 ms
-    each, once per run, before this) and would count as the server's latency. The server does the same."""
+    """Keep this process's full garbage collections short: each one stalls the load generator, and
+    the stall would count as the server's latency. The server does the same."""
     gc.collect()
     gc.freeze()
-
-
-def load_average() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 # -- the parts ----------------------------------------------------------------------
@@ -333,13 +321,12 @@ def part_a(server: Server, args) -> dict[str, Any]:
     asyncio.run(closed_loop(url, [message], 4, seconds=1.0))  # warm up: model loaded, connections, caches
     out: dict[str, Any] = {"load_before": load_average(), "fixed": [], "steps": []}
     for rate in (100, 1000):
-        before, began = process_tree_cpu_seconds(server.proc.pid), time.monotonic()
-        result = asyncio.run(open_loop(url, message, rate, args.seconds, args.max_in_flight))
+        with ProcessClock(server.proc.pid) as server_cpu:
+            result = asyncio.run(open_loop(url, message, rate, args.seconds, args.max_in_flight))
         # The server's CPU (its worker process's too): steadier than a latency percentile on a noisy
-        # machine. Per request it includes Dask's own upkeep (about 5 % of a core when idle).
-        used = process_tree_cpu_seconds(server.proc.pid) - before
-        result["server_cpu_percent"] = round(100 * used / (time.monotonic() - began), 1)
-        result["server_cpu_us_per_request"] = round(used / result["requests"] * 1e6)
+        # machine. Per request it includes Dask's own upkeep, which an idle server pays too.
+        result["server_cpu_percent"] = round(100 * server_cpu.share, 1)
+        result["server_cpu_us_per_request"] = round(server_cpu.cpu_seconds / result["requests"] * 1e6)
         out["fixed"].append(result)
     for rate in args.step_rates:
         result = asyncio.run(open_loop(url, message, rate, args.step_seconds, args.max_in_flight))
@@ -384,6 +371,9 @@ def part_b(url: str, args) -> dict[str, Any]:
             model.encode([q], normalize_embeddings=True, show_progress_bar=False)
             record.append(time.perf_counter() - began)
 
+    def ours_single(chunk: list[bytes], record: list[float]) -> None:
+        asyncio.run(closed_loop(url, chunk, 1, record=record))
+
     messages = [encode_message(url, "minilm", [q]) for q in queries]
     asyncio.run(closed_loop(url, messages[:16], 1))  # warm up
     # Alternating rounds (direct, ours, ours, direct, ...), so drift on a shared
@@ -396,8 +386,8 @@ def part_b(url: str, args) -> dict[str, Any]:
         direct_round: list[float] = []
         ours_round: list[float] = []
         steps = [
-            lambda: direct_single(queries[chunk], direct_round),
-            lambda: asyncio.run(closed_loop(url, messages[chunk], 1, record=ours_round)),
+            partial(direct_single, queries[chunk], direct_round),
+            partial(ours_single, messages[chunk], ours_round),
         ]
         for step in steps if r % 2 == 0 else reversed(steps):
             step()
@@ -469,7 +459,7 @@ def part_c(url: str, scheduler: str, args) -> dict[str, Any]:
             for i in range(n_items)
         ]
         client.sync(
-            client.scheduler.shoal_submit,
+            pull_queue(client).submit,
             job=job,
             items=items,
             settings={"models": {"simbatch": spec}, "lease_seconds": 60},
@@ -477,13 +467,13 @@ def part_c(url: str, scheduler: str, args) -> dict[str, Any]:
         try:
             time.sleep(2 * item_seconds + 0.5)  # the worker is computing batch items now
             result = asyncio.run(open_loop(url, message, rate, window, args.max_in_flight, record))
-            status = client.sync(client.scheduler.shoal_job_status, job=job)
+            status = client.sync(pull_queue(client).job_status, job=job)
             if status["complete"]:
                 raise RuntimeError("the batch job ran out before the busy window ended")
             out["batch_items_done"] += status["done"]
             return result
         finally:
-            client.sync(client.scheduler.shoal_job_release, job=job)
+            client.sync(pull_queue(client).job_release, job=job)
             time.sleep(item_seconds + 0.3)  # the item computing at release runs out
 
     asyncio.run(closed_loop(url, [message], 4, seconds=1.0))  # warm up, as in (a), for a run of (c) alone
@@ -526,13 +516,12 @@ def pooled(latencies: list[float], windows: list[dict[str, Any]], rate: float, s
 
 
 def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    return "\n".join(markdown_table(columns, rows))
 
 
 def report(results: dict[str, Any]) -> str:
-    out = [f"machine: {results['machine']}"]
+    m = results["conditions"]["machine"]
+    out = [f"machine: {m['host']}, {m['usable_cores']} cores, Python {m['python']}"]
     for mode, parts in results["modes"].items():
         out += ["", f"## worker {MODES[mode]}", *report_mode(parts)]
     return "\n".join(out)
@@ -653,18 +642,12 @@ def main() -> None:
         parser.error(f"unknown --modes {sorted(unknown)}; known: {', '.join(MODES)}")
     parts = set(args.parts.split(","))
 
-    results: dict[str, Any] = {
-        "machine": f"{platform.node()}, {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}",
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "args": {k: v for k, v in vars(args).items()},
-    }
+    results: dict[str, Any] = {"conditions": harness.conditions(args=vars(args))}
     freeze_heap()
     results["modes"] = {mode: run_mode(mode, parts, args) for mode in args.modes}
     text = report(results)
     print(text)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
-    print(f"\nJSON: {args.json}")
+    print(f"\nJSON: {harness.write_result('online_latency', results, args.json)}")
 
 
 if __name__ == "__main__":

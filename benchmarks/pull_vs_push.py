@@ -12,11 +12,11 @@ share one process on two cores and only the scheduling differs.
 Same workload, same cluster shape (16 workers, 24 models, pool room for 3
 models per worker), one run, three variants (push twice):
 
-* pull: Shoal as built. ``scheduler_plugins`` (ShoalScheduler) and ``workers``
+* pull: Shoal as built. ``scheduler_plugins`` (PullQueue) and ``workers``
   (ShoalWorker) preloaded in a LocalCluster; batch jobs go in through the
   ``shoal_submit`` handler, online requests through ``submit_online`` (the
   gateway's own call, on the scheduler's loop; no HTTP).
-* push: routing by model affinity. ``PushScheduler`` below, a ShoalScheduler
+* push: routing by model affinity. ``PushScheduler`` below, a PullQueue
   registered under the same plugin name (the workers run unchanged), routes
   each queued item to one of the model's ``--push-replicas`` workers chosen by
   rendezvous hashing of the model over the worker names (the less loaded of
@@ -37,8 +37,8 @@ times and models are the same for every variant. Throughput = batch items /
 makespan (first submit to last batch item done); online latency = submit to
 answer.
 
-    .venv/bin/python benchmarks/pull_vs_push.py            # full: about 15 min
-    .venv/bin/python benchmarks/pull_vs_push.py --quick    # time-scaled, about 5 min
+    .venv/bin/python benchmarks/pull_vs_push.py            # the main run at real time, sweeps time-scaled
+    .venv/bin/python benchmarks/pull_vs_push.py --quick    # everything time-scaled further
 
 Prints a Markdown table; writes benchmarks/results/pull_vs_push.json and .png.
 """
@@ -47,13 +47,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import hashlib
-import json
 import logging
 import os
-import platform
-import resource
 import sys
 import tempfile
 import time
@@ -62,22 +58,21 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+import numpy as np
+from distributed import Client, LocalCluster, get_worker
+from harness import RESULTS, Meter
 
-import numpy as np  # noqa: E402
-from distributed import Client, LocalCluster, get_worker  # noqa: E402
+from configs import GatewaySettings, ModelSpec
+from pipeline.cluster import pull_queue  # noqa: E402
+from scheduler_plugins.online_queue import MAX_ONLINE_BATCH
+from scheduler_plugins.pull_queue import PullQueue
+from scheduler_plugins.work_items import BATCH, ONLINE, ItemState, WorkItem
+from scheduler_plugins.worker_views import WorkerView
+from workers import online_operations, sim_operation
+from workers.sim_runtime import CHARS_PER_TOKEN, SimulatedRuntime
+from workers.token_batching import plan_batches
 
-from configs import GatewaySettings, ModelSpec  # noqa: E402
-from scheduler_plugins.online_queue import MAX_ONLINE_BATCH  # noqa: E402
-from scheduler_plugins.pull_queue import ShoalScheduler  # noqa: E402
-from scheduler_plugins.work_items import BATCH, ONLINE, ItemState, WorkItem  # noqa: E402
-from scheduler_plugins.worker_views import WorkerView  # noqa: E402
-from workers import online_operations, sim_operation  # noqa: E402
-from workers.sim_runtime import CHARS_PER_TOKEN, SimulatedRuntime  # noqa: E402
-from workers.token_batching import plan_batches  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 VARIANTS = ("pull", "push", "push1", "dask")
 MAIN_VARIANTS = "pull,push,push1,dask"
 SWEEP_VARIANTS = "pull,push,dask"
@@ -207,7 +202,7 @@ def rendezvous(model: str, workers: list[str], replicas: int) -> list[str]:
     return sorted(workers, key=score, reverse=True)[:replicas]
 
 
-class PushScheduler(ShoalScheduler):
+class PushScheduler(PullQueue):
     """Push routing by model affinity, in place of the pull placement.
 
     Every queued item (batch or online) is routed, as soon as a worker pulls,
@@ -286,7 +281,7 @@ class PushScheduler(ShoalScheduler):
                 del fifos[model]
         if not heads:
             return []
-        resident = [(h.enqueued_at, m) for m, h in heads.items() if m in view.resident]
+        resident = [(h.enqueued_at, m) for m, h in heads.items() if m in view.held]
         model = min(resident or [(h.enqueued_at, m) for m, h in heads.items()])[1]
         items: list[WorkItem] = []
         fifo = fifos[model]
@@ -325,7 +320,7 @@ class PushScheduler(ShoalScheduler):
                 return {"items": []}
             try:
                 await asyncio.wait_for(self._queued.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
 
@@ -380,39 +375,8 @@ def write_profile(cfg: Config, folder: Path) -> Path:
     return path
 
 
-def code_version() -> dict[str, Any]:
-    """The commit measured, and which files of the code under test differ from it."""
-    import subprocess
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    dirty = git("status", "--porcelain", "--", "scheduler_plugins", "workers", "configs")
-    return {"commit": git("rev-parse", "HEAD"), "uncommitted": dirty.splitlines()}
-
-
 def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
-
-
-class CpuMeter:
-    def __enter__(self) -> CpuMeter:
-        self.load_before = os.getloadavg()[0]
-        self.cpu = resource.getrusage(resource.RUSAGE_SELF)
-        self.wall = time.monotonic()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        wall = time.monotonic() - self.wall
-        self.record = {
-            "process_cpu_share": round((r.ru_utime + r.ru_stime - self.cpu.ru_utime - self.cpu.ru_stime) / wall, 3),
-            "loadavg_1m_before": round(self.load_before, 2),
-            "loadavg_1m_after": round(os.getloadavg()[0], 2),
-        }
 
 
 def replicas(cfg: Config, variant: str) -> int:
@@ -447,6 +411,26 @@ async def _close(cluster: LocalCluster) -> None:
         quiet.setLevel(level)
 
 
+def events(wl: Workload) -> list[tuple[float, int, str, Any]]:
+    """Batch jobs (kind 0) and online requests (kind 1) in arrival order: (at, kind, job or model, items or payload)."""
+    merged = [(at, 0, job, items) for at, job, items in wl.batch] + [
+        (at, 1, model, payload) for at, model, payload in wl.online
+    ]
+    return sorted(merged, key=lambda e: (e[0], e[1]))
+
+
+async def online_answer(future: Any, sent: float, latencies: list[float], failures: list[str]) -> None:
+    """Await one online request's answer: its latency, or why it failed."""
+    try:
+        result = await future
+        if "error" in result:
+            failures.append(result["error"])
+        else:
+            latencies.append(time.monotonic() - sent)
+    except Exception as exc:  # noqa: BLE001
+        failures.append(f"{type(exc).__name__}: {exc}")
+
+
 async def _pace(t0: float, at: float) -> None:
     delay = t0 + at - time.monotonic()
     if delay > 0:
@@ -458,45 +442,33 @@ async def run_shoal(cfg: Config, wl: Workload, variant: str) -> dict[str, Any]:
     try:
         async with Client(cluster, asynchronous=True) as client:
             await client.wait_for_workers(cfg.workers)
-            plugin = cluster.scheduler.extensions["shoal"]
-            assert type(plugin) is (PushScheduler if variant.startswith("push") else ShoalScheduler), type(plugin)
+            plugin = cluster.scheduler.extensions["shoal-pull-queue"]
+            assert type(plugin) is (PushScheduler if variant.startswith("push") else PullQueue), type(plugin)
             while len(plugin.worker_views) < cfg.workers:  # every pull loop has asked once
                 await asyncio.sleep(0.05)
             # The model specs, known to the scheduler before the first request (as the gateway's are).
-            await client.scheduler.shoal_submit(job="specs", items=[], settings={"models": wl.specs})
-            await client.scheduler.shoal_job_release(job="specs")
+            await pull_queue(client).submit(job="specs", items=[], settings={"models": wl.specs})
+            await pull_queue(client).job_release(job="specs")
             online_settings = GatewaySettings(request_timeout_seconds=600, max_attempts=3)
             latencies: list[float] = []
             failures: list[str] = []
 
-            async def answer(future: asyncio.Future, sent: float) -> None:
-                try:
-                    result = await future
-                    if "error" in result:
-                        failures.append(result["error"])
-                    else:
-                        latencies.append(time.monotonic() - sent)
-                except Exception as exc:  # noqa: BLE001
-                    failures.append(f"{type(exc).__name__}: {exc}")
-
-            events = [(at, 0, job, items) for at, job, items in wl.batch] + [
-                (at, 1, model, payload) for at, model, payload in wl.online
-            ]
-            events.sort(key=lambda e: (e[0], e[1]))
             waiting: list[asyncio.Task] = []
             jobs: dict[str, int] = {}
-            with CpuMeter() as meter:
+            with Meter() as meter:
                 t0, wall0 = time.monotonic(), time.time()
-                for at, kind, name, body in events:
+                for at, kind, name, body in events(wl):
                     await _pace(t0, at)
                     if kind == 0:
-                        await client.scheduler.shoal_submit(
+                        await pull_queue(client).submit(
                             job=name, items=body, settings={"lease_seconds": 60, "max_attempts": 3}
                         )
                         jobs[name] = len(body)
                     else:
                         _, future = plugin.submit_online(name, "encode", body, len(body["texts"]), online_settings)
-                        waiting.append(asyncio.create_task(answer(future, time.monotonic())))
+                        waiting.append(
+                            asyncio.create_task(online_answer(future, time.monotonic(), latencies, failures))
+                        )
                 while not all(plugin.jobs[j].complete for j in jobs):
                     await asyncio.sleep(0.02)
                 await asyncio.gather(*waiting)
@@ -506,7 +478,7 @@ async def run_shoal(cfg: Config, wl: Workload, variant: str) -> dict[str, Any]:
             dead = {j: len(plugin.jobs[j].dead_letters) for j in jobs}
             rows = sum(plugin.jobs[j].rows_done for j in jobs)
             for j in jobs:
-                await client.scheduler.shoal_job_release(job=j)
+                await pull_queue(client).job_release(job=j)
             pools = [w.plugins["shoal-worker"].pool for w in cluster.workers.values()]
             events_seen = dict(plugin.events)
             routes = dict(getattr(plugin, "routes", {}))
@@ -524,7 +496,7 @@ async def run_shoal(cfg: Config, wl: Workload, variant: str) -> dict[str, Any]:
             "evictions": sum(len(p.evictions) for p in pools),
             "events": events_seen,
             "routes": routes,
-            "cpu": meter.record,
+            "cpu": meter.record(),
         }
     finally:
         await _close(cluster)
@@ -549,25 +521,11 @@ async def run_dask(cfg: Config, wl: Workload) -> dict[str, Any]:
                 except Exception as exc:  # noqa: BLE001
                     failures.append(f"{type(exc).__name__}: {exc}")
 
-            async def online_result(future, sent: float) -> None:
-                try:
-                    result = await future
-                    if "error" in result:
-                        failures.append(result["error"])
-                    else:
-                        latencies.append(time.monotonic() - sent)
-                except Exception as exc:  # noqa: BLE001
-                    failures.append(f"{type(exc).__name__}: {exc}")
-
-            events = [(at, 0, job, items) for at, job, items in wl.batch] + [
-                (at, 1, model, payload) for at, model, payload in wl.online
-            ]
-            events.sort(key=lambda e: (e[0], e[1]))
             tracking: list[asyncio.Task] = []
-            with CpuMeter() as meter:
+            with Meter() as meter:
                 t0 = time.monotonic()
                 n = 0
-                for at, kind, name, body in events:
+                for at, kind, name, body in events(wl):
                     await _pace(t0, at)
                     if kind == 0:
                         for item in body:
@@ -596,7 +554,9 @@ async def run_dask(cfg: Config, wl: Workload) -> dict[str, Any]:
                             priority=10,
                             pure=False,
                         )
-                        tracking.append(asyncio.create_task(online_result(future, time.monotonic())))
+                        tracking.append(
+                            asyncio.create_task(online_answer(future, time.monotonic(), latencies, failures))
+                        )
                 await asyncio.gather(*tracking)
                 end = time.monotonic()
             stats: Counter[str] = Counter()
@@ -615,7 +575,7 @@ async def run_dask(cfg: Config, wl: Workload) -> dict[str, Any]:
             "evictions": stats.get("evictions", 0),
             "events": {},
             "routes": {},
-            "cpu": meter.record,
+            "cpu": meter.record(),
         }
     finally:
         await _close(cluster)
@@ -797,7 +757,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="time-scaled main run and sweeps (about 5 min)")
+    parser.add_argument("--quick", action="store_true", help="time-scaled main run and sweeps (a first look)")
     parser.add_argument("--scale", type=float, default=None, help="time scale of the main run (default 1, quick 0.25)")
     parser.add_argument(
         "--sweep-scale", type=float, default=None, help="time scale of the sweeps (default 0.25, quick 0.1)"
@@ -832,12 +792,9 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     report: dict[str, Any] = {
-        "benchmark": "pull_vs_push",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        # `code`: which files of the code under test differ from the commit measured
+        "conditions": harness.conditions(argv, code=harness.git_state("scheduler_plugins", "workers", "configs")),
         "simulation": "catalog kind sim: loads and batches are sleeps; see the script's docstring",
-        "code": code_version(),
     }
     if not args.no_main:
         print(f"main run (scale {scale}):", flush=True)
@@ -856,8 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     report["sweeps"] = sweeps
     report["total_seconds"] = round(time.monotonic() - started, 1)
 
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=1, default=float) + "\n")
+    harness.write_result("pull_vs_push", report, args.json)
     print()
     if "main" in report:
         print(f"## Main run (scale {scale}; Zipf {base.zipf}, loads 2-5 s)\n")

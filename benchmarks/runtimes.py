@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Runtimes and precision: what the tuned profile buys, against a direct fp32 encode and fastembed.
 
-Three parts, each side by side in one run (a shared machine drifts by tens of
-percent within minutes, so only ratios measured in alternation count):
+Three parts, each side by side in one run (a shared machine drifts within
+minutes, so only ratios measured in alternation count):
 
 * ``runtimes``: per runtime/dtype candidate, in this process on the worker's
   own runtimes, speed against fp32 torch (median of back-to-back pairs, as
@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
-from harness import ROOT, Meter
+from harness import ROOT, Meter, markdown_table
 from online_latency import Connection, Server, post_message, short_queries
 
 from configs import RuntimeChoice, load_catalog, load_profile
@@ -349,39 +349,45 @@ def markdown(results: dict[str, Any]) -> str:
         out += [
             "In process, 512 texts; vs fp32: median of 3 back-to-back pairs with fp32 torch:",
             "",
-            "| runtime | dtype | load s | vs fp32 | cosine mean | cosine min | nDCG@10 (fp32) | gate |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+            *markdown_table(
+                ["runtime", "dtype", "load s", "vs fp32", "cosine mean", "cosine min", "nDCG@10 (fp32)", "gate"],
+                [
+                    [r["runtime"], r["dtype"], r["load_s"], f"{r['vs_fp32']}x", r["cosine_mean"], r["cosine_min"]]
+                    + [f"{r['ndcg@10']} ({r['ndcg@10_fp32']})", r["verdict"]]
+                    for r in results["runtimes"]
+                ],
+                right=("load s", "vs fp32", "cosine mean", "cosine min", "nDCG@10 (fp32)"),
+            ),
+            "",
         ]
-        for r in results["runtimes"]:
-            out.append(
-                f"| {r['runtime']} | {r['dtype']} | {r['load_s']} | {r['vs_fp32']}x | "
-                f"{r['cosine_mean']} | {r['cosine_min']} | {r['ndcg@10']} ({r['ndcg@10_fp32']}) | {r['verdict']} |"
-            )
-        out.append("")
     if "batch" in results:
         b = results["batch"]
+        columns = ["command", "best s", "texts/s", "vs direct fp32", "vs fastembed", "cosine mean", "cosine min"]
         out += [
             f"Whole commands, {b['texts']} texts, best of {b['rounds']} alternating rounds:",
             "",
-            "| command | best s | texts/s | vs direct fp32 | vs fastembed | cosine mean | cosine min |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *markdown_table(
+                columns,
+                [
+                    [r["command"], r["best_s"], r["texts_per_s"], f"{r['vs_direct']}x", f"{r['vs_fastembed']}x"]
+                    + [r["cosine_mean"], r["cosine_min"]]
+                    for r in b["rows"]
+                ],
+                right=tuple(columns[1:]),
+            ),
+            "",
         ]
-        for r in b["rows"]:
-            out.append(
-                f"| {r['command']} | {r['best_s']} | {r['texts_per_s']} | {r['vs_direct']}x | "
-                f"{r['vs_fastembed']}x | {r['cosine_mean']} | {r['cosine_min']} |"
-            )
-        out.append("")
     if "online" in results:
         o = results["online"]
         out += [
             f"Online, {o['clients']} concurrent single-text clients, {o['window_s']:g} s windows, best of {o['rounds']}:",
             "",
-            "| server | requests/s | vs fp32 |",
-            "| --- | ---: | ---: |",
+            *markdown_table(
+                ["server", "requests/s", "vs fp32"],
+                [[r["server"], r["best_requests_per_s"], f"{r['vs_fp32']}x"] for r in o["rows"]],
+                right=("requests/s", "vs fp32"),
+            ),
         ]
-        for r in o["rows"]:
-            out.append(f"| {r['server']} | {r['best_requests_per_s']} | {r['vs_fp32']}x |")
     return "\n".join(out)
 
 

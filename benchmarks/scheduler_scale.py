@@ -1,6 +1,6 @@
 """The central queue at cluster scale: scheduler cost per batch item and per online request.
 
-(a) The plugin alone: ``ShoalScheduler`` on a stand-in scheduler object (no
+(a) The plugin alone: ``PullQueue`` on a stand-in scheduler object (no
     comms), driven by simulated workers in one event loop. Each worker pulls
     with room 2, keeps an LRU of 3 models, and keeps one online pull waiting,
     as real workers do; its "compute" is instant, so every CPU second spent is
@@ -39,9 +39,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "scheduler_scale.json"
-
+import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+from harness import ProcessClock
 
 # -- (a) the plugin alone ------------------------------------------------------------------
 
@@ -78,10 +77,10 @@ class SimWorker:
             began = time.perf_counter()
             reply = await self.plugin.pull(
                 self.address,
-                resident=list(self.lru),
-                ready=list(self.lru),
+                held=list(self.lru),
+                loaded=list(self.lru),
                 room=2,
-                held=0,
+                in_hand=0,
                 timeout=self.pull_timeout,
                 budget=None,
                 load_seconds={},
@@ -98,7 +97,7 @@ class SimWorker:
     async def online(self) -> None:
         while not self.stop:
             reply = await self.plugin.pull_online(
-                self.address, resident=list(self.lru), ready=list(self.lru), timeout=self.pull_timeout, busy=False
+                self.address, held=list(self.lru), loaded=list(self.lru), timeout=self.pull_timeout, busy=False
             )
             if reply["items"]:
                 self.hold(reply["items"][0]["model"])
@@ -125,12 +124,12 @@ async def plugin_alone(workers: int, models: int, seconds: float, pull_timeout: 
     given both as measured and net of it.
     """
     from configs import GatewaySettings
-    from scheduler_plugins.pull_queue import ShoalScheduler
+    from scheduler_plugins.pull_queue import PullQueue
 
     rng = random.Random(seed)
     names = [f"w{i}" for i in range(workers)]
     specs = {f"m{i}": {"name": f"m{i}", "kind": "sim", "load_seconds": 2.0} for i in range(models)}
-    plugin = ShoalScheduler(models=specs)
+    plugin = PullQueue(models=specs)
     await plugin.start(StandInScheduler(names))
     sims = [
         SimWorker(plugin, w, [f"m{(i * 3 + k) % models}" for k in range(3)], pull_timeout) for i, w in enumerate(names)
@@ -251,7 +250,7 @@ def start_scheduler(folder: Path, catalog: Path) -> tuple[subprocess.Popen, str]
     env = {**os.environ, "SHOAL_CATALOG": str(catalog)}
     proc = subprocess.Popen(
         [
-            str(Path(sys.executable).parent / "dask"),
+            harness.venv_command("dask"),
             "scheduler",
             "--host",
             "127.0.0.1",
@@ -313,8 +312,9 @@ def write_profile(folder: Path) -> Path:
 
 
 def part_b(args, folder: Path) -> list[dict]:
-    import psutil
     from distributed import Client
+
+    from pipeline.cluster import pull_queue
 
     catalog, profile = write_catalog(folder), write_profile(folder)
     rows = []
@@ -326,29 +326,27 @@ def part_b(args, folder: Path) -> list[dict]:
                 client.wait_for_workers(count, timeout=300)
                 plugin_workers = 0
                 while plugin_workers < count:  # every worker's pull loop has reported
-                    plugin_workers = len(client.sync(client.scheduler.shoal_overview)["workers"])
+                    plugin_workers = len(client.sync(pull_queue(client).overview)["workers"])
                     time.sleep(0.2)
                 items = [
                     {"key": str(i), "model": "simzero", "op": "sim", "rows": 1, "payload": {"tokens": [8]}}
                     for i in range(args.real_items)
                 ]
-                meter = psutil.Process(scheduler.pid)
                 # Idle: Dask's heartbeats and the pulls' renewals, a cost per second, not per item.
-                cpu0, wall0 = sum(meter.cpu_times()[:2]), time.perf_counter()
-                time.sleep(3.0)
-                idle_share = (sum(meter.cpu_times()[:2]) - cpu0) / (time.perf_counter() - wall0)
-                cpu0, wall0 = sum(meter.cpu_times()[:2]), time.perf_counter()
-                client.sync(
-                    client.scheduler.shoal_submit,
-                    job="scale",
-                    items=items,
-                    settings={"models": {"simzero": {"name": "simzero", **SIM_MODEL}}},
-                )
-                while not client.sync(client.scheduler.shoal_job_status, job="scale")["complete"]:
-                    time.sleep(0.05)
-                wall = time.perf_counter() - wall0
-                cpu = sum(meter.cpu_times()[:2]) - cpu0
-                client.sync(client.scheduler.shoal_job_release, job="scale")
+                with ProcessClock(scheduler.pid) as idle:
+                    time.sleep(3.0)
+                idle_share = idle.share
+                with ProcessClock(scheduler.pid) as busy:
+                    client.sync(
+                        pull_queue(client).submit,
+                        job="scale",
+                        items=items,
+                        settings={"models": {"simzero": {"name": "simzero", **SIM_MODEL}}},
+                    )
+                    while not client.sync(pull_queue(client).job_status, job="scale")["complete"]:
+                        time.sleep(0.05)
+                wall, cpu = busy.seconds, busy.cpu_seconds
+                client.sync(pull_queue(client).job_release, job="scale")
         finally:
             workers.kill()
             scheduler.terminate()
@@ -421,7 +419,7 @@ def load(urls: list[str], seconds: float, concurrency: int) -> dict:
 def start_gateway(address: str, catalog: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [
-            str(Path(sys.executable).parent / "shoal"),
+            harness.venv_command("shoal"),
             "gateway",
             "--scheduler",
             address,
@@ -445,6 +443,8 @@ def part_c(args, folder: Path) -> list[dict]:
 
     from distributed import Client
 
+    from pipeline.cluster import pull_queue
+
     catalog, profile = write_catalog(folder), write_profile(folder)
     scheduler, address = start_scheduler(folder, catalog)
     workers = start_workers(address, 2, catalog, profile)
@@ -454,7 +454,7 @@ def part_c(args, folder: Path) -> list[dict]:
         with Client(address, timeout=60) as client:
             client.wait_for_workers(2, timeout=120)
             embedded = client.sync(
-                client.scheduler.shoal_gateway_start,
+                pull_queue(client).gateway_start,
                 settings={"port": 0},
                 models={"simzero": {"name": "simzero", **SIM_MODEL}},
             )["url"]
@@ -534,12 +534,12 @@ def main() -> None:
     parser.add_argument("--real-items", type=int, default=5000, help="(b) items per run")
     parser.add_argument("--concurrency", type=int, default=64, help="(c) requests in flight")
     parser.add_argument("--reps", type=int, default=2, help="(c) rounds over the three setups")
-    parser.add_argument("--json", default=str(RESULTS))
+    parser.add_argument("--json", default=str(harness.result_path("scheduler_scale")))
     parser.add_argument("--plot", default=None, help="PNG of (a), with --before's rows beside")
     parser.add_argument("--before", default=None, help="a JSON of (a) from older code, for the plot")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    results: dict = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:]}
+    results: dict = {"conditions": harness.conditions()}
     if "a" in parts:
         results["a"] = part_a(args)
     with tempfile.TemporaryDirectory() as folder:
@@ -551,9 +551,7 @@ def main() -> None:
                 f"(c) online requests/s, {args.concurrency} in flight, sim model with no compute, 2 workers", flush=True
             )
             results["c"] = part_c(args, Path(folder))
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
-    print(f"wrote {args.json}")
+    print(f"wrote {harness.write_result('scheduler_scale', results, args.json)}")
     if args.plot and results.get("a"):
         before = json.loads(Path(args.before).read_text()).get("a", []) if args.before else []
         plot(results["a"], before, Path(args.plot))
