@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from configs import GatewaySettings
 
+from .protocol import Precision
 from .wire import MSGPACK, RequestError
 
-PRECISIONS = ("float32", "float16", "int8", "uint8", "binary", "ubinary")  # as batch jobs store them
 WIRE_DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1", "uint8": "u1", "binary": "i1", "ubinary": "u1"}
 
 
@@ -80,7 +80,7 @@ class EncodeBody(_Native):
     texts: list[str]
     truncate: bool = True
     dtype: Literal["float32", "float16"] = "float32"
-    precision: Literal[PRECISIONS] = "float32"
+    precision: Precision = "float32"
     dim: int | None = Field(default=None, gt=0)
     ranges: list[list[float]] | None = None
 

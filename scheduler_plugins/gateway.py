@@ -144,7 +144,7 @@ class Gateway:
             await site.stop()
         try:
             await asyncio.wait_for(self._idle.wait(), self.settings.request_timeout_seconds + 1)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             logger.warning("gateway closing with %d requests still in flight", self._in_flight)
         await self._runner.cleanup()
         logger.info("online gateway on %s stopped", self.url)
@@ -157,6 +157,8 @@ class Gateway:
         descriptors, the scheduler's comms included.
         """
         server = self._runner.server
+        if server is None:
+            raise RuntimeError("the gateway's server is not set up")
         admit = server.connection_made
         cap = self.settings.max_connections
 
@@ -167,7 +169,7 @@ class Gateway:
                 transport.write(TOO_MANY_CONNECTIONS)
                 transport.close()
 
-        server.connection_made = connection_made
+        server.connection_made = connection_made  # type: ignore[method-assign]  # aiohttp has no connection hook
 
     # -- every request ------------------------------------------------------------
 
@@ -267,7 +269,7 @@ class Gateway:
         result = await self.backend.answer(call.model, op, call.payload(), call.inputs, timeout, self.settings)
         if "error" in result:
             raise RequestError(int(result.get("status", 422)), result["error"])
-        request[TIMING] = result.get("timing")
+        request[TIMING] = result.get("timing") or {}
         return result
 
     def _timeout(self, request: web.Request) -> float:

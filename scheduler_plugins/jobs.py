@@ -6,6 +6,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from .protocol import JobStatus
 from .work_items import ItemState, WorkItem
 
 
@@ -58,9 +59,9 @@ class Job:
         if self.complete and self.finished is None:
             self.finished = time.time()
 
-    def status(self, with_results: bool = False) -> dict[str, Any]:
+    def status(self, with_results: bool = False) -> JobStatus:
         states = Counter(item.state.value for item in self.items.values())
-        status: dict[str, Any] = {
+        status: JobStatus = {
             "job": self.id,
             "items": len(self.items),
             "queued": states.get("queued", 0),

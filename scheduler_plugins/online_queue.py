@@ -71,7 +71,7 @@ class OnlineQueue:
         """Queue one online request; its future gets the worker's result (or OnlineFailure)."""
         job = self.jobs.get(model)
         if job is None:
-            job = self.jobs[model] = OnlineJob(model, 0.0, 0, lambda item: self.core.items.pop(item.id, None))
+            job = self.jobs[model] = OnlineJob(model, 0.0, 0, self._forget)
             self.core.jobs[job.id] = job
         # A request never outlives its deadline, so that is its lease too.
         job.lease_seconds = settings.request_timeout_seconds
@@ -81,6 +81,10 @@ class OnlineQueue:
         self.core.queues.push(item)
         self.wake(model)
         return item, future
+
+    def _forget(self, item: WorkItem) -> None:
+        """An answered or cancelled request's item leaves the queue's table at once."""
+        self.core.items.pop(item.id, None)
 
     def pending(self, model: str) -> int:
         """Requests of `model` not answered yet: queued, or leased and waiting on a worker."""
@@ -101,7 +105,7 @@ class OnlineQueue:
         elif item.state is not ItemState.LEASED:
             return
         self.core.unlease(item)
-        self.core.jobs[item.job].cancel(item)
+        self.jobs[item.model].cancel(item)
 
     def local_backend(self) -> LocalBackend:
         return LocalBackend(self)
@@ -136,7 +140,7 @@ class OnlineQueue:
             model = claim if claim and self.core.queues.waiting_items(claim, ONLINE) else None
             model = model or self.core.placement.online_model_for(view, busy, self.pulls, self._claims)
             items = self.core.queues.take(model, ONLINE, MAX_ONLINE_BATCH) if model else []
-            if items:
+            if model and items:
                 for work in items:
                     self.core.lease(work, worker)
                 self.core.hold(view, model)  # a holder now, loaded or not
@@ -312,7 +316,7 @@ class RemoteGateway:
         if not self._answers and timeout > 0:
             loop = asyncio.get_running_loop()
             self._waiter = loop.create_future()
-            timer = loop.call_later(timeout, lambda w=self._waiter: w.done() or w.set_result(None))
+            timer = loop.call_later(timeout, _wake, self._waiter)
             try:
                 await self._waiter
                 await asyncio.sleep(0)  # answers resolved in this same loop pass travel together
@@ -385,7 +389,7 @@ class LocalBackend:
         deadline = asyncio.get_running_loop().call_later(timeout, _expire, future)
         try:
             return await future
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.online.cancel(item)
             return {"status": 504, "error": f"no answer within {timeout:g} s"}
         except OnlineFailure as exc:
@@ -400,7 +404,13 @@ class LocalBackend:
         """Nothing to let go of: the queue outlives its gateway."""
 
 
+def _wake(waiter: asyncio.Future) -> None:
+    """A long poll's timeout: it returns with whatever is there (maybe nothing)."""
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def _expire(future: asyncio.Future) -> None:
     """A request's deadline: its waiter gets TimeoutError (the gateway then cancels the queued item)."""
     if not future.done():
-        future.set_exception(asyncio.TimeoutError())
+        future.set_exception(TimeoutError())

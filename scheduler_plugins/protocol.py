@@ -16,9 +16,13 @@ memory, ready to compute.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict, get_args
 
 NAME = "shoal-pull-queue"  # the scheduler plugin's name and its key in `scheduler.extensions`
+
+# How vectors are stored or sent: batch jobs' outputs and online answers alike.
+Precision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
 
 # -- batch jobs (the client) -----------------------------------------------------------

@@ -50,6 +50,7 @@ from .online_queue import MAX_ONLINE_BATCH, OnlineQueue
 from .placement import Placement
 from .protocol import (
     NAME,
+    AckManyReply,
     AckReply,
     ExtendReply,
     GatewayStarted,
@@ -162,7 +163,7 @@ class PullQueue(SchedulerPlugin):
             )
             for spec in items
         ]
-        self.jobs[job] = Job(job, work, settings)
+        self.jobs[job] = Job(job, work, dict(settings))
         for item in work:
             self.items[item.id] = item
             self.queues.push(item)
@@ -314,17 +315,19 @@ class PullQueue(SchedulerPlugin):
                 }
                 for address, view in self.views.views.items()
             },
-            "jobs": {job_id: {**job.status(), "models": self._item_states(job)} for job_id, job in self.jobs.items()},
+            "jobs": {job_id: self._job_overview(job) for job_id, job in self.jobs.items()},
             "events": dict(self.events),
         }
 
     @staticmethod
-    def _item_states(job: Job) -> dict[str, dict[str, int]]:
-        """Item states (queued, leased, done, dead) per model of a job, for `shoal status`."""
+    def _job_overview(job: Job) -> JobStatus:
+        """A job's status with its item states (queued, leased, done, dead) per model, for `shoal status`."""
         states: dict[str, Counter[str]] = defaultdict(Counter)
         for item in job.items.values():
             states[item.model][item.state.value] += 1
-        return {model: dict(counts) for model, counts in states.items()}
+        status = job.status()
+        status["models"] = {model: dict(counts) for model, counts in states.items()}
+        return status
 
     # -- the embedded gateway -------------------------------------------------
 
@@ -367,10 +370,10 @@ class PullQueue(SchedulerPlugin):
     def online_pending(self, model: str) -> int:
         return self.online.pending(model)
 
-    async def pull_online(self, worker: str, **report: Any) -> dict[str, Any]:
+    async def pull_online(self, worker: str, **report: Any) -> PullReply:
         return await self.online.pull(worker, **report)
 
-    def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> dict[str, Any]:
+    def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> AckManyReply:
         return self.online.ack_many(worker, results, compute_seconds)
 
     # -- scheduler events ---------------------------------------------------

@@ -124,7 +124,8 @@ class WaitingBatchPulls:
     def wake(self, model: str, count: int, may_take: Callable[[WorkerView], bool]) -> int:
         """Wake up to `count` pulls for new work of `model`: holders first, then workers that may host it."""
         woken = 0
-        for group in (self.by_model.get(model, {}), self.all):
+        groups: tuple[dict[str, WaitingPull], ...] = (self.by_model.get(model, {}), self.all)
+        for group in groups:
             for pull in _first(group, lambda p: may_take(p.view), count - woken):
                 self.discard(pull)
                 woken += pull.wake()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import msgpack
@@ -19,7 +19,7 @@ ONLINE = 0
 BATCH = 1
 
 
-class ItemState(str, Enum):
+class ItemState(StrEnum):
     QUEUED = "queued"
     LEASED = "leased"
     DONE = "done"

@@ -178,6 +178,7 @@ def test_a_catalog_entry_states_only_what_it_overrides(hub_cache, tiny_model, tm
 
 def test_a_cached_hub_id_is_served_online_under_its_id(cluster, hub_cache, tiny_model):
     from pipeline.client import OnlineClient
+    from pipeline.cluster import pull_queue
 
     _, client = cluster
     spec = load_catalog().get(REPO_ID)

@@ -16,14 +16,15 @@ use the same ranges.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Precision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
-PRECISIONS = get_args(Precision)
+from scheduler_plugins.protocol import PRECISIONS as PRECISIONS  # the names, defined with the messages
+from scheduler_plugins.protocol import Precision
+
 CALIBRATED = ("int8", "uint8")
 ARROW_TYPES = {
     "float32": pa.float32(),
