@@ -6,7 +6,7 @@ DEMO_OUT ?= out/demo-embeddings
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast bench tune bench-tuned bench-runtimes clean
+.PHONY: install demo test test-fast lint bench tune bench-tuned bench-runtimes clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -29,6 +29,12 @@ test: install
 # The unit tests only (tests/conftest.py, "Two tiers"): no cluster, model, S3 server or process; seconds.
 test-fast: install
 	$(VENV)/bin/pytest -q -m unit
+
+# What CI checks besides the tests: ruff's lint and format, mypy on the library packages (pyproject.toml).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: install
 	$(PY) benchmarks/batch_throughput.py
