@@ -83,9 +83,7 @@ def files_digest(path: str) -> str:
         for name in sorted(files):
             full = os.path.join(root, name)
             digest.update(os.path.relpath(full, path).encode())
-            with open(full, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
+            _feed(digest, full)
     return digest.hexdigest()
 
 
@@ -139,10 +137,15 @@ def _problem_with(entry: Path) -> str | None:
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
+    _feed(digest, path)
+    return digest.hexdigest()
+
+
+def _feed(digest, path: str | Path) -> None:
+    """Add a file's bytes to `digest`, a MiB at a time."""
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _build(spec: ModelSpec, dtype: str, staging: Path) -> None:
@@ -270,22 +273,25 @@ def _reranker_graph(spec: ModelSpec):
     return model, _graph_module(model, names, scores_of), pairs
 
 
-def _tokenize(tokenizer, spec: ModelSpec, inputs: list, kind: str, prompt: str = "") -> dict[str, np.ndarray]:
-    """What the graph takes: the tokenizer's padded arrays, as the runtimes build them."""
-    if kind == "reranker":
-        first, second = [q for q, _ in inputs], [p for _, p in inputs]
-        encoded = tokenizer(
-            first, second, padding=True, truncation="longest_first", max_length=spec.max_seq_length, return_tensors="np"
-        )
-    else:
-        encoded = tokenizer(
-            [prompt + t for t in inputs],
-            padding=True,
-            truncation="longest_first",
-            max_length=spec.max_seq_length,
-            return_tensors="np",
-        )
+def graph_inputs(
+    tokenizer, max_length: int, first: list[str], second: list[str] | None = None
+) -> dict[str, np.ndarray]:
+    """What a graph takes: the padded, truncated int64 arrays of `first` (with `second`: of the pairs).
+
+    The export, its check and the ONNX runtimes all tokenize through here, so
+    the graph is checked on exactly the inputs it will be given.
+    """
+    encoded = tokenizer(
+        first, second, padding=True, truncation="longest_first", max_length=max_length, return_tensors="np"
+    )
     return {name: np.asarray(encoded[name], dtype=np.int64) for name in tokenizer.model_input_names if name in encoded}
+
+
+def _tokenize(tokenizer, spec: ModelSpec, inputs: list, kind: str, prompt: str = "") -> dict[str, np.ndarray]:
+    """The graph's inputs for check texts (embedder) or (query, passage) pairs (reranker)."""
+    if kind == "reranker":
+        return graph_inputs(tokenizer, spec.max_seq_length, [q for q, _ in inputs], [p for _, p in inputs])
+    return graph_inputs(tokenizer, spec.max_seq_length, [prompt + t for t in inputs])
 
 
 def _check_export(spec: ModelSpec, model, tokenizer, graph: Path, inputs: list) -> None:

@@ -17,7 +17,7 @@ from configs import ModelSpec
 
 from .device_thread import DeviceThread
 from .devices import DevicePlan
-from .onnx_cache import RECORD_FILE, Artifact, ensure_artifact
+from .onnx_cache import RECORD_FILE, Artifact, ensure_artifact, graph_inputs
 from .token_batching import BatchedRuntime, Measured
 from .token_counts import count_tokens
 
@@ -57,16 +57,9 @@ class OnnxModel(BatchedRuntime):
         return self.artifact.graph.stat().st_size
 
     def _run(self, first: list[str], second: list[str] | None = None) -> np.ndarray:
-        encoded = self.tokenizer(
-            first,
-            second,
-            padding=True,
-            truncation="longest_first",
-            max_length=self.spec.max_seq_length,
-            return_tensors="np",
-        )
-        feeds = {name: np.asarray(encoded[name], dtype=np.int64) for name in self.input_names}
-        return self.session.run(None, feeds)[0]
+        """One forward batch: the texts (or pairs) tokenized as at export, through the graph."""
+        inputs = graph_inputs(self.tokenizer, self.spec.max_seq_length, first, second)
+        return self.session.run(None, {name: inputs[name] for name in self.input_names})[0]
 
     def close(self) -> None:
         self.session = None
