@@ -122,6 +122,9 @@ async def plugin_alone(workers: int, models: int, seconds: float, pull_timeout: 
     2 s): a cost per second that grows with the number of workers, whatever
     the traffic. The idle phase measures it, and the per-event figures are
     given both as measured and net of it.
+
+    CPU is `time.process_time()` (this process, to the nanosecond), not the
+    harness's ProcessClock: that counts clock ticks, too coarse for the idle phase.
     """
     from configs import GatewaySettings
     from scheduler_plugins.pull_queue import PullQueue
