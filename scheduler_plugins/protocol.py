@@ -108,6 +108,16 @@ class GatewayStopped(TypedDict):
 # -- pulls (the workers) --------------------------------------------------------------
 
 
+class WorkerReport(TypedDict, total=False):
+    """What a worker says of itself with every batch pull, so placement sees its present state."""
+
+    held: list[str]
+    loaded: list[str]
+    budget: int | None  # bytes its models may use
+    free_bytes: int | None
+    load_seconds: dict[str, float]  # measured load time per model
+
+
 class ItemMessage(TypedDict):
     """A leased item as a worker receives it."""
 
@@ -203,30 +213,9 @@ class PullQueueClient:
 
     # -- workers ---------------------------------------------------------------------------
 
-    async def pull(
-        self,
-        worker: str,
-        held: list[str],
-        loaded: list[str],
-        room: int,
-        in_hand: int,
-        timeout: float,
-        budget: int | None = None,
-        free_bytes: int | None = None,
-        load_seconds: dict[str, float] | None = None,
-    ) -> PullReply:
-        """Batch work for `worker`, waiting up to `timeout`; it reports what it holds and has loaded."""
-        return await self.scheduler.shoal_pull(
-            worker=worker,
-            held=held,
-            loaded=loaded,
-            room=room,
-            in_hand=in_hand,
-            timeout=timeout,
-            budget=budget,
-            free_bytes=free_bytes,
-            load_seconds=load_seconds,
-        )
+    async def pull(self, worker: str, room: int, in_hand: int, timeout: float, report: WorkerReport) -> PullReply:
+        """Up to `room` batch items for `worker`, waiting up to `timeout` for some."""
+        return await self.scheduler.shoal_pull(worker=worker, room=room, in_hand=in_hand, timeout=timeout, **report)
 
     async def pull_online(
         self, worker: str, held: list[str], loaded: list[str], busy: bool, timeout: float

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from configs import ModelSpec, Profile
-from scheduler_plugins.protocol import ItemMessage, PullQueueClient, PullReply
+from scheduler_plugins.protocol import ItemMessage, PullQueueClient, PullReply, WorkerReport
 
 from .device_thread import DeviceThread
 from .model_pool import ModelPool
@@ -59,15 +59,7 @@ class PullLoop:
                     continue
                 try:
                     reply = await self.queue.pull(
-                        worker=self.worker.address,
-                        held=self._held_models(),
-                        loaded=self.pool.loaded(),
-                        room=room,
-                        in_hand=len(self.in_hand),
-                        timeout=self.profile.pull_timeout_seconds,
-                        budget=self.pool.budget,
-                        free_bytes=self.pool.free_bytes(),
-                        load_seconds=self.pool.load_seconds,
+                        self.worker.address, room, len(self.in_hand), self.profile.pull_timeout_seconds, self._report()
                     )
                 except asyncio.CancelledError:
                     raise
@@ -138,6 +130,15 @@ class PullLoop:
         """
         held = [*self.pool.held(), *self.item_models.values(), *self.online.models()]
         return list(dict.fromkeys(held))
+
+    def _report(self) -> WorkerReport:
+        return {
+            "held": self._held_models(),
+            "loaded": self.pool.loaded(),
+            "budget": self.pool.budget,
+            "free_bytes": self.pool.free_bytes(),
+            "load_seconds": self.pool.load_seconds,
+        }
 
     def _learn_specs(self, reply: PullReply) -> None:
         """The specs a pull reply sends with its items: the scheduler's catalog is the one source.
