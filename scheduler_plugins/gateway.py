@@ -57,8 +57,8 @@ HTTP_LOGGER.addFilter(_ClientFramingErrors())
 
 TIMEOUT_HEADER = "X-Shoal-Timeout"  # a client's own deadline in seconds, at most the configured one
 UNKNOWN_MODEL = "_unknown"  # metrics label for names not in the catalog (keeps label sets bounded)
-# Connections waiting to be accepted. aiohttp's 128 overflowed in bursts of new connections:
-# the kernel drops the SYN and the client retries 1 s later (a 1 s stall at 6,000 req/s here).
+# Connections waiting to be accepted. aiohttp's default overflows in bursts of new connections:
+# the kernel then drops the SYN and the client stalls until its retry, a second later.
 LISTEN_BACKLOG = 2048
 CLIENT_CLOSED = 499  # metrics status of a request whose client went away before its body arrived (nginx's code)
 # The answer to a connection over `max_connections`, written before it is closed.

@@ -42,7 +42,7 @@ class ShoalMetrics:
     def sample(self) -> None:
         """Rows done per model now; samples older than the rate window (but one) are dropped."""
         now = time.monotonic()
-        self._samples.append((now, dict(self.queue.placement.stats.rows)))
+        self._samples.append((now, dict(self.queue.model_stats.rows)))
         while len(self._samples) > 2 and now - self._samples[1][0] > RATE_WINDOW_SECONDS:
             self._samples.popleft()
 
@@ -57,7 +57,7 @@ class ShoalMetrics:
     def figures(self) -> dict[str, Any]:
         """Everything the dashboard shows: the queue's overview, workers' pools, throughput."""
         overview = self.queue.overview()
-        stats = self.queue.placement.stats
+        stats = self.queue.model_stats
         rates = self.rates()
         pending = self.queue.online.pending_by_model()  # requests not answered yet, per model
         standing = self.queue.online.job_ids()  # online requests' jobs: not shown as jobs

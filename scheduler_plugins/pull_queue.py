@@ -47,7 +47,7 @@ from .leases import Leases
 from .metrics import start_metrics
 from .model_queues import ModelQueues
 from .online_queue import MAX_ONLINE_BATCH, OnlineQueue
-from .placement import Placement
+from .placement import ModelStats, Placement
 from .protocol import (
     NAME,
     AckManyReply,
@@ -94,6 +94,11 @@ class PullQueue(SchedulerPlugin):
         self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead, taken_back
         self._lease_checker: PeriodicCallback | None = None
         self._unplaceable_since: dict[str, float] = {}
+
+    @property
+    def model_stats(self) -> ModelStats:
+        """Rows and compute seconds per model from batch acks: placement's estimates, the metrics' rates."""
+        return self.placement.stats
 
     @property
     def worker_views(self) -> dict[str, WorkerView]:
