@@ -229,7 +229,7 @@ class PushScheduler(PullQueue):
         scheduler.handlers["shoal_pull_online"] = self.pull_online
 
     def submit_online(self, *args, **kwargs):
-        submitted = super().submit_online(*args, **kwargs)
+        submitted = self.online.submit(*args, **kwargs)
         self._wake_all()
         return submitted
 

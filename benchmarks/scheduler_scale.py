@@ -96,12 +96,12 @@ class SimWorker:
 
     async def online(self) -> None:
         while not self.stop:
-            reply = await self.plugin.pull_online(
+            reply = await self.plugin.online.pull(
                 self.address, held=list(self.lru), loaded=list(self.lru), timeout=self.pull_timeout, busy=False
             )
             if reply["items"]:
                 self.hold(reply["items"][0]["model"])
-                self.plugin.ack_many(self.address, [[m["id"], {"n": 1}] for m in reply["items"]], 0.001)
+                self.plugin.online.ack_many(self.address, [[m["id"], {"n": 1}] for m in reply["items"]], 0.001)
 
 
 class Zipf:
@@ -177,7 +177,7 @@ async def plugin_alone(workers: int, models: int, seconds: float, pull_timeout: 
         crng = random.Random(client_seed)
         while time.perf_counter() < stop_at:
             model = zipf.draw(crng)[0]
-            _, future = plugin.submit_online(model, "encode", {"texts": ["q"]}, 1, settings)
+            _, future = plugin.online.submit(model, "encode", {"texts": ["q"]}, 1, settings)
             await future
             answered += 1
 

@@ -50,7 +50,6 @@ from .online_queue import MAX_ONLINE_BATCH, OnlineQueue
 from .placement import ModelStats, Placement
 from .protocol import (
     NAME,
-    AckManyReply,
     AckReply,
     ExtendReply,
     GatewayStarted,
@@ -362,24 +361,6 @@ class PullQueue(SchedulerPlugin):
         if gateway is not None:
             await gateway.stop()
         return {"stopped": gateway is not None}
-
-    # -- what gateways and metrics read -----------------------------------------
-
-    def submit_online(self, model: str, op: str, payload: dict[str, Any], rows: int, settings: GatewaySettings):
-        """Queue one online request in-process; its future gets the result (see OnlineQueue.submit)."""
-        return self.online.submit(model, op, payload, rows, settings)
-
-    def cancel_online(self, item: WorkItem) -> None:
-        self.online.cancel(item)
-
-    def online_pending(self, model: str) -> int:
-        return self.online.pending(model)
-
-    async def pull_online(self, worker: str, **report: Any) -> PullReply:
-        return await self.online.pull(worker, **report)
-
-    def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> AckManyReply:
-        return self.online.ack_many(worker, results, compute_seconds)
 
     # -- scheduler events ---------------------------------------------------
 

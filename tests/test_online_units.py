@@ -49,12 +49,12 @@ async def plugin_with_model() -> PullQueue:
 def test_online_requests_are_pulled_together_and_acked_in_one_message():
     async def go():
         plugin = await plugin_with_model()
-        submitted = [plugin.submit_online("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS) for i in range(3)]
-        reply = await plugin.pull_online("w1", held=["m"], timeout=0)
+        submitted = [plugin.online.submit("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS) for i in range(3)]
+        reply = await plugin.online.pull("w1", held=["m"], timeout=0)
         assert [m["id"] for m in reply["items"]] == [item.id for item, _ in submitted]
         assert reply["models"] == {"m": {"name": "m", "kind": "sim"}}
         results = [[m["id"], {"n": i}] for i, m in enumerate(reply["items"])]
-        assert plugin.ack_many("w1", results, compute_seconds=0.01) == {"accepted": 3}
+        assert plugin.online.ack_many("w1", results, compute_seconds=0.01) == {"accepted": 3}
         for i, (_, future) in enumerate(submitted):
             result = future.result()
             assert result["n"] == i and result["timing"]["compute"] == 0.01 and result["timing"]["queue"] >= 0
@@ -67,10 +67,10 @@ def test_online_requests_are_pulled_together_and_acked_in_one_message():
 def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason():
     async def go():
         plugin = await plugin_with_model()
-        item, future = plugin.submit_online("m", "encode", {"texts": ["x"]}, 1, SETTINGS)
-        await plugin.pull_online("w1", held=["m"], timeout=0)
+        item, future = plugin.online.submit("m", "encode", {"texts": ["x"]}, 1, SETTINGS)
+        await plugin.online.pull("w1", held=["m"], timeout=0)
         plugin.remove_worker(None, "w1")
-        reply = await plugin.pull_online("w2", held=["m"], timeout=0)
+        reply = await plugin.online.pull("w2", held=["m"], timeout=0)
         assert [m["id"] for m in reply["items"]] == [item.id] and not future.done()
         plugin.remove_worker(None, "w2")  # second and last attempt
         with pytest.raises(OnlineFailure, match="was lost"):
@@ -83,11 +83,11 @@ def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason():
 def test_an_online_pull_of_an_unheld_model_makes_the_worker_its_holder():
     async def go():
         plugin = await plugin_with_model()
-        plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        assert len((await plugin.pull_online("w1", held=[], timeout=0))["items"]) == 1
+        plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        assert len((await plugin.online.pull("w1", held=[], timeout=0))["items"]) == 1
         assert "m" in plugin.worker_views["w1"].held  # loading it: w2 must not load it too
-        plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
-        assert (await plugin.pull_online("w2", held=[], timeout=0))["items"] == []
+        plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        assert (await plugin.online.pull("w2", held=[], timeout=0))["items"] == []
         await plugin.close()
 
     asyncio.run(go())
@@ -96,13 +96,13 @@ def test_an_online_pull_of_an_unheld_model_makes_the_worker_its_holder():
 def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused():
     async def go():
         plugin = await plugin_with_model()
-        queued, _ = plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        plugin.cancel_online(queued)
-        assert (await plugin.pull_online("w1", held=["m"], timeout=0))["items"] == []
-        leased, _ = plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
-        await plugin.pull_online("w1", held=["m"], timeout=0)
-        plugin.cancel_online(leased)
-        assert plugin.ack_many("w1", [[leased.id, {}]]) == {"accepted": 0}
+        queued, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        plugin.online.cancel(queued)
+        assert (await plugin.online.pull("w1", held=["m"], timeout=0))["items"] == []
+        leased, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        await plugin.online.pull("w1", held=["m"], timeout=0)
+        plugin.online.cancel(leased)
+        assert plugin.online.ack_many("w1", [[leased.id, {}]]) == {"accepted": 0}
         assert not plugin.leases.of_worker("w1")
         await plugin.close()
 
@@ -112,11 +112,11 @@ def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused():
 def test_online_pull_leaves_a_model_resident_elsewhere_to_its_holder():
     async def go():
         plugin = await plugin_with_model()
-        plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        await plugin.pull_online("w1", held=["m"], timeout=0.01)  # w1 registers as a holder, takes it
-        plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
-        assert (await plugin.pull_online("w2", held=[], timeout=0))["items"] == []
-        assert len((await plugin.pull_online("w1", held=["m"], timeout=0))["items"]) == 1
+        plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        await plugin.online.pull("w1", held=["m"], timeout=0.01)  # w1 registers as a holder, takes it
+        plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        assert (await plugin.online.pull("w2", held=[], timeout=0))["items"] == []
+        assert len((await plugin.online.pull("w1", held=["m"], timeout=0))["items"]) == 1
         await plugin.close()
 
     asyncio.run(go())
@@ -128,10 +128,10 @@ def test_a_request_goes_to_the_worker_with_its_model_loaded_not_one_still_loadin
 
     async def go():
         plugin = await plugin_with_model()
-        loaded = asyncio.create_task(plugin.pull_online("w1", held=["m"], loaded=["m"], busy=True, timeout=1))
+        loaded = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], busy=True, timeout=1))
         await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
-        item, _ = plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        loading = await plugin.pull_online("w2", held=["m"], loaded=[], busy=loading_is_busy, timeout=0)
+        item, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        loading = await plugin.online.pull("w2", held=["m"], loaded=[], busy=loading_is_busy, timeout=0)
         assert loading["items"] == []
         assert [m["id"] for m in (await loaded)["items"]] == [item.id]
         await plugin.close()
@@ -365,13 +365,13 @@ def test_no_workers_and_shutting_down_are_503_with_retry_after():
 def test_a_busy_worker_leaves_online_requests_to_an_idle_one():
     async def go():
         plugin = await plugin_with_model()
-        idle = asyncio.create_task(plugin.pull_online("w2", held=["m"], timeout=1))
-        busy = asyncio.create_task(plugin.pull_online("w1", held=["m"], timeout=1, busy=True))
+        idle = asyncio.create_task(plugin.online.pull("w2", held=["m"], timeout=1))
+        busy = asyncio.create_task(plugin.online.pull("w1", held=["m"], timeout=1, busy=True))
         await async_wait_for(lambda: len(plugin.online.pulls) == 2, what="both online pulls waiting")
-        plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
         assert len((await idle)["items"]) == 1 and (await busy)["items"] == []
-        plugin.submit_online("m", "encode", {"texts": ["b"]}, 1, SETTINGS)  # no idle puller now
-        assert len((await plugin.pull_online("w1", held=["m"], timeout=0, busy=True))["items"]) == 1
+        plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)  # no idle puller now
+        assert len((await plugin.online.pull("w1", held=["m"], timeout=0, busy=True))["items"]) == 1
         await plugin.close()
 
     asyncio.run(go())
@@ -419,14 +419,14 @@ def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400():
     async def go():
         plugin = await plugin_with_model()
         backend = plugin.online.local_backend()
-        pulled = asyncio.create_task(plugin.pull_online("w1", held=["m"], loaded=["m"], timeout=5))
+        pulled = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=5))
         await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
         poison = await backend.answer("m", "encode", {"texts": ["\ud800"]}, 1, 5, SETTINGS)
         assert poison["status"] == 400 and "cannot be sent" in poison["error"]
         legit = asyncio.create_task(backend.answer("m", "encode", {"texts": ["fine"]}, 1, 5, SETTINGS))
         reply = await pulled
         assert [m["payload"]["texts"] for m in reply["items"]] == [["fine"]]
-        plugin.ack_many("w1", [[reply["items"][0]["id"], {"shape": [1, 8]}]])
+        plugin.online.ack_many("w1", [[reply["items"][0]["id"], {"shape": [1, 8]}]])
         assert (await legit)["shape"] == [1, 8]
         await plugin.close()
 

@@ -122,7 +122,7 @@ def test_lost_worker_items_go_back_to_the_front():
         assert set(again[:2]) == set(taken) and again[2] == "j/m-2"
         assert plugin.events["lost"] == 2
         assert (await plugin.pull("w1", held=["m"], timeout=0)) == {"items": [], "reason": "unknown worker"}
-        assert (await plugin.pull_online("w1", held=["m"], timeout=0))["reason"] == "unknown worker"
+        assert (await plugin.online.pull("w1", held=["m"], timeout=0))["reason"] == "unknown worker"
         assert "w1" not in plugin.worker_views  # a late pull does not bring it back as a holder of m
         await plugin.close()
 

@@ -69,8 +69,8 @@ WORKERS = [f"w{i}" for i in range(256)]
 def test_an_online_request_wakes_one_waiting_pull_whatever_the_number_of_workers():
     async def go():
         plugin = await started(WORKERS)
-        pulls = [asyncio.create_task(plugin.pull_online(w, held=["m"], loaded=["m"], timeout=30)) for w in WORKERS]
-        woken = await wakes_after(lambda: plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS))
+        pulls = [asyncio.create_task(plugin.online.pull(w, held=["m"], loaded=["m"], timeout=30)) for w in WORKERS]
+        woken = await wakes_after(lambda: plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS))
         assert woken <= 2, woken
         assert sum(1 for p in pulls if p.done() and p.result()["items"]) == 1
         for p in pulls:
@@ -113,9 +113,9 @@ def test_a_batch_submit_wakes_holders_before_other_workers():
 def test_online_items_of_a_lost_worker_wake_a_waiting_online_pull_at_once():
     async def go():
         plugin = await started(["w1", "w2"])
-        item, future = plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        assert (await plugin.pull_online("w1", held=["m"], loaded=["m"], timeout=0))["items"]
-        survivor = asyncio.create_task(plugin.pull_online("w2", held=["m"], loaded=["m"], timeout=30))
+        item, future = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
+        survivor = asyncio.create_task(plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=30))
         await settle()
         del plugin.scheduler.workers["w1"]
         plugin.remove_worker(plugin.scheduler, "w1")
@@ -132,11 +132,11 @@ def test_a_waiting_online_pull_of_a_worker_that_just_took_a_model_serves_its_req
 
     async def go():
         plugin = await started(["w1"])
-        online = asyncio.create_task(plugin.pull_online("w1", held=[], loaded=[], timeout=30))
+        online = asyncio.create_task(plugin.online.pull("w1", held=[], loaded=[], timeout=30))
         await settle()
         plugin.submit("j", items("m", 1), {})
         assert (await plugin.pull("w1", held=[], timeout=0))["items"]  # a steal: w1 holds m now
-        plugin.submit_online("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
         await settle()
         assert online.done() and len(online.result()["items"]) == 1
         await plugin.close()
@@ -310,7 +310,7 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
                 jobs += 1
                 plugin.submit(f"j{jobs}", items(model, count, rows), {"lease_seconds": 60})
             elif op == "online":
-                plugin.submit_online(args[0], "encode", {"texts": ["x"]}, 1, SETTINGS)
+                plugin.online.submit(args[0], "encode", {"texts": ["x"]}, 1, SETTINGS)
             elif op == "pull":
                 worker, resident, ready, room, held = args
                 budget = 10**10 if worker in ("w0", "w1") else 10**8
@@ -326,14 +326,14 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
                 )
             elif op == "pull_online":
                 worker, resident, busy = args
-                await plugin.pull_online(worker, held=resident, loaded=resident[:1], busy=busy, timeout=0)
+                await plugin.online.pull(worker, held=resident, loaded=resident[:1], busy=busy, timeout=0)
             elif op == "start" and leased:
                 work = leased[args[0] % len(leased)]
                 plugin.start_item(work.worker, work.id)
             elif op == "ack" and leased:
                 work = leased[args[0] % len(leased)]
                 if work.job.startswith("online-"):
-                    plugin.ack_many(work.worker, [[work.id, {}]], compute_seconds=args[1])
+                    plugin.online.ack_many(work.worker, [[work.id, {}]], compute_seconds=args[1])
                 else:
                     plugin.ack(work.worker, work.id, {"rows": work.rows, "compute_seconds": args[1]})
             elif op == "fail" and leased:
