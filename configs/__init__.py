@@ -33,6 +33,10 @@ class ConfigError(ValueError):
     """A catalog or profile that cannot be used, with the reason."""
 
 
+RuntimeName = Literal["torch", "onnx"]
+RuntimeDType = Literal["auto", "float32", "float16", "bfloat16", "int8"]
+
+
 class RuntimeChoice(BaseModel):
     """Which runtime and number format compute a model, with the quality gate's evidence.
 
@@ -42,8 +46,8 @@ class RuntimeChoice(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    runtime: Literal["torch", "onnx"] = "torch"
-    dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = "auto"
+    runtime: RuntimeName = "torch"
+    dtype: RuntimeDType = "auto"
     gate: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -237,7 +241,7 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
     for user_path in (os.environ.get("SHOAL_CATALOG"), extra):
         if user_path:
             paths.append(Path(user_path))
-    models: dict[str, dict] = {}
+    models: dict[str, ModelSpec] = {}
     for path in paths:
         entries = read_yaml(path).get("models") or {}
         for name, entry in entries.items():
@@ -253,7 +257,7 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
                 except ConfigError as exc:
                     raise ConfigError(f"{path}: models.{name}: {exc}") from None
             try:
-                models[name] = ModelSpec(**{"name": name, **entry}).model_dump()
+                models[name] = ModelSpec(**{"name": name, **entry})
             except ValidationError as exc:
                 raise explain(path, exc) from None
             except TypeError as exc:

@@ -13,18 +13,20 @@ import logging
 import time
 from collections.abc import Callable
 
-from croniter import croniter
-
 logger = logging.getLogger("shoal.schedule")
 
 
 def check_expression(expression: str) -> None:
     """Raise ValueError for an expression croniter cannot use (5 fields, or 6 with seconds)."""
+    from croniter import croniter  # here, not at the top: importing it runs `file` (platform.architecture)
+
     if not croniter.is_valid(expression):
         raise ValueError(f"not a valid cron expression: {expression!r}")
 
 
 def next_run(expression: str, after: dt.datetime) -> dt.datetime:
+    from croniter import croniter
+
     return croniter(expression, after).get_next(dt.datetime)
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
+from rich.table import Table
 
-from configs import ConfigError, load_profile
+from configs import ConfigError, RuntimeDType, RuntimeName, load_profile
 from pipeline.tuning.profile import profile_fields, profile_path, write_profile
 from pipeline.tuning.quality_gate import Verdict
 
@@ -53,10 +55,11 @@ def record_verdict(profile: str, verdict: Verdict, note: str) -> Path:
     runtimes = dict(fields.get("runtimes") or {})
     if not verdict.passed and verdict.model in runtimes:
         return path
-    entry = {"runtime": verdict.choice.runtime, "dtype": verdict.choice.dtype, "gate": verdict.evidence()}
+    gate: dict[str, Any] = verdict.evidence()
+    entry: dict[str, Any] = {"runtime": verdict.choice.runtime, "dtype": verdict.choice.dtype, "gate": gate}
     if not verdict.passed:  # kept as evidence; the model runs on fp32 torch
         entry.update(runtime="torch", dtype="float32")
-        entry["gate"]["refused_candidate"] = f"{verdict.choice.runtime} {verdict.choice.dtype}"
+        gate["refused_candidate"] = f"{verdict.choice.runtime} {verdict.choice.dtype}"
     runtimes[verdict.model] = entry
     fields["runtimes"] = runtimes
     comments = [line[2:] if line.startswith("# ") else line.lstrip("#") for line in _header(path)]
@@ -80,8 +83,8 @@ def gate_candidates(
     texts_file: str | None,
     text_column: str,
     sample: int,
-    runtime: str | None,
-    dtype: str | None,
+    runtime: RuntimeName | None,
+    dtype: RuntimeDType | None,
 ) -> tuple[list[Verdict], bool]:
     """Verdicts of `shoal check-precision`, and whether they were one candidate's (recordable).
 
@@ -113,3 +116,22 @@ def gate_candidates(
         chosen = candidates(plan.kind)
     gate = PrecisionGate(spec, plan, texts)
     return [gate.check(choice.model_copy(update={"gate": None})) for choice in chosen], len(chosen) == 1
+
+
+def verdict_table(model: str, verdicts: list[Verdict]) -> Table:
+    """`shoal check-precision`'s table: one row per candidate, its figures, speed against fp32, verdict."""
+    table = Table(title=f"precision gate: {model} against torch float32 on {verdicts[0].texts} texts")
+    names = list(dict.fromkeys(name for v in verdicts for name in v.figures))
+    for column in ("runtime", "dtype", "load s", "texts/s", "vs fp32", *names, "verdict"):
+        table.add_column(column, justify="left" if column in ("runtime", "dtype", "verdict") else "right")
+    for v in verdicts:
+        table.add_row(
+            v.choice.runtime,
+            v.choice.dtype,
+            f"{v.load_seconds:.2f}",
+            f"{v.texts_per_second:.1f}",
+            f"{v.texts_per_second / v.reference_texts_per_second:.2f}x",
+            *(f"{v.figures[n]:.4f}" if n in v.figures else "-" for n in names),
+            "pass" if v.passed else "[red]refused[/red]",
+        )
+    return table

@@ -1,0 +1,119 @@
+"""The cluster and online commands: `shoal status`, `serve`, `gateway` and `models`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+
+from configs import load_catalog, load_profile
+from pipeline.cli_options import (
+    GATEWAY_PROFILE,
+    catalog_option,
+    json_option,
+    listen_options,
+    parse_columns,
+    profile_option,
+    scheduler_option,
+    user_errors,
+)
+from pipeline.cluster import connect
+from pipeline.jobs.reindex import load_job
+from pipeline.status import cluster_state, output_state, render_cluster, render_output
+
+
+@click.command()
+@click.argument("job", required=False)
+@scheduler_option("tcp://host:port of the cluster.", envvar="DASK_SCHEDULER_ADDRESS")
+@json_option("Print the raw state as JSON.")
+@profile_option()
+@user_errors()
+def status(job: str | None, scheduler: str | None, as_json: bool, profile: str | None) -> None:
+    """Show running jobs (item states per model), workers and the models they hold.
+
+    JOB filters the jobs by id. A job file (JOB.yaml) shows that job's runs
+    and its output too: _CURRENT, versions, lock holder, last manifest.
+    """
+    state: dict[str, Any] = {}
+    pattern = job
+    if job and job.endswith((".yaml", ".yml")):
+        job_file = load_job(job)
+        pattern, scheduler = f"reindex-{job_file.name}-", scheduler or job_file.scheduler
+        state["output"] = output_state(job_file)
+    elif not scheduler:
+        raise click.UsageError("give --scheduler (or DASK_SCHEDULER_ADDRESS), or a job file")
+    if scheduler:
+        with connect(scheduler, load_profile(profile)) as client:
+            state["cluster"] = cluster_state(client, pattern)
+    if as_json:
+        click.echo(json.dumps(state, indent=1, default=str))
+        return
+    console = Console(soft_wrap=True)
+    if "output" in state:
+        render_output(state["output"], console)
+    if "cluster" in state:
+        render_cluster(state["cluster"], console)
+
+
+@click.command()
+@profile_option(GATEWAY_PROFILE)
+@click.option(
+    "--models", default="", help="Comma-separated models to pin (load at start, never evict) on the embedded cluster."
+)
+@listen_options
+@scheduler_option("tcp://host:port of a running cluster: the gateway starts in its scheduler.")
+@catalog_option
+@user_errors()
+def serve(
+    profile: str | None, models: str, host: str | None, port: int | None, scheduler: str | None, catalog: str | None
+) -> None:
+    """Answer online requests (MessagePack or JSON over HTTP) until stopped.
+
+    Same workers and queue as batch jobs; online requests go first. SIGINT or
+    SIGTERM stops accepting, finishes what is in flight, and exits 0. The
+    protocol is in docs/PROTOCOL.md.
+    """
+    from pipeline.serve import serve as run_serve
+
+    console = Console(stderr=True, soft_wrap=True)
+    profile_config, catalog_config = load_profile(profile), load_catalog(catalog)
+    sys.exit(run_serve(profile_config, catalog_config, catalog, parse_columns(models), host, port, scheduler, console))
+
+
+@click.command(name="gateway")
+@scheduler_option("tcp://host:port of the cluster's scheduler.", required=True, envvar="DASK_SCHEDULER_ADDRESS")
+@profile_option(GATEWAY_PROFILE)
+@listen_options
+@catalog_option
+@user_errors()
+def gateway(scheduler: str, profile: str | None, host: str | None, port: int | None, catalog: str | None) -> None:
+    """Serve the online endpoint in this process, for a running cluster.
+
+    The same routes as `shoal serve`, with HTTP handled here instead of in the
+    scheduler: run several, behind any load balancer, to serve one cluster.
+    Waits for the scheduler if it is not up yet; SIGINT or SIGTERM exits 0.
+    """
+    from pipeline.gateway_process import gateway as run_gateway
+
+    console = Console(stderr=True, soft_wrap=True)
+    sys.exit(run_gateway(load_profile(profile), load_catalog(catalog), scheduler, host, port, console))
+
+
+@click.command(name="models")
+@catalog_option
+@click.option("--catalog-only", is_flag=True, help="Only the catalog's entries, not the Hugging Face cache.")
+@json_option("Print the rows as JSON.")
+@profile_option("Cluster profile name or YAML path (default: cpu-local): its tuned token budgets and batch caps.")
+@user_errors()
+def list_models(catalog: str | None, catalog_only: bool, as_json: bool, profile: str | None) -> None:
+    """List catalog models and cached Hugging Face models with their resolved kind, dim, window, normalize."""
+    from pipeline.model_listing import model_rows, render_models
+
+    rows = model_rows(load_catalog(catalog), load_profile(profile), include_cache=not catalog_only)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+    else:
+        render_models(rows, Console(soft_wrap=True))
