@@ -14,7 +14,7 @@ models per worker), one run, three variants (push twice):
 
 * pull: Shoal as built. ``scheduler_plugins`` (PullQueue) and ``workers``
   (ShoalWorker) preloaded in a LocalCluster; batch jobs go in through the
-  ``shoal_submit`` handler, online requests through ``submit_online`` (the
+  ``shoal_submit`` handler, online requests through ``online.submit`` (the
   gateway's own call, on the scheduler's loop; no HTTP).
 * push: routing by model affinity. ``PushScheduler`` below, a PullQueue
   registered under the same plugin name (the workers run unchanged), routes
@@ -65,7 +65,7 @@ from harness import RESULTS, Meter
 
 from configs import GatewaySettings, ModelSpec
 from pipeline.cluster import pull_queue  # noqa: E402
-from scheduler_plugins.online_queue import MAX_ONLINE_BATCH
+from scheduler_plugins.online_queue import MAX_ONLINE_BATCH, OnlineQueue
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import BATCH, ONLINE, ItemState, WorkItem
 from scheduler_plugins.worker_views import WorkerView
@@ -202,6 +202,15 @@ def rendezvous(model: str, workers: list[str], replicas: int) -> list[str]:
     return sorted(workers, key=score, reverse=True)[:replicas]
 
 
+class PushOnlineQueue(OnlineQueue):
+    """Every online request wakes every waiting pull: push keeps no index of who may take it."""
+
+    def submit(self, *args, **kwargs):
+        submitted = super().submit(*args, **kwargs)
+        self.core._wake_all()
+        return submitted
+
+
 class PushScheduler(PullQueue):
     """Push routing by model affinity, in place of the pull placement.
 
@@ -223,15 +232,11 @@ class PushScheduler(PullQueue):
         )
         self.routes: dict[str, list[str]] = {}
         self._queued = asyncio.Event()  # set by every queued item: push wakes every waiting pull
+        self.online = PushOnlineQueue(self)
 
     async def start(self, scheduler) -> None:
         await super().start(scheduler)
         scheduler.handlers["shoal_pull_online"] = self.pull_online
-
-    def submit_online(self, *args, **kwargs):
-        submitted = self.online.submit(*args, **kwargs)
-        self._wake_all()
-        return submitted
 
     def _work_queued(self, model: str, priority: int, count: int) -> None:
         for pull in list(self.batch_pulls.all.values()):
@@ -465,7 +470,7 @@ async def run_shoal(cfg: Config, wl: Workload, variant: str) -> dict[str, Any]:
                         )
                         jobs[name] = len(body)
                     else:
-                        _, future = plugin.submit_online(name, "encode", body, len(body["texts"]), online_settings)
+                        _, future = plugin.online.submit(name, "encode", body, len(body["texts"]), online_settings)
                         waiting.append(
                             asyncio.create_task(online_answer(future, time.monotonic(), latencies, failures))
                         )
