@@ -47,8 +47,8 @@ def start_local_cluster(
 ) -> LocalCluster:
     settings = {
         # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in workers; with it glibc maps and
-        # frees every activation tensor anew on each forward pass (15-25 % slower, see
-        # docs/BENCHMARKS.md). None removes the variable for the workers spawned here.
+        # frees every activation tensor anew on each forward pass, which slows every batch
+        # (docs/BENCHMARKS.md). None removes the variable for the workers spawned here.
         "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
         "distributed.admin.event-loop": event_loop(),
     }
@@ -60,8 +60,8 @@ def event_loop() -> str:
     """uvloop where it is installed, unless Dask's ``distributed.admin.event-loop`` names another.
 
     The scheduler with the gateway, and each worker, run one event loop that
-    every online request crosses; uvloop's costs less per message (15 % more
-    requests per second at the gateway, docs/BENCHMARKS.md). The scheduler's
+    every online request crosses; uvloop's costs less per message, so the
+    gateway answers more requests per second (docs/BENCHMARKS.md). The scheduler's
     loop is the one created here, the workers' are created by their nannies
     from this config.
     """
@@ -103,18 +103,17 @@ def _in_process_cluster(
 
     Each online request crosses the scheduler-worker link twice (the request
     out, the answer back); in memory, neither crossing serializes nor wakes
-    another process: a short MiniLM query takes 1.4 ms less on a 2-core VM
-    (docs/BENCHMARKS.md). The price is isolation: a worker that crashes takes
+    another process, which shortens every online request (docs/BENCHMARKS.md).
+    The price is isolation: a worker that crashes takes
     the scheduler and the gateway with it, where a worker process would be
     restarted by its nanny. Other processes (``--scheduler`` job commands,
     dashboards) reach the scheduler on a TCP listener added beside the inproc
     one, as Dask itself does for Jupyter (see `contact_address`).
 
     The event loop now shares this process's interpreter lock with the
-    worker's device thread; a shorter switch interval bounds how long the
-    device waits for it behind a busy gateway (5 ms by default; at 0.5 ms the
-    online p99 under batch load was 1.6 ms lower in two alternating pairs of
-    runs, docs/BENCHMARKS.md).
+    worker's device thread; a switch interval shorter than Python's default
+    bounds how long the device thread waits for it behind a busy gateway, which
+    lowers the online p99 under batch load (docs/BENCHMARKS.md).
     """
     sys.setswitchinterval(min(sys.getswitchinterval(), IN_PROCESS_SWITCH_SECONDS))
     argv = [*preload_argv, "--shoal-profile", profile.path or profile.name]
@@ -150,10 +149,10 @@ def contact_address(cluster: LocalCluster) -> str:
         if not listener.contact_address.startswith("inproc://")
     )
 
+
 def pull_queue(client: Client) -> PullQueueClient:
     """The pull queue's handlers on `client`'s scheduler; run them with ``client.sync(method, ...)``."""
     return PullQueueClient(client.scheduler)
-
 
 
 def has_shoal_plugin(dask_scheduler) -> bool:

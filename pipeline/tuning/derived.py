@@ -24,8 +24,10 @@ EFFICIENCY = 0.30  # achieved share of dense FP16 peak: skinny (d <= 1024) GEMMs
 BATCH_OVERHEAD_S = 0.0015  # per forward pass: ~100 kernel launches plus Python, for a small encoder
 OVERHEAD_SHARE = 0.10  # a batch should cost >= 10x its fixed overhead
 SHORT_TEXT_TOKENS = 32  # batch cap: a budget's worth of short texts still fits one batch
-MEAN_TEXT_TOKENS = 64  # a typical passage (63 measured on 20,000 English texts, DESIGN.md)
-HOST_TOKENS_PER_S = 369_000 // 2  # per worker: fast tokenizer on one core (measured here), run twice per text
+MEAN_TEXT_TOKENS = 64  # a typical English passage, in tokens (DESIGN.md)
+HOST_TOKENS_PER_S = (
+    369_000 // 2
+)  # per worker: a fast tokenizer's rate on one CPU core, halved: each text is tokenized twice
 ITEM_COMPUTE_S = 0.25  # an item's compute: amortizes per-item I/O, and bounds online waits under batch load
 IO_SECONDS_PER_ITEM = 0.05 + 0.05  # object-store GET + PUT latency, before bytes
 IO_BYTES_PER_S = 100e6  # one stream to an object store
@@ -171,13 +173,13 @@ def derive(key: str, catalog: Catalog, models: list[str]) -> tuple[dict[str, Any
     activations = max(budgets[n] * shapes[n].activation_bytes_per_token(catalog.get(n).max_seq_length) for n in models)
     model_bytes = (share - CUDA_CONTEXT_BYTES - activations) * ALLOCATOR_SLACK
     fraction = math.floor(model_bytes / (gpu.memory_gb * 1e9) * 1000) / 1000
-    resident = {n: int(fraction * gpu.memory_gb * 1e9 // (shapes[n].params * 2)) for n in models}
+    held = {n: int(fraction * gpu.memory_gb * 1e9 // (shapes[n].params * 2)) for n in models}
     lines += [
         f"memory_fraction (per worker, of {gpu.memory_gb:g} GB) = (share {share / 1e9:.1f} GB - CUDA context "
         f"{CUDA_CONTEXT_BYTES / 1e9:g} GB - activations {activations / 1e9:.2f} GB) x {ALLOCATOR_SLACK} / "
         f"{gpu.memory_gb:g} GB = {fraction}",
         "  models per device (fp16 weights): "
-        + ", ".join(f"{n} {resident[n] * workers:,} ({resident[n]:,} per worker)" for n in models)
+        + ", ".join(f"{n} {held[n] * workers:,} ({held[n]:,} per worker)" for n in models)
         + f"; a 110M-parameter base model {int(fraction * gpu.memory_gb * 1e9 // 220e6) * workers:,}, "
         f"a 335M large one {int(fraction * gpu.memory_gb * 1e9 // 670e6) * workers:,}",
         "",
