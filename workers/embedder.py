@@ -44,8 +44,9 @@ class SentenceEmbedder(TorchModel):
             raise ValueError(f"model {spec.name!r}: catalog says dim {spec.dim}, the model gives {dim}")
 
     def token_lengths(self, texts: list[str]) -> Measured:
-        """Token counts after truncation, and how many texts were truncated."""
-        return count_tokens(self.tokenizer, self.spec.max_seq_length, texts)
+        """Token counts after truncation (the prompt included, as the model sees it), and how many were truncated."""
+        prompted = [self.prompt + t for t in texts] if self.prompt else texts
+        return count_tokens(self.tokenizer, self.spec.max_seq_length, prompted)
 
     def embed(self, texts: list[str], measured: Measured | None = None) -> tuple[np.ndarray, int]:
         """float32 vectors in input order, and the count of truncated texts.
