@@ -17,7 +17,10 @@ marker unless
   - it is marked `slow` (the real MiniLM model).
 A test that forgets its `integration` mark fails in the fast tier rather than slowing it: for unit tests,
 `_unit_tier_guard` refuses processes, Dask clusters, clients and servers, and the model and S3-server
-libraries (torch, transformers, sentence-transformers, onnxruntime, moto).
+libraries (torch, transformers, sentence-transformers, onnxruntime, moto; caught when not imported yet,
+as in `make test-fast`, where nothing heavy runs first). The fast tier still collects every file: a model
+library imported at a test module's top costs every `make test-fast` its import, so import it inside
+the tests that use it (test_runtimes.py). One file's unit tests: `pytest -m unit tests/test_pull_queue.py`.
 
 Waiting
 -------

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import ROOT, SHOAL, wait_for
-from test_online_serve import DASK, SIM, free_port, in_flight, wait_for_line
+from test_online_serve import DASK, SIM, free_port, requests_in_flight, wait_for_line
 
 from pipeline.client import OnlineClient, OnlineError
 
@@ -193,7 +193,9 @@ def test_killing_a_gateway_loses_only_its_own_requests(remote):
     with ThreadPoolExecutor(16) as pool:
         on_doomed = [pool.submit(ask, doomed_url, "slow", f"doomed {i}") for i in range(4)]
         on_survivor = [pool.submit(ask, survivor, "slow", f"kept {i}") for i in range(8)]
-        wait_for(lambda: in_flight(doomed_url) == 4, timeout=60, what="the doomed gateway answering its 4 requests")
+        wait_for(
+            lambda: requests_in_flight(doomed_url) == 4, timeout=60, what="the doomed gateway answering its 4 requests"
+        )
         doomed.send_signal(signal.SIGKILL)
         doomed.wait(30)
         kept = [f.result() for f in on_survivor]

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, invoke_shoal, kill_busy_worker, s3_options, write_profile, write_shards
+from conftest import ROOT, SHOAL, invoke_shoal, kill_busy_worker, s3_options, wait_for, write_profile, write_shards
 from distributed import Client
 
 from configs import load_profile
@@ -24,12 +23,6 @@ lance = pytest.importorskip("lance")
 
 def rows(dataset: str) -> list[dict]:
     return lance.dataset(dataset).to_table().to_pylist()
-
-
-def wait_until(condition, timeout: float = 120, step: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(step)
 
 
 def test_lance_output_every_row_once_and_lancedb_finds_the_nearest_neighbour(
@@ -103,7 +96,9 @@ def test_client_killed_then_rerun_commits_every_row_once(cluster, tiny_catalog, 
     ]
     acked = plugin.events["acked"]
     job = subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(lambda: plugin.events["acked"] >= acked + 2 or job.poll() is not None, step=0.01)
+    wait_for(
+        lambda: plugin.events["acked"] >= acked + 2 or job.poll() is not None, 120, "two acks of the job", step=0.01
+    )
     job.send_signal(signal.SIGKILL)
     assert job.wait() == -signal.SIGKILL, "the job ended before it could be killed"
     with pytest.raises((ValueError, OSError)):  # fragments written, no version committed: no half dataset

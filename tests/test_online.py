@@ -331,7 +331,7 @@ def test_batch_job_runs_while_online_requests_flow(gateway, cluster, tiny_catalo
                     answered.append(time.monotonic())
                 except Exception as exc:  # noqa: BLE001 - every failure is reported below
                     failures.append(repr(exc))
-                time.sleep(0.02)
+                time.sleep(0.02)  # the client's pace: about 50 queries a second while the batch runs
 
     traffic = threading.Thread(target=online_traffic)
     started = time.monotonic()

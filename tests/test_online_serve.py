@@ -48,7 +48,7 @@ def wait_for_line(stream, marker: str, timeout: float = 120) -> str:
     raise TimeoutError(f"no {marker!r} in: {lines}")
 
 
-def in_flight(url: str) -> int:
+def requests_in_flight(url: str) -> int:
     """Requests the gateway at `url` is answering (shoal_online_in_flight), less the /metrics request that asks."""
     import urllib.request
 
@@ -95,7 +95,7 @@ def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_cat
         in_flight: dict = {}
         slow = threading.Thread(target=lambda: in_flight.update(v=OnlineClient(url).encode("slow", ["x"])))
         slow.start()
-        wait_for(lambda: in_flight(url) == 1, timeout=30, what="the slow request in flight")
+        wait_for(lambda: requests_in_flight(url) == 1, timeout=30, what="the slow request in flight")
         proc.send_signal(signal.SIGTERM)
         wait_for(lambda: refuses(url), timeout=30, what="no longer accepting after SIGTERM")
         slow.join(30)

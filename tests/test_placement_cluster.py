@@ -82,7 +82,7 @@ class JobWatch:
                     snap["first_rows_at"] = time.monotonic()
                 if job.complete and snap["done_at"] is None:
                     snap["done_at"] = time.monotonic()
-            time.sleep(0.02)
+            time.sleep(0.02)  # the sampling interval of the watch, not an ordering
 
     def stop(self) -> dict:
         self._stop.set()

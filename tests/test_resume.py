@@ -7,22 +7,14 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import s3fs
-from conftest import ROOT, SHOAL, invoke_shoal, read_output, s3_options, write_profile, write_shards
+from conftest import ROOT, SHOAL, invoke_shoal, read_output, s3_options, wait_for, write_profile, write_shards
 from test_dask_cli_cluster import DASK, wait_for_address
-
-
-def wait_until(predicate, timeout: float = 240, step: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(step)
 
 
 def sorted_vectors(table):
@@ -102,12 +94,12 @@ def test_client_killed_mid_job_then_same_command_completes(kind, cluster, tiny_c
     acked = plugin.events["acked"]
     jobs_before = set(plugin.jobs)
     job = subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(lambda: plugin.events["acked"] >= acked + 2 or job.poll() is not None, step=0.01)
+    wait_for(lambda: plugin.events["acked"] >= acked + 2 or job.poll() is not None, 240, "two acks of the job", 0.01)
     job.send_signal(signal.SIGKILL)
     assert job.wait() == -signal.SIGKILL, "the job ended before it could be killed"
     # Until the scheduler sees the client gone and drops its job, workers still ack that job's items:
     # the count below must start after that, or it counts the killed run's last acks as the rerun's.
-    wait_until(lambda: set(plugin.jobs) <= jobs_before, step=0.01)
+    wait_for(lambda: set(plugin.jobs) <= jobs_before, 240, "the killed client's job dropped", 0.01)
     at_kill = store.parts("out")
     assert 2 <= len(at_kill) < 60 and store.manifest("out") is None
 
@@ -233,7 +225,7 @@ def test_scheduler_killed_mid_job_then_new_cluster_and_same_command_complete(
         job = subprocess.Popen(
             [SHOAL, *args, "--scheduler", address], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        wait_until(lambda: len(list(out.glob("part-*"))) >= 2 or job.poll() is not None, step=0.01)
+        wait_for(lambda: len(list(out.glob("part-*"))) >= 2 or job.poll() is not None, 240, "two parts written", 0.01)
         procs[0].send_signal(signal.SIGKILL)
         assert job.poll() is None, "the job ended before the scheduler could be killed"
     finally:

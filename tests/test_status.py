@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 
 import yaml
-from conftest import invoke_shoal, write_shards
+from conftest import invoke_shoal, wait_for, write_shards
 
 from configs import load_catalog, load_profile
 from pipeline.cluster import pull_queue
@@ -27,10 +26,12 @@ def test_status_lists_jobs_per_model_and_workers(cluster, tiny_catalog, test_pro
         settings={"models": {"tiny": spec.model_dump()}},
     )
     try:
-        deadline = time.monotonic() + 120
-        while not client.sync(pull_queue(client).job_status, job="status-probe")["complete"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_for(
+            lambda: client.sync(pull_queue(client).job_status, job="status-probe")["complete"],
+            timeout=120,
+            what="status-probe complete",
+            step=0.2,
+        )
         raw = invoke_shoal("status", "--scheduler", client.scheduler.address, "--json")
         assert raw.returncode == 0, raw.stderr
         state = json.loads(raw.stdout)["cluster"]

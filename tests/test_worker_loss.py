@@ -8,7 +8,7 @@ import time
 
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, kill_busy_worker, kill_worker, read_output, write_profile, write_shards
+from conftest import ROOT, SHOAL, kill_busy_worker, kill_worker, read_output, wait_for, write_profile, write_shards
 from distributed import Client
 
 from configs import load_profile
@@ -103,13 +103,11 @@ def test_online_request_of_a_killed_worker_is_answered_by_another(tmp_path):
 
         caller = threading.Thread(target=ask)
         caller.start()
-        victim = None
-        deadline = time.monotonic() + 60
-        while victim is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-            busy = [w for w, items in plugin.leased_by_worker.items() if items]
-            victim = busy[0] if busy else None
-        assert victim is not None, "the request was never leased"
+        victim = wait_for(
+            lambda: next((w for w, items in plugin.leased_by_worker.items() if items), None),
+            timeout=60,
+            what="the request leased to a worker",
+        )
         kill_worker(cluster, victim)
         caller.join(120)
         assert plugin.events["lost"] >= 1
@@ -150,8 +148,11 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
             for i in range(400)
         ]
         client.sync(pull_queue(client).submit, job="background", items=batch, settings={"lease_seconds": 30})
-        while sum(len(items) for items in plugin.leased_by_worker.values()) < 4:
-            time.sleep(0.05)
+        wait_for(
+            lambda: sum(len(items) for items in plugin.leased_by_worker.values()) >= 4,
+            timeout=60,
+            what="batch items leased to both workers",
+        )
 
         def ask(n: int) -> float:
             with OnlineClient(url, timeout=60) as online:
@@ -160,13 +161,14 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
 
         with ThreadPoolExecutor(6) as pool:
             answers = [pool.submit(ask, n) for n in range(6)]
-            victim = None
-            while victim is None:
-                online_leases = [
-                    (w, i) for w, items in plugin.leased_by_worker.items() for i in items if i.startswith("online-")
-                ]
-                victim = online_leases[0][0] if online_leases else None
-                time.sleep(0.005)
+            victim = wait_for(
+                lambda: next(
+                    (w for w, items in plugin.leased_by_worker.items() for i in items if i.startswith("online-")), None
+                ),
+                timeout=60,
+                what="an online request leased to a worker",
+                step=0.005,
+            )
             killed_at = time.monotonic()
             kill_worker(cluster, victim)
             answered_at = [a.result(timeout=60) for a in answers]
