@@ -22,7 +22,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from . import ConfigError, ModelSpec
 
@@ -54,16 +54,15 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, str]:
             revision = (repo / "refs" / "main").read_text().strip()
         except OSError:
             revision = None
-    snapshot = repo / "snapshots" / revision if revision else None
-    if snapshot is None or not snapshot.is_dir():
-        looked = snapshot or repo / "refs" / "main"
+    if not revision or not (repo / "snapshots" / revision).is_dir():
+        looked = repo / "snapshots" / revision if revision else repo / "refs" / "main"
         raise ConfigError(
             f"model {repo_id!r} is not in the Hugging Face cache (looked in {looked}); nothing is downloaded at "
             f"run time: fetch it where there is internet with `hf download {repo_id}` and copy the cache "
             f"(HF_HOME or HF_HUB_CACHE), or save it to a folder with `SentenceTransformer({repo_id!r}).save(DIR)` "
             f"and pass --model DIR"
         )
-    return snapshot, revision
+    return repo / "snapshots" / revision, revision
 
 
 def _json(path: Path) -> Any:
@@ -100,7 +99,7 @@ class ModelFiles:
                 return self.folder / module.get("path", "")
         return self.folder
 
-    def kind(self) -> str:
+    def kind(self) -> Literal["embedder", "reranker"]:
         if _mapping(self.folder / "config_sentence_transformers.json").get("model_type") == "CrossEncoder":
             return "reranker"
         if not self.modules():  # a bare transformers folder: a classifier head scores pairs

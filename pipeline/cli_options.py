@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
 
 from configs import ConfigError
@@ -134,8 +135,7 @@ def parse_chunk(value: str | None) -> ChunkSettings | None:
     try:
         return ChunkSettings.parse(value)
     except ValueError as exc:  # pydantic's ValidationError is one
-        errors = getattr(exc, "errors", None)
-        reasons = "; ".join(e["msg"] for e in errors()) if callable(errors) else str(exc)
+        reasons = "; ".join(e["msg"] for e in exc.errors()) if isinstance(exc, ValidationError) else str(exc)
         raise click.BadParameter(reasons, param_hint="--chunk") from None
 
 

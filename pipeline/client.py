@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import http.client
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from urllib.parse import urlsplit
 
 import msgpack
 import numpy as np
+
+if TYPE_CHECKING:
+    import aiohttp
 
 MSGPACK = "application/msgpack"
 DEFAULT_URL = "http://127.0.0.1:8790"
@@ -54,10 +57,27 @@ def _vectors(reply: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(reply["embeddings"], dtype=_DTYPES[reply["dtype"]]).reshape(reply["shape"])
 
 
+class EncodeOptions(TypedDict, total=False):
+    """The keyword options of both clients' `encode`; their defaults are `_encode_body`'s.
+
+    dtype: "float32" (default) or "float16", the reply's vectors; truncate
+    (default True): cut texts to the model's window instead of refusing them;
+    precision, dim, ranges: the stored vector format, as `shoal embed` writes it
+    (default float32, every dimension).
+    """
+
+    dtype: str
+    truncate: bool
+    precision: str
+    dim: int | None
+    ranges: list[list[float]] | None
+
+
 def _encode_body(
     texts: list[str],
-    dtype: str,
-    truncate: bool,
+    *,
+    dtype: str = "float32",
+    truncate: bool = True,
     precision: str = "float32",
     dim: int | None = None,
     ranges: list[list[float]] | None = None,
@@ -82,20 +102,9 @@ class OnlineClient:
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
 
-    def encode(
-        self,
-        model: str,
-        texts: list[str],
-        *,
-        dtype: str = "float32",
-        truncate: bool = True,
-        precision: str = "float32",
-        dim: int | None = None,
-        ranges: list[list[float]] | None = None,
-    ) -> np.ndarray:
-        """(len(texts), dim) vectors, float32 or float16; `precision`, `dim`, `ranges` as `shoal embed` stores them."""
-        body = _encode_body(texts, dtype, truncate, precision, dim, ranges)
-        return _vectors(self._post(f"/v1/encode/{model}", body))
+    def encode(self, model: str, texts: list[str], **options: Unpack[EncodeOptions]) -> np.ndarray:
+        """(len(texts), dim) vectors; `options` as EncodeOptions says."""
+        return _vectors(self._post(f"/v1/encode/{model}", _encode_body(texts, **options)))
 
     def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
         """One score per document, in document order."""
@@ -145,21 +154,11 @@ class AsyncOnlineClient:
         self._token = token if token is not None else os.environ.get(TOKEN_ENV)
         self._timeout = timeout
         self._connections = connections
-        self._session = None
+        self._session: aiohttp.ClientSession | None = None
 
-    async def encode(
-        self,
-        model: str,
-        texts: list[str],
-        *,
-        dtype: str = "float32",
-        truncate: bool = True,
-        precision: str = "float32",
-        dim: int | None = None,
-        ranges: list[list[float]] | None = None,
-    ) -> np.ndarray:
-        body = _encode_body(texts, dtype, truncate, precision, dim, ranges)
-        return _vectors(await self._request("POST", f"/v1/encode/{model}", body))
+    async def encode(self, model: str, texts: list[str], **options: Unpack[EncodeOptions]) -> np.ndarray:
+        """(len(texts), dim) vectors; `options` as EncodeOptions says."""
+        return _vectors(await self._request("POST", f"/v1/encode/{model}", _encode_body(texts, **options)))
 
     async def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
         reply = await self._request("POST", f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from pipeline.jobs.planner import PlanError
+from scheduler_plugins.protocol import JobStatus
 from workers.storage import atomic_write, open_fs
 from workers.vector_precision import VectorFormat, ranges_of
 
@@ -46,7 +47,7 @@ def calibrate(
     output_url: str,
     storage_options: dict[str, Any] | None,
     key: dict[str, str],
-    run_sample: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    run_sample: Callable[[list[dict[str, Any]]], JobStatus],
 ) -> list[list[float]]:
     """Ranges from the first item's float32 vectors (the first with rows), stored beside the parts; PlanError if it has none.
 

@@ -85,7 +85,7 @@ def run_embed_models(
     """Several models over one input, an output folder each (OUTPUT/<model>/).
 
     Every model's job is in the queue at once, so workers keep several
-    models resident and share the cluster between them. The first job shows
+    models held and share the cluster between them. The first job shows
     the progress bar; the others' summaries follow it.
     """
     specs = [model_for(catalog, profile, name, "embedder") for name in models]  # refuse before any work
@@ -95,13 +95,14 @@ def run_embed_models(
         replace(request, model=spec.name, output=f"{request.output.rstrip('/')}/{output_folder(name)}")
         for name, spec in zip(models, specs)
     ]
-    consoles = [console, *(Console(file=io.StringIO(), soft_wrap=True, width=console.width) for _ in models[1:])]
+    buffers = [io.StringIO() for _ in models[1:]]  # the other jobs' summaries, printed after the first's
+    consoles = [console, *(Console(file=buffer, soft_wrap=True, width=console.width) for buffer in buffers)]
     with ThreadPoolExecutor(len(models)) as pool:
         futures = [
             pool.submit(run_job, client, embed_job(r), spec, profile, c)
             for r, spec, c in zip(requests, specs, consoles)
         ]
         outcomes = [future.result() for future in futures]
-    for quiet in consoles[1:]:
-        console.print(quiet.file.getvalue(), end="", highlight=False, markup=False)
+    for buffer in buffers:
+        console.print(buffer.getvalue(), end="", highlight=False, markup=False)
     return outcomes

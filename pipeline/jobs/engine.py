@@ -51,7 +51,7 @@ class BatchJob:
 @dataclass
 class JobOutcome:
     job: str
-    status: dict[str, Any]
+    status: JobStatus
     manifest: dict[str, Any]
     manifest_url: str
     work: dict[str, int] = field(default_factory=dict)  # items, reused, run, removed
@@ -134,6 +134,7 @@ def run_prepared(
     final, status = inventory, _idle_status(job_id)
     vectors = _vector_format(client, prepared, job_id, profile, console)
     if inventory.todo:
+        assert client is not None, "a job with items to run is given a client"
         status = _submit_and_follow(client, job_id, inventory.todo, job, spec, profile, console)
         # Trust only what is in the store now: a part acked but since overwritten is redone next run.
         final = store.inventory(prepared.plan.items, trusted=inventory.done)
@@ -248,6 +249,7 @@ def _vector_format(
     key = {"fingerprint": prepared.fingerprint, "params": prepared.params}
     ranges = stored_ranges(job.output, job.storage_options, key)
     if ranges is None and prepared.inventory.todo:
+        assert client is not None, "a job with items to run is given a client"
         console.print(f"{fmt.precision}: calibrating ranges on the job's first item")
         ranges = calibrate(
             prepared.plan.items,
@@ -265,7 +267,7 @@ def _vector_format(
     return {**fmt.payload(), "ranges": ranges}
 
 
-def _idle_status(job_id: str) -> dict[str, Any]:
+def _idle_status(job_id: str) -> JobStatus:
     """The status of a run with nothing to submit."""
     return {"job": job_id, "items": 0, "failed": 0, "rows_done": 0, "elapsed": 0.0, "dead_letters": [], "results": []}
 

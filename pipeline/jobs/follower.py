@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from distributed import Client
 from rich.console import Console
@@ -60,7 +59,7 @@ def _pulling_workers(client: Client) -> dict[str, WorkerSummary]:
     return client.sync(pull_queue(client).overview)["workers"]
 
 
-def summarize(status: dict[str, Any], console: Console, output: str) -> None:
+def summarize(status: JobStatus, console: Console, output: str) -> None:
     results = status.get("results", [])
     seconds = status["elapsed"]
     table = Table(title="shoal: job summary", show_header=False)

@@ -38,10 +38,14 @@ class LanceTarget:
     @classmethod
     def of(cls, output: str, output_format: str = "parquet") -> LanceTarget | None:
         """The target when OUTPUT is ``lance://PATH`` or `--format lance`; None for Parquet."""
-        if output.startswith(SCHEME):
-            output = output.removeprefix(SCHEME)
-        elif output_format != "lance":
+        if not output.startswith(SCHEME) and output_format != "lance":
             return None
+        return cls.at(output)
+
+    @classmethod
+    def at(cls, output: str) -> LanceTarget:
+        """The target for a Lance OUTPUT, ``lance://PATH`` or a plain path."""
+        output = output.removeprefix(SCHEME)
         if importlib.util.find_spec("lance") is None:
             raise ConfigError("a Lance OUTPUT needs pylance on the client and the workers: pip install 'shoal[lance]'")
         dataset = output.rstrip("/") if "://" in output else os.path.abspath(os.path.expanduser(output))

@@ -49,7 +49,7 @@ def build_manifest(
         "format": FORMAT_VERSION,
         "job": job,
         "operation": operation,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "complete": not dead_letters,
         "model": model,
         "columns": columns,

@@ -3,7 +3,7 @@
 Output layout::
 
     OUTPUT/_CURRENT          the name of the version directory readers use ("v-1a2b3c4d5e6f")
-    OUTPUT/_lock.json        the run lock (job_lock)
+    OUTPUT/_lock.json        the run lock (pipeline/jobs/lock.py)
     OUTPUT/v-<12 hex>/       parts and _manifest.json of one version
 
 A version is the model fingerprint plus the options that change the vectors
@@ -95,7 +95,7 @@ class ReindexJob(BaseModel):
             storage_options=self.storage_options,
             chunk=self.chunk,
             vectors=VectorFormat(precision=self.precision, dim=self.dim),
-            lance=LanceTarget.of(self.output, "lance").dataset if self.format == "lance" else None,
+            lance=LanceTarget.at(self.output).dataset if self.format == "lance" else None,
         )
 
 

@@ -47,9 +47,14 @@ class RerankRequest:
     def mode(self) -> str:
         return "candidates" if self.candidates_column else "pairs"
 
+    @property
+    def item_column(self) -> str:
+        """What is scored against the query: the candidates column, else the passage column."""
+        return self.candidates_column or self.passage_column or "passage"
+
 
 def rerank_job(request: RerankRequest) -> BatchJob:
-    item_columns = [request.passage_column] if request.mode == "pairs" else [request.candidates_column]
+    item_columns = [request.item_column]
     if request.candidate_ids_column:
         item_columns.append(request.candidate_ids_column)
     payload = {

@@ -33,7 +33,7 @@ from pipeline.jobs.embed import EmbedRequest, run_embed
 from pipeline.jobs.engine import JobOutcome
 from pipeline.jobs.planner import PlanError
 from pipeline.jobs.rerank import RerankRequest, run_rerank
-from pipeline.retrieval.spec import JobSpec, TextSource
+from pipeline.retrieval.spec import JobSpec, RerankStage, TextSource
 from pipeline.retrieval.top_k import read_texts, read_vectors, top_k, top_k_documents
 from workers.storage import atomic_write, open_fs
 
@@ -99,15 +99,15 @@ def run_pipeline(client: Client, spec: JobSpec, profile: Profile, catalog: Catal
             )
 
     reranked: dict[Any, list[dict]] = {}
-    if spec.rerank:
-        rerank_input = _write_candidates(spec, queries.ids, [[documents[i] for i in row] for row in nearest])
+    if (rerank := spec.rerank) is not None:
+        rerank_input = _write_candidates(spec, rerank, queries.ids, [[documents[i] for i in row] for row in nearest])
         _stage(
             outcome,
             "reranked",
             lambda: run_rerank(
                 client,
-                _rerank_request(spec, rerank_input),
-                _sized_by_pairs(profile, spec.rerank.top_k),
+                _rerank_request(spec, rerank, rerank_input),
+                _sized_by_pairs(profile, rerank.top_k),
                 catalog,
                 console,
             ),
@@ -162,11 +162,11 @@ def _embed_request(spec: JobSpec, source: TextSource, stage: str) -> EmbedReques
     )
 
 
-def _write_candidates(spec: JobSpec, query_ids: list, candidate_ids: list[list]) -> str:
+def _write_candidates(spec: JobSpec, rerank: RerankStage, query_ids: list, candidate_ids: list[list]) -> str:
     """One row per query: its text and its first `rerank.top_k` candidates' ids and texts."""
     queries = read_texts(spec.queries.input, spec.queries.id_column, spec.queries.text_column, spec.storage_options)
     passages = read_texts(spec.corpus.input, spec.corpus.id_column, spec.corpus.text_column, spec.storage_options)
-    keep = spec.rerank.top_k
+    keep = rerank.top_k
     table = pa.table(
         {
             "query_id": query_ids,
@@ -182,16 +182,16 @@ def _write_candidates(spec: JobSpec, query_ids: list, candidate_ids: list[list])
     return url
 
 
-def _rerank_request(spec: JobSpec, candidates_url: str) -> RerankRequest:
+def _rerank_request(spec: JobSpec, rerank: RerankStage, candidates_url: str) -> RerankRequest:
     return RerankRequest(
         input=candidates_url,
         output=f"{spec.output.rstrip('/')}/reranked",
-        model=spec.rerank.model,
+        model=rerank.model,
         query_column="query",
         candidates_column="candidates",
         candidate_ids_column="candidate_ids",
         id_column="query_id",
-        max_candidates=spec.rerank.max_candidates,
+        max_candidates=rerank.max_candidates,
         storage_options=spec.storage_options,
     )
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,9 +27,9 @@ from configs import ModelSpec, RuntimeChoice
 from pipeline.retrieval.beir import RetrievalSet, load_beir
 from pipeline.retrieval.evaluation import evaluate
 from pipeline.retrieval.top_k import top_k
+from pipeline.tuning import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-JUDGED_SET = str(ROOT / "datasets" / "pydoc-sections")
+JUDGED_SET = str(REPO_ROOT / "datasets" / "pydoc-sections")
 COSINE_MEAN_AT_LEAST = 0.999
 COSINE_MIN_AT_LEAST = 0.99
 NDCG_DROP_AT_MOST = 0.005
@@ -67,7 +66,7 @@ class Verdict:
             **{name: round(value, 5) for name, value in self.figures.items()},
             **({"failed": list(self.failures)} if self.failures else {}),
             "texts": self.texts,
-            "checked": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "checked": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         }
 
 
@@ -124,7 +123,7 @@ class PrecisionGate:
         reference = self._runtime(REFERENCE)[0]
         try:
             self.reference_outputs, self.reference_rate = self._outputs(reference)
-            self.reference_ndcg = self._ndcg(reference) if self.judged else None
+            self.reference_ndcg = self._ndcg(reference, self.judged) if self.judged else None
         finally:
             reference.close()
 
@@ -142,8 +141,8 @@ class PrecisionGate:
             )
             judged = (judge_vectors if self.spec.kind == "embedder" else judge_scores)(outputs, self.reference_outputs)
             parts = [judged]
-            if self.reference_ndcg is not None:
-                parts.append(judge_retrieval(self._ndcg(runtime), self.reference_ndcg))
+            if self.judged is not None and self.reference_ndcg is not None:
+                parts.append(judge_retrieval(self._ndcg(runtime, self.judged), self.reference_ndcg))
         finally:
             runtime.close()
         for figures, failures in parts:
@@ -170,14 +169,15 @@ class PrecisionGate:
             outputs = runtime.score(self.texts[1:] + self.texts[:1], self.texts)[0]
         return outputs, len(self.texts) / max(time.perf_counter() - began, 1e-9)
 
-    def _ndcg(self, runtime) -> float:
-        corpus_ids = [str(i) for i in self.judged.corpus.column("id").to_pylist()]
-        corpus = runtime.embed([str(t or "") for t in self.judged.corpus.column("text").to_pylist()])[0]
-        query_ids = [str(i) for i in self.judged.queries.column("id").to_pylist()]
-        queries = runtime.embed([str(t or "") for t in self.judged.queries.column("text").to_pylist()])[0]
+    @staticmethod
+    def _ndcg(runtime, judged: RetrievalSet) -> float:
+        corpus_ids = [str(i) for i in judged.corpus.column("id").to_pylist()]
+        corpus = runtime.embed([str(t or "") for t in judged.corpus.column("text").to_pylist()])[0]
+        query_ids = [str(i) for i in judged.queries.column("id").to_pylist()]
+        queries = runtime.embed([str(t or "") for t in judged.queries.column("text").to_pylist()])[0]
         nearest, _ = top_k(queries, corpus, 10)
         rankings = {q: [corpus_ids[j] for j in row] for q, row in zip(query_ids, nearest)}
-        return evaluate(rankings, self.judged.qrels)["ndcg@10"]
+        return evaluate(rankings, judged.qrels)["ndcg@10"]
 
 
 def candidates(device_kind: str) -> list[RuntimeChoice]:

@@ -1,6 +1,6 @@
 """The tuner's phase 0: which runtime and dtype compute each model, under the quality gate.
 
-Every candidate for the device kind (pipeline/precision.candidates) is first
+Every candidate for the device kind (`quality_gate.candidates`) is first
 judged by the gate against fp32 torch on the tuning sample; only those that
 pass are timed, each in back-to-back pairs with fp32 torch on the same texts
 (which goes first alternates), and scored by the median of the pairs' ratios:

@@ -19,7 +19,9 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-Config = dict[str, Hashable]
+Config = dict[str, Any]
+"""Knob name -> value. Values are hashable (a configuration measured once is looked up by its items);
+their types are the objective's business: `int` for a token budget, a (workers, threads) pair for a layout."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ class CoordinateSearch:
                 try:
                     best, changed = self._climb(best, dimension)
                 except _Stop as stop:
-                    return self._result(stop.best, str(stop))
+                    return self._result(stop.best or best, str(stop))
                 moved = moved or changed
         return self._result(best, "converged")
 

@@ -20,6 +20,7 @@ import math
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +91,8 @@ class EmbedderTrials:
 
     def _time(self, config: Config) -> MachineMeter:
         # Both knobs are read on every embed() call, so one loaded model serves every trial.
-        self.embedder.token_budget = int(config["token_budget"])  # type: ignore[arg-type]
-        self.embedder.spec = self.spec.model_copy(update={"max_batch_size": int(config["max_batch_size"])})  # type: ignore[arg-type]
+        self.embedder.token_budget = int(config["token_budget"])
+        self.embedder.spec = self.spec.model_copy(update={"max_batch_size": int(config["max_batch_size"])})
         with MachineMeter() as meter:
             for item in self.items:
                 self.embedder.embed(item)
@@ -100,7 +101,7 @@ class EmbedderTrials:
     def _padding(self, config: Config) -> float:
         from workers.token_batching import plan_batches
 
-        budget, max_batch = int(config["token_budget"]), int(config["max_batch_size"])  # type: ignore[arg-type]
+        budget, max_batch = int(config["token_budget"]), int(config["max_batch_size"])
         computed = sum(
             len(batch) * int(lengths[batch].max())
             for lengths in self.lengths
@@ -112,49 +113,41 @@ class EmbedderTrials:
         self.embedder.close()
 
 
+@dataclass(eq=False)
 class ClusterTrials:
-    """Worker layout, prefetch, item size, models per device: jobs on an embedded cluster."""
+    """Worker layout, prefetch, item size, models per device: jobs on an embedded cluster.
 
-    def __init__(
-        self,
-        base: Profile,
-        catalog: Catalog,
-        catalog_path: str | None,
-        models: list[str],
-        sample: Sample,
-        scratch: Path,
-        fractions: dict[int, float],
-        online_rate: float = 0.0,
-        p99_target_ms: float | None = None,
-    ) -> None:
-        """`fractions`: the memory_fraction that lets k models stay resident, by k; no p99 target: only measured."""
-        self.base = base
-        self.catalog = catalog
-        self.catalog_path = catalog_path
-        self.models = models
-        self.sample = sample
-        self.scratch = scratch
-        self.fractions = fractions
-        self.online_rate = online_rate
-        self.p99_target_ms = p99_target_ms
-        self.trials = 0
-        self._cluster: tuple[tuple, LocalCluster, Client, str | None] | None = None
+    `fractions`: by k, the memory_fraction that lets each worker hold k of the
+    models; without a p99 target the online latency is only measured.
+    """
+
+    base: Profile
+    catalog: Catalog
+    catalog_path: str | None
+    models: list[str]
+    sample: Sample
+    scratch: Path
+    fractions: dict[int, float]
+    online_rate: float = 0.0
+    p99_target_ms: float | None = None
+    trials: int = field(default=0, init=False)
+    _cluster: tuple[tuple, LocalCluster, Client, str | None] | None = field(default=None, init=False)
 
     def profile_fields(self, config: Config) -> dict[str, Any]:
         """The profile fields a configuration stands for."""
-        workers, threads = config["layout"]  # type: ignore[misc]
+        workers, threads = config["layout"]
         fields: dict[str, Any] = {"workers": workers, "threads_per_worker": threads, "prefetch": config["prefetch"]}
         if "rows_per_item" in config:
             fields["rows_per_item"] = config["rows_per_item"]
         if "models_per_device" in config:
-            fields["memory_fraction"] = self.fractions[int(config["models_per_device"])]  # type: ignore[arg-type]
+            fields["memory_fraction"] = self.fractions[int(config["models_per_device"])]
         return fields
 
     def __call__(self, config: Config) -> Outcome:
         self.trials += 1
         fields = self.profile_fields(config)
         profile = self._write_profile(fields)
-        pinned = self.models if len(self.models) <= int(config.get("models_per_device", len(self.models))) else []  # type: ignore[arg-type]
+        pinned = self.models if len(self.models) <= int(config.get("models_per_device", len(self.models))) else []
         try:
             started, client, url = self._cluster_for(profile, pinned)
             with MachineMeter() as meter:

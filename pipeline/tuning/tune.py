@@ -1,22 +1,23 @@
 """`shoal tune`: measure this machine and write a profile for it.
 
-Two phases, each a coordinate search (tuning_search) that needs far fewer
-trials than the full grid:
+Two phases, each a coordinate search (pipeline/tuning/search.py) that needs
+far fewer trials than the full grid:
 
 1. per model, token budget x batch cap, timed in this process on the worker's
-   own runtime (tuning_trials.EmbedderTrials): seconds a trial;
+   own runtime (`EmbedderTrials`, pipeline/tuning/trials.py): seconds a trial;
 2. for the models together, worker processes x threads, prefetch depth, and
    when measured, item size (it bounds online latency: a worker computes a
    whole item before an online request can take the device) and models per
-   device: embed jobs on embedded clusters (tuning_trials.ClusterTrials)
+   device: embed jobs on embedded clusters (`ClusterTrials`, same module)
    with phase 1's budgets, an online load on the gateway meanwhile.
 
 The best configuration keeps the online p99 target (if there is one) and
 fits the memory cap; among those, the highest batch rows/s wins. On CPU the
 p99 is measured and recorded but not a target unless asked for: batch and
 online requests share the same few cores there, so a tight target can only
-be bought with batch throughput, and that trade is the operator's to make. Phase 1 may use PHASE1_SHARE of
-the time budget; no trial starts that would likely end past the deadline.
+be bought with batch throughput, and that trade is the operator's to make.
+Phase 1 may use PHASE1_SHARE of the time budget; no trial starts that would
+likely end past the deadline.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from configs import Catalog, Profile, load_catalog, load_profile
+from pipeline.tuning import REPO_ROOT
 from pipeline.tuning.profile import profile_fields, profile_path, write_profile
 from pipeline.tuning.quality_gate import JUDGED_SET
 from pipeline.tuning.runtimes import RuntimeSearch, choose_runtime, retime
@@ -46,25 +48,34 @@ from pipeline.tuning.sample import draw_sample
 from pipeline.tuning.search import CoordinateSearch, Dimension, Outcome, SearchResult, Trial
 from pipeline.tuning.trials import ClusterTrials, EmbedderTrials
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO_INPUT = str(ROOT / "datasets" / "demo")
+DEMO_INPUT = str(REPO_ROOT / "datasets" / "demo")
 PHASE1_SHARE = 0.3
 CLUSTER_TRIAL_SECONDS = 30.0  # a cluster trial's job: its sample is sized by phase 1's rate to last about this
 MIN_CLUSTER_ROWS = 256
-MODEL_HEADROOM = 1.25  # a resident model's budget share over its weights: buffers, allocator slack
+MODEL_HEADROOM = 1.25  # a held model's budget share over its weights: buffers, allocator slack
 SHARED_MACHINE = 0.10  # other processes above this share of the cores: the figures are preliminary
 
+
+@dataclass(frozen=True)
+class Grid:
+    """Phase 1's values of each knob on one kind of device, and its default online p99 target."""
+
+    token_budget: tuple[int, ...]
+    max_batch_size: tuple[int, ...]
+    p99_ms: float | None
+
+
 GRIDS = {
-    "cpu": {
-        "token_budget": (1024, 2048, 4096, 8192, 16384, 32768),
-        "max_batch_size": (16, 32, 64, 128, 256, 512),
-        "p99_ms": None,  # measured, not a target: see the module docstring
-    },
-    "cuda": {
-        "token_budget": (8192, 16384, 32768, 65536, 131072, 262144, 524288),
-        "max_batch_size": (64, 128, 256, 512, 1024, 2048, 4096),
-        "p99_ms": 200.0,
-    },
+    "cpu": Grid(
+        token_budget=(1024, 2048, 4096, 8192, 16384, 32768),
+        max_batch_size=(16, 32, 64, 128, 256, 512),
+        p99_ms=None,  # measured, not a target: see the module docstring
+    ),
+    "cuda": Grid(
+        token_budget=(8192, 16384, 32768, 65536, 131072, 262144, 524288),
+        max_batch_size=(64, 128, 256, 512, 1024, 2048, 4096),
+        p99_ms=200.0,
+    ),
 }
 PREFETCH = (1, 2, 3, 4)
 ROWS_PER_ITEM = (64, 128, 256, 512, 1024, 2048)
@@ -118,7 +129,7 @@ class Tuner:
         plan = detect_device(self.base, {})
         apply_torch_threads(plan)
         grid = GRIDS[plan.kind]
-        p99_ms = self.request.p99_ms or grid["p99_ms"]
+        p99_ms = self.request.p99_ms or grid.p99_ms
         scratch = Path(tempfile.mkdtemp(prefix="shoal-tune-"))
         columns = (
             TextColumn("[bold]{task.description}"),
@@ -215,7 +226,7 @@ class Tuner:
     # -- the phases ----------------------------------------------------------
 
     def _phase0(self, plan, texts: list[str]) -> dict[str, RuntimeSearch]:
-        """Per embedder: the fastest runtime x dtype the quality gate accepts (pipeline/tuning_runtimes)."""
+        """Per embedder: the fastest runtime x dtype the quality gate accepts (pipeline/tuning/runtimes.py)."""
         searches: dict[str, RuntimeSearch] = {}
         for name in self.request.models:
             spec = self.base.tuned(self.catalog.get(name))
@@ -249,7 +260,9 @@ class Tuner:
             lines.extend(search.lines(name))
         return lines
 
-    def _phase1(self, plan, grid, texts: list[str]) -> tuple[dict[str, dict], dict[str, int], dict[str, SearchResult]]:
+    def _phase1(
+        self, plan, grid: Grid, texts: list[str]
+    ) -> tuple[dict[str, dict], dict[str, int], dict[str, SearchResult]]:
         """Per model: the best (token budget, batch cap); measured sizes; the searches."""
         tuned: dict[str, dict] = {}
         sizes: dict[str, int] = {}
@@ -262,8 +275,8 @@ class Tuner:
             trials = EmbedderTrials(spec, plan, texts, self.base.rows_per_item, reference=start)
             try:
                 dims = [
-                    Dimension("token_budget", grid["token_budget"]),
-                    Dimension("max_batch_size", grid["max_batch_size"]),
+                    Dimension("token_budget", grid.token_budget),
+                    Dimension("max_batch_size", grid.max_batch_size),
                 ]
                 search = CoordinateSearch(
                     dims,
@@ -308,7 +321,7 @@ class Tuner:
         return search.run()
 
     def _fractions(self, sizes: dict[str, int], memory: float) -> dict[int, float]:
-        """memory_fraction per worker that keeps k of the models resident, for each k under the cap."""
+        """memory_fraction per worker that lets it hold k of the models, for each k under the cap."""
         largest = max(sizes.values())
         fractions = {}
         for k in range(1, len(sizes) + 1):
@@ -393,12 +406,12 @@ class Tuner:
                 if row["trial"] is search.best:
                     row["chosen"] = True
         busiest = max(self.other_cpu, default=0.0)
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
         lines = [
             f"TUNED by `shoal tune --profile {self.request.profile} --models {','.join(self.request.models)} "
             f"--budget-minutes {self.request.budget_minutes:g}` on {now}.",
             f"Machine: {_machine(plan)}.",
-            f"Samples drawn (seed 0) from {self.request.input}: embedder trials on "
+            f"Samples drawn (seed 0) from {_shown(self.request.input)}: embedder trials on "
             f"{len(sample.texts)} texts; cluster trials on "
             f"{len(cluster_sample.texts)} texts (phase 1's rate x {CLUSTER_TRIAL_SECONDS:g} s, at most "
             f"{self.request.sample_rows}). Layouts read as workers x threads per worker.",
@@ -451,6 +464,16 @@ class Tuner:
 
 def tune(request: TuneRequest, console: Console) -> TuneReport:
     return Tuner(request, console).run()
+
+
+def _shown(url: str) -> str:
+    """`url` as a profile's header names it: relative to the checkout when inside it, so no machine's path."""
+    if "://" in url:
+        return url
+    try:
+        return str(Path(url).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return url
 
 
 SHORT_NAMES = {
