@@ -14,8 +14,9 @@ import os
 import sys
 from typing import Any
 
-# Before anything imports transformers or tokenizers: models come from the local cache only,
-# and the tokenizers' own threads stay off (workers run several models side by side).
+# Before anything imports huggingface_hub or tokenizers: nothing is downloaded at run time (models come from
+# a folder or the local cache), and the tokenizers' thread pool stays off (the library warns, and can hang,
+# when a process forks after the pool has run; the embedded cluster starts worker processes).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
