@@ -32,7 +32,7 @@ from pipeline.status import cluster_state, output_state, render_cluster, render_
 @profile_option()
 @user_errors()
 def status(job: str | None, scheduler: str | None, as_json: bool, profile: str | None) -> None:
-    """Show running jobs (item states per model), workers and the models they hold.
+    """Show running jobs (item states per model), workers and their loaded models.
 
     JOB filters the jobs by id. A job file (JOB.yaml) shows that job's runs
     and its output too: _CURRENT, versions, lock holder, last manifest.
