@@ -1,4 +1,4 @@
-"""`shoal status`: jobs with item states per model, workers with their resident models, a reindexed output."""
+"""`shoal status`: jobs with item states per model, workers with the models they hold and have loaded, a reindexed output."""
 
 from __future__ import annotations
 
