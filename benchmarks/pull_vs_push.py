@@ -66,6 +66,7 @@ from harness import RESULTS, Meter
 from configs import GatewaySettings, ModelSpec
 from pipeline.cluster import pull_queue  # noqa: E402
 from scheduler_plugins.online_queue import MAX_ONLINE_BATCH, OnlineQueue
+from scheduler_plugins.protocol import PullReply
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import BATCH, ONLINE, ItemState, WorkItem
 from scheduler_plugins.worker_views import WorkerView
@@ -306,10 +307,15 @@ class PushScheduler(PullQueue):
         return []
 
     async def pull_online(
-        self, worker: str, resident: list[str] | None = None, timeout: float = 2.0, **_ignored: Any
-    ) -> dict[str, Any]:
+        self,
+        worker: str,
+        held: list[str] | None = None,
+        loaded: list[str] | None = None,
+        timeout: float = 2.0,
+        **_ignored: Any,
+    ) -> PullReply:
         """A worker's standing online pull: only online items routed to it (other hints ignored)."""
-        view = self.reported(worker, resident, None)
+        view = self.reported(worker, held, loaded)
         if view is None:
             return {"items": [], "reason": "unknown worker"}
         deadline = time.monotonic() + max(0.0, timeout)
