@@ -287,8 +287,8 @@ class PushScheduler(PullQueue):
                 del fifos[model]
         if not heads:
             return []
-        resident = [(h.enqueued_at, m) for m, h in heads.items() if m in view.held]
-        model = min(resident or [(h.enqueued_at, m) for m, h in heads.items()])[1]
+        held = [(h.enqueued_at, m) for m, h in heads.items() if m in view.held]
+        model = min(held or [(h.enqueued_at, m) for m, h in heads.items()])[1]
         items: list[WorkItem] = []
         fifo = fifos[model]
         while fifo and len(items) < limit:

@@ -14,7 +14,7 @@
   ours is compared with the mean of the two.
 * ours: ``shoal rerank`` as a subprocess on an embedded cluster (profile
   cpu-local, one worker owning every core) with the model pinned, so it is
-  resident before the job starts, as on a serving cluster. Once in pairs mode
+  loaded before the job starts, as on a serving cluster. Once in pairs mode
   (one pair per row) and once in candidates mode (one query and its list per row).
   The job clock (submit to last ack, from the job summary) gives pairs/s; the
   wall clock of the whole command, cluster start included, is reported too.

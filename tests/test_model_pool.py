@@ -76,7 +76,7 @@ def test_warm_loads_only_what_fits_and_stays_evictable():
     async def scenario():
         pool, loaded, closed = make_pool(100)
         assert await pool.warm(spec("a", 60)) is True
-        assert await pool.warm(spec("a", 60)) is True  # already resident: no second load
+        assert await pool.warm(spec("a", 60)) is True  # already loaded: no second load
         assert await pool.warm(spec("b", 60)) is False  # would need an eviction: left for its first item
         async with pool.use(spec("c", 60)):  # a warmed model is evicted like any other
             pass

@@ -109,7 +109,7 @@ def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused():
     asyncio.run(go())
 
 
-def test_online_pull_leaves_a_model_resident_elsewhere_to_its_holder():
+def test_online_pull_leaves_a_model_held_elsewhere_to_its_holder():
     async def go():
         plugin = await plugin_with_model()
         plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)

@@ -179,12 +179,12 @@ def test_long_poll_wakes_when_work_arrives():
     run(go())
 
 
-def test_online_before_batch_and_resident_models_first():
+def test_online_before_batch_and_held_models_first():
     async def go():
         plugin = await started()
         plugin.submit("batch-m", items("m", 2), SPECS)
         plugin.submit("batch-n", items("n", 2), SPECS)
-        # resident model first, even though m's backlog is older
+        # held model first, even though m's backlog is older
         assert (await plugin.pull("w1", held=["n"], timeout=0))["items"][0]["model"] == "n"
         plugin.submit("online", items("n", 3, rows=1), {**SPECS, "priority": ONLINE})
         # w2 does not hold n while w1 does: the online items wait for w1

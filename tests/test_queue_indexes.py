@@ -312,21 +312,21 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
             elif op == "online":
                 plugin.online.submit(args[0], "encode", {"texts": ["x"]}, 1, SETTINGS)
             elif op == "pull":
-                worker, resident, ready, room, held = args
+                worker, held, loaded, room, in_hand = args
                 budget = 10**10 if worker in ("w0", "w1") else 10**8
                 await plugin.pull(
                     worker,
-                    held=resident,
-                    loaded=[m for m in ready if m in resident],
+                    held=held,
+                    loaded=[m for m in loaded if m in held],
                     room=room,
-                    in_hand=held,
+                    in_hand=in_hand,
                     timeout=0,
                     budget=budget,
-                    load_seconds={m: 1.0 for m in resident[:1]},
+                    load_seconds={m: 1.0 for m in held[:1]},
                 )
             elif op == "pull_online":
-                worker, resident, busy = args
-                await plugin.online.pull(worker, held=resident, loaded=resident[:1], busy=busy, timeout=0)
+                worker, held, busy = args
+                await plugin.online.pull(worker, held=held, loaded=held[:1], busy=busy, timeout=0)
             elif op == "start" and leased:
                 work = leased[args[0] % len(leased)]
                 plugin.start_item(work.worker, work.id)
