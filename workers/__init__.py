@@ -26,7 +26,11 @@ __all__ = ["dask_setup"]
 @click.option("--shoal-warm", multiple=True, help="Model to load at start if it fits; evicted like any other.")
 @click.option("--shoal-catalog", default=None, help="Extra catalog YAML, laid over the shipped one and $SHOAL_CATALOG.")
 async def dask_setup(
-    worker, shoal_profile: str | None, shoal_pin: tuple[str, ...], shoal_warm: tuple[str, ...], shoal_catalog: str | None
+    worker,
+    shoal_profile: str | None,
+    shoal_pin: tuple[str, ...],
+    shoal_warm: tuple[str, ...],
+    shoal_catalog: str | None,
 ) -> None:
     from workers.worker_plugin import ShoalWorker
 
