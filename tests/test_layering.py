@@ -1,0 +1,51 @@
+"""What each side imports: the shared modules load without the plugins, the scheduler side without torch.
+
+Each check runs in a fresh interpreter, so modules other tests imported do not hide an import.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration  # fresh interpreters are processes
+
+HEAVY = [
+    "torch",
+    "sentence_transformers",
+    "aiohttp",
+    "workers.worker_plugin",
+    "workers.pull_loop",
+    "scheduler_plugins.pull_queue",
+]
+
+
+def imported_after(*modules: str) -> set[str]:
+    """Which of HEAVY a fresh interpreter holds after importing `modules`."""
+    code = f"import sys, json\nfor m in {list(modules)!r}: __import__(m)\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(json.loads(out.strip().splitlines()[-1]))
+
+
+def test_the_modules_every_side_shares_load_neither_plugin_nor_torch():
+    shared = [
+        "scheduler_plugins.protocol",
+        "workers.storage",
+        "workers.chunking",
+        "workers.vector_precision",
+        "configs",
+    ]
+    assert imported_after(*shared) == set()
+
+
+def test_the_client_side_of_a_batch_job_loads_no_plugin():
+    assert imported_after("pipeline.jobs.embed", "pipeline.jobs.rerank", "pipeline.status") <= {"aiohttp"}
+
+
+def test_the_scheduler_side_never_imports_torch():
+    loaded = imported_after("scheduler_plugins.pull_queue", "scheduler_plugins.gateway")
+    assert "torch" not in loaded and "sentence_transformers" not in loaded
+    assert "scheduler_plugins.pull_queue" in loaded  # the check itself saw the plugin load
