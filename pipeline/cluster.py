@@ -178,7 +178,7 @@ def connect(
     """
     if scheduler:
         try:
-            client = Client(scheduler, timeout="20s")
+            client = Client(scheduler, timeout=dask.config.get("shoal.connect-timeout", default="20s"))
         except (OSError, TimeoutError) as exc:
             raise ClusterError(f"cannot reach the scheduler at {scheduler}: {exc}") from exc
         with client:

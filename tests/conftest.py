@@ -237,8 +237,11 @@ def write_shards(directory: Path, texts: list, shards: int, row_group_size: int,
     return ids
 
 
-def run_shoal(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([SHOAL, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run_shoal(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The `shoal` command in a process of its own; `env` is laid over this process's environment."""
+    return subprocess.run(
+        [SHOAL, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})}
+    )
 
 
 def read_output(directory) -> pa.Table:

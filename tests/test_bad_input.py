@@ -81,6 +81,7 @@ def test_unreachable_scheduler(tiny_catalog, tmp_path):
         str(tiny_catalog),
         "--scheduler",
         "tcp://127.0.0.1:9",
+        env={"DASK_SHOAL__CONNECT_TIMEOUT": "2s"},  # Dask config: the wait before giving up
     )
     assert result.returncode == 2 and "cannot reach the scheduler at tcp://127.0.0.1:9" in result.stderr
 
