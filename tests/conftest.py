@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.abc
+import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -56,6 +58,7 @@ from model_factory import TINY_DIM, TINY_MAX_SEQ, build_tiny_cross_encoder, buil
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "datasets" / "demo"
 SHOAL = str(Path(sys.executable).parent / "shoal")
+DASK = str(Path(sys.executable).parent / "dask")
 
 # -- tiers ---------------------------------------------------------------------------------
 
@@ -244,6 +247,19 @@ def run_shoal(*args: str, timeout: float = 300, env: dict[str, str] | None = Non
     )
 
 
+def embed_args(
+    source, output, catalog, *extra: str, scheduler: str | None = None, profile=None, model: str = "tiny"
+) -> list[str]:
+    """The arguments of a `shoal embed` of `source` into `output` with `model` of `catalog`, on `scheduler`
+    with `profile` where given, then `extra`: for `run_shoal(*embed_args(...))` or `invoke_shoal`."""
+    args = ["embed", str(source), str(output), "--model", model, "--catalog", str(catalog)]
+    if scheduler is not None:
+        args += ["--scheduler", scheduler]
+    if profile is not None:
+        args += ["--profile", str(profile)]
+    return [*args, *extra]
+
+
 def read_output(directory) -> pa.Table:
     return pq.read_table(str(directory))
 
@@ -301,3 +317,62 @@ def kill_worker(cluster, address: str) -> None:
 
     nanny = next(n for n in cluster.workers.values() if n.worker_address == address)
     os.kill(nanny.process.process.pid, signal.SIGKILL)
+
+
+# -- a cluster of `dask` CLI processes (integration tests only: it starts processes) -------
+
+
+def wait_for_address(scheduler_file: Path, timeout: float = 60) -> str:
+    """The address a `dask scheduler` wrote to its `--scheduler-file`, once it has."""
+    wait_for(lambda: scheduler_file.exists() and scheduler_file.stat().st_size, timeout, "dask scheduler to start", 0.2)
+    return json.loads(scheduler_file.read_text())["address"]
+
+
+def stop_processes(procs: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM the processes still running, last started first; SIGKILL one that has not exited in 30 s."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def dask_cli_cluster(
+    folder: Path,
+    profile=None,
+    *,
+    workers: int = 1,
+    port: int = 0,
+    plugins: bool = True,
+    scheduler_args: Sequence[str] = (),
+    worker_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    tag: str = "",
+) -> Iterator[tuple[str, list[subprocess.Popen]]]:
+    """`dask scheduler` (with `--preload scheduler_plugins` unless not `plugins`) on 127.0.0.1:`port` and, when
+    `workers`, one `dask worker --nworkers workers --preload workers --shoal-profile profile`, as in the README.
+
+    Yields the scheduler address and the processes, scheduler first (append more: they are stopped first);
+    on exit every one still running is stopped. `env` is laid over this process's environment; `tag` names
+    the scheduler file in `folder`, for more than one cluster there.
+    """
+    scheduler_file = folder / f"scheduler{'-' + tag if tag else ''}.json"
+    popen = {"cwd": ROOT, "env": {**os.environ, **(env or {})}}
+    popen.update(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scheduler = [DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0"]
+    scheduler += ["--scheduler-file", str(scheduler_file), *(["--preload", "scheduler_plugins"] if plugins else [])]
+    procs = [subprocess.Popen([*scheduler, *scheduler_args], **popen)]
+    try:
+        address = wait_for_address(scheduler_file)
+        if workers:
+            # The address comes first: dask passes the options it does not know to the preload.
+            worker = [DASK, "worker", address, "--nthreads", "1", "--nworkers", str(workers), *worker_args]
+            procs.append(subprocess.Popen([*worker, "--preload", "workers", "--shoal-profile", str(profile)], **popen))
+        yield address, procs
+    finally:
+        stop_processes(procs)

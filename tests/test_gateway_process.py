@@ -3,7 +3,6 @@ gateway's death costs only its own requests, and a gateway started first waits f
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, wait_for
-from test_online_serve import DASK, SIM, free_port, requests_in_flight, wait_for_line
+from conftest import ROOT, SHOAL, dask_cli_cluster, stop_processes, wait_for
+from test_online_serve import SIM, free_port, requests_in_flight, wait_for_line
 
 from pipeline.client import OnlineClient, OnlineError
 
@@ -71,67 +70,22 @@ def remote(tmp_path_factory, test_profile):
     folder = tmp_path_factory.mktemp("gateways")
     catalog = folder / "catalog.yaml"
     catalog.write_text(yaml.safe_dump({"models": {"simzero": SIM, "slow": {**SIM, "batch_fixed_seconds": 1.0}}}))
-    address = f"tcp://127.0.0.1:{free_port()}"
-    procs: list[subprocess.Popen] = []
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    early, early_url = start_gateway(address, catalog)
     try:
-        early, early_url = start_gateway(address, catalog)
-        procs.append(early)
         before = [status_of(early_url), encode_status(early_url)]
-        env = {**os.environ, "SHOAL_CATALOG": str(catalog)}
-        procs.append(
-            subprocess.Popen(
-                [
-                    DASK,
-                    "scheduler",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    address.rsplit(":", 1)[1],
-                    "--dashboard-address",
-                    "127.0.0.1:0",
-                    "--preload",
-                    "scheduler_plugins",
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        procs.append(
-            subprocess.Popen(
-                [
-                    DASK,
-                    "worker",
-                    address,
-                    "--nthreads",
-                    "1",
-                    "--host",
-                    "127.0.0.1",
-                    "--preload",
-                    "workers",
-                    "--shoal-profile",
-                    str(test_profile),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        wait_ready(early_url)
-        remote = Remote(address, catalog, early_url, before)
-        yield remote
-        procs.extend(remote.gateways.values())  # the tests' own gateways go too
+        env = {"SHOAL_CATALOG": str(catalog)}
+        with dask_cli_cluster(folder, test_profile, port=port, worker_args=("--host", "127.0.0.1"), env=env) as (
+            _,
+            procs,
+        ):
+            wait_ready(early_url)
+            remote = Remote(address, catalog, early_url, before)
+            yield remote
+            procs.extend(remote.gateways.values())  # the tests' own gateways go first
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes([early])  # after the cluster, as it was started before it
 
 
 def test_a_gateway_started_before_its_scheduler_answers_503_then_serves(remote):

@@ -7,7 +7,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,11 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, read_output, wait_for, write_profile, write_shards
+from conftest import ROOT, SHOAL, dask_cli_cluster, embed_args, read_output, wait_for, write_profile, write_shards
 
 from pipeline.client import OnlineClient, OnlineError
 
-DASK = str(Path(sys.executable).parent / "dask")
 SIM = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 1000}
 
 pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
@@ -119,20 +117,7 @@ def test_serve_with_the_worker_in_the_server_process_answers_online_while_a_batc
         direct = SentenceTransformer(str(tiny_model), device="cpu").encode(queries, normalize_embeddings=True)
         ids = write_shards(tmp_path / "in", demo_texts[:1200], shards=3, row_group_size=200)
         job = subprocess.Popen(
-            [
-                SHOAL,
-                "embed",
-                str(tmp_path / "in"),
-                str(tmp_path / "out"),
-                "--model",
-                "tiny",
-                "--catalog",
-                str(tiny_catalog),
-                "--scheduler",
-                scheduler,
-                "--profile",
-                str(profile),
-            ],
+            [SHOAL, *embed_args(tmp_path / "in", tmp_path / "out", tiny_catalog, scheduler=scheduler, profile=profile)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -159,55 +144,8 @@ def free_port() -> int:
 
 def test_dask_scheduler_preload_starts_the_gateway(sim_catalog, tmp_path, test_profile):
     port = free_port()
-    env = {**os.environ, "SHOAL_CATALOG": str(sim_catalog)}
-    scheduler_file = tmp_path / "scheduler.json"
-    procs = [
-        subprocess.Popen(
-            [
-                DASK,
-                "scheduler",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--dashboard-address",
-                ":0",
-                "--scheduler-file",
-                str(scheduler_file),
-                "--preload",
-                "scheduler_plugins",
-                "--shoal-gateway-port",
-                str(port),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    ]
-    try:
-        from test_dask_cli_cluster import wait_for_address
-
-        address = wait_for_address(scheduler_file)
-        procs.append(
-            subprocess.Popen(
-                [
-                    DASK,
-                    "worker",
-                    address,
-                    "--nthreads",
-                    "1",
-                    "--preload",
-                    "workers",
-                    "--shoal-profile",
-                    str(test_profile),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
+    env = {"SHOAL_CATALOG": str(sim_catalog)}
+    with dask_cli_cluster(tmp_path, test_profile, scheduler_args=("--shoal-gateway-port", str(port)), env=env):
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
@@ -220,8 +158,3 @@ def test_dask_scheduler_preload_starts_the_gateway(sim_catalog, tmp_path, test_p
                     raise
                 time.sleep(0.5)
         assert vectors.shape == (1, 8)
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=30)

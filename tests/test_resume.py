@@ -13,8 +13,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import s3fs
-from conftest import ROOT, SHOAL, invoke_shoal, read_output, s3_options, wait_for, write_profile, write_shards
-from test_dask_cli_cluster import DASK, wait_for_address
+from conftest import (
+    ROOT,
+    SHOAL,
+    dask_cli_cluster,
+    embed_args,
+    invoke_shoal,
+    read_output,
+    s3_options,
+    wait_for,
+    write_profile,
+    write_shards,
+)
 
 
 def sorted_vectors(table):
@@ -76,20 +86,14 @@ def test_client_killed_mid_job_then_same_command_completes(kind, cluster, tiny_c
     store = Store(kind, tmp_path, request.getfixturevalue("s3_server") if kind == "s3" else None)
     ids = write_shards(tmp_path / "in", demo_texts[:300], shards=2, row_group_size=5)
     profile = write_profile(tmp_path, name="resume", rows_per_item=5)  # 60 small items: a long enough job
-    args = [
-        "embed",
+    args = embed_args(
         store.upload(tmp_path / "in"),
         store.url("out"),
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
-        "--profile",
-        str(profile),
+        tiny_catalog,
         *store.cli_options(),
-    ]
+        scheduler=client.scheduler.address,
+        profile=profile,
+    )
 
     acked = plugin.events["acked"]
     jobs_before = set(plugin.jobs)
@@ -120,17 +124,13 @@ def test_rerun_redoes_changed_inputs_and_removes_stale_parts(cluster, tiny_catal
     profile = write_profile(tmp_path, name="resume-tiny", rows_per_item=100)
     write_shards(tmp_path / "in", demo_texts[:600], shards=3, row_group_size=50)  # 3 shards × 2 items
     out = tmp_path / "out"
-    common = (
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
-        "--profile",
-        str(profile),
-    )
-    assert invoke_shoal("embed", str(tmp_path / "in"), str(out), *common).returncode == 0
+
+    def embed(output):
+        return invoke_shoal(
+            *embed_args(tmp_path / "in", output, tiny_catalog, scheduler=client.scheduler.address, profile=profile)
+        )
+
+    assert embed(out).returncode == 0
 
     # A later run that crashed: no manifest, one part missing, a shard rewritten since, a stray part.
     (out / "_manifest.json").unlink()
@@ -142,64 +142,21 @@ def test_rerun_redoes_changed_inputs_and_removes_stale_parts(cluster, tiny_catal
     stray = out / "part-gone-0123abcd-0000000000-0000000100.parquet"
     shutil.copy(parts[0], stray)
 
-    result = invoke_shoal("embed", str(tmp_path / "in"), str(out), *common)
+    result = embed(out)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["work"] == {"items": 6, "reused": 3, "run": 3, "removed": 1}
     assert not stray.exists()
 
-    fresh = invoke_shoal("embed", str(tmp_path / "in"), str(tmp_path / "fresh"), *common)
+    fresh = embed(tmp_path / "fresh")
     assert fresh.returncode == 0, fresh.stderr
     ours, theirs = sorted_vectors(read_output(out)), sorted_vectors(read_output(tmp_path / "fresh"))
     assert ours[0] == theirs[0] == sorted(ids)
     np.testing.assert_allclose(ours[1], theirs[1], atol=1e-5)
 
-    again = invoke_shoal("embed", str(tmp_path / "in"), str(out), *common)
+    again = embed(out)
     assert again.returncode == 0, again.stderr
     assert json.loads((out / "_manifest.json").read_text())["work"] == {"items": 6, "reused": 6, "run": 0, "removed": 0}
-
-
-def start_dask(tmp_path, profile, tag: str) -> tuple[str, list[subprocess.Popen]]:
-    scheduler_file = tmp_path / f"scheduler-{tag}.json"
-    scheduler = subprocess.Popen(
-        [
-            DASK,
-            "scheduler",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--dashboard-address",
-            ":0",
-            "--scheduler-file",
-            str(scheduler_file),
-            "--preload",
-            "scheduler_plugins",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    address = wait_for_address(scheduler_file)
-    worker = subprocess.Popen(
-        [
-            DASK,
-            "worker",
-            address,
-            "--nthreads",
-            "1",
-            "--nworkers",
-            "1",
-            "--preload",
-            "workers",
-            "--shoal-profile",
-            str(profile),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return address, [scheduler, worker]
 
 
 def test_scheduler_killed_mid_job_then_new_cluster_and_same_command_complete(
@@ -208,41 +165,27 @@ def test_scheduler_killed_mid_job_then_new_cluster_and_same_command_complete(
     ids = write_shards(tmp_path / "in", demo_texts[:300], shards=2, row_group_size=5)
     profile = write_profile(tmp_path, name="resume-dask", rows_per_item=5)  # 60 items
     out = tmp_path / "out"
-    address, procs = start_dask(tmp_path, test_profile, "first")
-    job = None
-    try:
-        args = [
-            "embed",
-            str(tmp_path / "in"),
-            str(out),
-            "--model",
-            "tiny",
-            "--catalog",
-            str(tiny_catalog),
-            "--profile",
-            str(profile),
-        ]
-        job = subprocess.Popen(
-            [SHOAL, *args, "--scheduler", address], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        wait_for(lambda: len(list(out.glob("part-*"))) >= 2 or job.poll() is not None, 240, "two parts written", 0.01)
-        procs[0].send_signal(signal.SIGKILL)
-        assert job.poll() is None, "the job ended before the scheduler could be killed"
-    finally:
-        for proc in [*procs, *([job] if job else [])]:
-            proc.kill()
-            proc.wait()
+    args = embed_args(tmp_path / "in", out, tiny_catalog, profile=profile)
+    with dask_cli_cluster(tmp_path, test_profile, tag="first") as (address, procs):
+        job = None
+        try:
+            job = subprocess.Popen(
+                [SHOAL, *args, "--scheduler", address], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            wait_for(
+                lambda: len(list(out.glob("part-*"))) >= 2 or job.poll() is not None, 240, "two parts written", 0.01
+            )
+            procs[0].send_signal(signal.SIGKILL)
+            assert job.poll() is None, "the job ended before the scheduler could be killed"
+        finally:
+            for proc in [*procs, *([job] if job else [])]:
+                proc.kill()
+                proc.wait()
     at_kill = list(out.glob("part-*"))
     assert 2 <= len(at_kill) < 60 and not (out / "_manifest.json").exists()
 
-    address, procs = start_dask(tmp_path, test_profile, "second")
-    try:
+    with dask_cli_cluster(tmp_path, test_profile, tag="second") as (address, _):
         result = invoke_shoal(*args, "--scheduler", address)
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=30)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["complete"] and manifest["work"]["reused"] >= len(at_kill)
