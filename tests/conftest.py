@@ -5,7 +5,7 @@ Two tiers
 `make test-fast` (`pytest -m unit`): the unit tests only, in seconds. A unit test starts no Dask cluster
 or client, loads no model (not even the tiny ones `model_factory` builds), starts no S3 server and no
 process: the scheduler plugin, the model pool, the device thread, configs, planning and formats are
-driven in-process with fakes (see `FakeScheduler` in test_pull_queue.py).
+driven in-process with fakes (see `FakeScheduler` below).
 
 `make test` (`pytest`): everything, the unit tests included. Minutes.
 
@@ -124,6 +124,17 @@ def _unit_tier_guard(request, monkeypatch):
     monkeypatch.setattr(distributed.core.Server, "__init__", refusing("starts a Dask scheduler, worker or nanny"))
     monkeypatch.setattr(sys, "meta_path", [_RefuseHeavyImports(refuse), *sys.meta_path])
     yield
+
+
+class FakeScheduler:
+    """What the scheduler plugin uses of a Dask scheduler, for unit tests: its workers by address, handlers,
+    extensions and periodic callbacks."""
+
+    def __init__(self, workers=("w1", "w2")) -> None:
+        self.workers = {w: object() for w in workers}
+        self.handlers: dict = {}
+        self.extensions: dict = {}
+        self.periodic_callbacks: dict = {}
 
 
 # -- waiting -------------------------------------------------------------------------------
@@ -260,6 +271,13 @@ def embed_args(
     return [*args, *extra]
 
 
+def reindex_job(source, output, catalog, scheduler: str, **fields) -> dict:
+    """A `shoal reindex` job (write it with `yaml.safe_dump`): job `docs` from `source` into `output` with
+    model `tiny` of `catalog` on `scheduler`, its lock settling in 0.1 s; `fields` added or laid over."""
+    job = {"name": "docs", "input": str(source), "output": str(output), "model": "tiny", "catalog": str(catalog)}
+    return {**job, "scheduler": scheduler, "lock": {"settle_seconds": 0.1}, **fields}
+
+
 def read_output(directory) -> pa.Table:
     return pq.read_table(str(directory))
 
@@ -309,6 +327,48 @@ def kill_busy_worker(cluster, job) -> str:
     assert victim is not None, "the job ended before a worker could be killed"
     kill_worker(cluster, victim)
     return victim
+
+
+# A simulated model slow enough (about 0.5 s per 100-row item) for a worker to be killed while a job runs.
+SLOW_SIM = {
+    "kind": "sim",
+    "dim": 8,
+    "max_seq_length": 256,
+    "memory_bytes": 10**6,
+    "load_seconds": 0.1,
+    "batch_fixed_seconds": 0.05,
+    "per_token_seconds": 1e-4,
+}
+
+
+def embed_killing_a_worker(tmp_path: Path, name: str, texts: list[str], output: str) -> tuple[list[str], int, str, int]:
+    """Shards of `texts` in tmp_path/in embedded into `output` by `shoal embed` with SLOW_SIM, on a local
+    cluster of two workers (profile `name`, 100 rows an item), one busy worker SIGKILLed mid-job
+    (`kill_busy_worker`). Returns the ids, the job's exit status and stderr, and the scheduler's count of lost
+    workers. Integration tests only: it starts a cluster and a process."""
+    from distributed import Client
+
+    from configs import load_profile
+    from pipeline.cluster import start_local_cluster
+
+    profile = load_profile(str(write_profile(tmp_path, name=name, rows_per_item=100, lease_seconds=30)))
+    ids = write_shards(tmp_path / "in", texts, shards=4, row_group_size=50)
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": {"slow-sim": SLOW_SIM}}))
+    with start_local_cluster(profile) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
+        on_cluster = {"scheduler": cluster.scheduler_address, "profile": profile.path, "model": "slow-sim"}
+        job = subprocess.Popen(
+            [SHOAL, *embed_args(tmp_path / "in", output, catalog, **on_cluster)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        kill_busy_worker(cluster, job)
+        _, stderr = job.communicate(timeout=300)
+        return ids, job.returncode, stderr, plugin.events["lost"]
 
 
 def kill_worker(cluster, address: str) -> None:

@@ -8,39 +8,30 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import read_output, run_shoal, write_shards
+from conftest import embed_args, read_output, run_shoal, write_shards
 
 
 @pytest.fixture
 def shoal(cluster, tiny_catalog, test_profile):
     _, client = cluster
 
-    def run(*args: str):
-        return run_shoal(
-            *args,
-            "--catalog",
-            str(tiny_catalog),
-            "--scheduler",
-            client.scheduler.address,
-            "--profile",
-            str(test_profile),
-        )
+    def run(source, output, *extra: str, model: str = "tiny"):
+        """`shoal embed` of `source` into `output` on the cluster, with the test profile."""
+        on_cluster = {"scheduler": client.scheduler.address, "profile": test_profile, "model": model}
+        return run_shoal(*embed_args(source, output, tiny_catalog, *extra, **on_cluster))
 
     return run
 
 
 def test_missing_text_column_names_file_and_column(shoal, tmp_path):
     pq.write_table(pa.table({"id": [1, 2], "body": ["a", "b"]}), tmp_path / "docs.parquet")
-    result = shoal("embed", str(tmp_path / "docs.parquet"), str(tmp_path / "out"), "--model", "tiny")
+    result = shoal(tmp_path / "docs.parquet", tmp_path / "out")
     assert result.returncode == 2  # refused before any work is submitted
     assert "docs.parquet" in result.stderr and "no column 'text'" in result.stderr
     assert "body" in result.stderr  # the columns that are there
     result = shoal(
-        "embed",
-        str(tmp_path / "docs.parquet"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny",
+        tmp_path / "docs.parquet",
+        tmp_path / "out",
         "--text-column",
         "body",
         "--id-column",
@@ -52,7 +43,7 @@ def test_missing_text_column_names_file_and_column(shoal, tmp_path):
 def test_shard_missing_the_column_fails_alone(shoal, demo_texts, tmp_path):
     ids = write_shards(tmp_path / "in", demo_texts[:400], shards=2, row_group_size=100)
     pq.write_table(pa.table({"id": ["x"], "body": ["b"]}), tmp_path / "in" / "shard-zzz.parquet")
-    result = shoal("embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny")
+    result = shoal(tmp_path / "in", tmp_path / "out")
     assert result.returncode == 1
     assert "shard-zzz.parquet: no column 'text'" in result.stderr
     assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
@@ -62,7 +53,7 @@ def test_without_id_column_rows_are_identified_by_source(shoal, tmp_path):
     pq.write_table(
         pa.table({"text": [f"sentence number {i}" for i in range(250)]}), tmp_path / "noid.parquet", row_group_size=100
     )
-    result = shoal("embed", str(tmp_path / "noid.parquet"), str(tmp_path / "out"), "--model", "tiny", "--id-column", "")
+    result = shoal(tmp_path / "noid.parquet", tmp_path / "out", "--id-column", "")
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
     assert sorted(table.column("source_row").to_pylist()) == list(range(250))
@@ -72,15 +63,7 @@ def test_without_id_column_rows_are_identified_by_source(shoal, tmp_path):
 def test_unreachable_scheduler(tiny_catalog, tmp_path):
     pq.write_table(pa.table({"id": [1], "text": ["x"]}), tmp_path / "a.parquet")
     result = run_shoal(
-        "embed",
-        str(tmp_path / "a.parquet"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        "tcp://127.0.0.1:9",
+        *embed_args(tmp_path / "a.parquet", tmp_path / "out", tiny_catalog, scheduler="tcp://127.0.0.1:9"),
         env={"DASK_SHOAL__CONNECT_TIMEOUT": "2s"},  # Dask config: the wait before giving up
     )
     assert result.returncode == 2 and "cannot reach the scheduler at tcp://127.0.0.1:9" in result.stderr
@@ -90,7 +73,7 @@ def test_corrupt_shard_is_reported_and_the_rest_finishes(shoal, demo_texts, tmp_
     ids = write_shards(tmp_path / "in", demo_texts[:600], shards=3, row_group_size=100)
     (tmp_path / "in" / "shard-001.parquet").write_bytes(b"PAR1 this is not parquet at all" * 10)
     kept = set(ids[:200] + ids[400:])
-    result = shoal("embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny")
+    result = shoal(tmp_path / "in", tmp_path / "out")
     assert result.returncode == 1
     assert "shard-001.parquet" in result.stderr and "failed" in result.stderr
     table = read_output(tmp_path / "out")
@@ -106,7 +89,7 @@ def test_truncated_shard_body_goes_to_dead_letters_after_retries(shoal, demo_tex
     shard = tmp_path / "in" / "shard-000.parquet"
     data = shard.read_bytes()
     shard.write_bytes(data[:200] + b"\0" * (len(data) - 400) + data[-200:])  # footer intact, pages not
-    result = shoal("embed", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "tiny")
+    result = shoal(tmp_path / "in", tmp_path / "out")
     assert result.returncode == 1
     assert "shard-000.parquet" in result.stderr
     manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
@@ -118,7 +101,7 @@ def test_null_and_empty_texts_keep_their_rows(shoal, tiny_model, tmp_path):
 
     texts = ["a real sentence about parquet files", None, "", "   ", "another one", None]
     pq.write_table(pa.table({"id": list(range(6)), "text": pa.array(texts, pa.string())}), tmp_path / "n.parquet")
-    result = shoal("embed", str(tmp_path / "n.parquet"), str(tmp_path / "out"), "--model", "tiny")
+    result = shoal(tmp_path / "n.parquet", tmp_path / "out")
     assert result.returncode == 0, result.stderr
     assert "null texts" in result.stderr and "empty texts" in result.stderr
     table = read_output(tmp_path / "out").sort_by("id")
@@ -136,7 +119,7 @@ def test_texts_longer_than_max_seq_length_are_truncated_and_counted(shoal, tiny_
     long_text = "parquet shards stream through the workers " * 200
     texts = [long_text, "short", long_text + " tail"]
     pq.write_table(pa.table({"id": [0, 1, 2], "text": texts}), tmp_path / "long.parquet")
-    result = shoal("embed", str(tmp_path / "long.parquet"), str(tmp_path / "out"), "--model", "tiny")
+    result = shoal(tmp_path / "long.parquet", tmp_path / "out")
     assert result.returncode == 0, result.stderr
     assert "truncated" in result.stderr
     table = read_output(tmp_path / "out").sort_by("id")
@@ -145,22 +128,22 @@ def test_texts_longer_than_max_seq_length_are_truncated_and_counted(shoal, tiny_
 
 
 def test_input_that_matches_nothing(shoal, tmp_path):
-    result = shoal("embed", str(tmp_path / "nothing-*.parquet"), str(tmp_path / "out"), "--model", "tiny")
+    result = shoal(tmp_path / "nothing-*.parquet", tmp_path / "out")
     assert result.returncode == 2
     assert "matches no Parquet files" in result.stderr and "nothing-*.parquet" in result.stderr
-    result = shoal("embed", str(tmp_path / "absent"), str(tmp_path / "out"), "--model", "tiny")
+    result = shoal(tmp_path / "absent", tmp_path / "out")
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 
 def test_unknown_model_names_the_known_ones(shoal, tmp_path):
     pq.write_table(pa.table({"id": [1], "text": ["x"]}), tmp_path / "a.parquet")
-    result = shoal("embed", str(tmp_path / "a.parquet"), str(tmp_path / "out"), "--model", "no-such-model")
+    result = shoal(tmp_path / "a.parquet", tmp_path / "out", model="no-such-model")
     assert result.returncode == 2
     assert "unknown model 'no-such-model'" in result.stderr and "tiny" in result.stderr and "minilm" in result.stderr
 
 
 def test_non_string_text_column(shoal, tmp_path):
     pq.write_table(pa.table({"id": [1, 2], "text": [1.5, 2.5]}), tmp_path / "nums.parquet")
-    result = shoal("embed", str(tmp_path / "nums.parquet"), str(tmp_path / "out"), "--model", "tiny")
+    result = shoal(tmp_path / "nums.parquet", tmp_path / "out")
     assert result.returncode == 1
     assert "nums.parquet" in result.stderr and "column 'text' has type double" in result.stderr

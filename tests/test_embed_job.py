@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import read_output, run_shoal, write_shards
+from conftest import embed_args, read_output, run_shoal, write_shards
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -28,17 +28,14 @@ def test_tiny_model_every_row_once_and_equal_to_direct(cluster, tiny_model, tiny
         tmp_path / "in", texts, shards=3, row_group_size=150, source=[f"s{i}" for i in range(len(texts))]
     )
     result = run_shoal(
-        "embed",
-        str(tmp_path / "in"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
-        "--keep-columns",
-        "source",
+        *embed_args(
+            tmp_path / "in",
+            tmp_path / "out",
+            tiny_catalog,
+            "--keep-columns",
+            "source",
+            scheduler=client.scheduler.address,
+        )
     )
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
@@ -65,17 +62,13 @@ def test_parts_are_split_by_row_groups_and_named_by_range(cluster, tiny_catalog,
         pa.table({"id": list(range(700)), "text": demo_texts[:700]}), tmp_path / "one.parquet", row_group_size=700
     )
     result = run_shoal(
-        "embed",
-        str(tmp_path / "one.parquet"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
-        "--profile",
-        str(test_profile),
+        *embed_args(
+            tmp_path / "one.parquet",
+            tmp_path / "out",
+            tiny_catalog,
+            scheduler=client.scheduler.address,
+            profile=test_profile,
+        )
     )
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet"))

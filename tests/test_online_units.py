@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import msgpack
 import numpy as np
 import pytest
-from conftest import async_wait_for, wait_for
+from conftest import FakeScheduler, async_wait_for, wait_for
 
 from configs import GatewaySettings, ModelSpec
 from scheduler_plugins import api_formats as api
@@ -30,14 +30,6 @@ from workers.sim_runtime import SimulatedRuntime
 
 LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
 SETTINGS = GatewaySettings(request_timeout_seconds=5, max_attempts=2)
-
-
-class FakeScheduler:
-    def __init__(self, workers=("w1", "w2")) -> None:
-        self.workers = {w: object() for w in workers}
-        self.handlers: dict = {}
-        self.extensions: dict = {}
-        self.periodic_callbacks: dict = {}
 
 
 async def plugin_with_model() -> PullQueue:

@@ -6,18 +6,10 @@ import asyncio
 import time
 
 import pytest
-from conftest import async_wait_for
+from conftest import FakeScheduler, async_wait_for
 
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import ONLINE
-
-
-class FakeScheduler:
-    def __init__(self, workers=("w1", "w2")) -> None:
-        self.workers = {w: object() for w in workers}
-        self.handlers: dict = {}
-        self.extensions: dict = {}
-        self.periodic_callbacks: dict = {}
 
 
 def items(model: str, n: int, rows: int = 10) -> list[dict]:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import s3fs
-from conftest import read_output, run_shoal, s3_options, write_shards
+from conftest import embed_args, read_output, run_shoal, s3_options, write_shards
 
 
 def test_s3_job_equals_local_job(cluster, tiny_catalog, test_profile, demo_texts, s3_server, tmp_path):
@@ -19,25 +19,18 @@ def test_s3_job_equals_local_job(cluster, tiny_catalog, test_profile, demo_texts
     for path in sorted((tmp_path / "in").iterdir()):
         fs.put_file(str(path), f"shoal-test/docs/{path.name}")
 
-    common = (
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
-        "--profile",
-        str(test_profile),
-    )
-    local = run_shoal("embed", str(tmp_path / "in"), str(tmp_path / "local-out"), *common)
+    on_cluster = {"scheduler": client.scheduler.address, "profile": test_profile}
+    local = run_shoal(*embed_args(tmp_path / "in", tmp_path / "local-out", tiny_catalog, **on_cluster))
     assert local.returncode == 0, local.stderr
     remote = run_shoal(
-        "embed",
-        "s3://shoal-test/docs/*.parquet",
-        "s3://shoal-test/vectors/",
-        *common,
-        "--storage-options",
-        json.dumps(options),
+        *embed_args(
+            "s3://shoal-test/docs/*.parquet",
+            "s3://shoal-test/vectors/",
+            tiny_catalog,
+            "--storage-options",
+            json.dumps(options),
+            **on_cluster,
+        )
     )
     assert remote.returncode == 0, remote.stderr
 
