@@ -11,11 +11,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, invoke_shoal, kill_busy_worker, s3_options, wait_for, write_profile, write_shards
-from distributed import Client
+from conftest import (
+    ROOT,
+    SHOAL,
+    embed_args,
+    embed_killing_a_worker,
+    invoke_shoal,
+    reindex_job,
+    s3_options,
+    wait_for,
+    write_profile,
+    write_shards,
+)
 
-from configs import load_profile
-from pipeline.cluster import start_local_cluster
 from workers.lance_fragments import lance_storage_options
 
 lance = pytest.importorskip("lance")
@@ -36,15 +44,7 @@ def test_lance_output_every_row_once_and_lancedb_finds_the_nearest_neighbour(
     ids = write_shards(tmp_path / "in", texts, shards=2, row_group_size=100)
     dataset = str(tmp_path / "db" / "docs.lance")
     result = invoke_shoal(
-        "embed",
-        str(tmp_path / "in"),
-        f"lance://{dataset}",
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
+        *embed_args(tmp_path / "in", f"lance://{dataset}", tiny_catalog, scheduler=client.scheduler.address)
     )
     assert result.returncode == 0, result.stderr
     table = rows(dataset)
@@ -55,15 +55,7 @@ def test_lance_output_every_row_once_and_lancedb_finds_the_nearest_neighbour(
     assert lance.dataset(dataset).version == 1
 
     again = invoke_shoal(
-        "embed",
-        str(tmp_path / "in"),
-        f"lance://{dataset}",
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
+        *embed_args(tmp_path / "in", f"lance://{dataset}", tiny_catalog, scheduler=client.scheduler.address)
     )
     assert again.returncode == 0 and lance.dataset(dataset).version == 1  # nothing changed: no new version
 
@@ -79,21 +71,9 @@ def test_client_killed_then_rerun_commits_every_row_once(cluster, tiny_catalog, 
     ids = write_shards(tmp_path / "in", demo_texts[:300], shards=2, row_group_size=5)
     profile = write_profile(tmp_path, name="lance-resume", rows_per_item=5)  # 60 small items
     dataset = str(tmp_path / "docs.lance")
-    args = [
-        "embed",
-        str(tmp_path / "in"),
-        dataset,
-        "--format",
-        "lance",
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
-        "--profile",
-        str(profile),
-    ]
+    args = embed_args(
+        tmp_path / "in", dataset, tiny_catalog, "--format", "lance", scheduler=client.scheduler.address, profile=profile
+    )
     acked = plugin.events["acked"]
     job = subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(
@@ -111,54 +91,12 @@ def test_client_killed_then_rerun_commits_every_row_once(cluster, tiny_catalog, 
 
 @pytest.mark.integration  # starts its own cluster
 def test_worker_killed_mid_job_loses_no_row_and_duplicates_none(demo_texts, tmp_path):
-    profile = load_profile(str(write_profile(tmp_path, name="lance-kill", rows_per_item=100, lease_seconds=30)))
-    ids = write_shards(tmp_path / "in", demo_texts[:1600], shards=4, row_group_size=50)
-    catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(
-        yaml.safe_dump(
-            {
-                "models": {
-                    "slow-sim": {
-                        "kind": "sim",
-                        "dim": 8,
-                        "max_seq_length": 256,
-                        "memory_bytes": 10**6,
-                        "load_seconds": 0.1,
-                        "batch_fixed_seconds": 0.05,
-                        "per_token_seconds": 1e-4,
-                    }
-                }
-            }
-        )
-    )
     dataset = str(tmp_path / "docs.lance")
-    with start_local_cluster(profile) as cluster, Client(cluster) as client:
-        client.wait_for_workers(2)
-        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
-        job = subprocess.Popen(
-            [
-                SHOAL,
-                "embed",
-                str(tmp_path / "in"),
-                f"lance://{dataset}",
-                "--model",
-                "slow-sim",
-                "--catalog",
-                str(catalog),
-                "--scheduler",
-                cluster.scheduler_address,
-                "--profile",
-                profile.path,
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        kill_busy_worker(cluster, job)
-        _, stderr = job.communicate(timeout=300)
-        assert job.returncode == 0, stderr
-        assert plugin.events["lost"] >= 1
+    ids, returncode, stderr, lost = embed_killing_a_worker(
+        tmp_path, "lance-kill", demo_texts[:1600], f"lance://{dataset}"
+    )
+    assert returncode == 0, stderr
+    assert lost >= 1
     assert sorted(r["id"] for r in rows(dataset)) == sorted(ids)  # every row exactly once
 
 
@@ -166,16 +104,7 @@ def test_reindex_into_lance_adds_a_version_when_inputs_change(cluster, tiny_cata
     _, client = cluster
     ids = write_shards(tmp_path / "in", demo_texts[:200], shards=2, row_group_size=50)
     dataset = str(tmp_path / "docs.lance")
-    job = {
-        "name": "docs",
-        "input": str(tmp_path / "in"),
-        "output": dataset,
-        "format": "lance",
-        "model": "tiny",
-        "catalog": str(tiny_catalog),
-        "scheduler": client.scheduler.address,
-        "lock": {"settle_seconds": 0.1},
-    }
+    job = reindex_job(tmp_path / "in", dataset, tiny_catalog, client.scheduler.address, format="lance")
     (tmp_path / "docs.yaml").write_text(yaml.safe_dump(job))
     assert invoke_shoal("reindex", str(tmp_path / "docs.yaml")).returncode == 0
     assert lance.dataset(dataset).version == 1 and sorted(r["id"] for r in rows(dataset)) == sorted(ids)
@@ -222,19 +151,16 @@ def test_int8_chunked_rows_into_lance(cluster, tiny_catalog, demo_texts, tmp_pat
     )
     dataset = str(tmp_path / "docs.lance")
     result = invoke_shoal(
-        "embed",
-        str(tmp_path / "in"),
-        f"lance://{dataset}",
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
-        "--chunk",
-        "tokens=32,overlap=4",
-        "--precision",
-        "int8",
+        *embed_args(
+            tmp_path / "in",
+            f"lance://{dataset}",
+            tiny_catalog,
+            "--chunk",
+            "tokens=32,overlap=4",
+            "--precision",
+            "int8",
+            scheduler=client.scheduler.address,
+        )
     )
     assert result.returncode == 0, result.stderr
     table = lance.dataset(dataset).to_table()

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, kill_busy_worker, kill_worker, read_output, wait_for, write_profile, write_shards
+from conftest import (
+    embed_killing_a_worker,
+    kill_worker,
+    read_output,
+    wait_for,
+    write_profile,
+)
 from distributed import Client
 
 from configs import load_profile
@@ -18,54 +23,10 @@ pytestmark = pytest.mark.integration  # every test here starts a cluster or proc
 
 
 def test_killed_worker_loses_no_rows(demo_texts, tmp_path):
-    profile = load_profile(str(write_profile(tmp_path, name="kill", rows_per_item=100, lease_seconds=30)))
-    ids = write_shards(tmp_path / "in", demo_texts[:1600], shards=4, row_group_size=50)
     # A simulated model (about 0.5 s per item) keeps the job long enough to kill a worker mid-way.
-    catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(
-        yaml.safe_dump(
-            {
-                "models": {
-                    "slow-sim": {
-                        "kind": "sim",
-                        "dim": 8,
-                        "max_seq_length": 256,
-                        "memory_bytes": 10**6,
-                        "load_seconds": 0.1,
-                        "batch_fixed_seconds": 0.05,
-                        "per_token_seconds": 1e-4,
-                    }
-                }
-            }
-        )
-    )
-    with start_local_cluster(profile) as cluster, Client(cluster) as client:
-        client.wait_for_workers(2)
-        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
-        job = subprocess.Popen(
-            [
-                SHOAL,
-                "embed",
-                str(tmp_path / "in"),
-                str(tmp_path / "out"),
-                "--model",
-                "slow-sim",
-                "--catalog",
-                str(catalog),
-                "--scheduler",
-                cluster.scheduler_address,
-                "--profile",
-                profile.path,
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        kill_busy_worker(cluster, job)
-        _, stderr = job.communicate(timeout=300)
-        assert job.returncode == 0, stderr
-        assert plugin.events["lost"] >= 1
+    ids, returncode, stderr, lost = embed_killing_a_worker(tmp_path, "kill", demo_texts[:1600], str(tmp_path / "out"))
+    assert returncode == 0, stderr
+    assert lost >= 1
     table = read_output(tmp_path / "out")
     assert sorted(table.column("id").to_pylist()) == sorted(ids)  # every row exactly once
 
