@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import TINY_MAX_SEQ, invoke_shoal, read_output, write_profile
+from conftest import TINY_MAX_SEQ, embed_args, invoke_shoal, read_output, reindex_job, write_profile
 
 from workers.chunking import ChunkSettings, token_windows
 
@@ -112,19 +112,14 @@ def test_chunked_embed_every_source_once_and_windows_equal_direct_encodes(
 
     _, client = cluster
     ids, texts = write_corpus(tmp_path / "in", demo_texts, tokenizer)
-    args = [
-        "embed",
-        str(tmp_path / "in"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
+    args = embed_args(
+        tmp_path / "in",
+        tmp_path / "out",
+        tiny_catalog,
         "--chunk",
         f"tokens={TOKENS},overlap={OVERLAP}",
-    ]
+        scheduler=client.scheduler.address,
+    )
     result = invoke_shoal(*args)
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
@@ -169,17 +164,14 @@ def test_reindex_with_chunking_is_a_version_of_its_own_and_stays_exactly_once(
     _, client = cluster
     ids, _ = write_corpus(tmp_path / "in", demo_texts, tokenizer)
     profile = write_profile(tmp_path, name="reindex", rows_per_item=10)
-    job = {
-        "name": "docs",
-        "input": str(tmp_path / "in"),
-        "output": str(tmp_path / "out"),
-        "model": "tiny",
-        "catalog": str(tiny_catalog),
-        "profile": str(profile),
-        "scheduler": client.scheduler.address,
-        "lock": {"settle_seconds": 0.1},
-        "chunk": {"tokens": TOKENS, "overlap": OVERLAP},
-    }
+    job = reindex_job(
+        tmp_path / "in",
+        tmp_path / "out",
+        tiny_catalog,
+        client.scheduler.address,
+        profile=str(profile),
+        chunk={"tokens": TOKENS, "overlap": OVERLAP},
+    )
     path = tmp_path / "docs.yaml"
 
     def reindex(**changes) -> tuple[str, list]:
@@ -207,17 +199,7 @@ def test_bad_chunk_settings_exit_2_before_any_work(tiny_catalog, tmp_path):
         ("tokens=32,overlap=32", "less than tokens"),
         (f"tokens={TINY_MAX_SEQ + 1}", f"more than model 'tiny' reads ({TINY_MAX_SEQ} tokens)"),
     ):
-        result = invoke_shoal(
-            "embed",
-            str(tmp_path / "in"),
-            str(tmp_path / "out"),
-            "--model",
-            "tiny",
-            "--catalog",
-            str(tiny_catalog),
-            "--chunk",
-            setting,
-        )
+        result = invoke_shoal(*embed_args(tmp_path / "in", tmp_path / "out", tiny_catalog, "--chunk", setting))
         assert result.returncode == 2, (setting, result.stderr)
         assert message in " ".join(result.stderr.split()), (setting, result.stderr)
     assert not (tmp_path / "out").exists()

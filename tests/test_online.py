@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import msgpack
 import numpy as np
 import pytest
-from conftest import read_output, run_shoal, write_shards
+from conftest import embed_args, read_output, run_shoal, write_shards
 
 from configs import load_catalog
 from pipeline.client import AsyncOnlineClient, OnlineClient, OnlineError
@@ -338,17 +338,13 @@ def test_batch_job_runs_while_online_requests_flow(gateway, cluster, tiny_catalo
     traffic.start()
     try:
         result = run_shoal(
-            "embed",
-            str(tmp_path / "in"),
-            str(tmp_path / "out"),
-            "--model",
-            "tiny",
-            "--catalog",
-            str(tiny_catalog),
-            "--scheduler",
-            client.scheduler.address,
-            "--profile",
-            str(test_profile),
+            *embed_args(
+                tmp_path / "in",
+                tmp_path / "out",
+                tiny_catalog,
+                scheduler=client.scheduler.address,
+                profile=test_profile,
+            )
         )
     finally:
         finished = time.monotonic()
