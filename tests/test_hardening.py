@@ -29,7 +29,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, invoke_shoal, read_output, wait_for, write_profile, write_shards
+from conftest import (
+    ROOT,
+    SHOAL,
+    embed_args,
+    invoke_shoal,
+    read_output,
+    reindex_job,
+    wait_for,
+    write_profile,
+    write_shards,
+)
 
 from configs import load_catalog
 from pipeline.client import OnlineClient
@@ -355,18 +365,7 @@ def test_nothing_shoal_serve_or_shoal_embed_starts_listens_beyond_loopback(sim_c
 
     write_shards(tmp_path / "in", demo_texts[:400], shards=2, row_group_size=50)
     embed = subprocess.Popen(
-        [
-            SHOAL,
-            "embed",
-            str(tmp_path / "in"),
-            str(tmp_path / "out"),
-            "--model",
-            "slowish",
-            "--catalog",
-            str(sim_catalog),
-            "--profile",
-            str(profile),
-        ],
+        [SHOAL, *embed_args(tmp_path / "in", tmp_path / "out", sim_catalog, profile=profile, model="slowish")],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -484,17 +483,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_cluster_is_reach
 
 
 def test_a_glob_matching_nothing_is_refused_before_the_cluster_is_reached(tiny_catalog, tmp_path):
-    result = invoke_shoal(
-        "embed",
-        str(tmp_path / "*.parquet"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        UNREACHABLE,
-    )
+    result = invoke_shoal(*embed_args(tmp_path / "*.parquet", tmp_path / "out", tiny_catalog, scheduler=UNREACHABLE))
     assert result.returncode == 2 and "matches no Parquet files" in result.stderr, result.stderr
 
 
@@ -594,20 +583,8 @@ def test_a_model_named_twice_runs_once(shoal, tmp_path):
 def test_ctrl_c_exits_130_and_the_rerun_finishes_the_job(cluster, sim_catalog, test_profile, demo_texts, tmp_path):
     _, client = cluster
     ids = write_shards(tmp_path / "in", demo_texts[:400], shards=4, row_group_size=25)
-    args = [
-        SHOAL,
-        "embed",
-        str(tmp_path / "in"),
-        str(tmp_path / "out"),
-        "--model",
-        "slowish",
-        "--catalog",
-        str(sim_catalog),
-        "--profile",
-        str(test_profile),
-        "--scheduler",
-        client.scheduler.address,
-    ]
+    on_cluster = {"scheduler": client.scheduler.address, "profile": test_profile, "model": "slowish"}
+    args = [SHOAL, *embed_args(tmp_path / "in", tmp_path / "out", sim_catalog, **on_cluster)]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for(  # interrupted mid-job, once a part is written
         lambda: list((tmp_path / "out").glob("part-*.parquet")) or proc.poll() is not None,
@@ -637,15 +614,13 @@ def test_a_reindex_with_its_output_inside_its_input_never_reads_its_versions_bac
     def run(model: str):
         job.write_text(
             yaml.safe_dump(
-                {
-                    "name": "docs",
-                    "input": str(tmp_path / "data"),
-                    "output": str(tmp_path / "data" / "index"),
-                    "model": model,
-                    "catalog": str(tmp_path / "catalog.yaml"),
-                    "scheduler": client.scheduler.address,
-                    "lock": {"settle_seconds": 0.1},
-                }
+                reindex_job(
+                    tmp_path / "data",
+                    tmp_path / "data" / "index",
+                    tmp_path / "catalog.yaml",
+                    client.scheduler.address,
+                    model=model,
+                )
             )
         )
         return invoke_shoal("reindex", str(job))

@@ -194,7 +194,7 @@ def test_a_profile_naming_a_missing_runtime_fails_at_start(tmp_path, tiny_catalo
 
 def test_embed_and_rerank_jobs_on_onnx_through_a_cluster(tmp_path, tiny_catalog, tiny_model, tiny_reranker, demo_texts):
     """Whole commands on a real cluster whose profile puts both models on ONNX Runtime: same outputs as direct calls."""
-    from conftest import read_output, run_shoal, write_shards
+    from conftest import embed_args, read_output, run_shoal, write_shards
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
     texts = demo_texts[:300]
@@ -205,17 +205,7 @@ def test_embed_and_rerank_jobs_on_onnx_through_a_cluster(tmp_path, tiny_catalog,
         "runtimes:\n  tiny: {runtime: onnx, dtype: float32}\n  tiny-reranker: {runtime: onnx, dtype: float32}\n"
     )
     result = run_shoal(
-        "embed",
-        str(tmp_path / "in"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny",
-        "--id-column",
-        "id",
-        "--profile",
-        str(profile),
-        "--catalog",
-        str(tiny_catalog),
+        *embed_args(tmp_path / "in", tmp_path / "out", tiny_catalog, "--id-column", "id", profile=profile)
     )
     assert result.returncode == 0, result.stderr[-3000:]
     table = read_output(tmp_path / "out")
