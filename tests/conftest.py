@@ -271,7 +271,7 @@ def embed_args(
     return [*args, *extra]
 
 
-def reindex_job(source, output, catalog, scheduler: str, **fields) -> dict:
+def reindex_job(source, output, catalog, scheduler: str, /, **fields) -> dict:
     """A `shoal reindex` job (write it with `yaml.safe_dump`): job `docs` from `source` into `output` with
     model `tiny` of `catalog` on `scheduler`, its lock settling in 0.1 s; `fields` added or laid over."""
     job = {"name": "docs", "input": str(source), "output": str(output), "model": "tiny", "catalog": str(catalog)}

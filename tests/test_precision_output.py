@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import invoke_shoal, read_output, write_shards
+from conftest import embed_args, invoke_shoal, read_output, reindex_job, write_shards
 
 from workers.vector_precision import PRECISIONS
 
@@ -39,18 +39,7 @@ def corpus(tmp_path_factory, demo_texts):
 
 def embed(cluster, tiny_catalog, source, output, *options: str):
     _, client = cluster
-    return invoke_shoal(
-        "embed",
-        str(source),
-        str(output),
-        "--model",
-        "tiny",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
-        *options,
-    )
+    return invoke_shoal(*embed_args(source, output, tiny_catalog, *options, scheduler=client.scheduler.address))
 
 
 @pytest.fixture(scope="module")
@@ -128,16 +117,7 @@ def test_reindexed_int8_parts_use_the_versions_ranges(cluster, tiny_catalog, dem
 
     _, client = cluster
     ids = write_shards(tmp_path / "in", demo_texts[:200], shards=2, row_group_size=100)
-    job = {
-        "name": "docs",
-        "input": str(tmp_path / "in"),
-        "output": str(tmp_path / "out"),
-        "model": "tiny",
-        "precision": "int8",
-        "catalog": str(tiny_catalog),
-        "scheduler": client.scheduler.address,
-        "lock": {"settle_seconds": 0.1},
-    }
+    job = reindex_job(tmp_path / "in", tmp_path / "out", tiny_catalog, client.scheduler.address, precision="int8")
     (tmp_path / "docs.yaml").write_text(yaml.safe_dump(job))
     first = invoke_shoal("reindex", str(tmp_path / "docs.yaml"))
     assert first.returncode == 0 and "calibrating" in first.stderr, first.stderr

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import s3fs
 import yaml
-from conftest import invoke_shoal, read_output, run_shoal, s3_options, write_profile, write_shards
+from conftest import invoke_shoal, read_output, reindex_job, run_shoal, s3_options, write_profile, write_shards
 from rich.console import Console
 
 from pipeline.jobs.lock import JobLock, LockHeld
@@ -38,17 +38,15 @@ def job_file(tmp_path, cluster, catalog):
     profile = write_profile(tmp_path, name="reindex", rows_per_item=100)
 
     def write(name: str = "docs", **fields) -> str:
-        job = {
-            "name": name,
-            "input": str(tmp_path / "in"),
-            "output": str(tmp_path / "out"),
-            "model": "tiny",
-            "catalog": str(catalog),
-            "profile": str(profile),
-            "scheduler": client.scheduler.address,
-            "lock": {"settle_seconds": 0.1},
+        job = reindex_job(
+            tmp_path / "in",
+            tmp_path / "out",
+            catalog,
+            client.scheduler.address,
+            name=name,
+            profile=str(profile),
             **fields,
-        }
+        )
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(job))
         return str(path)
@@ -203,18 +201,10 @@ def test_reindex_on_s3(cluster, catalog, s3_server, demo_texts, tmp_path):
     profile = write_profile(tmp_path, name="reindex-s3", rows_per_item=100)
 
     def job(name: str, output: str, **fields) -> str:
-        spec = {
-            "name": name,
-            "input": "s3://reindex/docs/*.parquet",
-            "output": output,
-            "model": "tiny",
-            "catalog": str(catalog),
-            "profile": str(profile),
-            "scheduler": client.scheduler.address,
-            "storage_options": options,
-            "lock": {"settle_seconds": 0.1},
-            **fields,
-        }
+        on_cluster = {"name": name, "profile": str(profile), "storage_options": options}
+        spec = reindex_job(
+            "s3://reindex/docs/*.parquet", output, catalog, client.scheduler.address, **on_cluster, **fields
+        )
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec))
         return str(path)
