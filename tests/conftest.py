@@ -263,12 +263,17 @@ def embed_args(
 ) -> list[str]:
     """The arguments of a `shoal embed` of `source` into `output` with `model` of `catalog`, on `scheduler`
     with `profile` where given, then `extra`: for `run_shoal(*embed_args(...))` or `invoke_shoal`."""
-    args = ["embed", str(source), str(output), "--model", model, "--catalog", str(catalog)]
+    return ["embed", str(source), str(output), "--model", model, *shoal_options(catalog, scheduler, profile), *extra]
+
+
+def shoal_options(catalog, scheduler: str | None = None, profile=None) -> list[str]:
+    """A `shoal` command's `--catalog`, and `--scheduler` and `--profile` where given."""
+    options = ["--catalog", str(catalog)]
     if scheduler is not None:
-        args += ["--scheduler", scheduler]
+        options += ["--scheduler", scheduler]
     if profile is not None:
-        args += ["--profile", str(profile)]
-    return [*args, *extra]
+        options += ["--profile", str(profile)]
+    return options
 
 
 def reindex_job(source, output, catalog, scheduler: str, /, **fields) -> dict:

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from conftest import ROOT, run_shoal
+from conftest import ROOT, run_shoal, shoal_options
 
 from pipeline.jobs.planner import PlanError
 from pipeline.retrieval.beir import load_beir
@@ -88,10 +88,7 @@ def test_eval_with_a_reranker_reports_both_systems(cluster, tiny_catalog, tmp_pa
         "10",
         "--output",
         str(tmp_path / "eval"),
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
+        *shoal_options(tiny_catalog, client.scheduler.address),
     )
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "eval" / "metrics.json").read_text())
@@ -120,10 +117,7 @@ def test_minilm_ndcg_through_shoal_equals_direct(cluster, tiny_catalog, tmp_path
         "minilm",
         "--output",
         str(tmp_path / "eval"),
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
+        *shoal_options(tiny_catalog, client.scheduler.address),
         timeout=600,
     )
     assert result.returncode == 0, result.stderr

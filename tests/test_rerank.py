@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import read_output, run_shoal
+from conftest import read_output, run_shoal, shoal_options
 
 from configs import ModelSpec
 from workers.devices import DevicePlan
@@ -86,10 +86,7 @@ def test_pairs_job_scores_equal_direct(cluster, tiny_catalog, direct, demo_texts
         "pid",
         "--keep-columns",
         "tag",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
+        *shoal_options(tiny_catalog, client.scheduler.address),
     )
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
@@ -134,10 +131,7 @@ def test_candidates_job_ranks_like_direct(cluster, tiny_catalog, direct, demo_te
         "cand_ids",
         "--id-column",
         "qid",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
+        *shoal_options(tiny_catalog, client.scheduler.address),
     )
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
@@ -195,10 +189,7 @@ def test_bad_rows_are_rejected_and_named_the_rest_kept(cluster, tiny_catalog, de
         "qid",
         "--max-candidates",
         "5",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
+        *shoal_options(tiny_catalog, client.scheduler.address),
     )
     assert result.returncode == 1, result.stderr
     out = read_output(tmp_path / "out")
@@ -237,10 +228,7 @@ def test_null_pairs_and_a_shard_missing_a_column(cluster, tiny_catalog, tmp_path
         str(tmp_path / "out"),
         "--model",
         "tiny-reranker",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
+        *shoal_options(tiny_catalog, client.scheduler.address),
     )
     assert result.returncode == 1
     out = read_output(tmp_path / "out")
@@ -266,10 +254,7 @@ def test_usage_errors_exit_2(cluster, tiny_catalog, tmp_path):
         "tiny-reranker",
         "--candidates-column",
         "cands",
-        "--catalog",
-        str(tiny_catalog),
-        "--scheduler",
-        client.scheduler.address,
+        *shoal_options(tiny_catalog, client.scheduler.address),
     )
     assert missing.returncode == 2 and "no column 'cands' (columns are: id, query, passage)" in missing.stderr
     wrong_kind = run_shoal(
