@@ -61,15 +61,8 @@ def test_parts_are_split_by_row_groups_and_named_by_range(cluster, tiny_catalog,
     pq.write_table(
         pa.table({"id": list(range(700)), "text": demo_texts[:700]}), tmp_path / "one.parquet", row_group_size=700
     )
-    result = run_shoal(
-        *embed_args(
-            tmp_path / "one.parquet",
-            tmp_path / "out",
-            tiny_catalog,
-            scheduler=client.scheduler.address,
-            profile=test_profile,
-        )
-    )
+    on_cluster = {"scheduler": client.scheduler.address, "profile": test_profile}
+    result = run_shoal(*embed_args(tmp_path / "one.parquet", tmp_path / "out", tiny_catalog, **on_cluster))
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet"))
     # one 700-row group, 200 rows per item: split by row ranges

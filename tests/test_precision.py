@@ -18,6 +18,13 @@ SHOAL = str(Path(sys.executable).parent / "shoal")
 PLAN = DevicePlan("cpu", "cpu", "float32", 10**9, 2)
 
 
+def check_precision(model: str, profile, texts, dtype: str, *options: str) -> subprocess.CompletedProcess:
+    """`shoal check-precision` of `model` on `texts` against onnx `dtype`, its verdict written into `profile`."""
+    args = ["check-precision", "--model", model, "--profile", str(profile), "--texts", str(texts)]
+    args += ["--runtime", "onnx", "--dtype", dtype, *options]
+    return subprocess.run([SHOAL, *args], capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "shoal-cache"))
@@ -56,27 +63,7 @@ def test_check_precision_writes_the_verdict_into_the_profile(tmp_path, tiny_cata
     texts.write_text("\n".join(demo_texts[:80]))
     profile = tmp_path / "gated.yaml"
     profile.write_text("# TUNED by a test.\nname: gated\ndevice: cpu\nthreads_per_worker: 2\n")
-    done = subprocess.run(
-        [
-            SHOAL,
-            "check-precision",
-            "--model",
-            "tiny",
-            "--profile",
-            str(profile),
-            "--texts",
-            str(texts),
-            "--runtime",
-            "onnx",
-            "--dtype",
-            "float32",
-            "--catalog",
-            str(tiny_catalog),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = check_precision("tiny", profile, texts, "float32", "--catalog", str(tiny_catalog))
     assert done.returncode == 0, done.stdout + done.stderr
     assert profile.read_text().startswith("# TUNED by a test.\n")  # provenance kept
     choice = load_profile(str(profile)).runtimes["tiny"]
@@ -97,25 +84,7 @@ def test_check_precision_refuses_int8_minilm_and_keeps_fp32(tmp_path, demo_texts
     texts.write_text("\n".join(demo_texts[:64]))
     profile = tmp_path / "gated.yaml"
     profile.write_text(yaml.safe_dump({"name": "gated", "device": "cpu", "threads_per_worker": 2}))
-    done = subprocess.run(
-        [
-            SHOAL,
-            "check-precision",
-            "--model",
-            "minilm",
-            "--profile",
-            str(profile),
-            "--texts",
-            str(texts),
-            "--runtime",
-            "onnx",
-            "--dtype",
-            "int8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = check_precision("minilm", profile, texts, "int8")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "onnx int8 refused: cosine mean" in done.stdout and "< 0.999" in done.stdout  # names the figure
     assert "below fp32's" in done.stdout  # nDCG@10 on datasets/pydoc-sections: int8 loses more than 0.005
