@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import numpy as np
 import pyarrow as pa
@@ -59,8 +60,14 @@ def test_scorer_batches_by_tokens_and_equals_direct(tiny_reranker, direct, demo_
     assert scorer.score([], [])[0].shape == (0,)
 
 
-def test_pairs_job_scores_equal_direct(cluster, tiny_catalog, direct, demo_texts, tmp_path):
+def rerank_on(cluster, catalog, source, output, *options: str) -> subprocess.CompletedProcess:
+    """`shoal rerank` of `source` into `output` with tiny-reranker of `catalog` on the shared cluster."""
     _, client = cluster
+    options = (*options, *shoal_options(catalog, client.scheduler.address))
+    return run_shoal("rerank", str(source), str(output), "--model", "tiny-reranker", *options)
+
+
+def test_pairs_job_scores_equal_direct(cluster, tiny_catalog, direct, demo_texts, tmp_path):
     n = 600
     queries = [demo_texts[i][:60] for i in range(n)]
     passages = [demo_texts[n + i] for i in range(n)]
@@ -76,17 +83,8 @@ def test_pairs_job_scores_equal_direct(cluster, tiny_catalog, direct, demo_texts
             }
         )
         pq.write_table(table, tmp_path / "in" / f"pairs-{s}.parquet", row_group_size=100)
-    result = run_shoal(
-        "rerank",
-        str(tmp_path / "in"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny-reranker",
-        "--id-column",
-        "pid",
-        "--keep-columns",
-        "tag",
-        *shoal_options(tiny_catalog, client.scheduler.address),
+    result = rerank_on(
+        cluster, tiny_catalog, tmp_path / "in", tmp_path / "out", "--id-column", "pid", "--keep-columns", "tag"
     )
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
@@ -102,7 +100,6 @@ def test_pairs_job_scores_equal_direct(cluster, tiny_catalog, direct, demo_texts
 
 
 def test_candidates_job_ranks_like_direct(cluster, tiny_catalog, direct, demo_texts, tmp_path):
-    _, client = cluster
     rng = np.random.default_rng(0)
     rows = []
     for q in range(120):
@@ -117,12 +114,11 @@ def test_candidates_job_ranks_like_direct(cluster, tiny_catalog, direct, demo_te
             }
         )
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "cands.parquet", row_group_size=40)
-    result = run_shoal(
-        "rerank",
-        str(tmp_path / "cands.parquet"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny-reranker",
+    result = rerank_on(
+        cluster,
+        tiny_catalog,
+        tmp_path / "cands.parquet",
+        tmp_path / "out",
         "--query-column",
         "query",
         "--candidates-column",
@@ -131,7 +127,6 @@ def test_candidates_job_ranks_like_direct(cluster, tiny_catalog, direct, demo_te
         "cand_ids",
         "--id-column",
         "qid",
-        *shoal_options(tiny_catalog, client.scheduler.address),
     )
     assert result.returncode == 0, result.stderr
     table = read_output(tmp_path / "out")
@@ -152,7 +147,6 @@ def test_candidates_job_ranks_like_direct(cluster, tiny_catalog, direct, demo_te
 
 
 def test_bad_rows_are_rejected_and_named_the_rest_kept(cluster, tiny_catalog, demo_texts, tmp_path):
-    _, client = cluster
     good = [demo_texts[i] for i in range(3)]
     rows = [
         ("ok-1", "a query", good, [1, 2, 3]),
@@ -173,12 +167,11 @@ def test_bad_rows_are_rejected_and_named_the_rest_kept(cluster, tiny_catalog, de
         }
     )
     pq.write_table(table, tmp_path / "bad.parquet", row_group_size=3)
-    result = run_shoal(
-        "rerank",
-        str(tmp_path / "bad.parquet"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny-reranker",
+    result = rerank_on(
+        cluster,
+        tiny_catalog,
+        tmp_path / "bad.parquet",
+        tmp_path / "out",
         "--query-column",
         "q",
         "--candidates-column",
@@ -189,7 +182,6 @@ def test_bad_rows_are_rejected_and_named_the_rest_kept(cluster, tiny_catalog, de
         "qid",
         "--max-candidates",
         "5",
-        *shoal_options(tiny_catalog, client.scheduler.address),
     )
     assert result.returncode == 1, result.stderr
     out = read_output(tmp_path / "out")
@@ -213,7 +205,6 @@ def test_bad_rows_are_rejected_and_named_the_rest_kept(cluster, tiny_catalog, de
 
 
 def test_null_pairs_and_a_shard_missing_a_column(cluster, tiny_catalog, tmp_path):
-    _, client = cluster
     (tmp_path / "in").mkdir()
     pq.write_table(
         pa.table({"id": [1, 2, 3], "query": ["q", None, "q"], "passage": ["p one", "p two", None]}),
@@ -222,14 +213,7 @@ def test_null_pairs_and_a_shard_missing_a_column(cluster, tiny_catalog, tmp_path
     pq.write_table(
         pa.table({"id": [4], "query": ["q"], "text": ["no passage column here"]}), tmp_path / "in" / "b.parquet"
     )
-    result = run_shoal(
-        "rerank",
-        str(tmp_path / "in"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny-reranker",
-        *shoal_options(tiny_catalog, client.scheduler.address),
-    )
+    result = rerank_on(cluster, tiny_catalog, tmp_path / "in", tmp_path / "out")
     assert result.returncode == 1
     out = read_output(tmp_path / "out")
     assert out.column("id").to_pylist() == [1, 2, 3]
@@ -244,18 +228,8 @@ def test_null_pairs_and_a_shard_missing_a_column(cluster, tiny_catalog, tmp_path
 
 
 def test_usage_errors_exit_2(cluster, tiny_catalog, tmp_path):
-    _, client = cluster
     pq.write_table(pa.table({"id": [1], "query": ["q"], "passage": ["p"]}), tmp_path / "x.parquet")
-    missing = run_shoal(
-        "rerank",
-        str(tmp_path / "x.parquet"),
-        str(tmp_path / "out"),
-        "--model",
-        "tiny-reranker",
-        "--candidates-column",
-        "cands",
-        *shoal_options(tiny_catalog, client.scheduler.address),
-    )
+    missing = rerank_on(cluster, tiny_catalog, tmp_path / "x.parquet", tmp_path / "out", "--candidates-column", "cands")
     assert missing.returncode == 2 and "no column 'cands' (columns are: id, query, passage)" in missing.stderr
     wrong_kind = run_shoal(
         "rerank", str(tmp_path / "x.parquet"), str(tmp_path / "out"), "--model", "tiny", "--catalog", str(tiny_catalog)
