@@ -29,9 +29,9 @@ class Remote:
     gateways: dict[str, subprocess.Popen] = field(default_factory=dict)  # started by tests, stopped at the end
 
 
-def start_gateway(address: str, catalog: Path) -> tuple[subprocess.Popen, str]:
+def start_gateway(address: str, catalog: Path, *options: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [SHOAL, "gateway", "--scheduler", address, "--catalog", str(catalog), "--port", "0"],
+        [SHOAL, "gateway", "--scheduler", address, "--catalog", str(catalog), "--port", "0", *options],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -175,26 +175,7 @@ def test_a_gateway_process_keeps_auth_backpressure_and_deadlines(remote, tmp_pat
             "request_timeout_seconds": 5,
         },
     )
-    proc = subprocess.Popen(
-        [
-            SHOAL,
-            "gateway",
-            "--scheduler",
-            remote.address,
-            "--catalog",
-            str(remote.catalog),
-            "--port",
-            "0",
-            "--profile",
-            str(profile),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    remote.gateways["limits"] = proc
-    url = wait_for_line(proc.stderr, "gateway on").split("gateway on ")[1].split()[0]
+    remote.gateways["limits"], url = start_gateway(remote.address, remote.catalog, "--profile", str(profile))
     wait_ready(url)
     with OnlineClient(url, timeout=60) as anonymous:
         with pytest.raises(OnlineError) as refused:

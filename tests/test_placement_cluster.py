@@ -12,7 +12,7 @@ import time
 
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, read_output, write_profile, write_shards
+from conftest import ROOT, SHOAL, embed_args, read_output, write_profile, write_shards
 from distributed import Client, Scheduler, SpecCluster, Worker
 
 MB = 10**6
@@ -97,20 +97,7 @@ def run_jobs(
 ) -> dict[str, subprocess.CompletedProcess]:
     procs = {
         m: subprocess.Popen(
-            [
-                SHOAL,
-                "embed",
-                str(corpus_dir),
-                str(out / m),
-                "--model",
-                m,
-                "--catalog",
-                str(catalog),
-                "--scheduler",
-                address,
-                "--profile",
-                str(profile),
-            ],
+            [SHOAL, *embed_args(corpus_dir, out / m, catalog, scheduler=address, profile=profile, model=m)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -215,17 +202,14 @@ def test_one_command_several_models(sim_catalog, corpus, tmp_path):
         result = subprocess.run(
             [
                 SHOAL,
-                "embed",
-                str(corpus_dir),
-                str(tmp_path / "out"),
-                "--model",
-                "sim-a,sim-b",
-                "--catalog",
-                str(sim_catalog),
-                "--scheduler",
-                cluster.scheduler_address,
-                "--profile",
-                str(profile),
+                *embed_args(
+                    corpus_dir,
+                    tmp_path / "out",
+                    sim_catalog,
+                    scheduler=cluster.scheduler_address,
+                    profile=profile,
+                    model="sim-a,sim-b",
+                ),
             ],
             cwd=ROOT,
             capture_output=True,
@@ -241,16 +225,7 @@ def test_one_command_several_models(sim_catalog, corpus, tmp_path):
     assert sorted(pool["loaded"]) == ["sim-a", "sim-b"] and not pool["evictions"]  # both fit: both stay
     assert result.stderr.count("job summary") == 2
     result = subprocess.run(
-        [
-            SHOAL,
-            "embed",
-            str(corpus_dir),
-            str(tmp_path / "out2"),
-            "--model",
-            "sim-a,nope",
-            "--catalog",
-            str(sim_catalog),
-        ],
+        [SHOAL, *embed_args(corpus_dir, tmp_path / "out2", sim_catalog, model="sim-a,nope")],
         cwd=ROOT,
         capture_output=True,
         text=True,
