@@ -55,14 +55,14 @@ class Outcome:
 class OnlineGroups:
     def __init__(
         self,
-        worker: str,
+        address: str,
         queue: PullQueueClient,
         pool: ModelPool,
         device_thread: DeviceThread,
         specs: dict[str, ModelSpec],
         report_failure: ReportFailure,
     ) -> None:
-        self.worker = worker  # its address
+        self.address = address  # this worker's, as the queue knows it
         self.queue = queue
         self.pool = pool
         self.device_thread = device_thread
@@ -213,6 +213,6 @@ class OnlineGroups:
         """One message, no reply awaited: nothing here depends on the answer, so nothing waits for it."""
         results = [[m["id"], r] for m, r in zip(outcome.group, outcome.results or [])]
         try:
-            await self.queue.ack_many(self.worker, results, outcome.seconds)
+            await self.queue.ack_many(self.address, results, outcome.seconds)
         except Exception as exc:  # the leases run out and the requests are retried
             logger.warning("could not ack %d online requests (%s)", len(outcome.group), exc)
