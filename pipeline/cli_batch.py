@@ -18,6 +18,7 @@ from configs import ConfigError, load_catalog, load_profile
 from pipeline.cli_options import (
     USER_ERRORS,
     cluster_options,
+    model_names,
     parse_chunk,
     parse_columns,
     parse_storage_options,
@@ -33,7 +34,7 @@ from pipeline.jobs.embed import EmbedRequest, check_embed_options, run_embed, ru
 from pipeline.jobs.engine import model_for, preflight
 from pipeline.jobs.lance_output import LanceTarget
 from pipeline.jobs.lock import LockHeld
-from pipeline.jobs.planner import check_output
+from pipeline.jobs.planner import check_apart, check_output
 from pipeline.jobs.reindex import ReindexJob, job_config, load_job, plan_reindex, run_reindex
 from pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank
 from pipeline.jobs.schedule import check_expression, run_on_schedule
@@ -53,6 +54,7 @@ RESUMABLE = ("embed", "rerank", "run", "reindex", "eval")
 @click.option(
     "--model",
     required=True,
+    callback=model_names,
     help="Catalog name, model folder or cached Hugging Face id; several, comma-separated, write OUTPUT/<model>/ each.",
 )
 @text_column_option
@@ -129,6 +131,8 @@ def embed(
     )
     for name in models:
         check_embed_options(request, model_for(catalog_config, profile_config, name, "embedder"))
+    if lance:  # named as given: preflight checks the staging folder inside it
+        check_apart(request.input, lance.dataset, request.storage_options)
     preflight(request.input, request.output, request.storage_options)
     with connect(scheduler, profile_config, catalog, warm=warm) as client:
         if len(models) == 1:
@@ -141,7 +145,7 @@ def embed(
 @click.command()
 @click.argument("input_url", metavar="INPUT")
 @click.argument("output_url", metavar="OUTPUT")
-@click.option("--model", required=True, help="Catalog name of the reranker (kind: reranker).")
+@click.option("--model", required=True, callback=model_names, help="Catalog name of the reranker (kind: reranker).")
 @click.option("--query-column", default="query", show_default=True)
 @click.option("--passage-column", default=None, help="Pairs mode: one passage per row. [default: passage]")
 @click.option("--candidates-column", default=None, help="Candidates mode: a list of passages per row.")
@@ -249,6 +253,7 @@ def _reindex_once(job_file: str, console: Console, scheduler: str | None, profil
     """One run; the job file is read again, so edits apply to the next scheduled run. Its exit code."""
     try:
         job = _job(job_file, profile)
+        check_apart(job.input, job.request(job.output).lance or job.output, job.storage_options)  # before the lock
         check_output(job.output, job.storage_options)
         return run_reindex(job, console, scheduler).exit_code
     except USER_ERRORS as exc:  # reported, and a scheduled run goes on to its next slot
@@ -282,8 +287,12 @@ def run_job_file(job_file: str, scheduler: str | None, profile: str | None, cata
 
 @click.command(name="eval")
 @click.argument("dataset", metavar="DATASET")
-@click.option("--model", default="minilm", show_default=True, help="Catalog name of the embedder.")
-@click.option("--reranker", default=None, help="Catalog name of a reranker; without it, retrieval alone.")
+@click.option(
+    "--model", default="minilm", show_default=True, callback=model_names, help="Catalog name of the embedder."
+)
+@click.option(
+    "--reranker", default=None, callback=model_names, help="Catalog name of a reranker; without it, retrieval alone."
+)
 @click.option("--top-k", default=100, show_default=True, help="Passages retrieved per query.")
 @click.option("--rerank-k", default=100, show_default=True, help="Of those, how many the reranker reorders.")
 @click.option("--split", default="test", show_default=True, help="qrels/<split>.tsv, for BEIR's own layout.")

@@ -15,6 +15,7 @@ from pipeline.cli_options import (
     catalog_option,
     json_option,
     listen_options,
+    model_names,
     parse_columns,
     profile_option,
     scheduler_option,
@@ -61,14 +62,22 @@ def status(job: str | None, scheduler: str | None, as_json: bool, profile: str |
 @click.command()
 @profile_option(GATEWAY_PROFILE)
 @click.option(
-    "--models", default="", help="Comma-separated models to pin (load at start, never evict) on the embedded cluster."
+    "--models",
+    default=None,
+    callback=model_names,
+    help="Comma-separated models to pin (load at start, never evict) on the embedded cluster.",
 )
 @listen_options
 @scheduler_option("tcp://host:port of a running cluster: the gateway starts in its scheduler.")
 @catalog_option
 @user_errors()
 def serve(
-    profile: str | None, models: str, host: str | None, port: int | None, scheduler: str | None, catalog: str | None
+    profile: str | None,
+    models: str | None,
+    host: str | None,
+    port: int | None,
+    scheduler: str | None,
+    catalog: str | None,
 ) -> None:
     """Answer online requests (MessagePack or JSON over HTTP) until stopped.
 

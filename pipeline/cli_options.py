@@ -128,6 +128,17 @@ def parse_columns(value: str | None) -> list[str]:
     return list(dict.fromkeys(c.strip() for c in (value or "").split(",") if c.strip()))
 
 
+def model_names(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """The callback of every --model/--models/--reranker option: a given value must name a model.
+
+    A blank one (`''`, `' '`, `','`) is a usage error (exit 2) naming the
+    option, not a model folder '' (the working directory) or an empty list.
+    """
+    if value is not None and not parse_columns(value):
+        raise click.BadParameter(f"{value!r} names no model; give a catalog name, model folder or Hugging Face id")
+    return value
+
+
 def parse_chunk(value: str | None) -> ChunkSettings | None:
     """--chunk tokens=N[,overlap=K]; a bad value is a usage error naming the option."""
     if not value:

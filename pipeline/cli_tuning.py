@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from configs import RuntimeDType, RuntimeName, load_catalog
-from pipeline.cli_options import catalog_option, parse_columns, text_column_option, user_errors
+from pipeline.cli_options import catalog_option, model_names, parse_columns, text_column_option, user_errors
 from pipeline.tuning.derived import GPUS
 from pipeline.tuning.derived import derive as derive_gpu
 from pipeline.tuning.profile import profile_path, write_profile
@@ -19,7 +19,13 @@ from pipeline.tuning.tune import tune as tune_profile
 
 @click.command()
 @click.option("--profile", "name", required=True, help="Profile to write: a name (configs/NAME.yaml) or a YAML path.")
-@click.option("--models", default="minilm", show_default=True, help="Comma-separated catalog models to tune for.")
+@click.option(
+    "--models",
+    default="minilm",
+    show_default=True,
+    callback=model_names,
+    help="Comma-separated catalog models to tune for.",
+)
 @click.option("--budget-minutes", default=10.0, show_default=True, help="Stop starting trials after this long.")
 @click.option(
     "--input", "input_url", default=None, help="Parquet corpus to sample texts from. [default: the demo corpus]"
@@ -63,7 +69,7 @@ def tune(
     search; the chosen settings and every trial's figures go to the file.
     """
     console = Console(stderr=True, soft_wrap=True)
-    names = parse_columns(models) or ["minilm"]
+    names = parse_columns(models)
     if derive:
         fields, comments = derive_gpu(derive, load_catalog(catalog), names)
         path = profile_path(name)
@@ -86,7 +92,7 @@ def tune(
 
 
 @click.command(name="check-precision")
-@click.option("--model", required=True, help="Catalog name of the embedder or reranker to check.")
+@click.option("--model", required=True, callback=model_names, help="Catalog name of the embedder or reranker to check.")
 @click.option("--profile", default=None, help="Profile whose choice is checked and where the verdict is written.")
 @click.option(
     "--texts",

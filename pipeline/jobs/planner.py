@@ -1,8 +1,8 @@
 """Planning a batch job: check the output can be written, list the input shards, split them into items.
 
-Shards are listed with fsspec (a file, a directory, or a glob on any store),
-leaving out the job's own output (an OUTPUT inside INPUT is never read back
-as input), and split by row groups into items of at most `rows_per_item` rows; a row
+Shards are listed with fsspec (a file, a directory, or a glob on any store);
+an OUTPUT inside the folder INPUT lists, or that folder inside OUTPUT, is
+refused (`check_apart`). They are split by row groups into items of at most `rows_per_item` rows; a row
 group larger than that is split by row ranges. Each item's output part is
 named from (shard, row range), so a retried or re-run item writes the same
 object. Footers are read in parallel; a shard whose footer cannot be read
@@ -76,10 +76,45 @@ def check_output(output_url: str, storage_options: dict[str, Any] | None = None)
         raise PlanError(f"output {output_url!r} cannot be written: {reason}") from None
 
 
+def check_apart(input_url: str, output_url: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Refuse an OUTPUT inside the folder INPUT lists (a directory, or a glob's folder before its first
+    wildcard), that folder itself, or that folder inside OUTPUT.
+
+    The job would skip its own parts, but every other reader of the folder (a
+    job with another model or output, a reindex, the user's own tools) would
+    meet Parquet parts with no text column, and readers of OUTPUT the input's
+    shards. A file named on its own lists no folder: its parts may go beside it.
+    """
+    fs, path = open_fs(input_url, storage_options)
+    output_fs, output = open_fs(output_url, storage_options)
+    if type(output_fs) is not type(fs):  # another store (s3:// and s3a:// are one; paths compare without them)
+        return
+    wildcards = [i for i in map(path.find, GLOB_CHARS) if i >= 0]
+    if wildcards:
+        folder = path[: min(wildcards)].rpartition("/")[0]
+    elif fs.isdir(path):
+        folder = path
+    else:
+        return
+    folder, output = folder.rstrip("/"), output.rstrip("/")
+    if output == folder:
+        raise PlanError(f"output {output_url!r} is the input folder {input_url!r} itself; write OUTPUT beside INPUT")
+    if output.startswith(f"{folder}/") or not folder:
+        raise PlanError(
+            f"output {output_url!r} is inside input {input_url!r}: its parts would be shards to every other job "
+            "or reader of the input; write OUTPUT outside INPUT (beside it, not under it)"
+        )
+    if folder.startswith(f"{output}/") or not output:
+        raise PlanError(
+            f"input {input_url!r} is inside output {output_url!r}: its shards would be parts to every reader of "
+            "the output; write OUTPUT where it does not hold INPUT"
+        )
+
+
 def list_shards(
     input_url: str, storage_options: dict[str, Any] | None = None, output_url: str | None = None
 ) -> list[Shard]:
-    """Every Parquet file INPUT names, in a stable order, with size and version; none under `output_url`."""
+    """Every Parquet file INPUT names, in a stable order, with size and version; `output_url` apart from it."""
     try:
         return _list_shards(input_url, storage_options, output_url)
     except PlanError:
@@ -107,13 +142,10 @@ def _list_shards(input_url: str, storage_options: dict[str, Any] | None, output_
         return _shards(fs, [path])  # a file named on its own is input, even inside OUTPUT
     else:
         raise PlanError(f"input {input_url!r} does not exist")
-    if output_url:
-        found = paths
-        paths = _outside(paths, fs, output_url, storage_options)
-        if found and not paths:
-            raise PlanError(f"input {input_url!r} has Parquet files only inside the output {output_url!r}")
     if not paths:
         raise PlanError(f"input {input_url!r} matches no Parquet files")
+    if output_url:
+        check_apart(input_url, output_url, storage_options)
     return _shards(fs, paths)
 
 
@@ -127,15 +159,6 @@ def _shards(fs, paths: list[str]) -> list[Shard]:
         )
         for info in infos
     ]
-
-
-def _outside(paths: list[str], fs, output_url: str, storage_options: dict[str, Any] | None) -> list[str]:
-    """`paths` less those under the output: a job's own parts are never its input."""
-    output_fs, output = open_fs(output_url, storage_options)
-    if type(output_fs) is not type(fs):
-        return paths
-    output = output.rstrip("/")
-    return [p for p in paths if p != output and not p.startswith(f"{output}/")]
 
 
 def _version(info: dict[str, Any]) -> str | None:
