@@ -76,6 +76,9 @@ class ModelSpec(BaseModel):
     max_batch_size: int = Field(default=256, gt=0)
     requires: dict[str, float] = Field(default_factory=dict)
     runtimes: dict[str, RuntimeChoice] = Field(default_factory=dict)  # by device kind; absent: torch
+    # Named prompts laid over the model's own (config_sentence_transformers.json); see configs/prompts.py.
+    prompts: dict[str, str] | None = None
+    default_prompt_name: str | None = None
     # Simulated runtime only: timings of a device that is not there.
     load_seconds: float = 0.0
     batch_fixed_seconds: float = 0.0

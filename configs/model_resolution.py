@@ -138,6 +138,18 @@ class ModelFiles:
             raise ConfigError(f"{self.folder}: cannot tell the model's window (no max_seq_length, no model_max_length)")
         return int(min(limits))
 
+    def prompts(self) -> tuple[dict[str, str], str | None]:
+        """The named prompts and the default prompt's name that ``config_sentence_transformers.json`` states."""
+        path = self.folder / "config_sentence_transformers.json"
+        config = _mapping(path)
+        prompts = config.get("prompts") or {}
+        default = config.get("default_prompt_name")
+        if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+            raise ConfigError(f"{path}: prompts must map names to texts, not {prompts!r}")
+        if default is not None and not isinstance(default, str):
+            raise ConfigError(f"{path}: default_prompt_name must be a name, not {default!r}")
+        return {str(k): v for k, v in prompts.items()}, default
+
     def normalize(self) -> bool:
         return any(m.get("type", "").endswith("Normalize") for m in self.modules())
 

@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 
 from configs import ConfigError, load_catalog, load_profile
+from configs.prompts import model_prompts
 from pipeline.cli_options import (
     USER_ERRORS,
     cluster_options,
@@ -40,7 +41,7 @@ from pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rera
 from pipeline.jobs.schedule import check_expression, run_on_schedule
 from pipeline.retrieval.beir import load_beir
 from pipeline.retrieval.evaluation import print_report, run_eval
-from pipeline.retrieval.run import run_pipeline
+from pipeline.retrieval.run import embed_requests, run_pipeline
 from pipeline.retrieval.spec import load_job_spec
 from workers.vector_precision import PRECISIONS, Precision, VectorFormat
 
@@ -87,6 +88,12 @@ RESUMABLE = ("embed", "rerank", "run", "reindex", "eval")
     show_default=True,
     help="lance: OUTPUT is a Lance dataset (also OUTPUT=lance://PATH), committed as one version per run.",
 )
+@click.option(
+    "--prompt-name",
+    default=None,
+    help="One of the model's named prompts (e.g. query, document; `shoal models` lists them) before every text.",
+)
+@click.option("--prompt", default=None, help='The text before every text, e.g. "query: "; "" for none.')
 @user_errors()
 def embed(
     input_url: str,
@@ -103,6 +110,8 @@ def embed(
     precision: Precision,
     dim: int | None,
     output_format: str,
+    prompt_name: str | None,
+    prompt: str | None,
 ) -> None:
     """Embed the TEXT column of every row of INPUT into Parquet parts under OUTPUT.
 
@@ -128,6 +137,8 @@ def embed(
         storage_options=parse_storage_options(storage_options),
         chunk=parse_chunk(chunk),
         vectors=VectorFormat(precision=precision, dim=dim),
+        prompt_name=prompt_name,
+        prompt=prompt,
     )
     for name in models:
         check_embed_options(request, model_for(catalog_config, profile_config, name, "embedder"))
@@ -274,7 +285,7 @@ def run_job_file(job_file: str, scheduler: str | None, profile: str | None, cata
     spec = load_job_spec(job_file)
     profile_config = load_profile(profile)
     catalog_config = load_catalog(catalog)
-    model_for(catalog_config, profile_config, spec.embed.model, "embedder")
+    embed_requests(spec, model_prompts(model_for(catalog_config, profile_config, spec.embed.model, "embedder")))
     if spec.rerank:
         model_for(catalog_config, profile_config, spec.rerank.model, "reranker")
     warm = [spec.embed.model, *([spec.rerank.model] if spec.rerank else [])]
@@ -299,6 +310,12 @@ def run_job_file(job_file: str, scheduler: str | None, profile: str | None, cata
 @click.option(
     "--output", default=None, help="Where inputs, stage outputs and metrics.json go. [default: out/eval-<dataset>]"
 )
+@click.option("--query-prompt-name", default=None, help="Prompt of the queries. [default: the model's query prompt]")
+@click.option(
+    "--document-prompt-name", default=None, help="Prompt of the corpus. [default: the model's document prompt]"
+)
+@click.option("--query-prompt", default=None, help='Or the queries\' prompt text ("" for none).')
+@click.option("--document-prompt", default=None, help='Or the corpus\'s prompt text ("" for none).')
 @cluster_options()
 @user_errors()
 def evaluate(
@@ -309,6 +326,10 @@ def evaluate(
     rerank_k: int,
     split: str,
     output: str | None,
+    query_prompt_name: str | None,
+    document_prompt_name: str | None,
+    query_prompt: str | None,
+    document_prompt: str | None,
     scheduler: str | None,
     profile: str | None,
     catalog: str | None,
@@ -317,7 +338,14 @@ def evaluate(
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
     catalog_config = load_catalog(catalog)
-    model_for(catalog_config, profile_config, model, "embedder")
+    prompts = model_prompts(model_for(catalog_config, profile_config, model, "embedder"))
+    overrides: dict[str, dict[str, str]] = {}
+    for role, name, text in (
+        ("query", query_prompt_name, query_prompt),
+        ("document", document_prompt_name, document_prompt),
+    ):
+        prompts.text(name, text)  # an unknown name, or a name and a text: refused before any work
+        overrides[role] = {k: v for k, v in (("prompt_name", name), ("prompt", text)) if v is not None}
     if reranker:
         model_for(catalog_config, profile_config, reranker, "reranker")
     data = load_beir(dataset, split)
@@ -333,6 +361,8 @@ def evaluate(
             profile_config,
             catalog_config,
             console,
+            overrides["query"],
+            overrides["document"],
         )
     print_report(report, Console(soft_wrap=True))
     sys.exit(outcome.exit_code)

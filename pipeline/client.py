@@ -63,7 +63,8 @@ class EncodeOptions(TypedDict, total=False):
     dtype: "float32" (default) or "float16", the reply's vectors; truncate
     (default True): cut texts to the model's window instead of refusing them;
     precision, dim, ranges: the stored vector format, as `shoal embed` writes it
-    (default float32, every dimension).
+    (default float32, every dimension); prompt_name (e.g. "query") or prompt
+    (its text): what goes before each text, by default the model's default prompt.
     """
 
     dtype: str
@@ -71,6 +72,8 @@ class EncodeOptions(TypedDict, total=False):
     precision: str
     dim: int | None
     ranges: list[list[float]] | None
+    prompt_name: str | None
+    prompt: str | None
 
 
 def _encode_body(
@@ -81,10 +84,13 @@ def _encode_body(
     precision: str = "float32",
     dim: int | None = None,
     ranges: list[list[float]] | None = None,
+    prompt_name: str | None = None,
+    prompt: str | None = None,
 ) -> bytes:
-    compact = {
-        k: v for k, v in (("precision", precision), ("dim", dim), ("ranges", ranges)) if v not in (None, "float32")
-    }
+    given = {"dim": dim, "ranges": ranges, "prompt_name": prompt_name, "prompt": prompt}
+    compact = {k: v for k, v in given.items() if v is not None}
+    if precision != "float32":
+        compact["precision"] = precision
     return msgpack.packb({"texts": list(texts), "dtype": dtype, "truncate": truncate, **compact})
 
 

@@ -2,8 +2,8 @@
 
 Catalog entries first, then the Hugging Face ids in the local hub cache, each
 read from its own files the way `--model` reads it, so a user sees before a
-job what dimension, window and normalisation it would run with, or why a
-cached model cannot be used.
+job what dimension, window, normalisation and named prompts it would run
+with, or why a cached model cannot be used.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from rich.table import Table
 
 from configs import Catalog, ConfigError, ModelSpec, Profile
 from configs.model_resolution import cached_models, hub_cache_dir
+from configs.prompts import model_prompts
 
 FIELDS = ("kind", "dim", "max_seq_length", "normalize", "memory_bytes", "source")
 
@@ -28,6 +29,7 @@ def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -
             **tuned.model_dump(include=set(FIELDS)),
             "token_budget_cpu": tuned.budget_for("cpu"),
             "max_batch_size": tuned.max_batch_size,
+            **prompt_fields(spec),
         }
 
     rows = [{"name": name, "from": "catalog", **fields(spec)} for name, spec in catalog.models.items()]
@@ -41,11 +43,27 @@ def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -
     return rows
 
 
+def prompt_fields(spec: ModelSpec) -> dict[str, Any]:
+    """The model's non-empty named prompts and its default's name; a catalog entry's unreadable files: why."""
+    try:
+        prompts = model_prompts(spec)
+    except ConfigError as exc:
+        return {"prompts": None, "default_prompt_name": None, "prompts_error": str(exc)}
+    named = {name: text for name, text in prompts.named.items() if text}
+    return {"prompts": named, "default_prompt_name": prompts.default_name}
+
+
+def _prompt_names(row: dict[str, Any]) -> str:
+    if row["prompts"] is None:
+        return "?"
+    return ", ".join(f"{n} (default)" if n == row["default_prompt_name"] else n for n in row["prompts"]) or "-"
+
+
 def render_models(rows: list[dict[str, Any]], console: Console) -> None:
-    table = Table("name", "from", "kind", "dim", "max tokens", "normalize", "weights MB", "source")
+    table = Table("name", "from", "kind", "dim", "max tokens", "normalize", "weights MB", "prompts", "source")
     for row in rows:
         if "error" in row:
-            table.add_row(row["name"], row["from"], f"[red]{row['error']}[/red]", *[""] * 5)
+            table.add_row(row["name"], row["from"], f"[red]{row['error']}[/red]", *[""] * 6)
             continue
         table.add_row(
             row["name"],
@@ -55,6 +73,7 @@ def render_models(rows: list[dict[str, Any]], console: Console) -> None:
             str(row["max_seq_length"]),
             "yes" if row["normalize"] else "no",
             f"{row['memory_bytes'] / 1e6:.0f}",
+            _prompt_names(row),
             row["source"],
         )
     console.print(table)

@@ -33,13 +33,14 @@ class EncodeCall:
     precision: str = "float32"  # int8/uint8/binary/ubinary: quantized as a batch job stores them
     dim: int | None = None  # the first `dim` dimensions, re-normalised
     ranges: list[list[float]] | None = None  # int8/uint8: the batch job's calibration (its manifest's vectors.ranges)
+    prompt_name: str | None = None  # one of the model's named prompts; the worker resolves it (configs/prompts.py)
+    prompt: str | None = None  # or the prompt text itself; neither: the model's default prompt
 
     def payload(self) -> dict[str, Any]:
-        compact = {
-            k: v
-            for k, v in (("precision", self.precision), ("dim", self.dim), ("ranges", self.ranges))
-            if v not in (None, "float32")
-        }
+        given = {"dim": self.dim, "ranges": self.ranges, "prompt_name": self.prompt_name, "prompt": self.prompt}
+        compact = {k: v for k, v in given.items() if v is not None}
+        if self.precision != "float32":
+            compact["precision"] = self.precision
         return {"texts": self.texts, "truncate": self.truncate, "dtype": self.dtype, **compact}
 
     def check_dim(self, spec: dict[str, Any]) -> None:
@@ -83,6 +84,8 @@ class EncodeBody(_Native):
     precision: Precision = "float32"
     dim: int | None = Field(default=None, gt=0)
     ranges: list[list[float]] | None = None
+    prompt_name: str | None = None
+    prompt: str | None = None
 
 
 class RerankBody(_Native):
@@ -101,6 +104,7 @@ class OpenAIEmbeddingsBody(_Compat):
     input: str | list[str]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, gt=0)
+    prompt_name: str | None = None  # Shoal's extension (TEI has it too): one of the model's named prompts
 
 
 class CohereDocument(_Compat):
@@ -167,8 +171,21 @@ def _within_limits(texts: list[str], what: str, truncate: bool, limits: GatewayS
     return texts
 
 
+def _prompt(name: str | None, text: str | None, limits: GatewaySettings) -> None:
+    """A prompt name or text, not both; a text within the input limits (the worker checks the name)."""
+    if name is not None and text is not None:
+        raise RequestError(400, "invalid request: give prompt_name or prompt, not both")
+    if name is not None:
+        _encodable([name], "prompt_name")
+    if text is not None:
+        _encodable([text], "prompt")
+        if len(text) > limits.max_input_chars:
+            raise RequestError(422, f"prompt has {len(text)} characters, over the limit of {limits.max_input_chars}")
+
+
 def encode_call(model: str, body: Any, limits: GatewaySettings) -> EncodeCall:
     request = _validate(EncodeBody, body)
+    _prompt(request.prompt_name, request.prompt, limits)
     texts = _within_limits(request.texts, "texts", request.truncate, limits)
     if request.precision in ("int8", "uint8") and request.ranges is None:
         raise RequestError(
@@ -178,7 +195,17 @@ def encode_call(model: str, body: Any, limits: GatewaySettings) -> EncodeCall:
         )
     if request.ranges is not None and (len(request.ranges) != 2 or len(request.ranges[0]) != len(request.ranges[1])):
         raise RequestError(400, "invalid request: ranges must be two lists of equal length (minimum, maximum)")
-    return EncodeCall(model, texts, request.truncate, request.dtype, request.precision, request.dim, request.ranges)
+    return EncodeCall(
+        model,
+        texts,
+        request.truncate,
+        request.dtype,
+        request.precision,
+        request.dim,
+        request.ranges,
+        request.prompt_name,
+        request.prompt,
+    )
 
 
 def score_call(model: str, body: Any, limits: GatewaySettings) -> ScoreCall:
@@ -194,7 +221,13 @@ def openai_call(body: Any, limits: GatewaySettings) -> tuple[EncodeCall, OpenAIE
         raise RequestError(400, "invalid request: input as token arrays is not supported; send text")
     request = _validate(OpenAIEmbeddingsBody, body)
     texts = [request.input] if isinstance(request.input, str) else request.input
-    call = EncodeCall(request.model, _within_limits(texts, "input", True, limits), dim=request.dimensions)
+    _prompt(request.prompt_name, None, limits)
+    call = EncodeCall(
+        request.model,
+        _within_limits(texts, "input", True, limits),
+        dim=request.dimensions,
+        prompt_name=request.prompt_name,
+    )
     return call, request
 
 

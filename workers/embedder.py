@@ -7,8 +7,9 @@ vectors are exactly what a direct sentence-transformers call gives, minus the
 padding it would have computed. ``encode`` itself is not called: on every
 call it also puts the model in eval mode and checks every parameter's
 device, a fixed cost that is a noticeable share of a short query's compute.
-The model's default prompt is looked up once, at load, where ``encode`` looks
-it up on every call.
+Prompts (configs/prompts.py) are the caller's: ``None`` is the model's
+default, as in ``encode``; the text goes through ``preprocess``, which
+prepends it and tells the pooling how many tokens it took.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from configs import ModelSpec
+from configs.prompts import model_prompts
 
 from .device_thread import DeviceThread
 from .devices import DevicePlan
@@ -38,35 +40,40 @@ class SentenceEmbedder(TorchModel):
         model.max_seq_length = spec.max_seq_length
         super().__init__(spec, plan, model, device_thread, dtype)
         self.torch_device = torch.device(plan.device)
-        self.prompt = model.prompts.get(model.default_prompt_name) if model.default_prompt_name else None
+        self.prompts = model_prompts(spec)
         dim = model.get_embedding_dimension()
         if dim != spec.dim:
             raise ValueError(f"model {spec.name!r}: catalog says dim {spec.dim}, the model gives {dim}")
 
-    def token_lengths(self, texts: list[str]) -> Measured:
+    def token_lengths(self, texts: list[str], prompt: str | None = None) -> Measured:
         """Token counts after truncation (the prompt included, as the model sees it), and how many were truncated."""
-        prompted = [self.prompt + t for t in texts] if self.prompt else texts
+        prompt = self.prompts.text(prompt=prompt)
+        prompted = [prompt + t for t in texts] if prompt else texts
         return count_tokens(self.tokenizer, self.spec.max_seq_length, prompted)
 
-    def embed(self, texts: list[str], measured: Measured | None = None) -> tuple[np.ndarray, int]:
+    def embed(
+        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
+    ) -> tuple[np.ndarray, int]:
         """float32 vectors in input order, and the count of truncated texts.
 
-        `measured`: ``token_lengths(texts)``, when the caller has it already.
+        `measured`: ``token_lengths(texts, prompt)``, when the caller has it already. `prompt`: the text
+        before each input; None: the model's default prompt.
         """
+        prompt = self.prompts.text(prompt=prompt)
         return self.in_batches(
             len(texts),
-            lambda: measured or self.token_lengths(texts),
-            lambda batch: self._forward([texts[i] for i in batch]),
+            lambda: measured or self.token_lengths(texts, prompt),
+            lambda batch: self._forward([texts[i] for i in batch], prompt),
             self.spec.dim,
         )
 
-    def _forward(self, texts: list[str]) -> np.ndarray:
+    def _forward(self, texts: list[str], prompt: str) -> np.ndarray:
         """One forward batch, as ``encode`` computes it (see the module docstring)."""
         import torch
         from sentence_transformers.util import batch_to_device, truncate_embeddings
 
         with torch.inference_mode():
-            features = batch_to_device(self.model.preprocess(texts, prompt=self.prompt), self.torch_device)
+            features = batch_to_device(self.model.preprocess(texts, prompt=prompt or None), self.torch_device)
             vectors = self.model(features)["sentence_embedding"]
             if self.model.truncate_dim is not None:
                 vectors = truncate_embeddings(vectors, self.model.truncate_dim)

@@ -5,7 +5,7 @@ model and operation that waited for the round) to one of these functions, on
 the device thread. The texts of all
 requests go through the runtime together, so its token-budget batching sorts
 and packs them; each request then gets its own slice. A request that cannot be
-answered (too long with truncation off) gets an error result with an HTTP
+answered (too long with truncation off, an unknown prompt name) gets an error result with an HTTP
 status; the others in its group are still answered.
 
 Results travel back through the scheduler, so vectors are raw little-endian
@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from configs.prompts import PromptError
+
 from .vector_precision import VectorFormat, compact
 
 WIRE_DTYPES = {"float32": "<f4", "float16": "<f2"}
@@ -28,31 +30,38 @@ def _too_long(limit: int) -> dict[str, Any]:
 
 
 def encode(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """{"texts", "truncate", "dtype"[, "precision", "dim", "ranges"]} per request -> {"embeddings", "shape", "dtype", "tokens"}.
+    """{"texts", "truncate", "dtype"[, "precision", "dim", "ranges", "prompt_name" or "prompt"]} per request
+    -> {"embeddings", "shape", "dtype", "tokens"}.
 
     With a precision other than float32, "dtype" names it and the bytes are
     the quantized values (binary: packed bits), as a batch job stores them.
+    Requests are run together per prompt text (configs/prompts.py; none
+    given: the model's default); an unknown prompt name is that request's 400.
     """
     results: list[dict[str, Any]] = [{} for _ in payloads]
-    answered, texts = [], []
+    by_prompt: dict[str, list[int]] = {}
     for i, payload in enumerate(payloads):
-        if not payload.get("truncate", True) and runtime.token_lengths(payload["texts"])[1]:
+        try:
+            prompt = runtime.prompts.text(payload.get("prompt_name"), payload.get("prompt"))
+        except PromptError as exc:
+            results[i] = {"error": str(exc), "status": 400}
+            continue
+        if not payload.get("truncate", True) and runtime.token_lengths(payload["texts"], prompt)[1]:
             results[i] = _too_long(runtime.spec.max_seq_length)
             continue
-        answered.append(i)
-        texts.extend(payload["texts"])
-    if not texts:
-        return results
-    measured = runtime.token_lengths(texts)
-    lengths = measured[0]
-    vectors, _ = runtime.embed(texts, measured)
-    start = 0
-    for i in answered:
-        payload = payloads[i]
-        end = start + len(payload["texts"])
-        results[i] = _encoded(vectors[start:end], payload)
-        results[i]["tokens"] = int(lengths[start:end].sum())
-        start = end
+        by_prompt.setdefault(prompt, []).append(i)
+    for prompt, answered in by_prompt.items():
+        texts = [text for i in answered for text in payloads[i]["texts"]]
+        measured = runtime.token_lengths(texts, prompt)
+        lengths = measured[0]
+        vectors, _ = runtime.embed(texts, measured, prompt)
+        start = 0
+        for i in answered:
+            payload = payloads[i]
+            end = start + len(payload["texts"])
+            results[i] = _encoded(vectors[start:end], payload)
+            results[i]["tokens"] = int(lengths[start:end].sum())
+            start = end
     return results
 
 

@@ -199,17 +199,11 @@ def _build(spec: ModelSpec, dtype: str, staging: Path) -> None:
         "dtype": dtype,
         "inputs": names,
         "max_seq_length": spec.max_seq_length,
-        "prompt": _default_prompt(reference_model),
         "graph_bytes": graph.stat().st_size,
         "graph_sha256": _sha256(graph),
         "torch": torch.__version__,
     }
     (staging / RECORD_FILE).write_text(json.dumps(record, indent=1))
-
-
-def _default_prompt(model) -> str:
-    name = getattr(model, "default_prompt_name", None)
-    return (getattr(model, "prompts", {}) or {}).get(name) or "" if name else ""
 
 
 def _graph_module(model, names: list[str], head: Callable):
@@ -242,6 +236,9 @@ def _embedder_graph(spec: ModelSpec):
     model = SentenceTransformer(spec.resolve_path(), device="cpu", local_files_only=True)
     model.max_seq_length = spec.max_seq_length
     model.eval()
+    if any(getattr(module, "include_prompt", True) is False for module in model):
+        # Its pooling skips the prompt's tokens (INSTRUCTOR-style): the graph's input has no prompt length.
+        raise ExportCheckFailed(f"model {spec.name!r} pools without its prompt's tokens: run it on torch, not onnx")
 
     def vectors_of(output):
         vectors = output["sentence_embedding"]
@@ -287,19 +284,22 @@ def graph_inputs(
     return {name: np.asarray(encoded[name], dtype=np.int64) for name in tokenizer.model_input_names if name in encoded}
 
 
-def _tokenize(tokenizer, spec: ModelSpec, inputs: list, kind: str, prompt: str = "") -> dict[str, np.ndarray]:
+def _tokenize(tokenizer, spec: ModelSpec, inputs: list, kind: str) -> dict[str, np.ndarray]:
     """The graph's inputs for check texts (embedder) or (query, passage) pairs (reranker)."""
     if kind == "reranker":
         return graph_inputs(tokenizer, spec.max_seq_length, [q for q, _ in inputs], [p for _, p in inputs])
-    return graph_inputs(tokenizer, spec.max_seq_length, [prompt + t for t in inputs])
+    return graph_inputs(tokenizer, spec.max_seq_length, inputs)
 
 
 def _check_export(spec: ModelSpec, model, tokenizer, graph: Path, inputs: list) -> None:
-    """The graph must give what the torch fp32 model gives, through the runtime's own tokenization."""
+    """The graph must give what the torch fp32 model gives, through the runtime's own tokenization.
+
+    Texts are checked without a prompt: a prompt is text the runtime prepends, never part of the graph.
+    """
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-    feeds = _tokenize(tokenizer, spec, inputs, spec.kind, _default_prompt(model))
+    feeds = _tokenize(tokenizer, spec, inputs, spec.kind)
     got = session.run(None, feeds)[0]
     if spec.kind == "reranker":
         expected = np.asarray(model.predict(inputs, batch_size=len(inputs), show_progress_bar=False), dtype=np.float32)
@@ -310,7 +310,9 @@ def _check_export(spec: ModelSpec, model, tokenizer, graph: Path, inputs: list) 
                 f"(allowed {CHECK_MAX_SCORE_ERROR:.0e})"
             )
         return
-    expected = model.encode(inputs, batch_size=len(inputs), convert_to_numpy=True, normalize_embeddings=spec.normalize)
+    expected = model.encode(
+        inputs, prompt="", batch_size=len(inputs), convert_to_numpy=True, normalize_embeddings=spec.normalize
+    )
     cosine = np.sum(got * expected, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1))
     if got.shape != expected.shape or not float(cosine.min()) >= CHECK_MIN_COSINE:
         raise ExportCheckFailed(

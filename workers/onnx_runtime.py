@@ -14,6 +14,7 @@ import json
 import numpy as np
 
 from configs import ModelSpec
+from configs.prompts import model_prompts
 
 from .device_thread import DeviceThread
 from .devices import DevicePlan
@@ -33,7 +34,6 @@ class OnnxModel(BatchedRuntime):
         self.artifact: Artifact = ensure_artifact(spec, dtype)
         record = json.loads((self.artifact.directory / RECORD_FILE).read_text())
         self.input_names: list[str] = record["inputs"]
-        self.prompt: str = record["prompt"]
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.artifact.directory))
         options = ort.SessionOptions()
         options.intra_op_num_threads = plan.threads
@@ -66,16 +66,26 @@ class OnnxModel(BatchedRuntime):
 
 
 class OnnxEmbedder(OnnxModel):
-    def token_lengths(self, texts: list[str]) -> Measured:
-        """Token counts after truncation (the prompt included), and how many texts were truncated."""
-        return count_tokens(self.tokenizer, self.spec.max_seq_length, [self.prompt + t for t in texts])
+    """Prompts as the torch embedder applies them: prepended to each text before tokenizing."""
 
-    def embed(self, texts: list[str], measured: Measured | None = None) -> tuple[np.ndarray, int]:
-        """float32 vectors in input order, and the count of truncated texts."""
+    def __init__(self, spec: ModelSpec, plan: DevicePlan, dtype: str, device_thread: DeviceThread | None) -> None:
+        super().__init__(spec, plan, dtype, device_thread)
+        self.prompts = model_prompts(spec)
+
+    def token_lengths(self, texts: list[str], prompt: str | None = None) -> Measured:
+        """Token counts after truncation (the prompt included), and how many texts were truncated."""
+        prompt = self.prompts.text(prompt=prompt)
+        return count_tokens(self.tokenizer, self.spec.max_seq_length, [prompt + t for t in texts])
+
+    def embed(
+        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
+    ) -> tuple[np.ndarray, int]:
+        """float32 vectors in input order, and the count of truncated texts; `prompt`: None is the default."""
+        prompt = self.prompts.text(prompt=prompt)
         return self.in_batches(
             len(texts),
-            lambda: measured or self.token_lengths(texts),
-            lambda batch: self._run([self.prompt + texts[i] for i in batch]),
+            lambda: measured or self.token_lengths(texts, prompt),
+            lambda batch: self._run([prompt + texts[i] for i in batch]),
             self.spec.dim,
         )
 

@@ -3,7 +3,7 @@
 SIMULATION: no model runs. Loading sleeps the catalog's `load_seconds` and
 claims `memory_bytes`; each token-budget batch sleeps `batch_fixed_seconds +
 per_token_seconds x padded tokens`. Vectors are deterministic pseudo-random
-unit vectors of the text. It goes through the same pool, pull loop and queue
+unit vectors of the text (its prompt prepended, as a real model reads it). It goes through the same pool, pull loop and queue
 as the real runtimes, so many workers and models fit on a few cores and the
 scheduling can be studied on its own.
 """
@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from configs import ModelSpec
+from configs.prompts import model_prompts
 
 from .device_thread import DeviceThread
 from .token_batching import BatchedRuntime, Measured
@@ -26,18 +27,24 @@ CHARS_PER_TOKEN = 4
 class SimulatedRuntime(BatchedRuntime):
     def __init__(self, spec: ModelSpec, device_kind: str = "cpu", device_thread: DeviceThread | None = None) -> None:
         super().__init__(spec, device_kind, device_thread)
+        self.prompts = model_prompts(spec)
         time.sleep(spec.load_seconds)
 
     def memory_bytes(self) -> int:
         return self.spec.memory_bytes
 
-    def token_lengths(self, texts: list[str]) -> Measured:
+    def token_lengths(self, texts: list[str], prompt: str | None = None) -> Measured:
         limit = self.spec.max_seq_length
-        raw = np.fromiter((2 + len(t) // CHARS_PER_TOKEN for t in texts), dtype=np.int64, count=len(texts))
+        extra = len(self.prompts.text(prompt=prompt))
+        raw = np.fromiter((2 + (extra + len(t)) // CHARS_PER_TOKEN for t in texts), dtype=np.int64, count=len(texts))
         return np.minimum(raw, limit), int((raw > limit).sum())
 
-    def embed(self, texts: list[str], measured: Measured | None = None) -> tuple[np.ndarray, int]:
-        lengths, truncated = measured or self.token_lengths(texts)
+    def embed(
+        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
+    ) -> tuple[np.ndarray, int]:
+        prompt = self.prompts.text(prompt=prompt)
+        lengths, truncated = measured or self.token_lengths(texts, prompt)
+        texts = [prompt + t for t in texts] if prompt else texts
 
         def forward(batch: np.ndarray) -> np.ndarray:
             padded = len(batch) * int(lengths[batch].max())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from functools import lru_cache
 
@@ -37,5 +38,7 @@ def model_fingerprint(spec: ModelSpec) -> str:
     """sha256 over the weights and the settings that change the vectors."""
     path = spec.resolve_path()
     settings = f"{spec.kind}|{spec.dim}|{spec.max_seq_length}|{spec.normalize}"
+    if spec.prompts is not None or spec.default_prompt_name is not None:  # the catalog's own prompts
+        settings += f"|{json.dumps([spec.prompts, spec.default_prompt_name], sort_keys=True)}"
     weights = _hash_directory(path, _stamp(path))
     return hashlib.sha256(f"{weights}|{settings}".encode()).hexdigest()

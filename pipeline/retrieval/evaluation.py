@@ -2,7 +2,8 @@
 
 The dataset's corpus and judged queries are written as Parquet under the
 output directory and run through the same pipeline as `shoal run` (embed on
-the cluster, exact top-k, optional rerank). nDCG@k and recall@k follow
+the cluster with the model's query and document prompts, exact top-k,
+optional rerank). nDCG@k and recall@k follow
 trec_eval (BEIR's metrics): linear gains, ideal ranking from the judgments,
 averaged over the queries that have at least one relevant document.
 """
@@ -66,7 +67,10 @@ def run_eval(
     profile: Profile,
     catalog: Catalog,
     console: Console,
+    query_prompt: dict[str, str] | None = None,
+    document_prompt: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], RunOutcome]:
+    """`query_prompt`, `document_prompt`: {"prompt_name": …} or {"prompt": …} in place of the model's own."""
     output = output.rstrip("/")
     judged = {q for q, j in dataset.qrels.items() if any(g > 0 for g in j.values())}
     queries = dataset.queries.filter(pa.array([q in judged for q in dataset.queries.column("id").to_pylist()]))
@@ -75,13 +79,14 @@ def run_eval(
     spec = JobSpec(
         name=f"eval-{dataset.name}",
         output=output,
-        corpus=TextSource(input=f"{output}/inputs/corpus.parquet"),
-        queries=TextSource(input=f"{output}/inputs/queries.parquet"),
+        corpus=TextSource(input=f"{output}/inputs/corpus.parquet", **(document_prompt or {})),
+        queries=TextSource(input=f"{output}/inputs/queries.parquet", **(query_prompt or {})),
         embed=EmbedStage(model=model),
         retrieve=RetrieveStage(top_k=top_k),
         rerank=RerankStage(model=reranker, top_k=min(rerank_k, top_k)) if reranker else None,
     )
     outcome = run_pipeline(client, spec, profile, catalog, console)
+    prompts = outcome.record["prompts"]
     report: dict[str, Any] = {
         "dataset": dataset.name,
         "corpus": dataset.corpus.num_rows,
@@ -91,6 +96,7 @@ def run_eval(
         "reranker": reranker,
         "top_k": top_k,
         "rerank_k": spec.rerank.top_k if spec.rerank else None,
+        "prompts": {"queries": prompts["query-embeddings"], "corpus": prompts["corpus-embeddings"]},
         "metrics": {},
         "complete": outcome.exit_code == 0,
     }

@@ -1,6 +1,7 @@
 """`shoal run`: a job spec's stages, one after another, on one cluster.
 
-1. embed the corpus and 2. embed the queries: batch embed jobs (the cluster);
+1. embed the corpus and 2. embed the queries: batch embed jobs (the cluster),
+   each with the model's prompt for its role (TextSource);
 3. exact top-k by cosine over the vectors read back (this process, numpy);
 4. rerank each query's top candidates: a batch rerank job (the cluster);
 5. write the ranked results, one row per (query, document), and `_run.json`.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,8 +30,9 @@ from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, Profile
+from configs.prompts import ModelPrompts, Role, model_prompts
 from pipeline.jobs.embed import EmbedRequest, run_embed
-from pipeline.jobs.engine import JobOutcome
+from pipeline.jobs.engine import JobOutcome, model_for
 from pipeline.jobs.planner import PlanError
 from pipeline.jobs.rerank import RerankRequest, run_rerank
 from pipeline.retrieval.spec import JobSpec, RerankStage, TextSource
@@ -63,12 +65,11 @@ def run_pipeline(client: Client, spec: JobSpec, profile: Profile, catalog: Catal
         "rejected_rows": 0,
     }
     outcome = RunOutcome(None, record)
-    for stage, source in (("corpus-embeddings", spec.corpus), ("query-embeddings", spec.queries)):
-        _stage(
-            outcome,
-            stage,
-            lambda s=source, n=stage: run_embed(client, _embed_request(spec, s, n), profile, catalog, console),
-        )
+    prompts = model_prompts(model_for(catalog, profile, spec.embed.model, "embedder"))
+    requests = embed_requests(spec, prompts)
+    record["prompts"] = {stage: prompts.text(prompt=request.prompt) for stage, request in requests.items()}
+    for stage, request in requests.items():
+        _stage(outcome, stage, lambda r=request: run_embed(client, r, profile, catalog, console))
     if record["failed"]:
         console.print(f"[red]stopping:[/red] {', '.join(record['failed'])} failed; retrieval needs every vector")
         return _finish(outcome, spec)
@@ -150,7 +151,24 @@ def _finish(outcome: RunOutcome, spec: JobSpec) -> RunOutcome:
     return outcome
 
 
-def _embed_request(spec: JobSpec, source: TextSource, stage: str) -> EmbedRequest:
+def embed_requests(spec: JobSpec, prompts: ModelPrompts) -> dict[str, EmbedRequest]:
+    """The corpus and query embed jobs by stage, each with its prompt's text (PromptError: an unknown name)."""
+    requests = {}
+    stages: tuple[tuple[str, TextSource, Role], ...] = (
+        ("corpus-embeddings", spec.corpus, "document"),
+        ("query-embeddings", spec.queries, "query"),
+    )
+    for stage, source, role in stages:
+        request = _embed_request(spec, source, stage, prompts, role)
+        if request.prompt_name is not None:  # else the model's default, as a job without a prompt has it
+            request = replace(request, prompt=prompts.text(request.prompt_name, request.prompt), prompt_name=None)
+        requests[stage] = request
+    return requests
+
+
+def _embed_request(spec: JobSpec, source: TextSource, stage: str, prompts: ModelPrompts, role: Role) -> EmbedRequest:
+    """The stage's embed job; its prompt is the source's override, else the model's for `role` if it has one."""
+    overridden = source.prompt_name is not None or source.prompt is not None
     return EmbedRequest(
         input=source.input,
         output=f"{spec.output.rstrip('/')}/{stage}",
@@ -159,6 +177,8 @@ def _embed_request(spec: JobSpec, source: TextSource, stage: str) -> EmbedReques
         id_column=source.id_column,
         storage_options=spec.storage_options,
         chunk=spec.embed.chunk if source is spec.corpus else None,  # queries are short: one vector each
+        prompt_name=source.prompt_name if overridden else prompts.for_role(role),
+        prompt=source.prompt,
     )
 
 

@@ -23,11 +23,24 @@ class _Strict(BaseModel):
 
 
 class TextSource(_Strict):
-    """Parquet rows with an id and a text: the corpus, or the queries."""
+    """Parquet rows with an id and a text: the corpus, or the queries.
+
+    Their prompt is the model's own for their role (query; document, passage
+    or corpus) when it defines one, else its default: `prompt_name` or
+    `prompt` (the text; "" for none) overrides it.
+    """
 
     input: str
     text_column: str = "text"
     id_column: str = Field(default="id", min_length=1)
+    prompt_name: str | None = None
+    prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> TextSource:
+        if self.prompt_name is not None and self.prompt is not None:
+            raise ValueError("give prompt_name or prompt, not both")
+        return self
 
 
 class EmbedStage(_Strict):
