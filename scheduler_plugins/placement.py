@@ -28,9 +28,12 @@ against the worker's Dask resources, and the model's size against its budget.
 
 Every choice is made from indexes kept as events happen, never from a scan
 of all workers or all leased items: the cost of one pull must not grow with
-the cluster. Steal candidates sit in a heap ordered by drain time, and
-take-back candidates in a heap ordered by how long they would wait on their
-holder; both are scanned from the top only until no later entry can win.
+the cluster, nor with the models in it. Both searches rank models by the
+gain a worker would get at the catalog's load time (drain time, or the
+longest wait on a holder, less that load), which holds for every worker
+except on the few models it has loaded or measured loading faster: those
+are read directly, and the heap is scanned from the top only until no later
+model can win. So an idle pull with nothing worth taking stops at once.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from .model_queues import ModelQueues
@@ -76,6 +79,152 @@ def online_rank(view: WorkerView, model: str, busy: bool) -> int:
     return (0 if model in view.loaded else 2) + (1 if busy else 0)
 
 
+class TakeBacks:
+    """Take-back candidates: batch items leased but not started, each with how long it would wait on its holder.
+
+    Each model's candidates sit in a heap by wait, and the models in one heap
+    keyed by their longest wait less `base_load(model)` (steal factor times
+    the catalog's load): the most any idle worker gains from the model unless
+    it has it loaded or measured loading it faster. A search reads those few
+    models' tops directly, then pops models until no key beats the best gain
+    found, so it ends at once when nothing would gain. Entries are not
+    removed: an item's newest entry is its live one, and a model's key may
+    overestimate its longest wait until it surfaces and is redone. The heaps
+    are rebuilt when stale entries outnumber live ones.
+    """
+
+    def __init__(self, base_load: Callable[[str], float]) -> None:
+        self.base_load = base_load
+        self.by_holder: dict[str, dict[str, WorkItem]] = defaultdict(dict)
+        self.touched = 0  # heap entries searches examined: their cost, counted for tests and benchmarks
+        self._order = itertools.count()
+        self._waits: dict[str, tuple[float, int]] = {}  # item id -> (wait, order of its live entry)
+        self._items: dict[str, list[tuple[float, int, WorkItem]]] = {}  # model -> heap of (-wait, order, item)
+        self._entries = 0  # item entries in all heaps, live and stale
+        self._tops: dict[str, tuple[float, int]] = {}  # model -> (longest wait or more, order of its live entry)
+        self._models: list[tuple[float, int, str]] = []  # heap of (-(longest wait - base load), order, model)
+
+    def set_wait(self, work: WorkItem, wait: float) -> None:
+        """`work` is a candidate that would wait `wait` seconds on its holder."""
+        self.by_holder[work.worker or ""][work.id] = work
+        live = self._waits.get(work.id)
+        if live is not None and live[0] == wait:
+            return
+        order = next(self._order)
+        self._waits[work.id] = (wait, order)
+        heapq.heappush(self._items.setdefault(work.model, []), (-wait, order, work))
+        self._entries += 1
+        top = self._tops.get(work.model)
+        if top is None or wait > top[0]:
+            self._push_model(work.model, wait)
+        if self._entries > 4 * len(self._waits) + 1024:
+            self._rebuild()
+        elif len(self._models) > 4 * len(self._tops) + 1024:
+            self._models = [(-(w - self.base_load(m)), o, m) for m, (w, o) in self._tops.items()]
+            heapq.heapify(self._models)
+
+    def remove(self, holder: str, work: WorkItem) -> bool:
+        """`work` is no candidate now: True if it was one."""
+        if self.by_holder.get(holder, {}).pop(work.id, None) is None:
+            return False
+        del self._waits[work.id]
+        return True
+
+    def remove_holder(self, holder: str) -> None:
+        for work in self.by_holder.pop(holder, {}).values():
+            del self._waits[work.id]
+
+    def of_model(self, model: str) -> list[WorkItem]:
+        return [
+            work for _, order, work in self._items.get(model, []) if self._waits.get(work.id, (0.0, -1))[1] == order
+        ]
+
+    def base_load_changed(self, model: str) -> None:
+        if model in self._tops:
+            self._push_model(model, self._tops[model][0])
+
+    def best(self, thief: WorkerView, cost: Callable[[str], float], hostable: Callable[[str], bool]) -> WorkItem | None:
+        """The candidate of another holder with the largest positive gain: its wait less `cost(model)` on `thief`."""
+        gain, chosen = 0.0, None
+        # Models the thief loads for less than their key assumes: their gains may exceed their keys.
+        direct = {
+            model
+            for model in itertools.chain(thief.loaded, thief.load_seconds)
+            if model in self._items and cost(model) < self.base_load(model) and hostable(model)
+        }
+        for model in direct:
+            top = self._top(model, skip=thief.address)
+            if top is not None and top[0] - cost(model) > gain:
+                gain, chosen = top[0] - cost(model), top[1]
+        popped = []
+        while self._models:
+            self.touched += 1
+            negative_key, order, model = self._models[0]
+            recorded = self._tops.get(model)
+            if recorded is None or recorded[1] != order:
+                heapq.heappop(self._models)  # stale: redone, or no candidates left
+                continue
+            if -negative_key <= gain:
+                break
+            entry = heapq.heappop(self._models)
+            top = self._top(model)
+            if top is None:
+                continue
+            if top[0] < recorded[0]:
+                self._push_model(model, top[0])  # its key overestimated: redone, to surface where it belongs
+                continue
+            popped.append(entry)
+            if model in direct or not hostable(model):
+                continue
+            if top[1].worker == thief.address:
+                top = self._top(model, skip=thief.address)
+            if top is not None and top[0] - cost(model) > gain:
+                gain, chosen = top[0] - cost(model), top[1]
+        for entry in popped:
+            heapq.heappush(self._models, entry)
+        return chosen
+
+    def _top(self, model: str, skip: str | None = None) -> tuple[float, WorkItem] | None:
+        """(wait, item): the candidate of `model` that waits longest, held by a worker other than `skip`."""
+        heap = self._items[model]
+        skipped = []
+        found = None
+        while heap:
+            self.touched += 1
+            _, order, work = heap[0]
+            live = self._waits.get(work.id)
+            if live is None or live[1] != order:
+                heapq.heappop(heap)
+                self._entries -= 1
+            elif work.worker == skip:
+                skipped.append(heapq.heappop(heap))
+            else:
+                found = (live[0], work)
+                break
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        if not heap:
+            del self._items[model]
+            del self._tops[model]
+        return found
+
+    def _push_model(self, model: str, longest: float) -> None:
+        order = next(self._order)
+        self._tops[model] = (longest, order)
+        heapq.heappush(self._models, (-(longest - self.base_load(model)), order, model))
+
+    def _rebuild(self) -> None:
+        self._items, self._tops, self._models = {}, {}, []
+        for items in self.by_holder.values():
+            for work in items.values():
+                wait, order = self._waits[work.id]
+                self._items.setdefault(work.model, []).append((-wait, order, work))
+        for model, heap in self._items.items():
+            heapq.heapify(heap)
+            self._push_model(model, -heap[0][0])
+        self._entries = len(self._waits)
+
+
 class Placement:
     def __init__(
         self, queues: ModelQueues, views: WorkerViews, specs: dict[str, dict[str, Any]], steal_factor: float = 1.0
@@ -86,16 +235,19 @@ class Placement:
         self.steal_factor = steal_factor
         self.stats = ModelStats()
         self._order = itertools.count()
-        # Steal index: models with batch work waiting, by (unheld, drain or backlog); stale entries skipped.
-        self._drains: list[tuple[int, float, int, str, tuple[int, float]]] = []
-        self._drain_keys: dict[str, tuple[int, float]] = {}
+        self._base_loads: dict[str, float] = {}  # model -> steal factor x the catalog's load: the keys' load
+        # Steal index: models with batch work waiting, by (unheld, backlog) or (held, drain less base load).
+        self._drains: list[tuple[int, float, int, str, tuple[int, float, float]]] = []
+        self._drain_keys: dict[str, tuple[int, float, float]] = {}  # model -> (tier, rank, backlog or drain)
         self._dirty: set[str] = set()
-        self._min_spec_load: tuple[int, float] | None = None  # (specs known, their cheapest load)
-        # Take-back index: batch items leased but not started, by how long they would wait on their holder.
-        self._waits: list[tuple[float, int, WorkItem, float]] = []
-        self._unstarted: dict[str, dict[str, WorkItem]] = defaultdict(dict)
-        self._pushed_waits: dict[str, float] = {}  # item id -> the wait of its newest heap entry
+        self._steal_touched = 0
+        self.take_backs = TakeBacks(self._base_load)
         self._ahead: dict[str, float] = defaultdict(float)  # worker -> expected compute of the items it started
+
+    @property
+    def touched(self) -> int:
+        """Heap entries the steal and take-back searches examined so far: what an idle pull costs."""
+        return self._steal_touched + self.take_backs.touched
 
     # -- choosing for a batch pull ----------------------------------------------------
 
@@ -153,42 +305,61 @@ class Placement:
         self._dirty.add(model)
 
     def specs_changed(self) -> None:
-        self._min_spec_load = None
+        """Catalog load times may have changed: the waits and keys built on them are redone."""
+        for model, old in list(self._base_loads.items()):
+            del self._base_loads[model]
+            if self._base_load(model) != old:
+                self._dirty.add(model)
+                for work in self.take_backs.of_model(model):
+                    self.take_backs.set_wait(work, self._wait_on_holder(work))
+                self.take_backs.base_load_changed(model)
 
     def _steal(self, worker: WorkerView) -> str | None:
         """Unheld models first (largest backlog), then the largest positive gain.
 
-        Entries come off the heap in order of drain time, an upper bound of
-        the gain (a load costs at least the worker's cheapest one), so the
-        scan stops once no later entry can beat the best found.
+        Held models come off the heap by drain time less their catalog load,
+        their gain on any worker that did not measure loading them faster:
+        those few are read first, and the scan stops once no later entry can
+        beat the best found.
         """
         self._refresh_drains()
-        cheapest_load = self.steal_factor * self._cheapest_load(worker)
         best: tuple[float, str] | None = None
+        for model, seconds in worker.load_seconds.items():
+            key = self._drain_keys.get(model)
+            if key is None or key[0] != 0 or not seconds or self.steal_factor * seconds >= self._base_load(model):
+                continue
+            self._steal_touched += 1
+            gain = key[2] - self.steal_factor * seconds
+            if gain > 0 and (best is None or gain > best[0]) and self._may_steal(worker, model):
+                best = (gain, model)
         popped = []
         seen: set[str] = set()
         while self._drains:
+            self._steal_touched += 1
             entry = self._drains[0]
             model, key = entry[3], entry[4]
             if self._drain_keys.get(model) != key or model in seen:
                 heapq.heappop(self._drains)
                 continue
-            tier, value = key
-            if tier == 0 and value - cheapest_load <= (best[0] if best is not None else 0.0):
+            tier, rank, amount = key
+            if tier == 0 and rank <= (best[0] if best is not None else 0.0):
                 break
             popped.append(heapq.heappop(self._drains))
             seen.add(model)
-            if model in worker.held or not can_host(self.specs.get(model, {}), worker):
+            if not self._may_steal(worker, model):
                 continue
             if tier == 1:
                 best = (float("inf"), model)
                 break
-            gain = value - self.steal_factor * self._load_seconds(worker, model)
+            gain = amount - self.steal_factor * self._load_seconds(worker, model)
             if gain > 0 and (best is None or gain > best[0]):
                 best = (gain, model)
         for entry in popped:
             heapq.heappush(self._drains, entry)
         return best[1] if best is not None else None
+
+    def _may_steal(self, worker: WorkerView, model: str) -> bool:
+        return model not in worker.held and can_host(self.specs.get(model, {}), worker)
 
     def _refresh_drains(self) -> None:
         for model in self._dirty:
@@ -198,7 +369,11 @@ class Placement:
                 continue
             rows = self.queues.waiting_rows(model, BATCH)
             holders = self.views.holders.get(model, 0)
-            key = (1, float(rows)) if holders == 0 else (0, rows / (self.stats.rows_per_second(model) * holders))
+            if holders == 0:
+                key = (1, float(rows), float(rows))
+            else:
+                drain = rows / (self.stats.rows_per_second(model) * holders)
+                key = (0, drain - self._base_load(model), drain)
             if self._drain_keys.get(model) != key:
                 self._drain_keys[model] = key
                 heapq.heappush(self._drains, (-key[0], -key[1], next(self._order), model, key))
@@ -207,16 +382,14 @@ class Placement:
             self._drains = [(-k[0], -k[1], next(self._order), m, k) for m, k in self._drain_keys.items()]
             heapq.heapify(self._drains)
 
-    def _cheapest_load(self, worker: WorkerView) -> float:
-        """A lower bound of any model's load on `worker`."""
-        if self._min_spec_load is None or self._min_spec_load[0] != len(self.specs):
-            cheapest = min(
-                (s.get("load_seconds") or DEFAULT_LOAD_SECONDS for s in self.specs.values()),
-                default=DEFAULT_LOAD_SECONDS,
+    def _base_load(self, model: str) -> float:
+        """Steal factor times the catalog's load time: every worker's, unless it measured its own."""
+        base = self._base_loads.get(model)
+        if base is None:
+            base = self._base_loads[model] = self.steal_factor * (
+                self.specs.get(model, {}).get("load_seconds") or DEFAULT_LOAD_SECONDS
             )
-            self._min_spec_load = (len(self.specs), cheapest)
-        measured = [s for s in worker.load_seconds.values() if s]
-        return min([self._min_spec_load[1], *measured])
+        return base
 
     def _load_seconds(self, worker: WorkerView, model: str) -> float:
         """Measured on this worker, else the catalog's figure, else a default."""
@@ -227,13 +400,12 @@ class Placement:
     def leased(self, work: WorkItem) -> None:
         """A batch item was leased: a take-back candidate until it starts."""
         if work.priority == BATCH and work.worker is not None:
-            self._unstarted[work.worker][work.id] = work
-            self._push_wait(work)
+            self.take_backs.set_wait(work, self._wait_on_holder(work))
 
     def started(self, work: WorkItem) -> None:
         """The holder began `work`: the items behind it there now wait longer."""
         holder = work.worker or ""
-        if self._forget_candidate(holder, work):
+        if self.take_backs.remove(holder, work):
             work.expected_seconds = work.rows / self.stats.rows_per_second(work.model)
             self._ahead[holder] += work.expected_seconds
             self.holder_changed(holder)
@@ -241,48 +413,30 @@ class Placement:
     def unleased(self, work: WorkItem) -> None:
         """`work` left its holder (acked, failed, lost, taken back): called before its lease is cleared."""
         holder = work.worker or ""
-        if not self._forget_candidate(holder, work) and work.started and holder in self._ahead:
+        if not self.take_backs.remove(holder, work) and work.started and holder in self._ahead:
             self._ahead[holder] = max(0.0, self._ahead[holder] - work.expected_seconds)
             self.holder_changed(holder)
 
     def worker_removed(self, address: str) -> None:
-        for work in list(self._unstarted.get(address, {}).values()):
-            self._forget_candidate(address, work)
-        self._unstarted.pop(address, None)
+        self.take_backs.remove_holder(address)
         self._ahead.pop(address, None)
 
     def holder_changed(self, address: str) -> None:
         """What its waiting items would wait for there changed (items started or done, models loaded)."""
-        for work in self._unstarted.get(address, {}).values():
-            self._push_wait(work)
+        for work in list(self.take_backs.by_holder.get(address, {}).values()):
+            self.take_backs.set_wait(work, self._wait_on_holder(work))
 
     def take_back(self, thief: WorkerView) -> WorkItem | None:
         """The leased, not started batch item an idle `thief` would start soonest, ahead of its holder.
 
-        Entries come off the heap by how long they would wait on their holder,
-        an upper bound of the gain, so the scan stops once no later one can win.
+        The gain is the wait on the holder less the load on the thief (none if
+        it has the model loaded); only models the thief may host count.
         """
-        best: tuple[float, WorkItem] | None = None
-        popped = []
-        while self._waits:
-            key, _, work, wait = self._waits[0]
-            if self._pushed_waits.get(work.id) != wait:
-                heapq.heappop(self._waits)  # stale: a newer entry exists, or it is no candidate now
-                continue
-            if wait <= (best[0] if best is not None else 0.0):
-                break
-            popped.append(heapq.heappop(self._waits))
-            if work.worker == thief.address:
-                continue
-            if work.model not in thief.held and not can_host(self.specs.get(work.model, {}), thief):
-                continue
-            on_thief = 0.0 if work.model in thief.loaded else self.steal_factor * self._load_seconds(thief, work.model)
-            gain = wait - on_thief
-            if gain > 0 and (best is None or gain > best[0]):
-                best = (gain, work)
-        for entry in popped:  # the chosen one too: it stops being a candidate when it is unleased
-            heapq.heappush(self._waits, entry)
-        return best[1] if best is not None else None
+        return self.take_backs.best(
+            thief,
+            cost=lambda model: 0.0 if model in thief.loaded else self.steal_factor * self._load_seconds(thief, model),
+            hostable=lambda model: model in thief.held or can_host(self.specs.get(model, {}), thief),
+        )
 
     def _wait_on_holder(self, work: WorkItem) -> float:
         """Seconds `work` waits on its holder before it starts: the items started there, and a load."""
@@ -292,23 +446,3 @@ class Placement:
         if view is not None and work.model not in view.loaded:
             wait += self._load_seconds(view, work.model)
         return wait
-
-    def _push_wait(self, work: WorkItem) -> None:
-        wait = self._wait_on_holder(work)
-        if self._pushed_waits.get(work.id) == wait:
-            return
-        self._pushed_waits[work.id] = wait
-        heapq.heappush(self._waits, (-wait, next(self._order), work, wait))
-        if len(self._waits) > 4 * len(self._pushed_waits) + 1024:
-            self._waits = [(-w, next(self._order), item, w) for item, w in self._candidates()]
-            heapq.heapify(self._waits)
-
-    def _candidates(self) -> list[tuple[WorkItem, float]]:
-        return [(item, self._pushed_waits[item.id]) for items in self._unstarted.values() for item in items.values()]
-
-    def _forget_candidate(self, holder: str, work: WorkItem) -> bool:
-        """Drop `work` from the take-back candidates: True if it was one."""
-        if self._unstarted.get(holder, {}).pop(work.id, None) is None:
-            return False
-        self._pushed_waits.pop(work.id, None)
-        return True

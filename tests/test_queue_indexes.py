@@ -150,7 +150,7 @@ MODELS = ["a", "b", "c", "g"]
 POOL = ["w0", "w1", "w2", "w3", "w4"]
 
 step = st.one_of(
-    st.tuples(st.just("submit"), st.sampled_from(MODELS), st.integers(1, 4), st.integers(1, 300)),
+    st.tuples(st.just("submit"), st.sampled_from(MODELS), st.integers(1, 4), st.integers(1, 1500)),
     st.tuples(st.just("online"), st.sampled_from(MODELS)),
     st.tuples(
         st.just("pull"),
@@ -159,6 +159,8 @@ step = st.one_of(
         st.lists(st.sampled_from(MODELS), max_size=3),
         st.integers(1, 3),
         st.integers(0, 2),
+        st.sampled_from(MODELS),  # a model whose load the worker measured: faster or slower than the catalog's
+        st.sampled_from([0.1, 1.0, 3.0]),
     ),
     st.tuples(
         st.just("pull_online"), st.sampled_from(POOL), st.lists(st.sampled_from(MODELS), max_size=3), st.booleans()
@@ -169,6 +171,7 @@ step = st.one_of(
     st.tuples(st.just("expire"), st.integers(0, 50)),
     st.tuples(st.just("remove"), st.sampled_from(POOL)),
     st.tuples(st.just("rejoin"), st.sampled_from(POOL)),
+    st.tuples(st.just("respec"), st.sampled_from(MODELS), st.sampled_from([None, 0.2, 1.0, 3.0])),
 )
 
 
@@ -196,9 +199,19 @@ def check_indexes(plugin: PullQueue) -> None:
             unstarted[work.worker].add(work.id)
         elif work.started:
             ahead[work.worker] += work.expected_seconds
-    assert {w: set(i) for w, i in placement._unstarted.items() if i} == dict(unstarted)
+    take_backs = placement.take_backs
+    assert {w: set(i) for w, i in take_backs.by_holder.items() if i} == dict(unstarted)
+    assert set(take_backs._waits) == {i for ids in unstarted.values() for i in ids}
     for worker, seconds in ahead.items():
         assert abs(placement._ahead.get(worker, 0.0) - seconds) < 1e-6
+    longest: dict[str, float] = {}
+    for work in leased:
+        if work.id in take_backs._waits:
+            wait, order = take_backs._waits[work.id]
+            assert (-wait, order, work) in take_backs._items[work.model]  # its live entry is in its model's heap
+            longest[work.model] = max(longest.get(work.model, wait), wait)
+    for model, wait in longest.items():
+        assert take_backs._tops[model][0] >= wait  # a model's key may overestimate its longest wait, never less
     for model in MODELS:
         for priority in (ONLINE, BATCH):
             queued = [
@@ -312,7 +325,7 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
             elif op == "online":
                 plugin.online.submit(args[0], "encode", {"texts": ["x"]}, 1, SETTINGS)
             elif op == "pull":
-                worker, held, loaded, room, in_hand = args
+                worker, held, loaded, room, in_hand, measured, seconds = args
                 budget = 10**10 if worker in ("w0", "w1") else 10**8
                 await plugin.pull(
                     worker,
@@ -322,7 +335,7 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
                     in_hand=in_hand,
                     timeout=0,
                     budget=budget,
-                    load_seconds={m: 1.0 for m in held[:1]},
+                    load_seconds={measured: seconds},
                 )
             elif op == "pull_online":
                 worker, held, busy = args
@@ -349,9 +362,102 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
                 plugin.remove_worker(scheduler, args[0])
             elif op == "rejoin" and args[0] in removed:
                 scheduler.workers[args[0]] = removed.pop(args[0])
+            elif op == "respec":  # the catalog's load time changes: steal and take-back keys are built on it
+                model, seconds = args
+                plugin.add_specs({model: {**plugin.model_specs[model], "load_seconds": seconds}})
             check_indexes(plugin)
             check_choices(plugin)
             check_indexes(plugin)
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_an_idle_pull_touches_a_bounded_number_of_candidates_at_1024_workers_and_1000_models():
+    """Items that compute for a while: each worker started one item of its model and leased one more;
+    one more item of every model waits. An idle worker that once measured a fast load elsewhere finds
+    nothing worth stealing (the holders drain faster than it loads) nor taking back (each item waits
+    less on its holder than its load here). It must learn that from a few heap entries: a scan of
+    every model or every leased item would make the tail of a large job cost O(cluster) per pull."""
+
+    async def go():
+        models = [f"m{i}" for i in range(1000)]
+        workers = [f"w{i}" for i in range(1024)]
+        plugin = PullQueue(models={m: {"name": m, "kind": "sim", "load_seconds": 2.0} for m in models})
+        await plugin.start(FakeScheduler([*workers, "idle"]))
+        plugin.submit(
+            "leased", [item for i, w in enumerate(workers) for item in items(models[i % 1000], 2, 100, w)], {}
+        )
+        for i, w in enumerate(workers):
+            leased = (await plugin.pull(w, held=[models[i % 1000]], room=2, timeout=0, in_hand=0))["items"]
+            assert leased
+            assert plugin.start_item(w, leased[0]["id"])["ok"]
+        plugin.submit("waiting", [item for m in models for item in items(m, 1, 100, "waiting-")], {})
+        for pull in range(3):
+            before = plugin.placement.touched
+            reply = await plugin.pull("idle", held=[], timeout=0, in_hand=0, load_seconds={"elsewhere": 0.1})
+            touched = plugin.placement.touched - before
+            assert reply["items"] == [] and plugin.events["taken_back"] == 0, pull
+            assert touched <= 8, f"pull {pull} touched {touched} candidates"
+        assert sum(map(len, plugin.placement.take_backs.by_holder.values())) >= 1000  # candidates all along
+        thief = plugin.views.get("idle")
+        assert best_steal_gain(plugin, thief) is None and best_take_back_gain(plugin, thief) is None
+        # With a model loaded it takes that model's waiting item, then one back: it starts at once here.
+        assert [m["model"] for m in (await plugin.pull("idle", held=["m500"], timeout=0, in_hand=0))["items"]] == [
+            "m500"
+        ]
+        before = plugin.placement.touched
+        reply = await plugin.pull("idle", held=["m500"], timeout=0, in_hand=0)
+        assert [m["model"] for m in reply["items"]] == ["m500"] and plugin.events["taken_back"] == 1
+        assert plugin.placement.touched - before <= 8
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_a_take_back_looks_past_models_the_thief_cannot_host_or_loads_slower_than_the_catalog_says():
+    """Every candidate waits 4 s on its holder (4 items started ahead of it). The thief cannot host
+    "big" and measured "slow" loading in 3 s (the catalog says 1 s): the item worth taking back is
+    "far" (2 s to load here), found below the two models the catalog ranks higher."""
+
+    async def go():
+        models = {
+            "run": {},
+            "big": {"requires": {"GPU": 1}},
+            "slow": {"load_seconds": 1.0},
+            "far": {"load_seconds": 2.0},
+        }
+        plugin = PullQueue(models={m: {"name": m, "kind": "sim", **spec} for m, spec in models.items()})
+        scheduler = FakeScheduler([])
+        scheduler.workers = {"holder": type("W", (), {"resources": {"GPU": 1}})(), "thief": object()}
+        await plugin.start(scheduler)
+        held = list(models)
+        plugin.submit("run", items("run", 4, rows=100), {})
+        for message in (await plugin.pull("holder", held=held, room=4, timeout=0))["items"]:
+            assert plugin.start_item("holder", message["id"])["ok"]
+        plugin.submit("wait", [*items("big", 1), *items("slow", 1), *items("far", 1)], {})
+        for _ in range(3):
+            assert len((await plugin.pull("holder", held=held, room=1, timeout=0, in_hand=4))["items"]) == 1
+        reply = await plugin.pull("thief", held=[], timeout=0, in_hand=0, load_seconds={"slow": 3.0})
+        assert [m["model"] for m in reply["items"]] == ["far"] and plugin.events["taken_back"] == 1
+        await plugin.close()
+
+    asyncio.run(go())
+
+
+def test_a_steal_finds_a_model_the_thief_loads_faster_than_the_catalog_says():
+    """Both models drain in 3 s on their holder. The catalog says "fast" loads in 4 s and "other" in 1 s,
+    but the thief measured "fast" at 0.5 s: stealing it gains 2.5 s, "other" 2 s."""
+
+    async def go():
+        plugin = PullQueue(
+            models={m: {"name": m, "kind": "sim", "load_seconds": s} for m, s in (("fast", 4.0), ("other", 1.0))}
+        )
+        await plugin.start(FakeScheduler(["holder", "thief"]))
+        await plugin.pull("holder", held=["fast", "other"], timeout=0)
+        plugin.submit("j", [*items("fast", 3, rows=100), *items("other", 3, rows=100)], {})
+        reply = await plugin.pull("thief", held=[], timeout=0, load_seconds={"fast": 0.5})
+        assert [m["model"] for m in reply["items"]] == ["fast"]
         await plugin.close()
 
     asyncio.run(go())
