@@ -22,8 +22,16 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import ClientPayloadError, web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp import ClientPayloadError, hdrs, web
+from aiohttp.http_exceptions import (
+    BadHttpMethod,
+    BadStatusLine,
+    HttpProcessingError,
+    InvalidHeader,
+    InvalidURLError,
+    LineTooLong,
+)
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from configs import GatewaySettings
@@ -86,6 +94,53 @@ REPLY = web.RequestKey("shoal_reply", str)  # media type of the answer, errors i
 TIMING = web.RequestKey("shoal_timing", dict)  # stage timings from the worker's ack
 EMBEDDING_KINDS = ("embedder", "sim")
 SCORING_KINDS = ("reranker",)
+
+
+# What a request aiohttp's parser refused is told, by the parser's error: never its message, which
+# quotes the offending bytes (a bearer token's header line, a whole over-long header).
+PARSER_ERRORS: tuple[tuple[type[HttpProcessingError], str], ...] = (
+    (LineTooLong, "a request line or header is longer than the server's limit"),
+    (BadHttpMethod, "not an HTTP method (or not HTTP: TLS sent to a plain HTTP port?)"),
+    (BadStatusLine, "malformed request line"),
+    (InvalidURLError, "malformed request target"),
+    (InvalidHeader, "malformed header"),
+)
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """The shape of every error answer (docs/PROTOCOL.md)."""
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"), "code": status}}
+
+
+def parser_error(exc: HttpProcessingError) -> str:
+    """What to tell a client whose request the parser refused.
+
+    llhttp's own messages are "<reason>:\n\n  <the bytes>\n  <a caret>": the
+    reason alone is passed on (Invalid header value char, Transfer-Encoding
+    can't be present with Content-Length, ...), never the bytes.
+    """
+    for kind, text in PARSER_ERRORS:
+        if isinstance(exc, kind):
+            return f"malformed HTTP request: {text}"
+    reason, layout, _ = exc.message.partition(":\n\n")
+    known = layout and reason.isprintable() and len(reason) <= 80
+    return f"malformed HTTP request: {reason}" if known else "malformed HTTP request"
+
+
+class _JsonErrors(RequestHandler):
+    """A connection whose own errors (a request the parser refused, aiohttp's 500 or 504) are answered in
+    the JSON error shape, like every other error, instead of aiohttp's text/plain echo of the request."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self, request, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # aiohttp's logging, and its check that no answer began
+        text = parser_error(exc) if isinstance(exc, HttpProcessingError) else "internal error"
+        response = web.Response(status=status, body=encode(error_body(status, text), JSON), content_type=JSON)
+        response.force_close()
+        return response
 
 
 class Gateway:
@@ -164,10 +219,15 @@ class Gateway:
 
         def connection_made(handler, transport) -> None:
             admit(handler, transport)
+            handler.__class__ = _JsonErrors  # aiohttp makes its handlers itself: a subclass with no state of its own
             if len(server.connections) > cap:
                 logger.debug("connection refused: %d open, the cap is %d", len(server.connections) - 1, cap)
+                self.metrics.connections_refused.inc()
                 transport.write(TOO_MANY_CONNECTIONS)
-                transport.close()
+                handler.close()  # parse nothing it sends
+                # Closed once the handler's task has started: closed now, the task would start on a
+                # connection already lost and fail aiohttp's assertions, a traceback in the log each time.
+                asyncio.get_running_loop().call_soon(transport.close)
 
         server.connection_made = connection_made  # type: ignore[method-assign]  # aiohttp has no connection hook
 
@@ -200,17 +260,26 @@ class Gateway:
             self.metrics.in_flight.dec()
             if not self._in_flight:
                 self._idle.set()
+        if response.headers.get(hdrs.CONNECTION, "").lower() == "close":
+            await self._send_and_close(request, response)
         model = request.get(MODEL)
         if model is not None:
             self.metrics.answered(model, response.status, time.perf_counter() - started, request.get(TIMING))
         return response
 
+    @staticmethod
+    async def _send_and_close(request: web.Request, response: web.StreamResponse) -> None:
+        """Write an answer that ends its connection (a 408), then close: aiohttp would keep the connection
+        up to its lingering time, reading a body that is not coming."""
+        await response.prepare(request)
+        await response.write_eof()
+        request.protocol.force_close()
+
     def _error(
         self, request: web.Request, status: int, message: str, headers: dict[str, str] | None = None
     ) -> web.Response:
         # A message may echo what the client sent (a header's undecodable bytes are lone surrogates).
-        message = message.encode("utf-8", "backslashreplace").decode()
-        body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"), "code": status}}
+        body = error_body(status, message.encode("utf-8", "backslashreplace").decode())
         kind = request.get(REPLY) or response_type(request.headers.get("Accept"), JSON)
         if status in (429, 503):
             headers = {"Retry-After": str(self.settings.retry_after_seconds), **(headers or {})}

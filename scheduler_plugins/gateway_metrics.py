@@ -48,6 +48,11 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.in_flight = Gauge("shoal_online_in_flight", "Online requests being answered", registry=self.registry)
+        self.connections_refused = Counter(
+            "shoal_gateway_connections_refused",
+            "Connections over the gateway's max_connections, answered 503 and closed",
+            registry=self.registry,
+        )
         self.registry.register(_QueueDepths(queue_depths))
 
     def answered(self, model: str, status: int, total: float, timing: dict[str, float] | None = None) -> None:

@@ -9,9 +9,16 @@ client library sends requests this malformed.
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import json
+import socket
+import threading
+from collections.abc import Iterator
+
 import pytest
 import yaml
-from conftest import embed_args, invoke_shoal, reindex_job, write_shards
+from conftest import FakeScheduler, embed_args, invoke_shoal, reindex_job, write_shards
 
 UNREACHABLE = "tcp://127.0.0.1:9"  # a refusal that comes first never gets as far as this scheduler
 SIM = {"kind": "sim", "dim": 16, "max_seq_length": 64, "memory_bytes": 1000}
@@ -122,3 +129,162 @@ def test_a_reindex_job_with_its_output_inside_its_input_is_refused_before_its_lo
         result = invoke_shoal("reindex", str(job), *dry_run)
         assert result.returncode == 2 and "is inside input" in result.stderr, result.stderr
         assert not (tmp_path / "data" / "index").exists()
+
+
+# -- the gateway over raw sockets ---------------------------------------------------------------
+
+TOKEN = "s3cr3t-t0ken"
+
+
+class Served:
+    """A gateway on a real pull queue, in an event loop of its own thread; what that loop reports as an
+    unhandled error (a task's exception never retrieved) is kept in `loop_errors`."""
+
+    def __init__(self) -> None:
+        from scheduler_plugins.pull_queue import PullQueue
+
+        self.loop = asyncio.new_event_loop()
+        self.loop_errors: list[str] = []
+        self.loop.set_exception_handler(lambda loop, context: self.loop_errors.append(context["message"]))
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.plugin = PullQueue(models={"sim": {"name": "sim", **SIM}})
+        self.run(self.plugin.start(FakeScheduler()))
+        self.port = 0
+
+    def run(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=60)
+
+    def start(self, **settings) -> None:
+        reply = self.run(self.plugin.gateway_start(settings={"port": 0, **settings}, replace=True))
+        self.port = int(reply["url"].rsplit(":", 1)[1])
+
+    def collect_garbage(self) -> None:
+        """A task that failed unobserved is reported when it is collected: collect now, in the loop."""
+
+        async def collect() -> None:
+            gc.collect()
+
+        self.run(collect())
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=30)
+
+    def exchange(self, raw: bytes, timeout: float = 30) -> bytes:
+        """Send `raw`, read until the server closes."""
+        with self.connect() as sock:
+            sock.sendall(raw)
+            sock.settimeout(timeout)
+            return _read_until_closed(sock)
+
+    def close(self) -> None:
+        self.run(self.plugin.gateway_stop())
+        self.run(self.plugin.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.loop.close()
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+def _answer(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split(" ", 2)[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch) -> Iterator[Served]:
+    monkeypatch.setenv("SHOAL_SHARP_EDGES_TOKEN", TOKEN)
+    gateway = Served()
+    try:
+        yield gateway
+    finally:
+        gateway.close()
+
+
+@pytest.mark.integration  # a server
+def test_connections_over_the_cap_get_a_503_no_traceback_and_a_metric(served):
+    served.start(max_connections=2)
+    held = [served.connect() for _ in range(2)]
+    try:
+        for sock in held:  # answered, so surely admitted before the extra ones
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: shoal\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        for _ in range(20):
+            status, headers, _ = _answer(served.exchange(b""))
+            assert status == 503 and headers["retry-after"] == "1"
+    finally:
+        for sock in held:
+            sock.close()
+    served.collect_garbage()
+    assert served.loop_errors == []
+    metrics = served.exchange(b"GET /metrics HTTP/1.1\r\nHost: shoal\r\nConnection: close\r\n\r\n").decode()
+    assert "shoal_gateway_connections_refused_total 20.0" in metrics
+
+
+MALFORMED = {
+    "an invalid header character": (
+        b"POST /v1/encode/sim HTTP/1.1\r\nHost: shoal\r\nAuthorization: Bearer "
+        + TOKEN.encode()
+        + b"\x01\r\nContent-Length: 2\r\n\r\n{}",
+        "Invalid header value char",
+    ),
+    "a header over 8 KB": (
+        b"POST /v1/encode/sim HTTP/1.1\r\nHost: shoal\r\nAuthorization: Bearer "
+        + TOKEN.encode()
+        + b"x" * 9000
+        + b"\r\n\r\n",
+        "longer than the server's limit",
+    ),
+    "an unknown method": (b"FETCH /v1/models HTTP/1.1\r\nHost: shoal\r\n\r\n", "not an HTTP method"),
+    "Content-Length -1": (
+        b"POST /v1/encode/sim HTTP/1.1\r\nHost: shoal\r\nContent-Length: -1\r\n\r\n",
+        "Invalid character in Content-Length",
+    ),
+    "Content-Length and Transfer-Encoding": (
+        b"POST /v1/encode/sim HTTP/1.1\r\nHost: shoal\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "Transfer-Encoding can't be present with Content-Length",
+    ),
+}
+
+
+@pytest.mark.integration  # a server
+def test_requests_the_http_parser_refuses_get_the_json_error_shape_and_no_echo(served):
+    served.start(token_env="SHOAL_SHARP_EDGES_TOKEN")
+    for name, (raw, reason) in MALFORMED.items():
+        answer = served.exchange(raw)
+        status, headers, body = _answer(answer)
+        assert status == 400 and headers["content-type"].startswith("application/json"), (name, answer)
+        error = json.loads(body)["error"]
+        assert error["code"] == 400 and error["type"] == "invalid_request", (name, error)
+        assert error["message"].startswith("malformed HTTP request: ") and reason in error["message"], (name, error)
+        assert TOKEN.encode() not in answer and b"FETCH" not in answer, (name, answer)
+    served.collect_garbage()
+    assert served.loop_errors == []
+
+
+@pytest.mark.integration  # a server
+def test_a_body_timeout_answers_408_and_closes_the_connection(served):
+    # Header timeout far off: the close must come with the 408, not from a later timer (nor aiohttp's
+    # 10 s of lingering over a body that is not coming).
+    served.start(body_timeout_seconds=0.5, header_timeout_seconds=120)
+    with served.connect() as sock:
+        sock.sendall(
+            b"POST /v1/encode/sim HTTP/1.1\r\nHost: shoal\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"texts"'
+        )
+        sock.settimeout(5)  # the bound on "closed with the 408"
+        status, headers, body = _answer(_read_until_closed(sock))
+    assert status == 408 and headers["connection"] == "close"
+    assert json.loads(body)["error"]["type"] == "body_timeout"
