@@ -9,6 +9,7 @@ Shoal's own shape carries vectors as raw little-endian bytes plus their shape.
 from __future__ import annotations
 
 import base64
+import math
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from configs import GatewaySettings
 from .protocol import Precision
 from .wire import MSGPACK, RequestError
 
+PACKED = ("binary", "ubinary")  # 1 bit a dimension, 8 to a byte
 WIRE_DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1", "uint8": "u1", "binary": "i1", "ubinary": "u1"}
 
 
@@ -44,10 +46,15 @@ class EncodeCall:
         return {"texts": self.texts, "truncate": self.truncate, "dtype": self.dtype, **compact}
 
     def check_dim(self, spec: dict[str, Any]) -> None:
-        """A shorter dimension only: the model's vectors cannot be made longer."""
+        """A shorter dimension only: the model's vectors cannot be made longer. Packed bits are whole bytes."""
         if self.dim is not None and self.dim > spec["dim"]:
             raise RequestError(
                 400, f"model {self.model!r} gives {spec['dim']} dimensions, fewer than the {self.dim} asked for"
+            )
+        dim = self.dim or spec["dim"]
+        if self.precision in PACKED and dim % 8:
+            raise RequestError(
+                400, f"precision {self.precision} packs 8 dimensions a byte: dim {dim} is not a multiple of 8"
             )
 
     @property
@@ -193,8 +200,8 @@ def encode_call(model: str, body: Any, limits: GatewaySettings) -> EncodeCall:
             f"precision {request.precision} needs `ranges`: the [min, max] per dimension of the batch job whose "
             "vectors these are compared with (its _manifest.json vectors.ranges)",
         )
-    if request.ranges is not None and (len(request.ranges) != 2 or len(request.ranges[0]) != len(request.ranges[1])):
-        raise RequestError(400, "invalid request: ranges must be two lists of equal length (minimum, maximum)")
+    if request.ranges is not None:
+        _check_ranges(request.ranges)
     return EncodeCall(
         model,
         texts,
@@ -206,6 +213,18 @@ def encode_call(model: str, body: Any, limits: GatewaySettings) -> EncodeCall:
         request.prompt_name,
         request.prompt,
     )
+
+
+def _check_ranges(ranges: list[list[float]]) -> None:
+    """Two equal lists, each maximum above its minimum: a span of 0 would divide by zero in quantization
+    (every value of that dimension came back -128)."""
+    if len(ranges) != 2 or len(ranges[0]) != len(ranges[1]):
+        raise RequestError(400, "invalid request: ranges must be two lists of equal length (minimum, maximum)")
+    for i, (low, high) in enumerate(zip(*ranges, strict=True)):
+        if not (math.isfinite(low) and math.isfinite(high) and high > low):
+            raise RequestError(
+                400, f"invalid request: ranges dimension {i}: the maximum ({high}) must be above the minimum ({low})"
+            )
 
 
 def score_call(model: str, body: Any, limits: GatewaySettings) -> ScoreCall:

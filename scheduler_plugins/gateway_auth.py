@@ -37,10 +37,12 @@ class BearerAuth:
     def allows(self, authorization: str | None) -> bool:
         if self._token is None:
             return True
+        # RFC 9110 (11.1, 11.4): the scheme is case-insensitive, then one or more spaces (not tabs) before
+        # the token; the parser has already trimmed the value's ends.
         scheme, _, given = (authorization or "").partition(" ")
         try:
             # aiohttp keeps undecodable header bytes as lone surrogates, which have no UTF-8 form.
-            sent = given.strip().encode()
+            sent = given.lstrip(" ").encode()
         except UnicodeEncodeError:
             return False
         return scheme.lower() == "bearer" and hmac.compare_digest(sent, self._token)

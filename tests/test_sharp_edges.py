@@ -288,3 +288,59 @@ def test_a_body_timeout_answers_408_and_closes_the_connection(served):
         status, headers, body = _answer(_read_until_closed(sock))
     assert status == 408 and headers["connection"] == "close"
     assert json.loads(body)["error"]["type"] == "body_timeout"
+
+
+# -- 7. accepted today, each decided --------------------------------------------------------------
+
+
+def _post_json(served: Served, path: str, body: dict, headers: bytes = b"") -> tuple[int, dict]:
+    data = json.dumps(body).encode()
+    raw = (
+        f"POST {path} HTTP/1.1\r\nHost: shoal\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        f"Content-Length: {len(data)}\r\n".encode()
+        + headers
+        + b"\r\n"
+        + data
+    )
+    status, _, answer = _answer(served.exchange(raw))
+    return status, json.loads(answer)
+
+
+@pytest.mark.integration  # a server
+def test_int8_ranges_without_a_span_and_binary_vectors_of_part_bytes_are_400s(served):
+    served.start(request_timeout_seconds=5)  # no worker: a request that got as far as the queue would wait
+    flat = [[0.1] * SIM["dim"], [0.1] * SIM["dim"]]
+    status, reply = _post_json(served, "/v1/encode/sim", {"texts": ["a"], "precision": "int8", "ranges": flat})
+    assert status == 400 and "ranges dimension 0" in reply["error"]["message"], reply
+    for precision, dim in (("binary", 4), ("ubinary", 7), ("binary", 12)):
+        status, reply = _post_json(served, "/v1/encode/sim", {"texts": ["a"], "precision": precision, "dim": dim})
+        assert status == 400 and f"dim {dim} is not a multiple of 8" in reply["error"]["message"], reply
+
+
+@pytest.mark.parametrize("dim", ["4", "12"])
+def test_binary_embed_with_a_dim_of_part_bytes_is_refused_before_any_cluster(sim_catalog, tmp_path, dim):
+    write_shards(tmp_path / "data", ["a", "b"], shards=1, row_group_size=2)
+    extra = ("--precision", "binary", "--dim", dim)
+    result = invoke_shoal(
+        *embed_args(tmp_path / "data", tmp_path / "out", sim_catalog, *extra, scheduler=UNREACHABLE, model="sim")
+    )
+    assert result.returncode == 2 and f"dim {dim} is not a multiple of 8" in result.stderr, result.stderr
+
+
+@pytest.mark.integration  # a server
+def test_the_bearer_scheme_is_case_insensitive_then_spaces_only(served):
+    served.start(token_env="SHOAL_SHARP_EDGES_TOKEN")
+    answers = {}
+    for given in ("Bearer T", "bEaReR   T", "BEARER T", "Bearer \tT", "Bearer\tT", "BearerT", "Basic T"):
+        header = given.replace("T", TOKEN)
+        raw = f"GET /v1/models HTTP/1.1\r\nHost: shoal\r\nConnection: close\r\nAuthorization: {header}\r\n\r\n"
+        answers[given] = _answer(served.exchange(raw.encode()))[0]
+    assert answers == {
+        "Bearer T": 200,
+        "bEaReR   T": 200,
+        "BEARER T": 200,
+        "Bearer \tT": 401,
+        "Bearer\tT": 401,
+        "BearerT": 401,
+        "Basic T": 401,
+    }

@@ -65,6 +65,10 @@ class VectorFormat(BaseModel):
     def check_model(self, model_dim: int, model: str) -> None:
         if self.dim is not None and self.dim > model_dim:
             raise ValueError(f"dim {self.dim} is more than model {model!r} gives ({model_dim})")
+        dim = self.dim or model_dim
+        if self.precision in ("binary", "ubinary") and dim % 8:
+            # Whole bytes only: a reader unpacks 8 x width bits, so padding bits would read as dimensions.
+            raise ValueError(f"precision {self.precision} packs 8 dimensions a byte: dim {dim} is not a multiple of 8")
 
     def width(self, model_dim: int) -> int:
         """Values per stored vector: the dimension, or its bytes for the packed binary formats."""
