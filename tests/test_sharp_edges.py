@@ -73,8 +73,8 @@ def test_a_blank_model_list_is_a_usage_error_naming_the_option(command, option, 
 # -- 2. OUTPUT inside INPUT -----------------------------------------------------------------------
 
 
-def _embed(source, output, catalog):
-    return invoke_shoal(*embed_args(source, output, catalog, scheduler=UNREACHABLE, model="sim"))
+def _embed(source, output, catalog, *extra: str):
+    return invoke_shoal(*embed_args(source, output, catalog, *extra, scheduler=UNREACHABLE, model="sim"))
 
 
 @pytest.mark.parametrize(
@@ -129,6 +129,36 @@ def test_a_reindex_job_with_its_output_inside_its_input_is_refused_before_its_lo
         result = invoke_shoal("reindex", str(job), *dry_run)
         assert result.returncode == 2 and "is inside input" in result.stderr, result.stderr
         assert not (tmp_path / "data" / "index").exists()
+
+
+@pytest.mark.parametrize(
+    "source, output, expected",
+    [
+        ("s3://edges/data", "s3://edges/data/vectors", "is inside input"),
+        ("s3://edges/data/", "s3a://edges/data/vectors/", "is inside input"),
+        ("s3a://edges/data/*.parquet", "s3://edges/data/vectors", "is inside input"),
+        ("s3://edges/data", "s3a://edges/data/", "is the input folder"),
+        ("s3://edges/data", "s3://edges", "is inside output"),
+    ],
+)
+def test_the_same_refusals_on_s3_whatever_the_scheme_spelling(
+    s3_server, sim_catalog, tmp_path, source, output, expected
+):
+    import s3fs
+    from conftest import s3_options
+
+    options = s3_options(s3_server)
+    fs = s3fs.S3FileSystem(**options)
+    if not fs.exists("edges"):
+        fs.mkdir("edges")
+        write_shards(tmp_path / "data", ["a", "b"], shards=1, row_group_size=2)
+        fs.put_file(str(tmp_path / "data" / "shard-000.parquet"), "edges/data/shard-000.parquet")
+    before = sorted(fs.find("edges"))
+    result = _embed(source, output, sim_catalog, "--storage-options", json.dumps(options))
+    assert result.returncode == 2 and expected in result.stderr, result.stderr
+    assert repr(source) in result.stderr and repr(output) in result.stderr
+    fs.invalidate_cache()
+    assert sorted(fs.find("edges")) == before
 
 
 # -- the gateway over raw sockets ---------------------------------------------------------------
