@@ -64,7 +64,7 @@ class ModelPrompts:
         return next((name for name in ROLE_NAMES[role] if self.named.get(name)), None)
 
     def _listing(self) -> str:
-        names = dict.fromkeys([*self.named, *IMPLICIT_NAMES])
+        names = sorted({*self.named, *IMPLICIT_NAMES})
         return ", ".join(f"{n} ({self.named[n]!r})" if self.named.get(n) else f"{n} (empty)" for n in names)
 
 

@@ -57,7 +57,9 @@ def test_the_prompt_text_is_chosen_as_encode_chooses_it():
     assert prompts.text() == "sts: "  # neither given: the default
     assert prompts.text("query") == "query: " and prompts.text(prompt="q> ") == "q> " and prompts.text(prompt="") == ""
     assert ModelPrompts("plain").text("query") == ""  # every embedder has query and document, empty unless set
-    with pytest.raises(PromptError, match=r"no prompt named 'qeury'; it has: query \('query: '\), document"):
+    with pytest.raises(
+        PromptError, match=r"no prompt named 'qeury'; it has: document \('passage: '\), query \('query: '\), sts"
+    ):
         prompts.text("qeury")
     with pytest.raises(PromptError, match="not both"):
         prompts.text("query", "q> ")
@@ -106,7 +108,7 @@ def test_online_requests_with_different_prompts_in_one_group_each_get_their_own(
     assert np.array_equal(vectors_of(document), runtime.embed(["passage: a"], prompt="")[0])
     assert not np.array_equal(vectors_of(query), vectors_of(plain)[:1])
     assert unknown["status"] == 400 and "no prompt named 'qeury'" in unknown["error"]
-    assert "query ('query: '), document ('passage: ')" in unknown["error"]
+    assert "it has: document ('passage: '), query ('query: ')" in unknown["error"]
     # tokens count the prompt, as the model reads it: "query: a" is 8 characters, 2 + 8 // 4 tokens
     assert query["tokens"] == 4 and plain["tokens"] == 2 * 2
 
@@ -242,7 +244,7 @@ def prompt_cluster(prompted, tmp_path_factory):
     profile = load_profile(str(write_profile(tmp_path_factory.mktemp("profile"), name="prompts", workers=1)))
     with start_local_cluster(profile, str(catalog)) as local, Client(local) as client:
         client.wait_for_workers(1)
-        yield client
+        yield client, shoal_options(catalog, client.scheduler.address, profile.path)
 
 
 def write_texts(path: Path, texts: list[str]) -> Path:
@@ -259,9 +261,9 @@ def embedded(output: Path) -> np.ndarray:
 def test_batch_jobs_equal_encode_with_the_prompt_asked_on_every_runtime_and_a_new_prompt_re_embeds(
     prompted, prompt_cluster, tmp_path
 ):
-    model, catalog = prompted
+    model, _ = prompted
     source = write_texts(tmp_path / "in" / "texts.parquet", TEXTS)
-    on_cluster = shoal_options(catalog, prompt_cluster.scheduler.address)
+    _, on_cluster = prompt_cluster
     for name in ("tiny-p", "tiny-p-onnx"):
         output = tmp_path / name
         for prompt_name in ("query", "document"):
@@ -285,7 +287,10 @@ def test_batch_jobs_equal_encode_with_the_prompt_asked_on_every_runtime_and_a_ne
     unknown = invoke_shoal(
         "embed", str(source), str(tmp_path / "x"), "--model", "tiny-p", "--prompt-name", "qeury", *on_cluster
     )
-    assert unknown.returncode == 2 and "no prompt named 'qeury'; it has: query ('query: '), document" in unknown.stderr
+    assert (
+        unknown.returncode == 2
+        and "no prompt named 'qeury'; it has: document ('passage: '), query ('query: ')" in unknown.stderr
+    )
 
 
 @pytest.mark.integration
@@ -299,7 +304,8 @@ def test_online_requests_equal_encode_with_their_prompt_on_every_runtime(prompte
     model, catalog = prompted
     models = {n: s.model_dump() for n, s in load_catalog(catalog).models.items()}
     settings = {"port": 0, "request_timeout_seconds": 120}
-    reply = prompt_cluster.sync(pull_queue(prompt_cluster).gateway_start, settings=settings, models=models)
+    client, _ = prompt_cluster
+    reply = client.sync(pull_queue(client).gateway_start, settings=settings, models=models)
     url = reply["url"]
     expected = {name: expected_vectors(model, TEXTS, name) for name in ("query", "document")}
     with OnlineClient(url, timeout=120) as online:
@@ -311,7 +317,7 @@ def test_online_requests_equal_encode_with_their_prompt_on_every_runtime(prompte
         sim = sim_runtime()
         queried = online.encode("sim-p", TEXTS, prompt_name="query")
         np.testing.assert_array_equal(queried, sim.embed(["query: " + t for t in TEXTS], prompt="")[0])
-        with pytest.raises(OnlineError, match="no prompt named 'qeury'; it has: query") as unknown:
+        with pytest.raises(OnlineError, match="no prompt named 'qeury'; it has: document") as unknown:
             online.encode("tiny-p", TEXTS, prompt_name="qeury")
         assert unknown.value.status == 400
     parts = urlsplit(url)
@@ -330,7 +336,7 @@ def test_online_requests_equal_encode_with_their_prompt_on_every_runtime(prompte
 def test_eval_embeds_queries_with_the_query_prompt_and_the_corpus_with_the_document_prompt(
     prompted, prompt_cluster, tmp_path
 ):
-    model, catalog = prompted
+    model, _ = prompted
     data = tmp_path / "set"
     data.mkdir()
     corpus = {f"d{i}": text for i, text in enumerate(TEXTS)}
@@ -341,7 +347,7 @@ def test_eval_embeds_queries_with_the_query_prompt_and_the_corpus_with_the_docum
     (data / "qrels.jsonl").write_text(
         "".join(json.dumps({"query_id": q, "corpus_id": d, "score": 1}) + "\n" for q, d in qrels)
     )
-    on_cluster = shoal_options(catalog, prompt_cluster.scheduler.address)
+    _, on_cluster = prompt_cluster
     output = tmp_path / "eval"
     result = invoke_shoal("eval", str(data), "--model", "tiny-p", "--top-k", "3", "--output", str(output), *on_cluster)
     assert result.returncode == 0, result.stderr
