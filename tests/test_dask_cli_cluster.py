@@ -25,6 +25,6 @@ def test_job_on_dask_cli_cluster(dask_processes, tiny_catalog, test_profile, dem
 def test_scheduler_without_plugin_is_refused(tmp_path, tiny_catalog):
     with dask_cli_cluster(tmp_path, workers=0, plugins=False, tag="plain") as (address, _):
         (tmp_path / "a.parquet").write_bytes(b"")
-        result = run_shoal(*embed_args(tmp_path, tmp_path / "out", tiny_catalog, scheduler=address))
+        result = run_shoal(*embed_args(tmp_path / "a.parquet", tmp_path / "out", tiny_catalog, scheduler=address))
         assert result.returncode == 2
         assert "has no Shoal plugin" in result.stderr and "--preload scheduler_plugins" in result.stderr
