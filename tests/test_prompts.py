@@ -26,7 +26,9 @@ from pipeline.retrieval.run import embed_requests
 from pipeline.retrieval.spec import JobSpec
 from scheduler_plugins import api_formats
 from scheduler_plugins.wire import RequestError
-from workers import online_operations
+from workers import embed_operation, online_operations
+from workers.chunking import ChunkSettings
+from workers.embed_operation import EmbedInput
 from workers.sim_runtime import SimulatedRuntime
 
 # Short, non-ASCII, and one past the window once the prompt is in: the prompt's tokens cut the text, not it.
@@ -229,6 +231,15 @@ def test_every_runtime_gives_encode_vectors_and_token_counts_with_each_prompt(pr
             lengths, counted = runtime.token_lengths(TEXTS, prompt)
             assert list(lengths) == [min(n, TINY_MAX_SEQ) for n in raw] and counted == truncated == 1
             assert online["tokens"] == int(lengths.sum())
+        # Chunked to the model's whole window, windows leave room for the prompt: none is cut.
+        table = pa.table({"text": TEXTS})
+        chunked = embed_operation.compute(
+            runtime, EmbedInput(table, TEXTS, chunk=ChunkSettings(tokens=TINY_MAX_SEQ), prompt="passage: ")
+        )
+        windows = chunked["windows"].texts
+        assert chunked["truncated"] == 0 and len(windows) > len(TEXTS)  # the long text is windows now
+        assert max(len(ids) for ids in tokenizer(["passage: " + w for w in windows])["input_ids"]) <= TINY_MAX_SEQ
+        np.testing.assert_allclose(chunked["vectors"], expected_vectors(model, windows, "document"), atol=1e-5)
     finally:
         runtime.close()
 

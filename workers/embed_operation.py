@@ -49,9 +49,20 @@ def read(payload: dict[str, Any]) -> EmbedInput:
 def compute(runtime, data: EmbedInput) -> dict[str, Any]:
     present = [i for i, text in enumerate(data.texts) if text is not None]
     texts = [text for text in data.texts if text is not None]
-    windows = token_windows(runtime.tokenizer, texts, data.chunk) if data.chunk else None
+    windows = token_windows(runtime.tokenizer, texts, _room_for_prompt(runtime, data)) if data.chunk else None
     vectors, truncated = runtime.embed(windows.texts if windows else texts, prompt=data.prompt)
     return {"present": present, "windows": windows, "vectors": vectors, "truncated": truncated}
+
+
+def _room_for_prompt(runtime, data: EmbedInput) -> ChunkSettings:
+    """The chunk settings with windows short enough that the prompt and a window fit the model's window together."""
+    assert data.chunk is not None
+    # What the prompt adds to a text's tokens (None: the model's default prompt).
+    prompt_tokens = int(runtime.token_lengths([""], data.prompt)[0][0] - runtime.token_lengths([""], "")[0][0])
+    room = max(1, runtime.spec.max_seq_length - prompt_tokens)
+    if data.chunk.tokens <= room:
+        return data.chunk
+    return ChunkSettings(tokens=room, overlap=min(data.chunk.overlap, room - 1))
 
 
 def _output_rows(rows: int, present: list[int], windows: Windows | None) -> dict[str, np.ndarray]:

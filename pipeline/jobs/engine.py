@@ -75,7 +75,7 @@ def output_folder(model: str) -> str:
 
 
 def plan_job(job: BatchJob, profile: Profile) -> Plan:
-    shards = list_shards(job.input, job.storage_options, job.output_root or job.output)
+    shards = list_shards(job.input, job.storage_options, job.output_root or job.output, job.payload.get("input_format"))
     read_footers(shards, job.storage_options)
     check_columns(shards, job.required_columns)
     items = plan_items(shards, job.output, profile.rows_per_item, job.model, job.operation, job.payload)
@@ -209,12 +209,14 @@ def _write_manifest(job: BatchJob, manifest: dict[str, Any]) -> tuple[str, str |
         )
 
 
-def preflight(input_url: str, output_url: str, storage_options: dict[str, Any]) -> None:
+def preflight(
+    input_url: str, output_url: str, storage_options: dict[str, Any], input_format: str | None = None
+) -> None:
     """What can be refused before a cluster starts: OUTPUT and INPUT that overlap, an OUTPUT that cannot be
     written, an INPUT with no shards."""
     check_apart(input_url, output_url, storage_options)  # first: the write check would make OUTPUT inside INPUT
     check_output(output_url, storage_options)
-    list_shards(input_url, storage_options, output_url)
+    list_shards(input_url, storage_options, output_url, input_format)
 
 
 def _commit_lance(job: BatchJob, manifest: dict[str, Any], console: Console) -> dict[str, Any]:

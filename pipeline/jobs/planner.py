@@ -3,7 +3,9 @@
 Shards are listed with fsspec (a file, a directory, or a glob on any store);
 an OUTPUT inside the folder INPUT lists, or that folder inside OUTPUT, is
 refused (`check_apart`). They are split by row groups into items of at most `rows_per_item` rows; a row
-group larger than that is split by row ranges. Each item's output part is
+group larger than that is split by row ranges. JSON Lines and CSV shards are
+split by rows too, each item a newline-aligned byte range found by one scan
+of the file (workers/input_formats.py); a gzipped one is one item. Each item's output part is
 named from (shard, row range), so a retried or re-run item writes the same
 object. Footers are read in parallel; a shard whose footer cannot be read
 still becomes one item, so the failure is reported by the worker that tries
@@ -21,10 +23,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from workers.input_formats import LineIndex, format_of, header_lines, is_gzip, scan
 from workers.storage import atomic_write, open_fs
 
 GLOB_CHARS = "*?["
 FOOTER_READERS = 8
+FORMAT_NAMES = {"parquet": "Parquet", "jsonl": "JSON Lines", "csv": "CSV"}
 
 
 class PlanError(ValueError):
@@ -39,6 +43,8 @@ class Shard:
     row_groups: list[int] = field(default_factory=list)
     columns: list[str] = field(default_factory=list)
     error: str | None = None
+    format: str = "parquet"  # or jsonl, csv (workers/input_formats.py)
+    lines: LineIndex | None = None  # a text shard's rows, once scanned
 
     @property
     def rows(self) -> int:
@@ -112,53 +118,77 @@ def check_apart(input_url: str, output_url: str, storage_options: dict[str, Any]
 
 
 def list_shards(
-    input_url: str, storage_options: dict[str, Any] | None = None, output_url: str | None = None
+    input_url: str,
+    storage_options: dict[str, Any] | None = None,
+    output_url: str | None = None,
+    input_format: str | None = None,
 ) -> list[Shard]:
     """Every Parquet file INPUT names, in a stable order, with size and version; `output_url` apart from it."""
     try:
-        return _list_shards(input_url, storage_options, output_url)
+        return _list_shards(input_url, storage_options, output_url, input_format)
     except PlanError:
         raise
     except Exception as exc:  # credentials, endpoint, permissions: say which input
         raise PlanError(f"cannot list input {input_url!r}: {type(exc).__name__}: {exc}") from exc
 
 
-def _list_shards(input_url: str, storage_options: dict[str, Any] | None, output_url: str | None) -> list[Shard]:
+def _list_shards(
+    input_url: str, storage_options: dict[str, Any] | None, output_url: str | None, input_format: str | None
+) -> list[Shard]:
+    """A file's format is `input_format` if given, else its name's (`.parquet`, `.jsonl[.gz]`, `.csv[.gz]`;
+    any other is read as Parquet). A directory gives the files of one format: `input_format`'s, else
+    Parquet if it holds any, else the one text format it holds."""
     fs, path = open_fs(input_url, storage_options)
     fs.invalidate_cache()  # filesystems are shared per process: a scheduled run must see today's shards
     if any(ch in path for ch in GLOB_CHARS):
         # Hidden names are temporary files (ours among them), never input.
         paths = [p for p in fs.glob(path) if not posixpath.basename(p).startswith(".") and fs.isfile(p)]
+        wanted = input_format or format_of(path) or "parquet"
     elif fs.isdir(path):
         # As Spark and Dask do, a directory's _metadata-style and hidden files and folders are skipped.
         root = path.rstrip("/")
         paths = [
             p
             for p in fs.find(path)
-            if p.endswith(".parquet")
-            and not any(name.startswith(("_", ".")) for name in posixpath.relpath(p, root).split("/"))
+            if format_of(p) and not any(name.startswith(("_", ".")) for name in posixpath.relpath(p, root).split("/"))
         ]
+        wanted = input_format or _directory_format(input_url, paths)
+        paths = [p for p in paths if format_of(p) == wanted]
     elif fs.exists(path):
-        return _shards(fs, [path])  # a file named on its own is input, even inside OUTPUT
+        return _shards(fs, [path], input_format)  # a file named on its own is input, even inside OUTPUT
     else:
         raise PlanError(f"input {input_url!r} does not exist")
     if not paths:
-        raise PlanError(f"input {input_url!r} matches no Parquet files")
+        raise PlanError(f"input {input_url!r} matches no {FORMAT_NAMES[wanted]} files")
     if output_url:
         check_apart(input_url, output_url, storage_options)
-    return _shards(fs, paths)
+    return _shards(fs, paths, input_format)
 
 
-def _shards(fs, paths: list[str]) -> list[Shard]:
+def _shards(fs, paths: list[str], input_format: str | None) -> list[Shard]:
     infos = [fs.info(p) for p in sorted(paths)]
     return [
         Shard(
             url=fs.unstrip_protocol(info["name"]),
             size=int(info.get("size") or 0),
             version=_version(info) or _content_hash(fs, info["name"]),
+            format=input_format or format_of(info["name"]) or "parquet",
         )
         for info in infos
     ]
+
+
+def _directory_format(input_url: str, paths: list[str]) -> str:
+    """Parquet if the directory holds any, else its one text format; both: the user says which."""
+    formats = {format_of(p) or "parquet" for p in paths}
+    if "parquet" in formats or not formats:
+        return "parquet"
+    if len(formats) > 1:
+        raise PlanError(
+            f"input {input_url!r} holds both JSON Lines and CSV files: give --input-format, "
+            f"or a glob such as {input_url.rstrip('/')}/*.jsonl"
+        )
+    return formats.pop()
 
 
 def _version(info: dict[str, Any]) -> str | None:
@@ -179,11 +209,15 @@ def _content_hash(fs, path: str) -> str:
 
 
 def read_footers(shards: list[Shard], storage_options: dict[str, Any] | None = None) -> None:
-    """Fill each shard's row-group sizes, or its error."""
+    """Fill each shard's row-group sizes (a text shard's: its rows as one group, and its line index), or its error."""
 
     def read(shard: Shard) -> None:
         fs, path = open_fs(shard.url, storage_options)
         try:
+            if shard.format != "parquet":
+                shard.lines = scan(shard.url, shard.format, storage_options)
+                shard.row_groups, shard.columns = [shard.lines.rows], shard.lines.columns
+                return
             with fs.open(path, "rb") as f:
                 parquet = pq.ParquetFile(f)
                 metadata = parquet.metadata
@@ -259,6 +293,9 @@ def plan_items(
     output_url = output_url.rstrip("/")
     items = []
     for index, shard in enumerate(shards):
+        if shard.lines is not None:
+            items += _text_items(index, shard, output_url, rows_per_item, model, op, payload)
+            continue
         if shard.error is not None:
             spans = [(0, 0, 0, 0)]
         else:
@@ -284,4 +321,35 @@ def plan_items(
                     },
                 }
             )
+    return items
+
+
+def _text_items(
+    index: int, shard: Shard, output_url: str, rows_per_item: int, model: str, op: str, payload: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """A JSON Lines or CSV shard's items: `rows_per_item` rows each, or the whole file when gzipped."""
+    lines = shard.lines
+    assert lines is not None
+    step = max(lines.rows if is_gzip(shard.url) else rows_per_item, 1)
+    items = []
+    for start in range(0, lines.rows, step):
+        end = min(start + step, lines.rows)
+        first_byte, end_byte, skip = lines.byte_range(start, end)
+        name = part_name(shard.url, start, end)
+        item_payload = {
+            **payload,
+            "input": shard.url,
+            "format": shard.format,
+            "byte_range": [first_byte, end_byte],  # of the decompressed stream, for a gzipped file
+            "row_groups": None,
+            "rows": [skip, skip + end - start],  # the item's rows among the range's lines
+            "row_range": [start, end],
+            "first_line": start + header_lines(shard.format) + 1,
+            "part": name,
+            "output": f"{output_url}/{name}",
+        }
+        if shard.format == "csv":
+            item_payload["header"] = lines.header.decode("utf-8", "replace")
+        key = f"{index:06d}-{start}-{end}"
+        items.append({"key": key, "model": model, "op": op, "rows": end - start, "payload": item_payload})
     return items
