@@ -3,7 +3,9 @@
 (a) The plugin alone: ``PullQueue`` on a stand-in scheduler object (no
     comms), driven by simulated workers in one event loop. Each worker pulls
     with room 2, keeps an LRU of 3 models, and keeps one online pull waiting,
-    as real workers do; its "compute" is instant, so every CPU second spent is
+    as real workers do; its "compute" is instant, or sleeps ``--compute-ms``
+    per item (items leased but not started then wait behind it, and idle
+    workers search them for one to take back). Every CPU second spent is
     the queue's (plus the stand-in workers' few lines per item, counted in
     the figure: it is conservative). For workers x models in a grid:
     CPU us per batch item and per online request, pull-reply p50/p99 (a
@@ -49,19 +51,26 @@ class StandInScheduler:
     def __init__(self, workers: list[str]) -> None:
         self.workers = {w: type("State", (), {"resources": {}})() for w in workers}
         self.handlers: dict = {}
+        self.stream_handlers: dict = {}
+        self.stream_comms: dict = {}
         self.extensions: dict = {}
         self.periodic_callbacks: dict = {}
 
 
 class SimWorker:
-    """A worker's pull loop without the model: pulls with room 2, an LRU of 3 models, one online pull waiting."""
+    """A worker's pull loop without the model: pulls with room 2, an LRU of 3 models, one online pull waiting.
 
-    def __init__(self, plugin, address: str, models: list[str], pull_timeout: float) -> None:
+    `compute`: seconds each batch item takes, slept between its start and its ack.
+    """
+
+    def __init__(self, plugin, address: str, models: list[str], pull_timeout: float, compute: float = 0.0) -> None:
         self.plugin = plugin
         self.address = address
         self.pull_timeout = pull_timeout
+        self.compute = compute
         self.lru: OrderedDict[str, None] = OrderedDict((m, None) for m in models)
         self.done = 0
+        self.pulls = 0
         self.pull_seconds: list[float] = []
         self.stop = False  # the online loop's
         self.batch_stop = False
@@ -85,12 +94,17 @@ class SimWorker:
                 budget=None,
                 load_seconds={},
             )
+            self.pulls += 1
             if reply["items"]:
                 self.pull_seconds.append(time.perf_counter() - began)
             for message in reply["items"]:
                 self.hold(message["model"])
-                if self.plugin.start_item(self.address, message["id"])["ok"]:
-                    self.plugin.ack(self.address, message["id"], {"rows": 1024, "compute_seconds": 0.05})
+                if still_held(self.plugin.start_item(self.address, message["id"])):
+                    if self.compute:
+                        await asyncio.sleep(self.compute)
+                    self.plugin.ack(
+                        self.address, message["id"], {"rows": 1024, "compute_seconds": self.compute or 0.05}
+                    )
                     self.done += 1
             await asyncio.sleep(0)
 
@@ -104,6 +118,11 @@ class SimWorker:
                 self.plugin.online.ack_many(self.address, [[m["id"], {"n": 1}] for m in reply["items"]], 0.001)
 
 
+def still_held(reply: bool | dict) -> bool:
+    """`start_item`'s answer: a bool, or {"ok": bool} in checkouts before issue 23 (for --code)."""
+    return reply if isinstance(reply, bool) else reply["ok"]
+
+
 class Zipf:
     """Model names drawn with Zipf weights (the popular few and a long tail)."""
 
@@ -115,7 +134,9 @@ class Zipf:
         return rng.choices(self.names, cum_weights=self.cum_weights, k=count)
 
 
-async def plugin_alone(workers: int, models: int, seconds: float, pull_timeout: float = 2.0, seed: int = 0) -> dict:
+async def plugin_alone(
+    workers: int, models: int, seconds: float, pull_timeout: float = 2.0, compute: float = 0.0, seed: int = 0
+) -> dict:
     """One configuration: batch phase, idle phase, online phase.
 
     Waiting pulls renew every `pull_timeout` seconds (the profiles' default is
@@ -135,7 +156,8 @@ async def plugin_alone(workers: int, models: int, seconds: float, pull_timeout: 
     plugin = PullQueue(models=specs)
     await plugin.start(StandInScheduler(names))
     sims = [
-        SimWorker(plugin, w, [f"m{(i * 3 + k) % models}" for k in range(3)], pull_timeout) for i, w in enumerate(names)
+        SimWorker(plugin, w, [f"m{(i * 3 + k) % models}" for k in range(3)], pull_timeout, compute)
+        for i, w in enumerate(names)
     ]
     online_tasks = [asyncio.create_task(s.online()) for s in sims]
     await asyncio.sleep(0.05)
@@ -153,6 +175,8 @@ async def plugin_alone(workers: int, models: int, seconds: float, pull_timeout: 
         await asyncio.sleep(0.05)
     batch_cpu = time.process_time() - cpu0
     batch_items = sum(s.done for s in sims)
+    batch_pulls = sum(s.pulls for s in sims)
+    touched = getattr(plugin.placement, "touched", None)  # counted since issue 23
     for s in sims:
         s.batch_stop = True
     await asyncio.gather(*batch_tasks, return_exceptions=True)
@@ -198,12 +222,14 @@ async def plugin_alone(workers: int, models: int, seconds: float, pull_timeout: 
         "workers": workers,
         "models": models,
         "pull_timeout_seconds": pull_timeout,
+        "compute_ms": compute * 1e3,
         "idle_cpu_share": idle_share,
         "batch_items": batch_items,
         "batch_cpu_us_per_item": per_item * 1e6,
         "batch_items_per_cpu_second": 1 / per_item if batch_items else 0.0,
         "pull_reply_p50_us": statistics.median(pulls) * 1e6 if pulls else None,
         "pull_reply_p99_us": pulls[int(0.99 * (len(pulls) - 1))] * 1e6 if pulls else None,
+        "search_entries_per_pull": touched / batch_pulls if touched is not None and batch_pulls else None,
         "online_requests": answered,
         "online_cpu_us_per_request": per_request * 1e6,
         "online_requests_per_cpu_second": 1 / per_request if answered else 0.0,
@@ -221,11 +247,14 @@ def part_a(args) -> list[dict]:
     rows = []
     for workers in args.workers:
         for models in args.models:
-            row = asyncio.run(plugin_alone(workers, models, args.seconds, args.pull_timeout))
+            row = asyncio.run(plugin_alone(workers, models, args.seconds, args.pull_timeout, args.compute_ms / 1e3))
             rows.append(row)
+            touched = row["search_entries_per_pull"]
             print(
                 f"  {workers:>5} workers x {models:>5} models: batch {row['batch_cpu_us_per_item']:6.1f} us/item "
-                f"({row['batch_items_per_cpu_second']:6.0f} items/s), pull p50/p99 "
+                f"({row['batch_items_per_cpu_second']:6.0f} items/s"
+                + (f", {touched:.1f} search entries/pull" if touched is not None else "")
+                + "), pull p50/p99 "
                 f"{row['pull_reply_p50_us'] or 0:5.1f}/{row['pull_reply_p99_us'] or 0:7.1f} us; online "
                 f"{row['online_cpu_us_per_request']:6.1f} us/request ({row['online_requests_per_cpu_second']:6.0f}/s), "
                 f"net of idle renewals {row['online_net_cpu_us_per_request']:6.1f} us; idle CPU {row['idle_cpu_share']:.1%}",
@@ -532,6 +561,7 @@ def main() -> None:
     parser.add_argument("--models", default="24,100,1000", type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--seconds", type=float, default=4.0, help="per phase and configuration")
     parser.add_argument("--pull-timeout", type=float, default=2.0, help="(a) the stand-in workers' long-poll timeout")
+    parser.add_argument("--compute-ms", type=float, default=0.0, help="(a) each batch item's simulated compute")
     parser.add_argument("--code", default=None, help="a checkout whose scheduler_plugins (a) drives instead")
     parser.add_argument("--real-workers", default="8,32", type=lambda s: [int(x) for x in s.split(",")], help="(b)")
     parser.add_argument("--real-items", type=int, default=5000, help="(b) items per run")
