@@ -43,10 +43,18 @@ from pipeline.retrieval.beir import load_beir
 from pipeline.retrieval.evaluation import print_report, run_eval
 from pipeline.retrieval.run import embed_requests, run_pipeline
 from pipeline.retrieval.spec import load_job_spec
+from workers.input_formats import INPUT_FORMATS
 from workers.vector_precision import PRECISIONS, Precision, VectorFormat
 
 RESUMABLE = ("embed", "rerank", "run", "reindex", "eval")
 """The commands whose interrupted run keeps its written parts: the same command again resumes it."""
+
+input_format_option = click.option(
+    "--input-format",
+    type=click.Choice(INPUT_FORMATS),
+    default=None,
+    help="How INPUT's files are read. [default: by name: .parquet, .jsonl, .jsonl.gz, .csv, .csv.gz]",
+)
 
 
 @click.command()
@@ -59,6 +67,7 @@ RESUMABLE = ("embed", "rerank", "run", "reindex", "eval")
     help="Catalog name, model folder or cached Hugging Face id; several, comma-separated, write OUTPUT/<model>/ each.",
 )
 @text_column_option
+@input_format_option
 @passthrough_options
 @cluster_options(storage=True)
 @click.option(
@@ -100,6 +109,7 @@ def embed(
     output_url: str,
     model: str,
     text_column: str,
+    input_format: str | None,
     id_column: str,
     keep_columns: str,
     scheduler: str | None,
@@ -135,6 +145,7 @@ def embed(
         id_column=id_column or None,
         keep_columns=parse_columns(keep_columns),
         storage_options=parse_storage_options(storage_options),
+        input_format=input_format,
         chunk=parse_chunk(chunk),
         vectors=VectorFormat(precision=precision, dim=dim),
         prompt_name=prompt_name,
@@ -144,7 +155,7 @@ def embed(
         check_embed_options(request, model_for(catalog_config, profile_config, name, "embedder"))
     if lance:  # named as given: preflight checks the staging folder inside it
         check_apart(request.input, lance.dataset, request.storage_options)
-    preflight(request.input, request.output, request.storage_options)
+    preflight(request.input, request.output, request.storage_options, input_format)
     with connect(scheduler, profile_config, catalog, warm=warm) as client:
         if len(models) == 1:
             outcomes = [run_embed(client, request, profile_config, catalog_config, console)]
@@ -161,6 +172,7 @@ def embed(
 @click.option("--passage-column", default=None, help="Pairs mode: one passage per row. [default: passage]")
 @click.option("--candidates-column", default=None, help="Candidates mode: a list of passages per row.")
 @click.option("--candidate-ids-column", default=None, help="Candidates mode: a list of ids, one per candidate.")
+@input_format_option
 @passthrough_options
 @click.option(
     "--max-candidates",
@@ -181,6 +193,7 @@ def rerank(
     id_column: str,
     keep_columns: str,
     max_candidates: int,
+    input_format: str | None,
     scheduler: str | None,
     storage_options: str | None,
     profile: str | None,
@@ -210,8 +223,9 @@ def rerank(
         keep_columns=parse_columns(keep_columns),
         max_candidates=max_candidates,
         storage_options=parse_storage_options(storage_options),
+        input_format=input_format,
     )
-    preflight(request.input, request.output, request.storage_options)
+    preflight(request.input, request.output, request.storage_options, input_format)
     with connect(scheduler, profile_config, catalog, warm=[model]) as client:
         outcome = run_rerank(client, request, profile_config, catalog_config, console)
     sys.exit(outcome.exit_code)

@@ -346,8 +346,10 @@ SLOW_SIM = {
 }
 
 
-def embed_killing_a_worker(tmp_path: Path, name: str, texts: list[str], output: str) -> tuple[list[str], int, str, int]:
-    """Shards of `texts` in tmp_path/in embedded into `output` by `shoal embed` with SLOW_SIM, on a local
+def embed_killing_a_worker(
+    tmp_path: Path, name: str, texts: list[str], output: str, write: Callable[..., list[str]] = write_shards
+) -> tuple[list[str], int, str, int]:
+    """Shards of `texts` in tmp_path/in (written by `write`, as `write_shards` does) embedded into `output` by `shoal embed` with SLOW_SIM, on a local
     cluster of two workers (profile `name`, 100 rows an item), one busy worker SIGKILLed mid-job
     (`kill_busy_worker`). Returns the ids, the job's exit status and stderr, and the scheduler's count of lost
     workers. Integration tests only: it starts a cluster and a process."""
@@ -357,7 +359,7 @@ def embed_killing_a_worker(tmp_path: Path, name: str, texts: list[str], output: 
     from pipeline.cluster import start_local_cluster
 
     profile = load_profile(str(write_profile(tmp_path, name=name, rows_per_item=100, lease_seconds=30)))
-    ids = write_shards(tmp_path / "in", texts, shards=4, row_group_size=50)
+    ids = write(tmp_path / "in", texts, shards=4, row_group_size=50)
     catalog = tmp_path / "catalog.yaml"
     catalog.write_text(yaml.safe_dump({"models": {"slow-sim": SLOW_SIM}}))
     with start_local_cluster(profile) as cluster, Client(cluster) as client:

@@ -28,7 +28,7 @@ def test_listing_file_directory_glob_and_hidden_files(tmp_path):
     assert names(list_shards(str(tmp_path / "b.parquet"))) == ["b.parquet"]
     assert names(list_shards(str(tmp_path / "*.parquet"))) == ["_skip.parquet", "a.parquet", "b.parquet"]
     assert all(s.version.startswith("mtime:") and s.size == 1 for s in list_shards(str(tmp_path)))
-    with pytest.raises(PlanError, match="matches no Parquet files"):
+    with pytest.raises(PlanError, match="matches no CSV files"):
         list_shards(str(tmp_path / "*.csv"))
 
 

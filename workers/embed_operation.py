@@ -19,8 +19,9 @@ import pyarrow as pa
 from configs import ModelSpec
 
 from .chunking import ChunkSettings, Windows, token_windows
+from .input_formats import read_input
 from .lance_fragments import write_fragment
-from .parquet_slices import identity_columns, part_ack, part_table, read_slice, rejection, text_column, write_part
+from .parquet_slices import identity_columns, part_ack, part_table, rejection, text_column, write_part
 from .vector_precision import VectorFormat, compact
 
 
@@ -39,9 +40,11 @@ def read(payload: dict[str, Any]) -> EmbedInput:
     for name in [payload.get("id_column"), *payload.get("keep_columns", [])]:
         if name and name not in columns:
             columns.append(name)
-    table = read_slice(payload, columns)
-    invalid: dict[int, str] = {}
-    texts = text_column(table, text_col, payload["input"], invalid)
+    invalid: dict[int, str] = {}  # row -> why it has no vector, whole: file, line or row, column, problem
+    table = read_input(payload, columns, invalid, strings=(text_col,))
+    undecodable: dict[int, str] = {}
+    texts = text_column(table, text_col, payload["input"], undecodable)
+    invalid.update({row: rejection(payload, row, text_col, problem) for row, problem in undecodable.items()})
     chunk = ChunkSettings(**payload["chunk"]) if payload.get("chunk") else None
     return EmbedInput(table, texts, invalid, chunk, payload.get("prompt"))
 
@@ -107,9 +110,8 @@ def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], s
     if payload.get("lance"):  # the rows go to a Lance fragment; the part is its marker
         table = write_fragment(payload["lance"], table, payload.get("storage_options"))
     size = write_part(payload["output"], table, payload.get("storage_options"))
-    rejections = [  # kept with a null embedding, like a null text, but reported: the job exits 1
-        rejection(payload, row, payload["text_column"], problem) for row, problem in sorted(data.invalid.items())
-    ]
+    # Kept with a null embedding, like a null text, but reported: the job exits 1.
+    rejections = [data.invalid[row] for row in sorted(data.invalid)]
     return part_ack(
         payload,
         rows,

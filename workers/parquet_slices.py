@@ -99,8 +99,12 @@ def first_row(payload: dict[str, Any]) -> int:
 
 
 def rejection(payload: dict[str, Any], row: int, column: str, problem: str) -> str:
-    """`file row N, column C: problem`, with N counted within the file, for a row that gets no result."""
-    return f"{payload['input']} row {first_row(payload) + row}, column {column!r}: {problem}"
+    """`file row N, column C: problem`, with N counted within the file, for a row that gets no result.
+
+    A text input's row is named by its line (see input_formats), as an editor shows it.
+    """
+    where = f"line {payload['first_line'] + row}" if "first_line" in payload else f"row {first_row(payload) + row}"
+    return f"{payload['input']} {where}, column {column!r}: {problem}"
 
 
 def identity_columns(payload: dict[str, Any], source: pa.Table, rows: np.ndarray) -> dict[str, pa.Array]:

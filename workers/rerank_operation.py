@@ -28,16 +28,8 @@ import pyarrow.compute as pc
 
 from configs import ModelSpec
 
-from .parquet_slices import (
-    InputError,
-    identity_columns,
-    part_ack,
-    part_table,
-    read_slice,
-    rejection,
-    text_column,
-    write_part,
-)
+from .input_formats import read_input
+from .parquet_slices import InputError, identity_columns, part_ack, part_table, rejection, text_column, write_part
 
 
 @dataclass
@@ -62,7 +54,8 @@ def read(payload: dict[str, Any]) -> RerankInput:
     ]:
         if name and name not in columns:
             columns.append(name)
-    table = read_slice(payload, columns)
+    unreadable: dict[int, str] = {}  # rows of lines that cannot be read: all null
+    table = read_input(payload, columns, unreadable, strings=(query_col, *([item_col] if mode == "pairs" else [])))
     url = payload["input"]
     data = RerankInput(table)
     bad_queries: dict[int, str] = {}
@@ -76,6 +69,7 @@ def read(payload: dict[str, Any]) -> RerankInput:
     for column, bad in ((item_col, bad_passages), (query_col, bad_queries)):
         for row, problem in bad.items():
             data.rejected[row] = rejection(payload, row, column, problem)
+    data.rejected.update(unreadable)
     return data
 
 

@@ -34,6 +34,7 @@ class EmbedRequest:
     chunk: ChunkSettings | None = None  # split long texts into token windows
     vectors: VectorFormat = field(default_factory=VectorFormat)  # stored precision and dimension
     lance: str | None = None  # a Lance dataset URI: rows go there, `output` holds the markers (lance_output)
+    input_format: str | None = None  # parquet, jsonl or csv; None: by each file's name (workers/input_formats.py)
 
 
 def check_embed_options(request: EmbedRequest, spec: ModelSpec) -> None:
@@ -60,6 +61,7 @@ def embed_job(request: EmbedRequest) -> BatchJob:
             **({"chunk": request.chunk.model_dump()} if request.chunk else {}),
             **({} if request.vectors.is_default else {"vectors": request.vectors.payload()}),
             **({"lance": request.lance} if request.lance else {}),
+            **({"input_format": request.input_format} if request.input_format else {}),
         },
         required_columns=[request.text_column, *filter(None, [request.id_column]), *request.keep_columns],
         manifest_columns={"text": request.text_column, "id": request.id_column, "keep": request.keep_columns},

@@ -35,10 +35,17 @@ def _stamp(path: str) -> tuple:
 
 
 def model_fingerprint(spec: ModelSpec) -> str:
-    """sha256 over the weights and the settings that change the vectors."""
-    path = spec.resolve_path()
+    """sha256 over the weights and the settings that change the vectors.
+
+    A simulated model has no weights (its source is empty, which would hash
+    the working directory): its vectors come from its name (sim_runtime).
+    """
     settings = f"{spec.kind}|{spec.dim}|{spec.max_seq_length}|{spec.normalize}"
     if spec.prompts is not None or spec.default_prompt_name is not None:  # the catalog's own prompts
         settings += f"|{json.dumps([spec.prompts, spec.default_prompt_name], sort_keys=True)}"
-    weights = _hash_directory(path, _stamp(path))
+    if spec.kind == "sim":
+        weights = f"sim:{spec.name}"
+    else:
+        path = spec.resolve_path()
+        weights = _hash_directory(path, _stamp(path))
     return hashlib.sha256(f"{weights}|{settings}".encode()).hexdigest()

@@ -70,6 +70,7 @@ class ReindexJob(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     input: str
+    input_format: Literal["parquet", "jsonl", "csv"] | None = None  # None: by each file's name
     output: str
     model: str
     columns: Columns = Field(default_factory=Columns)
@@ -96,6 +97,7 @@ class ReindexJob(BaseModel):
             chunk=self.chunk,
             vectors=VectorFormat(precision=self.precision, dim=self.dim),
             lance=LanceTarget.at(self.output).dataset if self.format == "lance" else None,
+            input_format=self.input_format,
         )
 
 

@@ -32,6 +32,7 @@ class RerankRequest:
     keep_columns: list[str] = field(default_factory=list)
     max_candidates: int = DEFAULT_MAX_CANDIDATES
     storage_options: dict[str, Any] = field(default_factory=dict)
+    input_format: str | None = None  # parquet, jsonl or csv; None: by each file's name (workers/input_formats.py)
 
     def __post_init__(self) -> None:
         if self.passage_column and self.candidates_column:
@@ -66,6 +67,7 @@ def rerank_job(request: RerankRequest) -> BatchJob:
         "id_column": request.id_column,
         "keep_columns": request.keep_columns,
         "max_candidates": request.max_candidates,
+        **({"input_format": request.input_format} if request.input_format else {}),
     }
     return BatchJob(
         operation="rerank",
