@@ -349,9 +349,9 @@ SLOW_SIM = {
 def embed_killing_a_worker(
     tmp_path: Path, name: str, texts: list[str], output: str, write: Callable[..., list[str]] = write_shards
 ) -> tuple[list[str], int, str, int]:
-    """Shards of `texts` in tmp_path/in (written by `write`, as `write_shards` does) embedded into `output` by `shoal embed` with SLOW_SIM, on a local
-    cluster of two workers (profile `name`, 100 rows an item), one busy worker SIGKILLed mid-job
-    (`kill_busy_worker`). Returns the ids, the job's exit status and stderr, and the scheduler's count of lost
+    """Shards of `texts` in tmp_path/in (written by `write`, as `write_shards` does) embedded into `output`
+    by `shoal embed` with SLOW_SIM, on a local cluster of two workers (profile `name`, 100 rows an item), one
+    busy worker SIGKILLed mid-job (`kill_busy_worker`). Returns the ids, the job's exit status and stderr, and the scheduler's count of lost
     workers. Integration tests only: it starts a cluster and a process."""
     from distributed import Client
 
