@@ -17,8 +17,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import s3fs
 import yaml
-from conftest import FakeScheduler, embed_args, invoke_shoal, reindex_job, write_shards
+from conftest import FakeScheduler, embed_args, invoke_shoal, reindex_job, s3_options, write_shards
 
 UNREACHABLE = "tcp://127.0.0.1:9"  # a refusal that comes first never gets as far as this scheduler
 SIM = {"kind": "sim", "dim": 16, "max_seq_length": 64, "memory_bytes": 1000}
@@ -144,9 +145,6 @@ def test_a_reindex_job_with_its_output_inside_its_input_is_refused_before_its_lo
 def test_the_same_refusals_on_s3_whatever_the_scheme_spelling(
     s3_server, sim_catalog, tmp_path, source, output, expected
 ):
-    import s3fs
-    from conftest import s3_options
-
     options = s3_options(s3_server)
     fs = s3fs.S3FileSystem(**options)
     if not fs.exists("edges"):
