@@ -7,6 +7,7 @@ model whose config_sentence_transformers.json defines E5-like `query` and `docum
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -17,11 +18,13 @@ import pytest
 import yaml
 from conftest import TINY_DIM, TINY_MAX_SEQ, invoke_shoal, read_output, shoal_options, write_profile
 from model_factory import TINY_PROMPTS, build_tiny_embedder
+from rich.console import Console
 
 from configs import ConfigError, GatewaySettings, ModelSpec, load_catalog
 from configs.prompts import ModelPrompts, PromptError, model_prompts
 from pipeline.jobs.embed import EmbedRequest, check_embed_options, embed_job, with_prompt
 from pipeline.jobs.resume import job_params
+from pipeline.model_listing import render_models
 from pipeline.retrieval.run import embed_requests
 from pipeline.retrieval.spec import JobSpec
 from scheduler_plugins import api_formats
@@ -207,6 +210,19 @@ def expected_vectors(model: Path, texts: list[str], prompt_name: str | None) -> 
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(model), device="cpu").encode(texts, prompt_name=prompt_name)
+
+
+@pytest.mark.integration
+def test_models_lists_each_model_s_prompts_from_its_files_by_catalog_name_or_path(prompted):
+    model, catalog = prompted
+    listed = invoke_shoal("models", "--catalog", str(catalog), "--catalog-only", "--json")
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows["tiny-p"]["prompts"] == rows["sim-p"]["prompts"] == TINY_PROMPTS
+    assert rows["minilm"]["prompts"] == {} and rows["tiny-p"]["default_prompt_name"] is None
+    shown = Console(file=io.StringIO(), width=300)
+    render_models([{**rows["tiny-p"], "default_prompt_name": "query"}], shown)
+    assert "document, query (default)" in shown.file.getvalue()
+    assert model_prompts(load_catalog(catalog).get(str(model))) == ModelPrompts(str(model), TINY_PROMPTS)
 
 
 @pytest.mark.integration
