@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import (
@@ -299,3 +300,45 @@ def test_a_changed_line_is_redone_by_resume_and_by_reindex(cluster, tiny_catalog
     current = (tmp_path / "indexed" / "_CURRENT").read_text().strip()
     indexed = vectors_by_id(read_output(tmp_path / "indexed" / current))
     np.testing.assert_allclose(indexed["doc-250"], after["doc-250"], atol=1e-6)
+
+
+def test_rerank_reads_csv_pairs_and_jsonl_candidates_as_it_reads_parquet(cluster, tiny_catalog, demo_texts, tmp_path):
+    from conftest import shoal_options
+
+    _, client = cluster
+    options = shoal_options(tiny_catalog, client.scheduler.address)
+    queries, passages = [t[:60] for t in demo_texts[:120]], demo_texts[120:240]
+    pairs = [{"id": f"p{i}", "query": q, "passage": p} for i, (q, p) in enumerate(zip(queries, passages))]
+    candidates = [{"id": f"q{i}", "query": queries[i], "docs": passages[i : i + 5]} for i in range(0, 120, 5)]
+    for name, rows in (("pairs", pairs), ("candidates", candidates)):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / name / f"{name}.parquet")
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, ["id", "query", "passage"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(pairs)
+    (tmp_path / "pairs.csv").write_text(buffer.getvalue())
+    (tmp_path / "candidates.jsonl").write_text("".join(json.dumps(c) + "\n" for c in candidates))
+
+    def rerank(source, *extra) -> list[dict]:
+        output = tmp_path / f"out-{source.name}"
+        result = run_shoal("rerank", str(source), str(output), "--model", "tiny-reranker", *options, *extra)
+        assert result.returncode == 0, result.stderr
+        return read_output(output).sort_by("id").to_pylist()
+
+    for expected, ours in (
+        (rerank(tmp_path / "pairs"), rerank(tmp_path / "pairs.csv")),
+        (
+            rerank(tmp_path / "candidates", "--candidates-column", "docs"),
+            rerank(tmp_path / "candidates.jsonl", "--candidates-column", "docs"),
+        ),
+    ):
+        assert [row["id"] for row in ours] == [row["id"] for row in expected] and len(ours) in (120, 24)
+        for mine, theirs in zip(ours, expected):
+            if "score" in mine:
+                assert mine["score"] == pytest.approx(theirs["score"], abs=1e-5)
+            else:
+                assert [e["index"] for e in mine["ranking"]] == [e["index"] for e in theirs["ranking"]]
+                assert [e["score"] for e in mine["ranking"]] == pytest.approx(
+                    [e["score"] for e in theirs["ranking"]], abs=1e-5
+                )
