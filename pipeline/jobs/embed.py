@@ -16,6 +16,7 @@ from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, ConfigError, ModelSpec, Profile
+from configs.prompts import model_prompts
 from pipeline.jobs.engine import BatchJob, JobOutcome, model_for, output_folder, plan_job, run_job
 from pipeline.jobs.planner import Plan
 from workers.chunking import ChunkSettings
@@ -35,6 +36,8 @@ class EmbedRequest:
     vectors: VectorFormat = field(default_factory=VectorFormat)  # stored precision and dimension
     lance: str | None = None  # a Lance dataset URI: rows go there, `output` holds the markers (lance_output)
     input_format: str | None = None  # parquet, jsonl or csv; None: by each file's name (workers/input_formats.py)
+    prompt_name: str | None = None  # one of the model's prompts before every text (configs/prompts.py)
+    prompt: str | None = None  # or the prompt text itself; neither: the model's default prompt
 
 
 def check_embed_options(request: EmbedRequest, spec: ModelSpec) -> None:
@@ -45,6 +48,14 @@ def check_embed_options(request: EmbedRequest, spec: ModelSpec) -> None:
         request.vectors.check_model(spec.dim, spec.name)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    with_prompt(request, spec)
+
+
+def with_prompt(request: EmbedRequest, spec: ModelSpec) -> EmbedRequest:
+    """`request` with its prompt name replaced by that prompt's text for `spec` (PromptError: exit 2)."""
+    if request.prompt_name is None:
+        return request
+    return replace(request, prompt=model_prompts(spec).text(request.prompt_name, request.prompt), prompt_name=None)
 
 
 def embed_job(request: EmbedRequest) -> BatchJob:
@@ -62,6 +73,8 @@ def embed_job(request: EmbedRequest) -> BatchJob:
             **({} if request.vectors.is_default else {"vectors": request.vectors.payload()}),
             **({"lance": request.lance} if request.lance else {}),
             **({"input_format": request.input_format} if request.input_format else {}),
+            # The text, not the name: a prompt asked for is part of the options digest, so a change re-embeds.
+            **({"prompt": request.prompt} if request.prompt is not None else {}),
         },
         required_columns=[request.text_column, *filter(None, [request.id_column]), *request.keep_columns],
         manifest_columns={"text": request.text_column, "id": request.id_column, "keep": request.keep_columns},
@@ -78,7 +91,7 @@ def run_embed(
 ) -> JobOutcome:
     spec = model_for(catalog, profile, request.model, "embedder")
     check_embed_options(request, spec)
-    return run_job(client, embed_job(request), spec, profile, console)
+    return run_job(client, embed_job(with_prompt(request, spec)), spec, profile, console)
 
 
 def run_embed_models(
@@ -101,7 +114,7 @@ def run_embed_models(
     consoles = [console, *(Console(file=buffer, soft_wrap=True, width=console.width) for buffer in buffers)]
     with ThreadPoolExecutor(len(models)) as pool:
         futures = [
-            pool.submit(run_job, client, embed_job(r), spec, profile, c)
+            pool.submit(run_job, client, embed_job(with_prompt(r, spec)), spec, profile, c)
             for r, spec, c in zip(requests, specs, consoles)
         ]
         outcomes = [future.result() for future in futures]
