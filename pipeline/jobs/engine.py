@@ -25,7 +25,7 @@ from pipeline.jobs.fingerprints import model_fingerprint
 from pipeline.jobs.follower import follow, summarize
 from pipeline.jobs.lance_output import commit_parts
 from pipeline.jobs.manifest import build_manifest, read_manifest, remove_manifest, write_manifest
-from pipeline.jobs.planner import Plan, check_apart, check_columns, check_output, list_shards, plan_items, read_footers
+from pipeline.jobs.planner import Plan, check_columns, check_output, list_shards, plan_items, read_footers
 from pipeline.jobs.resume import Inventory, PartStore, current_parts, job_params, stamp_items
 from scheduler_plugins.protocol import JobStatus
 from workers.vector_precision import VectorFormat
@@ -212,11 +212,10 @@ def _write_manifest(job: BatchJob, manifest: dict[str, Any]) -> tuple[str, str |
 def preflight(
     input_url: str, output_url: str, storage_options: dict[str, Any], input_format: str | None = None
 ) -> None:
-    """What can be refused before a cluster starts: OUTPUT and INPUT that overlap, an OUTPUT that cannot be
-    written, an INPUT with no shards."""
-    check_apart(input_url, output_url, storage_options)  # first: the write check would make OUTPUT inside INPUT
-    check_output(output_url, storage_options)
+    """What can be refused before a cluster starts: an INPUT with no shards or not apart from OUTPUT, then
+    an OUTPUT that cannot be written (checked last: its write probe would create an OUTPUT inside INPUT)."""
     list_shards(input_url, storage_options, output_url, input_format)
+    check_output(output_url, storage_options)
 
 
 def _commit_lance(job: BatchJob, manifest: dict[str, Any], console: Console) -> dict[str, Any]:
