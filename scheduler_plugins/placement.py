@@ -80,43 +80,50 @@ def online_rank(view: WorkerView, model: str, busy: bool) -> int:
 
 
 class TakeBacks:
-    """Take-back candidates: batch items leased but not started, each with how long it would wait on its holder.
+    """Take-back candidates: batch items leased but not started, and how long they would wait on their holder.
 
-    Each model's candidates sit in a heap by wait, and the models in one heap
-    keyed by their longest wait less `base_load(model)` (steal factor times
-    the catalog's load): the most any idle worker gains from the model unless
-    it has it loaded or measured loading it faster. A search reads those few
+    All of a holder's candidates of one model wait as long (the items started
+    there, and the model's load if it lacks it), so they form one group with
+    one wait: a start redoes a few groups, not every item behind it. Each
+    model's groups sit in a heap by wait, and the models in one heap keyed by
+    their longest wait less `base_load(model)` (steal factor times the
+    catalog's load): the most any idle worker gains from the model unless it
+    has it loaded or measured loading it faster. A search reads those few
     models' tops directly, then pops models until no key beats the best gain
     found, so it ends at once when nothing would gain. Entries are not
-    removed: an item's newest entry is its live one, and a model's key may
+    removed: a group's newest entry is its live one, and a model's key may
     overestimate its longest wait until it surfaces and is redone. The heaps
     are rebuilt when stale entries outnumber live ones.
     """
 
     def __init__(self, base_load: Callable[[str], float]) -> None:
         self.base_load = base_load
-        self.by_holder: dict[str, dict[str, WorkItem]] = defaultdict(dict)
+        self.by_holder: dict[str, dict[str, dict[str, WorkItem]]] = {}  # holder -> model -> item id -> item
         self.touched = 0  # heap entries searches examined: their cost, counted for tests and benchmarks
         self._order = itertools.count()
-        self._waits: dict[str, tuple[float, int]] = {}  # item id -> (wait, order of its live entry)
-        self._items: dict[str, list[tuple[float, int, WorkItem]]] = {}  # model -> heap of (-wait, order, item)
-        self._entries = 0  # item entries in all heaps, live and stale
+        self._waits: dict[tuple[str, str], tuple[float, int]] = {}  # (holder, model) -> (wait, order of its entry)
+        self._groups: dict[str, list[tuple[float, int, str]]] = {}  # model -> heap of (-wait, order, holder)
+        self._entries = 0  # group entries in all heaps, live and stale
         self._tops: dict[str, tuple[float, int]] = {}  # model -> (longest wait or more, order of its live entry)
         self._models: list[tuple[float, int, str]] = []  # heap of (-(longest wait - base load), order, model)
 
-    def set_wait(self, work: WorkItem, wait: float) -> None:
-        """`work` is a candidate that would wait `wait` seconds on its holder."""
-        self.by_holder[work.worker or ""][work.id] = work
-        live = self._waits.get(work.id)
+    def add(self, work: WorkItem, wait: float) -> None:
+        """`work` is a candidate, in a group that would wait `wait` seconds on its holder."""
+        holder = work.worker or ""
+        self.by_holder.setdefault(holder, {}).setdefault(work.model, {})[work.id] = work
+        self.set_wait(holder, work.model, wait)
+
+    def set_wait(self, holder: str, model: str, wait: float) -> None:
+        live = self._waits.get((holder, model))
         if live is not None and live[0] == wait:
             return
         order = next(self._order)
-        self._waits[work.id] = (wait, order)
-        heapq.heappush(self._items.setdefault(work.model, []), (-wait, order, work))
+        self._waits[holder, model] = (wait, order)
+        heapq.heappush(self._groups.setdefault(model, []), (-wait, order, holder))
         self._entries += 1
-        top = self._tops.get(work.model)
+        top = self._tops.get(model)
         if top is None or wait > top[0]:
-            self._push_model(work.model, wait)
+            self._push_model(model, wait)
         if self._entries > 4 * len(self._waits) + 1024:
             self._rebuild()
         elif len(self._models) > 4 * len(self._tops) + 1024:
@@ -125,19 +132,24 @@ class TakeBacks:
 
     def remove(self, holder: str, work: WorkItem) -> bool:
         """`work` is no candidate now: True if it was one."""
-        if self.by_holder.get(holder, {}).pop(work.id, None) is None:
+        models = self.by_holder.get(holder, {})
+        group = models.get(work.model, {})
+        if group.pop(work.id, None) is None:
             return False
-        del self._waits[work.id]
+        if not group:
+            del models[work.model], self._waits[holder, work.model]
+            if not models:
+                del self.by_holder[holder]
         return True
 
     def remove_holder(self, holder: str) -> None:
-        for work in self.by_holder.pop(holder, {}).values():
-            del self._waits[work.id]
+        for model in self.by_holder.pop(holder, {}):
+            del self._waits[holder, model]
 
-    def of_model(self, model: str) -> list[WorkItem]:
-        return [
-            work for _, order, work in self._items.get(model, []) if self._waits.get(work.id, (0.0, -1))[1] == order
-        ]
+    def holders_of(self, model: str) -> list[str]:
+        """The holders with candidates of `model`."""
+        heap = self._groups.get(model, [])
+        return [holder for _, order, holder in heap if self._waits.get((holder, model), (0.0, -1))[1] == order]
 
     def base_load_changed(self, model: str) -> None:
         if model in self._tops:
@@ -150,12 +162,12 @@ class TakeBacks:
         direct = {
             model
             for model in itertools.chain(thief.loaded, thief.load_seconds)
-            if model in self._items and cost(model) < self.base_load(model) and hostable(model)
+            if model in self._groups and cost(model) < self.base_load(model) and hostable(model)
         }
         for model in direct:
             top = self._top(model, skip=thief.address)
             if top is not None and top[0] - cost(model) > gain:
-                gain, chosen = top[0] - cost(model), top[1]
+                gain, chosen = top[0] - cost(model), (top[1], model)
         popped = []
         while self._models:
             self.touched += 1
@@ -176,36 +188,38 @@ class TakeBacks:
             popped.append(entry)
             if model in direct or not hostable(model):
                 continue
-            if top[1].worker == thief.address:
+            if top[1] == thief.address:
                 top = self._top(model, skip=thief.address)
             if top is not None and top[0] - cost(model) > gain:
-                gain, chosen = top[0] - cost(model), top[1]
+                gain, chosen = top[0] - cost(model), (top[1], model)
         for entry in popped:
             heapq.heappush(self._models, entry)
-        return chosen
+        if chosen is None:
+            return None
+        holder, model = chosen
+        return next(iter(self.by_holder[holder][model].values()))  # the group's first leased
 
-    def _top(self, model: str, skip: str | None = None) -> tuple[float, WorkItem] | None:
-        """(wait, item): the candidate of `model` that waits longest, held by a worker other than `skip`."""
-        heap = self._items[model]
+    def _top(self, model: str, skip: str | None = None) -> tuple[float, str] | None:
+        """(wait, holder): the group of `model` that waits longest, of a holder other than `skip`."""
+        heap = self._groups[model]
         skipped = []
         found = None
         while heap:
             self.touched += 1
-            _, order, work = heap[0]
-            live = self._waits.get(work.id)
+            _, order, holder = heap[0]
+            live = self._waits.get((holder, model))
             if live is None or live[1] != order:
                 heapq.heappop(heap)
                 self._entries -= 1
-            elif work.worker == skip:
+            elif holder == skip:
                 skipped.append(heapq.heappop(heap))
             else:
-                found = (live[0], work)
+                found = (live[0], holder)
                 break
         for entry in skipped:
             heapq.heappush(heap, entry)
         if not heap:
-            del self._items[model]
-            del self._tops[model]
+            del self._groups[model], self._tops[model]
         return found
 
     def _push_model(self, model: str, longest: float) -> None:
@@ -214,12 +228,10 @@ class TakeBacks:
         heapq.heappush(self._models, (-(longest - self.base_load(model)), order, model))
 
     def _rebuild(self) -> None:
-        self._items, self._tops, self._models = {}, {}, []
-        for items in self.by_holder.values():
-            for work in items.values():
-                wait, order = self._waits[work.id]
-                self._items.setdefault(work.model, []).append((-wait, order, work))
-        for model, heap in self._items.items():
+        self._groups, self._tops, self._models = {}, {}, []
+        for (holder, model), (wait, order) in self._waits.items():
+            self._groups.setdefault(model, []).append((-wait, order, holder))
+        for model, heap in self._groups.items():
             heapq.heapify(heap)
             self._push_model(model, -heap[0][0])
         self._entries = len(self._waits)
@@ -310,8 +322,8 @@ class Placement:
             del self._base_loads[model]
             if self._base_load(model) != old:
                 self._dirty.add(model)
-                for work in self.take_backs.of_model(model):
-                    self.take_backs.set_wait(work, self._wait_on_holder(work))
+                for holder in self.take_backs.holders_of(model):
+                    self.take_backs.set_wait(holder, model, self._wait_on(holder, model))
                 self.take_backs.base_load_changed(model)
 
     def _steal(self, worker: WorkerView) -> str | None:
@@ -400,7 +412,7 @@ class Placement:
     def leased(self, work: WorkItem) -> None:
         """A batch item was leased: a take-back candidate until it starts."""
         if work.priority == BATCH and work.worker is not None:
-            self.take_backs.set_wait(work, self._wait_on_holder(work))
+            self.take_backs.add(work, self._wait_on(work.worker, work.model))
 
     def started(self, work: WorkItem) -> None:
         """The holder began `work`: the items behind it there now wait longer."""
@@ -423,8 +435,8 @@ class Placement:
 
     def holder_changed(self, address: str) -> None:
         """What its waiting items would wait for there changed (items started or done, models loaded)."""
-        for work in list(self.take_backs.by_holder.get(address, {}).values()):
-            self.take_backs.set_wait(work, self._wait_on_holder(work))
+        for model in self.take_backs.by_holder.get(address, {}):
+            self.take_backs.set_wait(address, model, self._wait_on(address, model))
 
     def take_back(self, thief: WorkerView) -> WorkItem | None:
         """The leased, not started batch item an idle `thief` would start soonest, ahead of its holder.
@@ -438,11 +450,10 @@ class Placement:
             hostable=lambda model: model in thief.held or can_host(self.specs.get(model, {}), thief),
         )
 
-    def _wait_on_holder(self, work: WorkItem) -> float:
-        """Seconds `work` waits on its holder before it starts: the items started there, and a load."""
-        holder = work.worker or ""
+    def _wait_on(self, holder: str, model: str) -> float:
+        """Seconds an item of `model` leased to `holder` waits there to start: the items started there, and a load."""
         wait = self._ahead.get(holder, 0.0)
         view = self.views.get(holder)
-        if view is not None and work.model not in view.loaded:
-            wait += self._load_seconds(view, work.model)
+        if view is not None and model not in view.loaded:
+            wait += self._load_seconds(view, model)
         return wait

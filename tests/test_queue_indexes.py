@@ -200,16 +200,17 @@ def check_indexes(plugin: PullQueue) -> None:
         elif work.started:
             ahead[work.worker] += work.expected_seconds
     take_backs = placement.take_backs
-    assert {w: set(i) for w, i in take_backs.by_holder.items() if i} == dict(unstarted)
-    assert set(take_backs._waits) == {i for ids in unstarted.values() for i in ids}
+    assert {w: {i for group in models.values() for i in group} for w, models in take_backs.by_holder.items()} == dict(
+        unstarted
+    )
+    groups = {(w.worker, w.model) for w in leased if w.id in unstarted[w.worker]}
+    assert set(take_backs._waits) == groups and all(take_backs.by_holder[h][m] for h, m in groups)
     for worker, seconds in ahead.items():
         assert abs(placement._ahead.get(worker, 0.0) - seconds) < 1e-6
     longest: dict[str, float] = {}
-    for work in leased:
-        if work.id in take_backs._waits:
-            wait, order = take_backs._waits[work.id]
-            assert (-wait, order, work) in take_backs._items[work.model]  # its live entry is in its model's heap
-            longest[work.model] = max(longest.get(work.model, wait), wait)
+    for (holder, model), (wait, order) in take_backs._waits.items():
+        assert (-wait, order, holder) in take_backs._groups[model]  # its live entry is in its model's heap
+        longest[model] = max(longest.get(model, wait), wait)
     for model, wait in longest.items():
         assert take_backs._tops[model][0] >= wait  # a model's key may overestimate its longest wait, never less
     for model in MODELS:
@@ -399,7 +400,7 @@ def test_an_idle_pull_touches_a_bounded_number_of_candidates_at_1024_workers_and
             touched = plugin.placement.touched - before
             assert reply["items"] == [] and plugin.events["taken_back"] == 0, pull
             assert touched <= 8, f"pull {pull} touched {touched} candidates"
-        assert sum(map(len, plugin.placement.take_backs.by_holder.values())) >= 1000  # candidates all along
+        assert len(plugin.placement.take_backs.by_holder) >= 1000  # holders of candidates all along
         thief = plugin.views.get("idle")
         assert best_steal_gain(plugin, thief) is None and best_take_back_gain(plugin, thief) is None
         # With a model loaded it takes that model's waiting item, then one back: it starts at once here.
