@@ -16,6 +16,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
+import click
 import pytest
 import s3fs
 import yaml
@@ -41,7 +42,7 @@ def _model_options() -> list[tuple[str, str, int]]:
 
     found = []
     for name, command in sorted(main.commands.items()):
-        arguments = sum(isinstance(p, __import__("click").Argument) and p.required for p in command.params)
+        arguments = sum(isinstance(p, click.Argument) and p.required for p in command.params)
         found += [
             (name, option, arguments)
             for p in command.params
@@ -51,7 +52,7 @@ def _model_options() -> list[tuple[str, str, int]]:
     return found
 
 
-def test_every_command_naming_models_is_checked():
+def test_the_options_found_are_every_model_option_of_every_command():
     assert {(c, o) for c, o, _ in _model_options()} == {
         ("check-precision", "--model"),
         ("embed", "--model"),
