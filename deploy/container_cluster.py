@@ -121,9 +121,12 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def status(scheduler: str) -> dict:
-    """The scheduler's overview, from this environment's `shoal status --json` (quicker than a container)."""
-    shoal = Path(sys.executable).parent / "shoal"
-    out = subprocess.run([shoal, "status", "--scheduler", scheduler, "--json"], capture_output=True, text=True)
+    """The scheduler's overview (`shoal status --json`), from a container of the image: the same code."""
+    out = subprocess.run(
+        ["podman", "run", "--rm", "--network=host", IMAGE, "shoal", "status", "--scheduler", scheduler, "--json"],
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
