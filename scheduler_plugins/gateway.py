@@ -18,6 +18,7 @@ Cohere's ``POST /v1/rerank``, ``GET /v1/models``, ``/healthz``, ``/readyz``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -271,8 +272,9 @@ class Gateway:
     async def _send_and_close(request: web.Request, response: web.StreamResponse) -> None:
         """Write an answer that ends its connection (a 408), then close: aiohttp would keep the connection
         up to its lingering time, reading a body that is not coming."""
-        await response.prepare(request)
-        await response.write_eof()
+        with contextlib.suppress(ConnectionError):  # the client left first: nothing to write, still closed
+            await response.prepare(request)
+            await response.write_eof()
         request.protocol.force_close()
 
     def _error(
