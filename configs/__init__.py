@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 CONFIG_DIR = Path(__file__).resolve().parent
-DEFAULT_PROFILE = "cpu-local"
+DEFAULT_PROFILE = "auto"  # configs/auto.py: read off this machine
 
 
 class ConfigError(ValueError):
@@ -147,6 +147,9 @@ class GatewaySettings(BaseModel):
     request_timeout_seconds: float = Field(default=30.0, gt=0)  # then 504
     retry_after_seconds: int = Field(default=1, ge=0)
     max_attempts: int = Field(default=2, gt=0)  # leases of one request, as for batch items
+    # A request's lease on a worker, renewed while the worker holds it: a worker that stops answering
+    # (frozen, paused) loses its requests to another within about this long.
+    online_lease_seconds: float = Field(default=1.0, gt=0)
     # A connection's request head must arrive within this long of its opening or of its last answer
     # (so an idle keep-alive connection closes then too); a slow-header client holds no socket for ever.
     header_timeout_seconds: float = Field(default=60.0, gt=0)
@@ -179,7 +182,11 @@ class Profile(BaseModel):
     max_batch_sizes: dict[str, PositiveInt] = Field(default_factory=dict)  # per model, like token_budgets
     runtimes: dict[str, RuntimeChoice] = Field(default_factory=dict)  # per model, on this profile's device kind
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    # Why the layout and each model's runtime are what they are: `auto` fills it (configs/auto.py),
+    # the job summary and `shoal serve`'s start line print it.
+    reasons: dict[str, str] = Field(default_factory=dict)
     _path: str = PrivateAttr(default="")
+    _machine: Any = PrivateAttr(default=None)  # configs.machine.Machine, for `auto`
 
     @model_validator(mode="after")
     def _one_worker_in_process(self) -> Profile:
@@ -271,11 +278,15 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
 def load_profile(name_or_path: str | None = None) -> Profile:
     """A profile by name (configs/NAME.yaml) or by path to a YAML file."""
     name_or_path = name_or_path or os.environ.get("SHOAL_PROFILE") or DEFAULT_PROFILE
+    if name_or_path == "auto":
+        from .auto import auto_profile
+
+        return auto_profile()
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = CONFIG_DIR / f"{name_or_path}.yaml"
         if not path.exists():
-            shipped = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "catalog")
+            shipped = sorted(["auto", *(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "catalog")])
             raise ConfigError(f"unknown profile {name_or_path!r}; shipped profiles: {', '.join(shipped)}")
     data = read_yaml(path)
     data.setdefault("name", path.stem)

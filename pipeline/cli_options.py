@@ -66,8 +66,10 @@ def stack(*decorators: Callable[[Any], Any]) -> Callable[[F], F]:
 # -- the cluster a command runs on ----------------------------------------------
 
 EMBEDDED_CLUSTER = "tcp://host:port of a running cluster; default: an embedded one."
-DEFAULT_PROFILE = "Cluster profile name or YAML path (default: cpu-local)."
-GATEWAY_PROFILE = "Cluster profile name or YAML path (default: cpu-local); its `gateway:` section sets the limits."
+DEFAULT_PROFILE = "Cluster profile name or YAML path (default: auto, read off this machine)."
+GATEWAY_PROFILE = (
+    "Cluster profile name or YAML path (default: auto, read off this machine); its `gateway:` section sets the limits."
+)
 
 
 def scheduler_option(help: str = EMBEDDED_CLUSTER, **kwargs: Any) -> Callable[[F], F]:
@@ -89,9 +91,30 @@ storage_options_option = click.option(
 )
 
 
+def _start_stages(ctx: click.Context, param: click.Parameter, verbose: bool) -> None:
+    from pipeline.jobs.stages import STAGES
+
+    STAGES.start(verbose)
+
+
+verbose_option = click.option(
+    "--verbose",
+    is_flag=True,
+    expose_value=False,
+    callback=_start_stages,
+    help="At the end, print the seconds of each stage: imports, cluster start, plan, first item, last ack, stop.",
+)
+
+
 def cluster_options(*, storage: bool = False) -> Callable[[F], F]:
-    """--scheduler (default: an embedded cluster), --storage-options if `storage`, --profile, --catalog."""
-    return stack(scheduler_option(), *([storage_options_option] if storage else []), profile_option(), catalog_option)
+    """--scheduler (default: an embedded cluster), --storage-options if `storage`, --profile, --catalog, --verbose."""
+    return stack(
+        scheduler_option(),
+        *([storage_options_option] if storage else []),
+        profile_option(),
+        catalog_option,
+        verbose_option,
+    )
 
 
 # -- the rows of a batch job ------------------------------------------------------

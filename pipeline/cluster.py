@@ -16,8 +16,10 @@ from contextlib import contextmanager
 
 import dask
 from distributed import Client, LocalCluster
+from rich.console import Console
 
 from configs import Profile
+from pipeline.jobs.stages import STAGES
 from scheduler_plugins.protocol import NAME as PULL_QUEUE
 from scheduler_plugins.protocol import PullQueueClient
 
@@ -185,8 +187,38 @@ def connect(
             check_plugin(client)
             yield client
         return
+    STAGES.mark("checks")
+    loads: dict[str, dict[str, float]] = {}
     check_runtimes(profile)  # the embedded workers share this machine's packages
     argv = [arg for name in dict.fromkeys(warm) for arg in ("--shoal-warm", name)]
     with start_local_cluster(profile, catalog, preload_argv=argv) as cluster, Client(cluster) as client:
+        mark_cluster_start(cluster)
         check_plugin(client)
         yield client
+        if STAGES.verbose:
+            loads = client.run(model_loads)
+    STAGES.mark("stop")
+    if STAGES.verbose:
+        console = Console(stderr=True, soft_wrap=True)
+        STAGES.report(console)
+        for worker, seconds in sorted(loads.items()):
+            for model, load in seconds.items():
+                console.print(
+                    f"model load {model} on {worker}: {load:.2f} s (beside the stages above)", highlight=False
+                )
+
+
+def mark_cluster_start(cluster: LocalCluster) -> None:
+    """The scheduler's start and the last worker's arrival, from the scheduler's own clock and events."""
+    STAGES.mark_at("scheduler up", cluster.scheduler.time_started)
+    events = cluster.scheduler.get_events("all")
+    joined = [at for at, event in events if isinstance(event, dict) and event.get("action") == "add-worker"]
+    if joined:
+        STAGES.mark_at("workers up", max(joined))
+    STAGES.mark("client up")
+
+
+def model_loads(dask_worker) -> dict[str, float]:
+    """Seconds each model took to load on this worker (its pool's own timing)."""
+    plugin = dask_worker.plugins.get("shoal-worker")
+    return dict(plugin.pool.load_seconds) if plugin is not None else {}

@@ -14,14 +14,18 @@ from rich.console import Console
 from rich.table import Table
 
 from configs import Catalog, ConfigError, ModelSpec, Profile
+from configs.machine import probe
 from configs.model_resolution import cached_models, hub_cache_dir
 from configs.prompts import model_prompts
+from pipeline.tuning.auto_runtime import cached_choice
 
 FIELDS = ("kind", "dim", "max_seq_length", "normalize", "memory_bytes", "source")
 
 
 def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -> list[dict[str, Any]]:
     """One row per model: where it came from, its resolved fields as `profile` tunes them, or the reason it cannot be used."""
+
+    machine = probe()
 
     def fields(spec: ModelSpec) -> dict[str, Any]:
         tuned = profile.tuned(spec)
@@ -30,6 +34,7 @@ def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -
             "token_budget_cpu": tuned.budget_for("cpu"),
             "max_batch_size": tuned.max_batch_size,
             **prompt_fields(spec),
+            "auto_runtime": cached_choice(spec, machine),  # the `auto` profile's choice on this machine
         }
 
     rows = [{"name": name, "from": "catalog", **fields(spec)} for name, spec in catalog.models.items()]
@@ -60,10 +65,12 @@ def _prompt_names(row: dict[str, Any]) -> str:
 
 
 def render_models(rows: list[dict[str, Any]], console: Console) -> None:
-    table = Table("name", "from", "kind", "dim", "max tokens", "normalize", "weights MB", "prompts", "source")
+    table = Table(
+        "name", "from", "kind", "dim", "max tokens", "normalize", "weights MB", "prompts", "source", "auto runtime here"
+    )
     for row in rows:
         if "error" in row:
-            table.add_row(row["name"], row["from"], f"[red]{row['error']}[/red]", *[""] * 6)
+            table.add_row(row["name"], row["from"], f"[red]{row['error']}[/red]", *[""] * 7)
             continue
         table.add_row(
             row["name"],
@@ -75,6 +82,7 @@ def render_models(rows: list[dict[str, Any]], console: Console) -> None:
             f"{row['memory_bytes'] / 1e6:.0f}",
             _prompt_names(row),
             row["source"],
+            row["auto_runtime"],
         )
     console.print(table)
     console.print(f"Hugging Face cache: {hub_cache_dir()}; a folder path works as --model too.", highlight=False)

@@ -20,6 +20,8 @@ from rich.console import Console
 
 from configs import Catalog, ConfigError, Profile
 from pipeline.cluster import check_plugin, connect, contact_address, pull_queue, start_local_cluster
+from pipeline.jobs.engine import choice_lines
+from pipeline.tuning.auto_runtime import resolve as resolve_runtime
 
 
 @contextmanager
@@ -64,6 +66,8 @@ def serve(
     pinned = {spec.name: spec for spec in map(catalog.get, models)}  # catalog names, folders, cached HF ids
     if scheduler and models:
         console.print("[yellow]note:[/yellow] --models pins only on an embedded cluster; there they load on first use")
+    for spec in pinned.values():  # auto: each served model's runtime for this machine, measured once
+        resolve_runtime(profile, spec, console)
     settings = profile.gateway.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
     specs = {name: profile.tuned(spec).model_dump() for name, spec in {**catalog.models, **pinned}.items()}
     stop = _stop_signal()
@@ -79,6 +83,8 @@ def serve(
             f"(scheduler {address}, for batch jobs too; Ctrl-C to stop)",
             highlight=False,
         )
+        for label, why in choice_lines(profile, [profile.tuned(spec) for spec in pinned.values()]):
+            console.print(f"{label}: {why}", highlight=False)
         while not stop.wait(0.5):
             pass
         console.print("stopping: no new requests; finishing those in flight")

@@ -98,7 +98,7 @@ def test_real_minilm_on_embedded_cluster(demo_texts, tmp_path):
 
 
 def test_embedded_cluster_warms_the_job_model_before_the_job(tiny_catalog, tmp_path):
-    """Workers join with the job's model loaded; a model that cannot load does not stop them."""
+    """Workers load the job's model as they join, while the client plans; a model that cannot load does not stop them."""
     from conftest import write_profile
 
     from configs import load_profile
@@ -110,5 +110,9 @@ def test_embedded_cluster_warms_the_job_model_before_the_job(tiny_catalog, tmp_p
         pool = dask_worker.plugins["shoal-worker"].pool
         return pool.loaded(), pool.loads
 
+    async def warmed(dask_worker):
+        await dask_worker.plugins["shoal-worker"].warmed()
+
     with connect(None, profile, str(tiny_catalog), warm=["tiny", "no-such-model"]) as client:
+        client.run(warmed)
         assert list(client.run(pool_state).values()) == [(["tiny"], 1)]

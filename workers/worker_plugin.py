@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 import logging
+import multiprocessing
+import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -19,6 +23,20 @@ from .pull_loop import PullLoop
 from .runtimes import load_runtime, require_installed
 
 logger = logging.getLogger("shoal.worker")
+
+
+def exit_without_teardown() -> None:
+    """End a worker process once the other exit handlers ran, skipping the interpreter's module teardown.
+
+    Tearing down torch's and transformers' thousands of modules takes seconds (2.6 s measured with
+    MiniLM loaded, docs/BENCHMARKS.md), and every embedded cluster's stop waits for its worker
+    processes to end. By the time exit handlers run, the worker has closed and told its nanny.
+    """
+    atexit.unregister(exit_without_teardown)
+    atexit._run_exitfuncs()  # the handlers registered before this one: logging, multiprocessing's finalizers
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 class ShoalWorker(WorkerPlugin):
@@ -36,10 +54,13 @@ class ShoalWorker(WorkerPlugin):
         self.warm = list(warm)
         self.catalog_path = catalog
         self._task: asyncio.Task | None = None
+        self._warming: set[asyncio.Task] = set()
         self.device_thread: DeviceThread | None = None
         self.loader: ThreadPoolExecutor | None = None
 
     async def setup(self, worker) -> None:
+        if multiprocessing.parent_process() is not None:  # a nanny's worker process, never a command's own
+            atexit.register(exit_without_teardown)
         profile = load_profile(self.profile_name)
         for choice in profile.runtimes.values():
             require_installed(choice.runtime)  # fail at start, naming the extra, not at the first item
@@ -64,13 +85,21 @@ class ShoalWorker(WorkerPlugin):
             catalog = load_catalog(self.catalog_path)
             for name in pinned:  # tuned as the job's items will ask for it
                 await self.pool.pin(profile.tuned(catalog.get(name)))
+            # Warm loads run after the worker joins: the client plans the job meanwhile, and the job's
+            # first item waits on the load already under way (the pool counts it as held).
             for name in self.warm:
-                await self._warm(profile, catalog, name)
-        # What is alive now (imports, pinned and warmed models) stays: out of the collector's
+                task = asyncio.create_task(self._warm(profile, catalog, name), name=f"warm {name}")
+                self._warming.add(task)
+                task.add_done_callback(self._warming.discard)
+        # What is alive now (imports, pinned models) stays: out of the collector's
         # sight, so a full collection does not stall online rounds scanning it (see pull_queue).
         gc.collect()
         gc.freeze()
         self._task = asyncio.create_task(self.loop.run())
+
+    async def warmed(self) -> None:
+        """Until the warm loads started at setup have ended, loaded or not."""
+        await asyncio.gather(*self._warming, return_exceptions=True)
 
     async def _warm(self, profile: Profile, catalog: Catalog, name: str) -> None:
         """Best effort: a model that cannot load now fails on its items instead, with the reason."""
@@ -81,6 +110,8 @@ class ShoalWorker(WorkerPlugin):
             logger.warning("could not warm %s: %s", name, exc)
 
     async def teardown(self, worker) -> None:
+        for task in list(self._warming):
+            task.cancel()
         if self._task is not None:
             self._task.cancel()
             try:

@@ -19,6 +19,7 @@ from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, ConfigError, ModelSpec, Profile
+from configs.auto import LAYOUT
 from pipeline.cluster import ClusterError, pull_queue
 from pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
 from pipeline.jobs.fingerprints import model_fingerprint
@@ -27,6 +28,8 @@ from pipeline.jobs.lance_output import commit_parts
 from pipeline.jobs.manifest import build_manifest, read_manifest, remove_manifest, write_manifest
 from pipeline.jobs.planner import Plan, check_columns, check_output, list_shards, plan_items, read_footers
 from pipeline.jobs.resume import Inventory, PartStore, current_parts, job_params, stamp_items
+from pipeline.jobs.stages import STAGES
+from pipeline.tuning.auto_runtime import resolve as resolve_runtime
 from scheduler_plugins.protocol import JobStatus
 from workers.vector_precision import VectorFormat
 
@@ -62,11 +65,32 @@ class JobOutcome:
 
 
 def model_for(catalog: Catalog, profile: Profile, name: str, kind: str) -> ModelSpec:
-    """The catalog entry with the profile's tuning, refused if it is the wrong kind."""
-    spec = profile.tuned(catalog.get(name))
+    """The catalog entry with the profile's tuning, refused if it is the wrong kind.
+
+    On `auto` the model's runtime for this machine is chosen here, measured first if it never was.
+    """
+    spec = catalog.get(name)
     if spec.kind != kind and not (spec.kind == "sim" and kind == "embedder"):  # the simulation embeds
         raise ConfigError(f"model {spec.name!r} is of kind {spec.kind!r}; this job needs a model of kind {kind!r}")
-    return spec
+    resolve_runtime(profile, spec)
+    return profile.tuned(spec)
+
+
+def choice_lines(profile: Profile, specs: list[ModelSpec]) -> list[tuple[str, str]]:
+    """What ran a job or serves a gateway, and why: the profile's layout, each model's runtime."""
+    layout = profile.reasons.get(LAYOUT) or (
+        f"{profile.workers} workers x {profile.threads_per_worker or 'all'} threads, from "
+        f"{'--profile' if profile.path else 'the default'} {profile.name}"
+    )
+    kind = profile.device if profile.device != "auto" else "cpu"
+    rows = [(f"profile {profile.name}", layout)]
+    for spec in specs:
+        choice = spec.runtimes.get(kind)
+        runtime = profile.reasons.get(spec.name) or (
+            f"{choice.runtime} {choice.dtype}, from profile {profile.name}" if choice else "torch, the profile's dtype"
+        )
+        rows.append((f"runtime of {spec.name}", runtime))
+    return rows
 
 
 def output_folder(model: str) -> str:
@@ -106,6 +130,7 @@ def prepare_job(job: BatchJob, spec: ModelSpec, profile: Profile) -> PreparedJob
     store = PartStore(job.output, job.storage_options)
     previous = read_manifest(job.output, job.storage_options)
     inventory = store.inventory(plan.items, current_parts(previous, fingerprint, params, plan.shards))
+    STAGES.mark("plan")
     return PreparedJob(job, spec, fingerprint, params, plan, store, previous, inventory)
 
 
@@ -127,6 +152,7 @@ def run_prepared(
     """
     job, spec, inventory, store = prepared.job, prepared.spec, prepared.inventory, prepared.store
     job_id = f"{job_prefix or job.operation}-{uuid.uuid4().hex[:12]}"
+    chosen = choice_lines(profile, [spec])
     if inventory.todo or inventory.stale or prepared.previous is None:
         # From here until the new manifest the output has none: a crash leaves no stale one.
         remove_manifest(job.output, job.storage_options)
@@ -178,8 +204,9 @@ def run_prepared(
     manifest["rejected_rows"] = sum(result.get("rejected", 0) for result in status["results"])
     manifest["rejected"] = sorted(rejections)
     manifest_url, manifest_error = _write_manifest(job, manifest)
+    STAGES.mark("manifest")
     if inventory.todo:
-        summarize(status, console, job.output)
+        summarize(status, console, job.output, chosen)
     console.print(
         f"resume: {work['reused']} of {work['items']} parts already done, {work['run']} run, "
         f"{work['removed']} stale parts removed"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from distributed import Client
 from rich.console import Console
@@ -10,9 +11,11 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from pipeline.cluster import pull_queue
+from pipeline.jobs.stages import STAGES
 from scheduler_plugins.protocol import JobStatus, WorkerSummary
 
 POLL_SECONDS = 0.5
+LAST_POLL_SECONDS = 0.05  # near the end the poll tightens: the command ends within this of the last ack
 NO_WORKER_WARNING_SECONDS = 30
 
 
@@ -34,10 +37,14 @@ def follow(client: Client, job: str, console: Console, label: str) -> JobStatus:
     with Progress(*columns, console=console, transient=False) as progress:
         status = job_status(client, job)
         task = progress.add_task(label, total=max(status["rows_total"], 1), rate=0.0, failed="")
+        first_seen = bool(status["rows_done"])
         warned = False
         while not status["complete"]:
-            time.sleep(POLL_SECONDS)
+            time.sleep(poll_seconds(status))
             status = job_status(client, job)
+            if status["rows_done"] and not first_seen:
+                first_seen = True
+                STAGES.mark("first item")
             if not warned and status["elapsed"] > NO_WORKER_WARNING_SECONDS and not _pulling_workers(client):
                 progress.console.print(
                     "[yellow]warning:[/yellow] no Shoal worker has asked for work; were the "
@@ -47,6 +54,7 @@ def follow(client: Client, job: str, console: Console, label: str) -> JobStatus:
             rate = status["rows_done"] / status["elapsed"] if status["elapsed"] else 0.0
             failed = f"[red]{status['failed']} failed parts" if status["failed"] else ""
             progress.update(task, completed=status["rows_done"], rate=rate, failed=failed)
+        STAGES.mark("last ack")
         final = job_status(client, job, results=True)
         rate = final["rows_done"] / final["elapsed"] if final["elapsed"] else 0.0
         progress.update(
@@ -55,11 +63,21 @@ def follow(client: Client, job: str, console: Console, label: str) -> JobStatus:
     return final
 
 
+def poll_seconds(status: JobStatus) -> float:
+    """POLL_SECONDS, shortened to the time the rows left should take at the rate so far (LAST_POLL_SECONDS at least)."""
+    done, elapsed = status["rows_done"], status["elapsed"]
+    if not done or not elapsed:
+        return POLL_SECONDS
+    remaining = (status["rows_total"] - done) * elapsed / done
+    return min(POLL_SECONDS, max(LAST_POLL_SECONDS, remaining))
+
+
 def _pulling_workers(client: Client) -> dict[str, WorkerSummary]:
     return client.sync(pull_queue(client).overview)["workers"]
 
 
-def summarize(status: JobStatus, console: Console, output: str) -> None:
+def summarize(status: JobStatus, console: Console, output: str, chosen: Sequence[tuple[str, str]] = ()) -> None:
+    """The job's figures, and (`chosen`) what ran it and why."""
     results = status.get("results", [])
     seconds = status["elapsed"]
     table = Table(title="shoal: job summary", show_header=False)
@@ -79,6 +97,8 @@ def summarize(status: JobStatus, console: Console, output: str) -> None:
         if count:
             table.add_row(label, f"{count:,}")
     table.add_row("output", output)
+    for label, why in chosen:
+        table.add_row(label, why)
     console.print(table)
     for letter in status["dead_letters"]:
         payload = letter["payload"]

@@ -11,7 +11,9 @@ figures and the measured ratio go into the profile beside the choice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -51,16 +53,27 @@ class RuntimeSearch:
         return rows
 
 
-def paired_speedup(candidate, reference, texts: list[str], pairs: int = PAIRS) -> float:
-    """How many times faster `candidate` embeds `texts` than `reference`: the median of back-to-back pairs."""
-    candidate.embed(texts[:32])  # warm: kernels picked, caches filled
-    reference.embed(texts[:32])
+def embed_texts(runtime, texts: list[str]) -> None:
+    runtime.embed(texts)
+
+
+def score_texts(runtime, texts: list[str]) -> None:
+    """A reranker's work on `texts`: each scored against the one before it, as the gate pairs them."""
+    runtime.score(texts[1:] + texts[:1], texts)
+
+
+def paired_speedup(
+    candidate, reference, texts: list[str], pairs: int = PAIRS, work: Callable[[Any, list[str]], None] = embed_texts
+) -> float:
+    """How many times faster `candidate` does `work` on `texts` than `reference`: the median of back-to-back pairs."""
+    work(candidate, texts[:32])  # warm: kernels picked, caches filled
+    work(reference, texts[:32])
     ratios = []
     for r in range(pairs):
         seconds: dict[bool, float] = {}
         for is_candidate in (True, False) if r % 2 == 0 else (False, True):
             with MachineMeter() as meter:
-                (candidate if is_candidate else reference).embed(texts)
+                work(candidate if is_candidate else reference, texts)
             seconds[is_candidate] = meter.seconds
         ratios.append(seconds[False] / seconds[True])
     return float(np.median(ratios))

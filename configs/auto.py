@@ -1,0 +1,100 @@
+"""The `auto` profile: the layout a tuned profile would pick, read off this machine.
+
+A user who never passes ``--profile`` gets this. Its layout comes from the
+shipped tuned (or derived) profile for the kind of machine, scaled to what
+the machine has:
+
+- CPU: ``cpu-2core``'s tuned per-worker settings (token budgets, batch caps,
+  rows per item, prefetch) with one worker process per core, one thread each,
+  as its tuning chose (2 x 1 was 1.25x 1 x 2 on a 2-core machine: a process
+  tokenizes on its own core while the other computes), capped at
+  ``MAX_CPU_WORKERS`` processes and one per ``WORKER_MEMORY`` of RAM;
+- GPU: the shipped profile of that GPU (by name, else the one nearest in
+  memory), with at most one worker per two host cores.
+
+Each model's runtime x dtype is chosen later, when a command knows its
+models (pipeline/tuning/auto_runtime.py): the fastest candidate whose quality
+gate verdict on this kind of machine is ``pass``. The resolved profile is
+written under the Shoal cache so worker processes load the same one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import CONFIG_DIR, Profile, read_yaml
+from .machine import Machine, probe
+
+NAME = "auto"
+CPU_BASE = "cpu-2core"
+GPU_PROFILES = {"L4": "l4", "A100": "a100-80gb", "H100": "h100", "H200": "h200"}
+GPU_MEMORY = {"l4": 24e9, "a100-80gb": 80e9, "h100": 80e9, "h200": 141e9}  # bytes, from their datasheets
+MAX_CPU_WORKERS = 8  # beyond this, more processes cost start-up and memory more than they add
+WORKER_MEMORY = 2**30  # a CPU worker process with torch and a small model loaded
+LAYOUT = "layout"  # the key of the layout's reason in Profile.reasons
+
+
+def cache_dir() -> Path:
+    """The Shoal cache: ``$SHOAL_CACHE_DIR``, default ``~/.cache/shoal``."""
+    return Path(os.environ.get("SHOAL_CACHE_DIR") or "~/.cache/shoal").expanduser()
+
+
+def auto_profile(machine: Machine | None = None) -> Profile:
+    """This machine's `auto` profile, its layout chosen and the reason recorded; no runtimes yet."""
+    machine = machine or probe()
+    fields, why = gpu_layout(machine) if machine.gpus else cpu_layout(machine)
+    fields.update(name=NAME, runtimes={}, reasons={LAYOUT: f"{why}; machine: {machine.describe()}"})
+    profile = Profile(**fields)
+    profile._machine = machine
+    return save(profile)
+
+
+def _base(name: str) -> dict[str, Any]:
+    fields = read_yaml(CONFIG_DIR / f"{name}.yaml")
+    fields.pop("runtimes", None)  # measured per machine, never inherited
+    return fields
+
+
+def cpu_layout(machine: Machine) -> tuple[dict[str, Any], str]:
+    fields = _base(CPU_BASE)
+    workers = max(1, min(machine.cores, MAX_CPU_WORKERS, machine.memory_bytes // WORKER_MEMORY))
+    threads = max(1, machine.cores // workers)
+    fields.update(device="cpu", workers=workers, threads_per_worker=threads, in_process_workers=False)
+    why = (
+        f"{workers} workers x {threads} thread{'s' * (threads > 1)}: {CPU_BASE}'s tuned layout "
+        f"(one worker process per core, one thread each) on {machine.cores} cores"
+    )
+    return fields, why
+
+
+def gpu_layout(machine: Machine) -> tuple[dict[str, Any], str]:
+    gpu = machine.gpus[0]
+    named = [key for tag, key in GPU_PROFILES.items() if tag in gpu.name.upper()]
+    if named:
+        key, how = named[0], f"the shipped profile for {gpu.name}"
+    else:
+        key = min(GPU_MEMORY, key=lambda k: abs(GPU_MEMORY[k] - gpu.memory_bytes))
+        how = f"{key}'s profile, the shipped GPU nearest in memory to {gpu.name}"
+    fields = _base(key)
+    workers = max(1, min(int(fields.get("workers", 1)), machine.cores // 2))
+    fields.update(device="cuda", workers=workers)
+    return fields, f"{workers} workers x 1 thread on cuda:0: {how} ({machine.cores} host cores)"
+
+
+def save(profile: Profile) -> Profile:
+    """Write `profile` under the cache (named by its content: concurrent commands never clash); set its path."""
+    text = yaml.safe_dump(profile.model_dump(), sort_keys=False, width=120)
+    folder = cache_dir() / "profiles"
+    path = folder / f"{NAME}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".{path.name}.{os.getpid()}")
+        staged.write_text(text)
+        os.replace(staged, path)
+    profile._path = str(path)
+    return profile

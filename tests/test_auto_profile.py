@@ -1,0 +1,127 @@
+"""The `auto` profile: a layout read off the machine, and per model the fastest runtime the gate passes here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import embed_args, run_shoal, write_shards
+
+from configs import load_profile
+from configs.auto import cpu_layout, gpu_layout
+from configs.machine import NO_BF16_ENV, Gpu, Machine, probe
+from pipeline.tuning.auto_runtime import choose
+
+GIB = 2**30
+
+
+def test_a_small_cpu_gets_cpu_2core_s_tuned_layout_one_worker_per_core():
+    fields, why = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB))
+    assert (fields["workers"], fields["threads_per_worker"], fields["device"]) == (2, 1, "cpu")
+    assert fields["token_budgets"] == load_profile("cpu-2core").token_budgets  # tuned on 1-thread workers
+    assert "runtimes" not in fields  # measured per machine, never inherited
+    assert "cpu-2core" in why and "2 cores" in why
+
+
+def test_a_large_cpu_caps_the_processes_and_gives_each_the_cores_left():
+    large = cpu_layout(Machine(cores=32, memory_bytes=128 * GIB))[0]
+    assert (large["workers"], large["threads_per_worker"]) == (8, 4)
+    short_of_memory = cpu_layout(Machine(cores=8, memory_bytes=3 * GIB))[0]
+    assert (short_of_memory["workers"], short_of_memory["threads_per_worker"]) == (3, 2)
+
+
+def test_a_gpu_gets_its_shipped_profile_else_the_nearest_in_memory_with_at_most_a_worker_per_two_cores():
+    h100 = Machine(cores=26, memory_bytes=200 * GIB, gpus=(Gpu("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0)),))
+    fields, why = gpu_layout(h100)
+    assert (fields["device"], fields["workers"], fields["memory_fraction"]) == ("cuda", 8, 0.052)
+    assert "shipped profile for NVIDIA H100" in why
+    t4 = Machine(cores=4, memory_bytes=16 * GIB, gpus=(Gpu("Tesla T4", 15 * GIB, (7, 5)),))
+    fields, why = gpu_layout(t4)
+    assert fields["workers"] == 2 and fields["token_budgets"] == load_profile("l4").token_budgets
+    assert "l4's profile" in why
+
+
+def test_bf16_is_offered_where_the_hardware_computes_it_unless_switched_off():
+    assert not Machine(cores=2, memory_bytes=GIB, features=frozenset({"avx2"})).bf16
+    assert Machine(cores=2, memory_bytes=GIB, features=frozenset({"avx512_bf16"})).bf16
+    assert not Machine(cores=2, memory_bytes=GIB, features=frozenset({"amx_bf16"}), no_bf16=True).bf16
+    assert not Machine(cores=4, memory_bytes=GIB, gpus=(Gpu("Tesla T4", GIB, (7, 5)),)).bf16
+    assert Machine(cores=4, memory_bytes=GIB, gpus=(Gpu("NVIDIA L4", GIB, (8, 9)),)).bf16
+
+
+def test_the_no_bf16_switch_is_read_and_makes_another_kind_of_machine(monkeypatch):
+    monkeypatch.delenv(NO_BF16_ENV, raising=False)
+    usual = probe()
+    monkeypatch.setenv(NO_BF16_ENV, "1")
+    switched = probe()
+    assert switched.no_bf16 and not switched.bf16
+    assert switched.signature() != usual.signature()  # verdicts measured with bf16 are not reused
+    assert f"bf16 off ({NO_BF16_ENV})" in switched.describe()
+
+
+def record(*rows: tuple[str, str, str, float | None]) -> dict:
+    return {
+        "threads": 1,
+        "checked": "2026-12-04 06:00 UTC",
+        "candidates": [
+            {"runtime": r, "dtype": d, "verdict": v, "figures": {"cosine_mean": 0.9999}, "speed_vs_fp32": s}
+            for r, d, v, s in rows
+        ],
+    }
+
+
+def test_the_fastest_candidate_that_passed_is_chosen_with_its_evidence():
+    choice, why = choose(
+        record(
+            ("torch", "float32", "pass", 1.0),
+            ("torch", "bfloat16", "pass", 2.9),
+            ("onnx", "float32", "pass", 1.2),
+            ("onnx", "int8", "refused", None),
+        )
+    )
+    assert (choice.runtime, choice.dtype, choice.gate["speed_vs_fp32"]) == ("torch", "bfloat16", 2.9)
+    assert "2.90x fp32" in why and "refused: onnx int8" in why
+
+
+def test_fp32_runs_where_nothing_passes_or_nothing_is_faster_and_says_why():
+    choice, why = choose(record(("torch", "float32", "pass", 1.0), ("onnx", "int8", "refused", None)))
+    assert (choice.runtime, choice.dtype) == ("torch", "float32")
+    assert why.startswith("no candidate passed the gate (onnx int8 refused)")
+    choice, why = choose(record(("torch", "float32", "pass", 1.0), ("onnx", "float32", "pass", 1.02)))
+    assert (choice.runtime, choice.dtype) == ("torch", "float32") and "beat fp32 by 5%" in why
+
+
+def test_the_auto_profile_is_written_where_worker_processes_load_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
+    profile = load_profile("auto")
+    assert profile.path.startswith(str(tmp_path / "profiles"))
+    again = load_profile(profile.path)  # what SHOAL_PROFILE gives a worker
+    assert again.model_dump() == profile.model_dump()
+    assert "machine:" in profile.reasons["layout"]
+
+
+@pytest.mark.integration
+def test_without_bf16_a_job_on_the_default_profile_runs_a_runtime_that_passed_the_gate(
+    tmp_path, tiny_catalog, demo_texts
+):
+    """SHOAL_NO_BF16 set, no --profile: the tiny model is measured once, bf16 never offered, the choice says why."""
+    write_shards(tmp_path / "in", demo_texts[:64], 1, 32)
+    env = {"SHOAL_CACHE_DIR": str(tmp_path / "cache"), NO_BF16_ENV: "1", "SHOAL_PROFILE": ""}
+    done = run_shoal(*embed_args(tmp_path / "in", tmp_path / "out", tiny_catalog, "--verbose"), env=env)
+    assert done.returncode == 0, done.stderr
+    (verdicts,) = (tmp_path / "cache" / "verdicts").glob("*.json")
+    measured = json.loads(verdicts.read_text())
+    assert "bfloat16" not in {row["dtype"] for row in measured["candidates"]}
+    assert "bf16 off (SHOAL_NO_BF16)" in measured["described"]
+    choice, why = choose(measured)
+    chosen = next(r for r in measured["candidates"] if (r["runtime"], r["dtype"]) == (choice.runtime, choice.dtype))
+    assert chosen["verdict"] == "pass"
+    summary = " ".join(done.stderr.split())  # the summary table wraps its long cells
+    assert "profile auto" in summary and "runtime of tiny" in summary
+    assert "measuring tiny's runtimes" in done.stderr
+    stages = [line.split(":")[0] for line in done.stderr.splitlines() if line.startswith("stage ")]
+    assert stages[:2] == ["stage imports", "stage checks"] and stages[-2:] == ["stage stop", "stage total"]
+    # Measured once: a second job reuses the verdicts.
+    again = run_shoal(*embed_args(tmp_path / "in", tmp_path / "again", tiny_catalog), env=env)
+    assert again.returncode == 0, again.stderr
+    assert "measuring" not in again.stderr
