@@ -1,0 +1,225 @@
+#!/usr/bin/env python
+"""Fast by default: whole commands with no flags, against a direct fp32 encode, with their stage timings.
+
+Side by side in one run, each side going first in turn (a shared machine
+drifts within minutes, so only ratios measured in alternation count):
+
+* ``shoal embed IN OUT --model minilm --verbose`` with no ``--profile`` (the
+  ``auto`` profile; its verdicts already cached, as after a first use), and
+  its stage timings (imports, cluster start, plan, first item, last ack,
+  manifest, stop): the fixed part is everything but computing;
+* ``shoal embed --profile cpu-local``: the default before ``auto``;
+* a direct script, ``SentenceTransformer(path).encode(texts)`` in fp32;
+* fastembed, when benchmarks/runtimes.py's venv for it is already in
+  --fastembed-scratch (nothing is installed here);
+* ``make demo``'s command on datasets/demo (5,000 rows), rows/s from its job
+  summary, no flags against ``--profile cpu-local`` (today's demo).
+
+    .venv/bin/python benchmarks/defaults.py                       # 3,000 texts, 1 round, demo row
+    .venv/bin/python benchmarks/defaults.py --limit 3000 --rounds 2
+
+Prints Markdown and writes JSON to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from harness import ROOT, Meter, markdown_table
+from runtimes import DIRECT_SCRIPT, FASTEMBED_SCRIPT, read_ours, sample_texts
+
+from configs import load_catalog
+from pipeline.jobs.stages import STAGE_PREFIX
+from pipeline.tuning.quality_gate import judge_vectors
+
+DEFAULT_JSON = str(harness.result_path("defaults"))
+NO_FLAGS = "shoal embed (no --profile: auto)"
+OLD_DEFAULT = "shoal embed --profile cpu-local"
+DIRECT = "direct fp32 encode"
+COMPUTE_STAGES = ("first item", "last ack")  # the rest of a command is its fixed part
+
+
+def run(command: list[str]) -> tuple[float, str]:
+    """Wall seconds and stderr of a whole process."""
+    with Meter() as meter:
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "SHOAL_PROFILE": ""})
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[:3]} failed:\n{done.stderr[-3000:]}")
+    return meter.seconds, done.stderr
+
+
+def stages(stderr: str) -> dict[str, float]:
+    """The `--verbose` stage lines: name -> seconds."""
+    found = {}
+    for line in stderr.splitlines():
+        if line.startswith(STAGE_PREFIX):
+            name, _, value = line.removeprefix(STAGE_PREFIX).partition(":")
+            found[name] = float(value.split()[0])
+    return found
+
+
+def fixed_part(timings: dict[str, float]) -> float:
+    return round(sum(s for name, s in timings.items() if name not in (*COMPUTE_STAGES, "total")), 2)
+
+
+def summary_rate(stderr: str) -> float:
+    """rows/s from a job summary's table."""
+    match = re.search(r"rows/s\s*│\s*([\d,.]+)", stderr)
+    if not match:
+        raise RuntimeError(f"no rows/s in:\n{stderr[-2000:]}")
+    return float(match.group(1).replace(",", ""))
+
+
+def part_batch(texts: list[str], rounds: int, scratch: Path, fastembed_scratch: Path) -> dict[str, Any]:
+    model_path = load_catalog().get("minilm").resolve_path()
+    ids = [f"t{i}" for i in range(len(texts))]
+    inputs = scratch / "input"
+    inputs.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": ids, "text": texts}), inputs / "part-0.parquet", row_group_size=1024)
+    (scratch / "direct_encode.py").write_text(DIRECT_SCRIPT)
+    shoal = harness.venv_command("shoal")
+    commands = {
+        DIRECT: [sys.executable, str(scratch / "direct_encode.py"), model_path, str(inputs / "part-0.parquet")]
+        + [str(scratch / "direct.npy")],
+        NO_FLAGS: [shoal, "embed", str(inputs), str(scratch / "auto"), "--model", "minilm", "--verbose"],
+        OLD_DEFAULT: [shoal, "embed", str(inputs), str(scratch / "old"), "--model", "minilm", "--profile", "cpu-local"]
+        + ["--verbose"],
+    }
+    fe_python = fastembed_scratch / "fastembed-venv" / "bin" / "python"
+    if fe_python.exists() and (fastembed_scratch / "fastembed-minilm" / "model.onnx").exists():
+        (scratch / "texts.jsonl").write_text("".join(json.dumps(t) + "\n" for t in texts))
+        (scratch / "fastembed_encode.py").write_text(FASTEMBED_SCRIPT)
+        commands["fastembed"] = [str(fe_python), str(scratch / "fastembed_encode.py")] + [
+            str(fastembed_scratch / "fastembed-minilm"),
+            str(scratch / "texts.jsonl"),
+            str(scratch / "fastembed.npy"),
+            str(os.cpu_count() or 1),
+        ]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
+    names = list(commands)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            shutil.rmtree(scratch / "auto", ignore_errors=True)  # fresh outputs, never a resumed run
+            shutil.rmtree(scratch / "old", ignore_errors=True)
+            seconds, stderr = run(commands[name])
+            timings = stages(stderr)
+            runs[name].append({"seconds": round(seconds, 2), "stages": timings, "fixed_s": fixed_part(timings)})
+            print(f"  round {r + 1} {name}: {seconds:.1f} s, stages {timings}", flush=True)
+    reference = np.load(scratch / "direct.npy")
+    outputs = {NO_FLAGS: read_ours(scratch / "auto", ids), OLD_DEFAULT: read_ours(scratch / "old", ids)}
+    if "fastembed" in commands:
+        outputs["fastembed"] = np.load(scratch / "fastembed.npy")
+    best = {name: min(r["seconds"] for r in rs) for name, rs in runs.items()}
+    rows = []
+    for name in names:
+        figures = judge_vectors(outputs[name], reference)[0] if name in outputs else {}
+        rows.append(
+            {
+                "command": name,
+                "best_s": best[name],
+                "texts_per_s": round(len(texts) / best[name], 1),
+                "vs_direct": round(best[DIRECT] / best[name], 2),
+                "fixed_s": min((r["fixed_s"] for r in runs[name] if r["stages"]), default=None),
+                **{k: round(v, 4) for k, v in figures.items()},
+                "runs": runs[name],
+            }
+        )
+    return {"texts": len(texts), "rounds": rounds, "rows": rows}
+
+
+def part_demo(rounds: int, scratch: Path) -> dict[str, Any]:
+    """`make demo`'s command, no flags, against the same command on cpu-local (the demo before `auto`)."""
+    shoal = harness.venv_command("shoal")
+    demo = str(ROOT / "datasets" / "demo")
+    commands = {
+        "make demo (no flags: auto)": [shoal, "embed", demo, str(scratch / "demo"), "--model", "minilm"],
+        "make demo before (cpu-local)": [shoal, "embed", demo, str(scratch / "demo"), "--model", "minilm"]
+        + ["--profile", "cpu-local"],
+    }
+    rates: dict[str, list[float]] = {name: [] for name in commands}
+    names = list(commands)
+    for r in range(rounds):
+        for name in names[r % 2 :] + names[: r % 2]:
+            shutil.rmtree(scratch / "demo", ignore_errors=True)
+            seconds, stderr = run(commands[name])
+            rates[name].append(summary_rate(stderr))
+            print(f"  round {r + 1} {name}: {rates[name][-1]} rows/s ({seconds:.1f} s whole)", flush=True)
+    before = max(rates[names[1]])
+    return {name: {"rows_per_s": rates[name], "vs_before": round(max(rates[name]) / before, 2)} for name in names}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    out = []
+    if "batch" in results:
+        batch = results["batch"]
+        out.append(f"Whole commands, {batch['texts']:,} texts, best of {batch['rounds']} round(s):\n")
+        out.extend(
+            markdown_table(
+                ["command", "best s", "texts/s", "vs direct", "fixed part s", "cosine mean", "cosine min"],
+                [
+                    [
+                        r["command"],
+                        r["best_s"],
+                        r["texts_per_s"],
+                        f"{r['vs_direct']}×",
+                        r["fixed_s"] if r["fixed_s"] is not None else "-",
+                        r.get("cosine_mean", "-"),
+                        r.get("cosine_min", "-"),
+                    ]
+                    for r in batch["rows"]
+                ],
+            )
+        )
+        for r in batch["rows"]:
+            for run_ in r["runs"]:
+                if run_["stages"]:
+                    out.append(f"\n{r['command']} stages: " + ", ".join(f"{k} {v}" for k, v in run_["stages"].items()))
+    if "demo" in results:
+        out.append("\n`make demo` (datasets/demo, 5,000 rows), rows/s from the job summary:\n")
+        out.extend(
+            markdown_table(
+                ["command", "rows/s", "vs before"],
+                [
+                    [name, ", ".join(map(str, d["rows_per_s"])), f"{d['vs_before']}×"]
+                    for name, d in results["demo"].items()
+                ],
+            )
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="batch,demo")
+    parser.add_argument("--limit", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--scratch", default=str(ROOT / "out" / "bench-defaults"))
+    parser.add_argument("--fastembed-scratch", default=str(ROOT / "out" / "bench-runtimes"))
+    parser.add_argument("--json", default=DEFAULT_JSON)
+    args = parser.parse_args()
+    scratch = Path(args.scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"conditions": harness.conditions()}
+    parts = args.parts.split(",")
+    if "batch" in parts:
+        results["batch"] = part_batch(sample_texts(args.limit), args.rounds, scratch, Path(args.fastembed_scratch))
+    if "demo" in parts:
+        results["demo"] = part_demo(args.rounds, scratch)
+    harness.write_result("defaults", results, args.json)
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
