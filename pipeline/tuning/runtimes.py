@@ -117,12 +117,15 @@ def time_passing(search: RuntimeSearch, spec: ModelSpec, plan, texts: list[str],
     def load(choice: RuntimeChoice):
         return load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan)
 
+    work = score_texts if spec.kind == "reranker" else embed_texts  # a reranker is timed on what it does
     reference = load(REFERENCE)
     try:
         for choice in passing:
             candidate = load(choice)
             try:
-                search.speedups[f"{choice.runtime} {choice.dtype}"] = paired_speedup(candidate, reference, texts)
+                search.speedups[f"{choice.runtime} {choice.dtype}"] = paired_speedup(
+                    candidate, reference, texts, work=work
+                )
             finally:
                 candidate.close()
     finally:

@@ -226,11 +226,11 @@ class Tuner:
     # -- the phases ----------------------------------------------------------
 
     def _phase0(self, plan, texts: list[str]) -> dict[str, RuntimeSearch]:
-        """Per embedder: the fastest runtime x dtype the quality gate accepts (pipeline/tuning/runtimes.py)."""
+        """Per embedder or reranker: the fastest runtime x dtype the quality gate accepts (pipeline/tuning/runtimes.py)."""
         searches: dict[str, RuntimeSearch] = {}
         for name in self.request.models:
             spec = self.base.tuned(self.catalog.get(name))
-            if spec.kind != "embedder":
+            if spec.kind not in ("embedder", "reranker"):
                 continue
             self._describe(f"phase 0 {name}: runtime x dtype under the quality gate")
             searches[name] = choose_runtime(spec, plan, texts, self.request.min_gain, JUDGED_SET)
