@@ -107,18 +107,19 @@ def part_batch(texts: list[str], rounds: int, scratch: Path, fastembed_scratch: 
             str(scratch / "fastembed.npy"),
             str(os.cpu_count() or 1),
         ]
+    written = {NO_FLAGS: scratch / "auto", OLD_DEFAULT: scratch / "old"}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
     names = list(commands)
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            shutil.rmtree(scratch / "auto", ignore_errors=True)  # fresh outputs, never a resumed run
-            shutil.rmtree(scratch / "old", ignore_errors=True)
+            if name in written:
+                shutil.rmtree(written[name], ignore_errors=True)  # a fresh output, never a resumed run
             seconds, stderr = run(commands[name])
             timings = stages(stderr)
             runs[name].append({"seconds": round(seconds, 2), "stages": timings, "fixed_s": fixed_part(timings)})
             print(f"  round {r + 1} {name}: {seconds:.1f} s, stages {timings}", flush=True)
     reference = np.load(scratch / "direct.npy")
-    outputs = {NO_FLAGS: read_ours(scratch / "auto", ids), OLD_DEFAULT: read_ours(scratch / "old", ids)}
+    outputs = {name: read_ours(folder, ids) for name, folder in written.items()}
     if "fastembed" in commands:
         outputs["fastembed"] = np.load(scratch / "fastembed.npy")
     best = {name: min(r["seconds"] for r in rs) for name, rs in runs.items()}

@@ -18,7 +18,8 @@ import dask
 from distributed import Client, LocalCluster
 from rich.console import Console
 
-from configs import Profile
+from configs import ConfigError, Profile
+from configs.auto import NAME as AUTO
 from pipeline.jobs.stages import STAGES
 from scheduler_plugins.protocol import NAME as PULL_QUEUE
 from scheduler_plugins.protocol import PullQueueClient
@@ -189,6 +190,8 @@ def connect(
         return
     STAGES.mark("checks")
     loads: dict[str, dict[str, float]] = {}
+    choose_runtimes(profile, catalog, warm)
+    STAGES.mark("runtime choice")
     check_runtimes(profile)  # the embedded workers share this machine's packages
     argv = [arg for name in dict.fromkeys(warm) for arg in ("--shoal-warm", name)]
     with start_local_cluster(profile, catalog, preload_argv=argv) as cluster, Client(cluster) as client:
@@ -206,6 +209,26 @@ def connect(
                 console.print(
                     f"model load {model} on {worker}: {load:.2f} s (beside the stages above)", highlight=False
                 )
+
+
+def choose_runtimes(profile: Profile, catalog: str | None, models: Sequence[str]) -> None:
+    """On `auto`, each model's runtime for this machine, measured once if it never was.
+
+    Only for an embedded cluster: its workers run on this machine. A joined cluster's workers run
+    where their own profiles say, so `auto` chooses nothing for them from this machine.
+    """
+    if profile.name != AUTO or not models:
+        return
+    from configs import load_catalog
+    from pipeline.tuning.auto_runtime import resolve
+
+    specs = load_catalog(catalog)
+    for name in dict.fromkeys(models):
+        try:
+            spec = specs.get(name)
+        except ConfigError:
+            continue  # the job refuses it with the reason; warming skips it
+        resolve(profile, spec)
 
 
 def mark_cluster_start(cluster: LocalCluster) -> None:

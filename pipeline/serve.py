@@ -66,8 +66,9 @@ def serve(
     pinned = {spec.name: spec for spec in map(catalog.get, models)}  # catalog names, folders, cached HF ids
     if scheduler and models:
         console.print("[yellow]note:[/yellow] --models pins only on an embedded cluster; there they load on first use")
-    for spec in pinned.values():  # auto: each served model's runtime for this machine, measured once
-        resolve_runtime(profile, spec, console)
+    if not scheduler:  # auto: each served model's runtime for this machine (an embedded cluster's), measured once
+        for spec in pinned.values():
+            resolve_runtime(profile, spec, console)
     settings = profile.gateway.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
     specs = {name: profile.tuned(spec).model_dump() for name, spec in {**catalog.models, **pinned}.items()}
     stop = _stop_signal()

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from configs import Catalog, ConfigError, ModelSpec, Profile
 from configs.auto import LAYOUT
+from configs.auto import NAME as AUTO
 from pipeline.cluster import ClusterError, pull_queue
 from pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
 from pipeline.jobs.fingerprints import model_fingerprint
@@ -29,7 +30,6 @@ from pipeline.jobs.manifest import build_manifest, read_manifest, remove_manifes
 from pipeline.jobs.planner import Plan, check_columns, check_output, list_shards, plan_items, read_footers
 from pipeline.jobs.resume import Inventory, PartStore, current_parts, job_params, stamp_items
 from pipeline.jobs.stages import STAGES
-from pipeline.tuning.auto_runtime import resolve as resolve_runtime
 from scheduler_plugins.protocol import JobStatus
 from workers.vector_precision import VectorFormat
 
@@ -67,13 +67,12 @@ class JobOutcome:
 def model_for(catalog: Catalog, profile: Profile, name: str, kind: str) -> ModelSpec:
     """The catalog entry with the profile's tuning, refused if it is the wrong kind.
 
-    On `auto` the model's runtime for this machine is chosen here, measured first if it never was.
+    On `auto` the model's runtime is the one `connect` chose for an embedded cluster's models.
     """
-    spec = catalog.get(name)
+    spec = profile.tuned(catalog.get(name))
     if spec.kind != kind and not (spec.kind == "sim" and kind == "embedder"):  # the simulation embeds
         raise ConfigError(f"model {spec.name!r} is of kind {spec.kind!r}; this job needs a model of kind {kind!r}")
-    resolve_runtime(profile, spec)
-    return profile.tuned(spec)
+    return spec
 
 
 def choice_lines(profile: Profile, specs: list[ModelSpec]) -> list[tuple[str, str]]:
@@ -86,9 +85,14 @@ def choice_lines(profile: Profile, specs: list[ModelSpec]) -> list[tuple[str, st
     rows = [(f"profile {profile.name}", layout)]
     for spec in specs:
         choice = spec.runtimes.get(kind)
-        runtime = profile.reasons.get(spec.name) or (
-            f"{choice.runtime} {choice.dtype}, from profile {profile.name}" if choice else "torch, the profile's dtype"
-        )
+        if spec.name in profile.reasons:
+            runtime = profile.reasons[spec.name]
+        elif choice:
+            runtime = f"{choice.runtime} {choice.dtype}, from profile {profile.name}"
+        elif profile.name == AUTO:
+            runtime = "torch in the workers' dtype: auto chooses runtimes for an embedded cluster, on this machine"
+        else:
+            runtime = "torch in the workers' dtype"
         rows.append((f"runtime of {spec.name}", runtime))
     return rows
 
@@ -150,7 +154,8 @@ def run_prepared(
 
     `client` may be None when the inventory has nothing to run.
     """
-    job, spec, inventory, store = prepared.job, prepared.spec, prepared.inventory, prepared.store
+    job, inventory, store = prepared.job, prepared.inventory, prepared.store
+    spec = profile.tuned(prepared.spec)  # with the runtime `connect` chose for it on `auto`
     job_id = f"{job_prefix or job.operation}-{uuid.uuid4().hex[:12]}"
     chosen = choice_lines(profile, [spec])
     if inventory.todo or inventory.stale or prepared.previous is None:
@@ -288,7 +293,7 @@ def _vector_format(
             job.storage_options,
             key,
             lambda items: _submit_and_follow(
-                client, f"{job_id}-calibration", items, job, prepared.spec, profile, console
+                client, f"{job_id}-calibration", items, job, profile.tuned(prepared.spec), profile, console
             ),
         )
     if ranges is None:  # nothing to run, and an older output without the file: the manifest keeps its own
