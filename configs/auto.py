@@ -87,14 +87,20 @@ def gpu_layout(machine: Machine) -> tuple[dict[str, Any], str]:
 
 
 def save(profile: Profile) -> Profile:
-    """Write `profile` under the cache (named by its content: concurrent commands never clash); set its path."""
+    """Write `profile` under the cache (named by its content: concurrent commands never clash); set its path.
+
+    Where the cache cannot be written the profile keeps no path, and workers load `auto` by name.
+    """
     text = yaml.safe_dump(profile.model_dump(), sort_keys=False, width=120)
     folder = cache_dir() / "profiles"
     path = folder / f"{NAME}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
-    if not path.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        staged = path.with_name(f".{path.name}.{os.getpid()}")
-        staged.write_text(text)
-        os.replace(staged, path)
+    try:
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            staged = path.with_name(f".{path.name}.{os.getpid()}")
+            staged.write_text(text)
+            os.replace(staged, path)
+    except OSError:  # a read-only cache: workers derive the same layout themselves, runtimes from the job's specs
+        return profile
     profile._path = str(path)
     return profile

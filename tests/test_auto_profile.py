@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import embed_args, run_shoal, write_shards
 
-from configs import load_profile
+from configs import load_catalog, load_profile
 from configs.auto import cpu_layout, gpu_layout
 from configs.machine import NO_BF16_ENV, Gpu, Machine, probe
 from pipeline.tuning.auto_runtime import choose
@@ -49,7 +49,13 @@ def test_bf16_is_offered_where_the_hardware_computes_it_unless_switched_off():
     assert Machine(cores=4, memory_bytes=GIB, gpus=(Gpu("NVIDIA L4", GIB, (8, 9)),)).bf16
 
 
-def test_the_no_bf16_switch_is_read_and_makes_another_kind_of_machine(monkeypatch):
+@pytest.fixture
+def no_gpu_probe(monkeypatch):
+    """probe() without nvidia-smi: a unit test starts no process."""
+    monkeypatch.setattr("configs.machine._gpus", lambda: ())
+
+
+def test_the_no_bf16_switch_is_read_and_makes_another_kind_of_machine(monkeypatch, no_gpu_probe):
     monkeypatch.delenv(NO_BF16_ENV, raising=False)
     usual = probe()
     monkeypatch.setenv(NO_BF16_ENV, "1")
@@ -91,13 +97,34 @@ def test_fp32_runs_where_nothing_passes_or_nothing_is_faster_and_says_why():
     assert (choice.runtime, choice.dtype) == ("torch", "float32") and "beat fp32 by 5%" in why
 
 
-def test_the_auto_profile_is_written_where_worker_processes_load_it(tmp_path, monkeypatch):
+def test_the_auto_profile_is_written_where_worker_processes_load_it(tmp_path, monkeypatch, no_gpu_probe):
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
     profile = load_profile("auto")
     assert profile.path.startswith(str(tmp_path / "profiles"))
     again = load_profile(profile.path)  # what SHOAL_PROFILE gives a worker
     assert again.model_dump() == profile.model_dump()
     assert "machine:" in profile.reasons["layout"]
+
+
+def test_a_cache_that_cannot_be_written_leaves_auto_by_name(tmp_path, monkeypatch, no_gpu_probe):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path / "file"))  # a file where the folder should be
+    profile = load_profile("auto")
+    assert profile.path == "" and profile.workers >= 1  # workers load `auto` by name and derive the same layout
+
+
+def test_a_failed_measurement_runs_fp32_and_says_why(tmp_path, monkeypatch, no_gpu_probe):
+    from pipeline.tuning import auto_runtime
+
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(auto_runtime, "measure_in_child", lambda profile, spec: "exit 1; see the lines above")
+    monkeypatch.setattr("pipeline.jobs.fingerprints.model_fingerprint", lambda spec: "f" * 64)
+    profile = load_profile("auto")
+    spec = load_catalog().get("minilm")
+    auto_runtime.resolve(profile, spec)
+    assert (profile.runtimes["minilm"].runtime, profile.runtimes["minilm"].dtype) == ("torch", "float32")
+    assert profile.reasons["minilm"].startswith("measuring failed (exit 1")
+    assert load_profile(profile.path).runtimes["minilm"].dtype == "float32"  # what the workers load
 
 
 @pytest.mark.integration

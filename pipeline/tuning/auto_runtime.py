@@ -103,23 +103,25 @@ def resolve(profile: Profile, spec: ModelSpec, console: Console | None = None) -
             f"auto: measuring {spec.name}'s runtimes on this kind of machine (once; cached in {path.parent})",
             highlight=False,
         )
-        measure_in_child(profile, spec)
+        failed = measure_in_child(profile, spec)
         record = read_verdicts(fingerprint, machine)
-        if record is None:
-            raise RuntimeError(f"measuring {spec.name}'s runtimes wrote no verdicts to {path}")
+        if record is None:  # the job still runs, on the reference runtime, and says why
+            profile.runtimes[spec.name] = RuntimeChoice(runtime="torch", dtype="float32")
+            profile.reasons[spec.name] = f"measuring failed ({failed or f'nothing written to {path}'}): fp32 torch"
+            save(profile)
+            return
     choice, why = choose(record)
     profile.runtimes[spec.name] = choice
     profile.reasons[spec.name] = why
     save(profile)
 
 
-def measure_in_child(profile: Profile, spec: ModelSpec) -> None:
-    """`measure` in a fresh interpreter: torch and the model stay out of this process."""
+def measure_in_child(profile: Profile, spec: ModelSpec) -> str:
+    """`measure` in a fresh interpreter (torch and the model stay out of this process); why it failed, or ""."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "pipeline.tuning.auto_runtime", profile.path]
+    command = [sys.executable, "-m", "pipeline.tuning.auto_runtime", profile.path or NAME]
     done = subprocess.run(command, input=spec.model_dump_json(), text=True, env=env, stdout=subprocess.DEVNULL)
-    if done.returncode:
-        raise RuntimeError(f"measuring {spec.name}'s runtimes failed (exit {done.returncode}); see the lines above")
+    return f"exit {done.returncode}; see the lines above" if done.returncode else ""
 
 
 def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> dict[str, Any]:
