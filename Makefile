@@ -6,7 +6,7 @@ DEMO_OUT ?= out/demo-embeddings
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast lint bench tune bench-tuned bench-runtimes image clean
+.PHONY: install demo test test-fast lint bench tune bench-tuned bench-runtimes bench-defaults image clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -51,6 +51,11 @@ bench-tuned: install
 # encode and fastembed (own venv under out/bench-runtimes, installed once), `shoal serve` at 32 clients.
 bench-runtimes: install
 	$(PY) benchmarks/runtimes.py
+
+# Fast by default (docs/BENCHMARKS.md): whole no-flag commands against a direct fp32 encode, their stage
+# timings, and `make demo`'s rows/s against the demo on cpu-local (the default before `auto`).
+bench-defaults: install
+	$(PY) benchmarks/defaults.py
 
 # Shoal's CPU image, localhost/shoal:VERSION, built with podman on an mmdebstrap'd Debian base (cached); prints
 # its size. docs/DEPLOY.md, "The image".
