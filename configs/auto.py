@@ -4,11 +4,16 @@ A user who never passes ``--profile`` gets this. Its layout comes from the
 shipped tuned (or derived) profile for the kind of machine, scaled to what
 the machine has:
 
-- CPU: ``cpu-2core``'s tuned per-worker settings (token budgets, batch caps,
-  rows per item, prefetch) with one worker process per core, one thread each,
-  as its tuning chose (2 x 1 was 1.25x 1 x 2 on a 2-core machine: a process
-  tokenizes on its own core while the other computes), capped at
-  ``MAX_CPU_WORKERS`` processes and one per ``WORKER_MEMORY`` of RAM;
+- CPU with bf16 hardware (AVX-512 BF16 or AMX): ``cpu-2core``'s tuned
+  per-worker settings (token budgets, batch caps, rows per item, prefetch)
+  with one worker process per core, one thread each, as its tuning chose on
+  such a machine (2 x 1 was 1.25x 1 x 2: single-threaded bf16 kernels, and a
+  process tokenizes on its own core while the other computes);
+- CPU without: ``cpu-local``'s, one worker process with the cores (up to
+  ``FP32_THREADS`` per process): fp32 torch's threads scale, and one process
+  starts sooner (on an AVX2 2-core VM, 1 x 2 was 1.06-1.14x 2 x 1 over
+  whole commands, docs/BENCHMARKS.md);
+- either capped at ``MAX_CPU_WORKERS`` processes and one per ``WORKER_MEMORY`` of RAM;
 - GPU: the shipped profile of that GPU (by name, else the one nearest in
   memory), with at most one worker per two host cores.
 
@@ -31,7 +36,9 @@ from . import CONFIG_DIR, Profile, read_yaml
 from .machine import Machine, probe
 
 NAME = "auto"
-CPU_BASE = "cpu-2core"
+CPU_BASE = "cpu-2core"  # tuned where bf16 ran: one single-threaded worker process per core
+FP32_BASE = "cpu-local"  # without bf16, fp32 torch's threads scale: one process with the cores, started once
+FP32_THREADS = 4  # assumed: beyond this a small encoder's fp32 threads scale worse than another process
 GPU_PROFILES = {"L4": "l4", "A100": "a100-80gb", "H100": "h100", "H200": "h200"}
 GPU_MEMORY = {"l4": 24e9, "a100-80gb": 80e9, "h100": 80e9, "h200": 141e9}  # bytes, from their datasheets
 MAX_CPU_WORKERS = 8  # beyond this, more processes cost start-up and memory more than they add
@@ -61,13 +68,20 @@ def _base(name: str) -> dict[str, Any]:
 
 
 def cpu_layout(machine: Machine) -> tuple[dict[str, Any], str]:
-    fields = _base(CPU_BASE)
-    workers = max(1, min(machine.cores, MAX_CPU_WORKERS, machine.memory_bytes // WORKER_MEMORY))
+    """With bf16 hardware, cpu-2core's one process per core; without, cpu-local's one process per FP32_THREADS cores."""
+    if machine.bf16:
+        fields, base, per = _base(CPU_BASE), CPU_BASE, "one worker process per core, one thread each"
+        workers = machine.cores
+    else:
+        fields, base, per = _base(FP32_BASE), FP32_BASE, f"one worker process for up to {FP32_THREADS} cores"
+        workers = -(-machine.cores // FP32_THREADS)
+    workers = max(1, min(workers, MAX_CPU_WORKERS, machine.memory_bytes // WORKER_MEMORY))
     threads = max(1, machine.cores // workers)
     fields.update(device="cpu", workers=workers, threads_per_worker=threads, in_process_workers=False)
+    bf16 = "bf16 hardware" if machine.bf16 else "no bf16 hardware" + (" (switched off)" if machine.no_bf16 else "")
     why = (
-        f"{workers} workers x {threads} thread{'s' * (threads > 1)}: {CPU_BASE}'s tuned layout "
-        f"(one worker process per core, one thread each) on {machine.cores} cores"
+        f"{workers} worker{'s' * (workers > 1)} x {threads} thread{'s' * (threads > 1)}: {base}'s layout "
+        f"({per}) on {machine.cores} cores, {bf16}"
     )
     return fields, why
 

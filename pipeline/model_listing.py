@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from configs import Catalog, ConfigError, ModelSpec, Profile
+from configs.auto import auto_profile
 from configs.machine import probe
 from configs.model_resolution import cached_models, hub_cache_dir
 from configs.prompts import model_prompts
@@ -26,6 +27,7 @@ def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -
     """One row per model: where it came from, its resolved fields as `profile` tunes them, or the reason it cannot be used."""
 
     machine = probe()
+    threads = auto_profile(machine).torch_threads(machine.cores)
 
     def fields(spec: ModelSpec) -> dict[str, Any]:
         tuned = profile.tuned(spec)
@@ -34,7 +36,7 @@ def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -
             "token_budget_cpu": tuned.budget_for("cpu"),
             "max_batch_size": tuned.max_batch_size,
             **prompt_fields(spec),
-            "auto_runtime": cached_choice(spec, machine),  # the `auto` profile's choice on this machine
+            "auto_runtime": cached_choice(spec, machine, threads),  # the `auto` profile's choice on this machine
         }
 
     rows = [{"name": name, "from": "catalog", **fields(spec)} for name, spec in catalog.models.items()]

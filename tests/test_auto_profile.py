@@ -15,19 +15,31 @@ from pipeline.tuning.auto_runtime import choose
 GIB = 2**30
 
 
-def test_a_small_cpu_gets_cpu_2core_s_tuned_layout_one_worker_per_core():
-    fields, why = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB))
+def test_a_small_cpu_with_bf16_gets_cpu_2core_s_tuned_layout_one_worker_per_core():
+    fields, why = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB, features=frozenset({"avx512_bf16"})))
     assert (fields["workers"], fields["threads_per_worker"], fields["device"]) == (2, 1, "cpu")
     assert fields["token_budgets"] == load_profile("cpu-2core").token_budgets  # tuned on 1-thread workers
     assert "runtimes" not in fields  # measured per machine, never inherited
-    assert "cpu-2core" in why and "2 cores" in why
+    assert "cpu-2core" in why and "2 cores, bf16 hardware" in why
+
+
+def test_without_bf16_one_worker_process_takes_the_cores():
+    fields, why = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB, features=frozenset({"avx2"})))
+    assert (fields["workers"], fields["threads_per_worker"]) == (1, 2)
+    assert "token_budgets" not in fields  # cpu-local's: the catalog's budgets
+    assert "cpu-local" in why and "no bf16 hardware" in why
+    switched = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB, features=frozenset({"amx_bf16"}), no_bf16=True))
+    assert switched[0]["workers"] == 1 and "(switched off)" in switched[1]
 
 
 def test_a_large_cpu_caps_the_processes_and_gives_each_the_cores_left():
-    large = cpu_layout(Machine(cores=32, memory_bytes=128 * GIB))[0]
+    bf16 = frozenset({"amx_bf16"})
+    large = cpu_layout(Machine(cores=32, memory_bytes=128 * GIB, features=bf16))[0]
     assert (large["workers"], large["threads_per_worker"]) == (8, 4)
-    short_of_memory = cpu_layout(Machine(cores=8, memory_bytes=3 * GIB))[0]
+    short_of_memory = cpu_layout(Machine(cores=8, memory_bytes=3 * GIB, features=bf16))[0]
     assert (short_of_memory["workers"], short_of_memory["threads_per_worker"]) == (3, 2)
+    fp32 = cpu_layout(Machine(cores=16, memory_bytes=64 * GIB))[0]
+    assert (fp32["workers"], fp32["threads_per_worker"]) == (4, 4)
 
 
 def test_a_gpu_gets_its_shipped_profile_else_the_nearest_in_memory_with_at_most_a_worker_per_two_cores():

@@ -36,13 +36,14 @@ TIMED_TEXTS = 64  # each timed run: long enough to dwarf a call's fixed cost
 MIN_GAIN = 0.05  # a candidate must beat fp32 by this much to replace it (timing noise is a few percent)
 
 
-def verdict_path(fingerprint: str, machine: Machine) -> Path:
-    return cache_dir() / "verdicts" / f"{fingerprint[:16]}-{machine.signature()}.json"
+def verdict_path(fingerprint: str, machine: Machine, threads: int) -> Path:
+    """Keyed by the threads per worker too: they change which runtime is fastest."""
+    return cache_dir() / "verdicts" / f"{fingerprint[:16]}-{machine.signature()}-t{threads}.json"
 
 
-def read_verdicts(fingerprint: str, machine: Machine) -> dict[str, Any] | None:
-    """The cached measurement for this model on this kind of machine, or None."""
-    path = verdict_path(fingerprint, machine)
+def read_verdicts(fingerprint: str, machine: Machine, threads: int) -> dict[str, Any] | None:
+    """The cached measurement for this model on this kind of machine at `threads` per worker, or None."""
+    path = verdict_path(fingerprint, machine, threads)
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -74,13 +75,13 @@ def choose(record: dict[str, Any]) -> tuple[RuntimeChoice, str]:
     return RuntimeChoice(runtime=best["runtime"], dtype=best["dtype"], gate=gate), why
 
 
-def cached_choice(spec: ModelSpec, machine: Machine) -> str:
+def cached_choice(spec: ModelSpec, machine: Machine, threads: int) -> str:
     """`shoal models`' column: auto's runtime for `spec` here, short, or that it is measured on first use."""
     if spec.kind not in ("embedder", "reranker"):
         return "-"
     from pipeline.jobs.fingerprints import model_fingerprint
 
-    record = read_verdicts(model_fingerprint(spec), machine)
+    record = read_verdicts(model_fingerprint(spec), machine, threads)
     if record is None:
         return "on first use"
     choice, _ = choose(record)
@@ -96,15 +97,16 @@ def resolve(profile: Profile, spec: ModelSpec, console: Console | None = None) -
 
     machine = profile._machine or probe()
     fingerprint = model_fingerprint(spec)
-    record = read_verdicts(fingerprint, machine)
+    threads = profile.torch_threads(machine.cores)
+    record = read_verdicts(fingerprint, machine, threads)
     if record is None:
-        path = verdict_path(fingerprint, machine)
+        path = verdict_path(fingerprint, machine, threads)
         (console or Console(stderr=True)).print(
             f"auto: measuring {spec.name}'s runtimes on this kind of machine (once; cached in {path.parent})",
             highlight=False,
         )
         failed = measure_in_child(profile, spec)
-        record = read_verdicts(fingerprint, machine)
+        record = read_verdicts(fingerprint, machine, threads)
         if record is None:  # the job still runs, on the reference runtime, and says why
             profile.runtimes[spec.name] = RuntimeChoice(runtime="torch", dtype="float32")
             profile.reasons[spec.name] = f"measuring failed ({failed or f'nothing written to {path}'}): fp32 torch"
@@ -203,7 +205,7 @@ def main() -> None:
     spec = ModelSpec.model_validate_json(sys.stdin.read())
     machine = probe()
     record = measure(spec, profile, machine)
-    path = verdict_path(record["fingerprint"], machine)
+    path = verdict_path(record["fingerprint"], machine, record["threads"])
     path.parent.mkdir(parents=True, exist_ok=True)
     staged = path.with_name(f".{path.name}.{os.getpid()}")
     staged.write_text(json.dumps(record, indent=1))
