@@ -9,7 +9,8 @@ Not part of `make test` (minutes, and it needs podman and the image). Every cont
 2. `shoal embed` of the demo corpus in one container with no network at all: the same vectors (cosine 1.0).
 3. A cluster: `dask scheduler`, two `dask worker`s and a `shoal gateway`, each in a container of its own.
 4. An online request through the gateway (OpenAI's /v1/embeddings): the demo vector of the same text.
-5. `shoal embed` of the demo corpus on the cluster from a fourth container over a mounted folder; a worker
+5. `shoal embed` of the demo corpus on the cluster from a fourth container over a mounted folder (mounted in
+   the workers too, at the same place, as a shared file system would be on a real cluster); a worker
    container that holds leased items is killed mid-job; the job finishes on the other one, and then runs again
    (it resumes: nothing left to do). Both times every input row is in the output exactly once, with the
    reference vector.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -85,6 +87,13 @@ class Containers:
         out = subprocess.run(["podman", "logs", f"--tail={tail}", name], capture_output=True, text=True)
         return "\n".join(f"    | {line}" for line in (out.stdout + out.stderr).splitlines())
 
+    def worker_address(self, name: str) -> str:
+        """The address a `dask worker` container logged at its start."""
+        found = re.search(r"Start worker at:\s+(\S+)", self.logs(name, tail=1000))
+        if found is None:
+            raise SystemExit(f"FAILED: {name} logged no worker address")
+        return found.group(1)
+
     def kill(self, name: str) -> None:
         subprocess.run(["podman", "kill", "--signal=KILL", name], check=True, stdout=subprocess.DEVNULL)
 
@@ -127,7 +136,7 @@ def status(scheduler: str) -> dict:
         capture_output=True,
         text=True,
     )
-    return json.loads(out.stdout) if out.returncode == 0 else {}
+    return json.loads(out.stdout)["cluster"] if out.returncode == 0 else {}
 
 
 def ready(url: str) -> bool:
@@ -175,21 +184,19 @@ def main() -> None:
             "scheduler", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
             "--dashboard-address", f"127.0.0.1:{dashboard}",
         )  # fmt: skip
-        workers = {}
-        for index in (1, 2):
-            worker_port = free_port()
-            name = containers.run(
-                f"worker-{index}", "dask", "worker", scheduler, "--host", "127.0.0.1", "--worker-port",
-                str(worker_port), "--no-dashboard", "--nthreads", "1", "--resources", "MEMORY=2e9",
-                "--shoal-profile", "cpu-local", "--shoal-pin", "minilm",
-            )  # fmt: skip
-            workers[f"tcp://127.0.0.1:{worker_port}"] = name
+        worker = (
+            "dask", "worker", scheduler, "--host", "127.0.0.1", "--nthreads", "1", "--resources", "MEMORY=2e9",
+            "--shoal-profile", "cpu-local", "--shoal-pin", "minilm",
+        )  # fmt: skip
+        # workers read the inputs and write the parts: they see the folders where the client does
+        names = [containers.run(f"worker-{index}", *worker, mounts=corpus) for index in (1, 2)]
         containers.run(
             "gateway", "shoal", "gateway", "--scheduler", scheduler, "--host", "127.0.0.1", "--port", str(gateway_port)
         )
         gateway = f"http://127.0.0.1:{gateway_port}"
         wait_for(lambda: ready(f"{gateway}/readyz"), "the gateway's /readyz answering 200")
         wait_for(lambda: len(status(scheduler).get("workers", {})) == 2, "both workers pulling")
+        workers = {containers.worker_address(name): name for name in names}
 
         print("4. an online request through the gateway")
         online = embed_online(gateway, first["text"])
