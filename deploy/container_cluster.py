@@ -220,6 +220,10 @@ def main() -> None:
         print(f"  killed {workers[busy[0]]} ({busy[0]}), which held leased items")
         if containers.wait(client):
             raise SystemExit("FAILED: the job after the worker kill")
+        lost = status(scheduler).get("events", {}).get("lost", 0)
+        print(f"  the scheduler put back {lost} leased items of the lost worker")
+        if not lost:
+            raise SystemExit("FAILED: the killed worker held no leased item when it died")
         check_same(reference, outputs / "cluster", "the job with a worker killed")
 
         rerun = containers.run("client-again", *job, mounts=corpus)
