@@ -59,8 +59,6 @@ class ShoalWorker(WorkerPlugin):
         self.loader: ThreadPoolExecutor | None = None
 
     async def setup(self, worker) -> None:
-        if multiprocessing.parent_process() is not None:  # a nanny's worker process, never a command's own
-            atexit.register(exit_without_teardown)
         profile = load_profile(self.profile_name)
         for choice in profile.runtimes.values():
             require_installed(choice.runtime)  # fail at start, naming the extra, not at the first item
@@ -110,6 +108,9 @@ class ShoalWorker(WorkerPlugin):
             logger.warning("could not warm %s: %s", name, exc)
 
     async def teardown(self, worker) -> None:
+        # Registered last, so it runs first at exit and every other handler runs once (see exit_without_teardown).
+        if multiprocessing.parent_process() is not None:  # a nanny's worker process, never a command's own
+            atexit.register(exit_without_teardown)
         for task in list(self._warming):
             task.cancel()
         if self._task is not None:
