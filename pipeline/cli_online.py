@@ -115,7 +115,7 @@ def gateway(scheduler: str, profile: str | None, host: str | None, port: int | N
 @catalog_option
 @click.option("--catalog-only", is_flag=True, help="Only the catalog's entries, not the Hugging Face cache.")
 @json_option("Print the rows as JSON.")
-@profile_option("Cluster profile name or YAML path (default: cpu-local): its tuned token budgets and batch caps.")
+@profile_option("Cluster profile name or YAML path (default: auto): its tuned token budgets and batch caps.")
 @user_errors()
 def list_models(catalog: str | None, catalog_only: bool, as_json: bool, profile: str | None) -> None:
     """List catalog models and cached Hugging Face models with their resolved kind, dim, window, normalize."""

@@ -164,3 +164,6 @@ def test_without_bf16_a_job_on_the_default_profile_runs_a_runtime_that_passed_th
     again = run_shoal(*embed_args(tmp_path / "in", tmp_path / "again", tiny_catalog), env=env)
     assert again.returncode == 0, again.stderr
     assert "measuring" not in again.stderr
+    listed = run_shoal("models", "--catalog", str(tiny_catalog), "--catalog-only", "--json", env=env)
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows["tiny"]["auto_runtime"].startswith(f"{choice.runtime} {choice.dtype}")  # `shoal models` shows it
