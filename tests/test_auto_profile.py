@@ -109,6 +109,17 @@ def test_fp32_runs_where_nothing_passes_or_nothing_is_faster_and_says_why():
     assert (choice.runtime, choice.dtype) == ("torch", "float32") and "beat fp32 by 5%" in why
 
 
+def test_reduced_precision_must_beat_the_fastest_full_precision_by_a_quarter():
+    near = record(("torch", "float32", "pass", 1.0), ("onnx", "float32", "pass", 1.5), ("onnx", "int8", "pass", 1.7))
+    assert (choose(near)[0].runtime, choose(near)[0].dtype) == ("onnx", "float32")  # 1.7 < 1.5 x 1.25
+    clear = record(
+        ("torch", "float32", "pass", 1.0), ("onnx", "float32", "pass", 1.1), ("torch", "bfloat16", "pass", 2.9)
+    )
+    assert choose(clear)[0].dtype == "bfloat16"
+    alone = record(("torch", "float32", "pass", 1.0), ("onnx", "int8", "pass", 1.08))
+    assert choose(alone)[0].dtype == "float32"
+
+
 def test_the_auto_profile_is_written_where_worker_processes_load_it(tmp_path, monkeypatch, no_gpu_probe):
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
     profile = load_profile("auto")

@@ -34,6 +34,9 @@ from configs.machine import Machine, probe
 SAMPLE_TEXTS = 128  # the gate's sample: enough for its minimum cosine, seconds to embed on a small model
 TIMED_TEXTS = 64  # each timed run: long enough to dwarf a call's fixed cost
 MIN_GAIN = 0.05  # a candidate must beat fp32 by this much to replace it (timing noise is a few percent)
+# A reduced-precision candidate (bf16, fp16, int8) changes the vectors, within the gate: it must also beat the
+# fastest full-precision one by this much (a tiny model's int8 at 1.08x is not worth its rounding).
+LOSSY_GAIN = 0.25
 
 
 def verdict_path(fingerprint: str, machine: Machine, threads: int) -> Path:
@@ -55,7 +58,9 @@ def choose(record: dict[str, Any]) -> tuple[RuntimeChoice, str]:
     rows = record["candidates"]
     passing = [r for r in rows if r["verdict"] == "pass" and r.get("speed_vs_fp32") is not None]
     faster = [r for r in passing if (r["runtime"], r["dtype"]) != ("torch", "float32")]
-    best = max(faster, key=lambda r: r["speed_vs_fp32"], default=None)
+    exact = max((r["speed_vs_fp32"] for r in passing if r["dtype"] == "float32"), default=1.0)
+    worth = [r for r in faster if r["dtype"] == "float32" or r["speed_vs_fp32"] >= exact * (1 + LOSSY_GAIN)]
+    best = max(worth, key=lambda r: r["speed_vs_fp32"], default=None)
     refused = [f"{r['runtime']} {r['dtype']}" for r in rows if r["verdict"] != "pass"]
     threads = record["threads"]
     at = f"at {threads} thread{'s' * (threads > 1)} per worker, measured {record['checked']}"
@@ -63,7 +68,10 @@ def choose(record: dict[str, Any]) -> tuple[RuntimeChoice, str]:
         if not faster and refused:
             why = f"no candidate passed the gate ({', '.join(refused)} refused): fp32 torch"
         else:
-            why = f"no candidate that passed the gate beat fp32 by {MIN_GAIN:.0%} ({at}): fp32 torch"
+            why = (
+                f"no candidate that passed the gate beat fp32 by {MIN_GAIN:.0%} "
+                f"(reduced precision by {LOSSY_GAIN:.0%} more; {at}): fp32 torch"
+            )
         return RuntimeChoice(runtime="torch", dtype="float32"), why
     figures = ", ".join(f"{k} {v:.4f}" for k, v in best["figures"].items() if k != "ndcg@10_fp32")
     why = (
