@@ -9,6 +9,8 @@ calls `dask_setup`, so clients and workers can import `protocol` alone.
 
 from __future__ import annotations
 
+import gc
+
 import click
 import dask.config
 
@@ -47,3 +49,7 @@ async def dask_setup(
     settings = gateway_settings(shoal_gateway_port, shoal_gateway_host, shoal_profile)
     models = {n: s.model_dump() for n, s in load_catalog().models.items()} if settings else None
     await scheduler.register_scheduler_plugin(PullQueue(gateway=settings, models=models), name=NAME, idempotent=True)
+    # The process entry point: what is alive now lives as long as the process. Out of the collector's
+    # sight, a full collection no longer scans it (it stalled every request in flight in `shoal serve`).
+    gc.collect()
+    gc.freeze()

@@ -14,6 +14,8 @@ class Job:
     def __init__(self, job_id: str, items: list[WorkItem], settings: dict[str, Any]) -> None:
         self.id = job_id
         self.items = {item.id: item for item in items}
+        for item in items:
+            item.owner = self
         self.lease_seconds: float = float(settings.get("lease_seconds", 60.0))
         self.max_attempts: int = int(settings.get("max_attempts", 3))
         self.unplaceable_seconds: float = float(settings.get("unplaceable_seconds", 30.0))
@@ -34,6 +36,8 @@ class Job:
         return len(self.results) + len(self.dead_letters) == len(self.items)
 
     def record_done(self, item: WorkItem, worker: str, result: dict[str, Any]) -> None:
+        """Also a late ack of an item already in dead letters: it leaves them."""
+        self.dead_letters.pop(item.id, None)
         item.state = ItemState.DONE
         item.worker = None
         self.results[item.id] = result

@@ -60,7 +60,6 @@ class ShoalMetrics:
         stats = self.queue.model_stats
         rates = self.rates()
         pending = self.queue.online.pending_by_model()  # requests not answered yet, per model
-        standing = self.queue.online.job_ids()  # online requests' jobs: not shown as jobs
         models = sorted(set(overview["queues"]) | set(stats.rows) | set(pending))
         workers = {}
         for address, view in overview["workers"].items():
@@ -92,7 +91,6 @@ class ShoalMetrics:
                     for key in ("rows_done", "rows_total", "done", "failed", "items", "elapsed", "complete")
                 }
                 for job_id, job in overview["jobs"].items()
-                if job_id not in standing
             },
             "events": overview["events"],
         }

@@ -12,8 +12,18 @@ gateways in their own processes, which send requests and receive answers in
 batches: ``shoal_online_submit`` (one message per gateway per loop pass) and
 ``shoal_online_answers`` (a long poll returning every answer ready).
 
-Routes declared here: ``shoal_pull_online``, ``shoal_ack_many``,
-``shoal_online_submit``, ``shoal_online_answers``, ``shoal_online_models``.
+A worker's online pull also carries the acks of its last groups: one round
+trip per group. It sends its next pull when its last group has left the
+device, so requests that come meanwhile wait here, where an idle worker may
+take them, and its next pull takes them all at once.
+
+Online leases are short (``GatewaySettings.online_lease_seconds``) and
+renewed by the worker while it holds the requests: a worker that stops
+answering (frozen, a stop-the-world pause) loses them within about a
+second, and they go to another worker.
+
+Routes declared here: ``shoal_pull_online``, ``shoal_online_submit``,
+``shoal_online_answers``, ``shoal_online_models``.
 """
 
 from __future__ import annotations
@@ -25,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from configs import GatewaySettings
 
-from .online_requests import OnlineFailure, OnlineJob, leased_at
+from .online_requests import OnlineFailure, OnlineJob
 from .placement import online_rank
-from .protocol import AckManyReply, PullReply, RemoteAnswers, RemoteModels, RemoteQueued, RemoteRequest
+from .protocol import OnlineAck, PullReply, RemoteAnswers, RemoteModels, RemoteQueued, RemoteRequest
 from .waiting_pulls import WaitingOnlinePulls, WaitingPull
 from .work_items import BATCH, ONLINE, ItemState, WorkItem, unsendable
 from .worker_views import WorkerView, can_host
@@ -52,7 +62,6 @@ class OnlineQueue:
     def handlers(self) -> dict[str, Any]:
         return {
             "shoal_pull_online": self.pull,
-            "shoal_ack_many": self.ack_many,
             "shoal_online_submit": self.remote_submit,
             "shoal_online_answers": self.remote_answers,
             "shoal_online_models": self.remote_models,
@@ -71,11 +80,9 @@ class OnlineQueue:
         """Queue one online request; its future gets the worker's result (or OnlineFailure)."""
         job = self.jobs.get(model)
         if job is None:
-            job = self.jobs[model] = OnlineJob(model, 0.0, 0, self._forget)
-            self.core.jobs[job.id] = job
-        # A request never outlives its deadline, so that is its lease too.
-        job.lease_seconds = settings.request_timeout_seconds
-        job.max_attempts = settings.max_attempts
+            job = self.jobs[model] = OnlineJob(model, settings, self._forget)
+        elif job.settings is not settings:
+            job.configure(settings)
         item, future = job.new_item(op, payload, rows, ONLINE)
         self.core.items[item.id] = item
         self.core.queues.push(item)
@@ -93,10 +100,6 @@ class OnlineQueue:
 
     def pending_by_model(self) -> dict[str, int]:
         return {model: len(job.futures) for model, job in self.jobs.items()}
-
-    def job_ids(self) -> set[str]:
-        """The standing jobs online requests belong to (one per model)."""
-        return {job.id for job in self.jobs.values()}
 
     def cancel(self, item: WorkItem) -> None:
         """The request is gone (deadline, shutdown, client): drop its item wherever it is."""
@@ -119,14 +122,19 @@ class OnlineQueue:
         timeout: float = 2.0,
         busy: bool = False,
         loaded: list[str] | None = None,
+        acks: list[OnlineAck] = (),  # type: ignore[assignment]
     ) -> PullReply:
-        """Lease every waiting online request of one model to `worker`, waiting up to `timeout`.
+        """Answer `acks` (the worker's last groups), then lease every waiting online request of one
+        model to `worker`, waiting up to `timeout`.
 
-        Workers keep one of these waiting besides their batch pulls, so a
-        request is taken the moment it is queued, even while batch items fill
-        the worker. Which model, and which waiting pull a new request wakes,
-        is placement's (Placement.online_model_for, online_rank).
+        Workers keep one of these waiting besides their batch pulls while no
+        group of theirs computes, so a request is taken the moment it is
+        queued, even while batch items fill the worker. Which model, and which
+        waiting pull a new request wakes, is placement's
+        (Placement.online_model_for, online_rank).
         """
+        for item_id, result, compute_seconds in acks:
+            self.ack(worker, item_id, result, compute_seconds)
         view = self.core.reported(worker, held, loaded)
         if view is None:
             return {"items": [], "reason": "unknown worker"}
@@ -181,23 +189,16 @@ class OnlineQueue:
             if self.core.queues.waiting_items(model, ONLINE) and model not in self._claims:
                 self.wake(model)
 
-    def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float = 0.0) -> AckManyReply:
-        """Finish a worker's group of online items: `results` is [[item id, result], ...].
+    def ack(self, worker: str, item_id: str, result: dict[str, Any], compute_seconds: float) -> bool:
+        """Finish one online item with its worker's result.
 
-        Each result gets the stage timings the gateway reports: queue (enqueued
-        to leased, here) and compute (the group's one model call, on the worker).
+        The result gets the stage timings the gateway reports: queue (enqueued
+        to leased, here) and compute (its group's one model call, on the worker).
         """
-        accepted = 0
-        for item_id, result in results:
-            work = self.core.items.get(item_id)
-            if work is not None and work.state is ItemState.LEASED:
-                lease_seconds = self.core.jobs[work.job].lease_seconds
-                result["timing"] = {
-                    "queue": leased_at(work, lease_seconds) - work.enqueued_at,
-                    "compute": compute_seconds,
-                }
-            accepted += self.core.ack(worker, item_id, result)["accepted"]
-        return {"accepted": accepted}
+        work = self.core.items.get(item_id)
+        if work is not None and work.state is ItemState.LEASED:
+            result["timing"] = {"queue": work.leased_at - work.enqueued_at, "compute": compute_seconds}
+        return self.core.ack(worker, item_id, result)
 
     # -- gateways in their own processes -------------------------------------------
 

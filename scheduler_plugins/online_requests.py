@@ -10,11 +10,11 @@ buried) and are forgotten at once.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
-from .jobs import Job
+from configs import GatewaySettings
+
 from .work_items import ItemState, WorkItem
 
 
@@ -22,17 +22,25 @@ class OnlineFailure(RuntimeError):
     """A request the workers could not answer (its item died), with the reason."""
 
 
-class OnlineJob(Job):
-    def __init__(self, model: str, lease_seconds: float, max_attempts: int, forget: Callable[[WorkItem], None]) -> None:
-        super().__init__(f"online-{model}", [], {"lease_seconds": lease_seconds, "max_attempts": max_attempts})
+class OnlineJob:
+    """A model's online requests: the owner of their items (work_items.ItemOwner), not a batch job."""
+
+    unplaceable_seconds = 30.0  # as a batch job's default; a request's own deadline comes first
+
+    def __init__(self, model: str, settings: GatewaySettings, forget: Callable[[WorkItem], None]) -> None:
+        self.id = f"online-{model}"
         self.model = model
+        self.items: dict[str, WorkItem] = {}
         self.futures: dict[str, asyncio.Future] = {}
         self._forget = forget
         self._next = 0
+        self.configure(settings)
 
-    @property
-    def complete(self) -> bool:
-        return False  # it stands for as long as the plugin does
+    def configure(self, settings: GatewaySettings) -> None:
+        """The gateway's settings for the requests from now on (they change only with a new gateway)."""
+        self.settings = settings
+        self.lease_seconds = settings.online_lease_seconds
+        self.max_attempts = settings.max_attempts
 
     def new_item(self, op: str, payload: dict[str, Any], rows: int, priority: int) -> tuple[WorkItem, asyncio.Future]:
         self._next += 1
@@ -44,6 +52,7 @@ class OnlineJob(Job):
             payload=payload,
             priority=priority,
             rows=rows,
+            owner=self,
         )
         future = asyncio.get_running_loop().create_future()
         self.items[item.id] = item
@@ -76,12 +85,3 @@ class OnlineJob(Job):
             future.set_exception(outcome)
         else:
             future.set_result(outcome)
-
-
-def leased_at(item: WorkItem, lease_seconds: float) -> float:
-    """When a worker leased an online item (monotonic).
-
-    Online leases are never extended (a request lives shorter than its lease),
-    so the lease began exactly `lease_seconds` before its deadline.
-    """
-    return item.deadline - lease_seconds if item.deadline else time.monotonic()

@@ -9,6 +9,15 @@ a gateway in its own process and the benchmarks all call through it.
 Messages travel as Dask messages (MessagePack), so they are plain dicts on
 the wire; the TypedDicts below give them names and types in the code.
 
+What an item costs in messages decides how many workers one scheduler feeds,
+so the unit of a message is many items. A worker asks for work by RPC (the
+long-poll `pull`, one per many items); everything else it says travels one
+way on Dask's worker stream (``EVENTS``: starts, acks, failures and lease
+renewals, coalesced into one message per flush), and what the scheduler
+must tell a worker unasked (``REVOKE``: an item it no longer holds) travels
+one way on the scheduler's stream to that worker. An online worker's group
+acks ride on its next online pull.
+
 Words used everywhere: a worker *holds* a model it has loaded, is loading,
 or has work in hand for; it has a model *loaded* when its weights are in
 memory, ready to compute.
@@ -19,6 +28,8 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict, get_args
 
 NAME = "shoal-pull-queue"  # the scheduler plugin's name and its key in `scheduler.extensions`
+EVENTS = "shoal-events"  # worker -> scheduler stream op: WorkerEvents
+REVOKE = "shoal-revoke"  # scheduler -> worker stream op: {"items": [item id, ...]}
 
 # How vectors are stored or sent: batch jobs' outputs and online answers alike.
 Precision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
@@ -138,20 +149,24 @@ class PullReply(TypedDict, total=False):
     reason: str  # why nothing came: "unknown worker"
 
 
-class StartReply(TypedDict):
-    ok: bool  # False: the lease was lost or taken back for an idle worker
+# An online request's ack, [item id, result, compute seconds of its group]: sent with the worker's
+# next online pull, or among its events when no pull is due soon.
+OnlineAck = list[Any]
 
 
-class AckReply(TypedDict):
-    accepted: bool
+class WorkerEvents(TypedDict, total=False):
+    """What a worker tells the queue one way (op ``EVENTS``), gathered over one flush.
 
+    Handled in this order: starts, acks, failures, renewals. Items the worker
+    no longer holds (taken back, expired, finished elsewhere) are answered
+    with a ``REVOKE`` message, not a reply.
+    """
 
-class AckManyReply(TypedDict):
-    accepted: int
-
-
-class ExtendReply(TypedDict):
-    lost: list[str]  # items this worker no longer holds a lease on
+    started: list[str]  # item ids whose compute began
+    acks: list[list[Any]]  # [item id, result]
+    failed: list[list[Any]]  # [item id, error, permanent]
+    extend: list[str]  # item ids whose leases to renew
+    online_acks: list[OnlineAck]  # those that could not ride on an online pull
 
 
 # -- gateways in their own processes ----------------------------------------------------
@@ -218,30 +233,18 @@ class PullQueueClient:
         return await self.scheduler.shoal_pull(worker=worker, room=room, in_hand=in_hand, timeout=timeout, **report)
 
     async def pull_online(
-        self, worker: str, held: list[str], loaded: list[str], busy: bool, timeout: float
+        self,
+        worker: str,
+        held: list[str],
+        loaded: list[str],
+        busy: bool,
+        timeout: float,
+        acks: list[OnlineAck] | None = None,
     ) -> PullReply:
+        """Every waiting online request of one model; `acks`: the worker's last groups, answered first."""
         return await self.scheduler.shoal_pull_online(
-            worker=worker, held=held, loaded=loaded, busy=busy, timeout=timeout
+            worker=worker, held=held, loaded=loaded, busy=busy, timeout=timeout, acks=acks or []
         )
-
-    async def start(self, worker: str, item: str) -> StartReply:
-        return await self.scheduler.shoal_start(worker=worker, item=item)
-
-    async def ack(self, worker: str, item: str, result: dict[str, Any]) -> None:
-        """One way: nothing waits on the answer, and the scheduler saves a reply per item."""
-        await self.scheduler.shoal_ack(worker=worker, item=item, result=result, reply=False)
-
-    async def ack_many(self, worker: str, results: list[list[Any]], compute_seconds: float) -> None:
-        """A group of online items: `results` is [[item id, result], ...]. One way, as `ack`."""
-        await self.scheduler.shoal_ack_many(
-            worker=worker, results=results, compute_seconds=compute_seconds, reply=False
-        )
-
-    async def fail(self, worker: str, item: str, error: str, permanent: bool) -> AckReply:
-        return await self.scheduler.shoal_fail(worker=worker, item=item, error=error, permanent=permanent)
-
-    async def extend(self, worker: str, items: list[str]) -> ExtendReply:
-        return await self.scheduler.shoal_extend(worker=worker, items=items)
 
     # -- gateways in their own processes -------------------------------------------------------
 

@@ -1,18 +1,20 @@
 """The pull queue: a scheduler plugin holding work items for Shoal's workers.
 
 Workers ask for work when they have room (a bounded long poll) and get items
-of one model; each pulled item is leased with a deadline that the worker
-extends while it runs. A lost worker or an expired lease puts the item back;
-after `max_attempts` leases it goes to the job's dead letters with its errors.
+of one model, as many as they expect to start soon; each pulled item is
+leased with a deadline that the worker extends while it holds it. A lost
+worker or an expired lease puts the item back; after `max_attempts` leases
+it goes to the job's dead letters with its errors.
 
 Routes (all declared in ``PullQueue.start``):
 
 - ``shoal_submit``: register a job and enqueue its items
 - ``shoal_pull``: lease up to `room` items of one model to a worker
-- ``shoal_start``: a worker is about to compute a leased item (or learns it
-  was taken back for an idle worker)
-- ``shoal_ack`` / ``shoal_fail``: finish a leased item
-- ``shoal_extend``: extend a worker's leases; answers which it no longer holds
+- the worker stream's ``EVENTS`` (protocol.WorkerEvents), one way and
+  coalesced: starts, acks, failures and lease renewals of many items in one
+  message. An item a worker no longer holds (taken back for an idle worker,
+  expired, finished elsewhere) is revoked by a ``REVOKE`` message on the
+  scheduler's stream to it: no round trip per item, before its start or after.
 - ``shoal_job_status`` / ``shoal_job_release``: follow and forget a job
 - ``shoal_overview``: queue depths and workers, for status and metrics
 - the online path's routes (``shoal_pull_online``, ``shoal_ack_many``, and
@@ -29,8 +31,8 @@ work wakes only the pulls that may take it (see waiting_pulls).
 
 from __future__ import annotations
 
-import gc
 import logging
+import math
 import time
 from collections import Counter, defaultdict
 from typing import Any
@@ -49,9 +51,9 @@ from .model_queues import ModelQueues
 from .online_queue import MAX_ONLINE_BATCH, OnlineQueue
 from .placement import ModelStats, Placement
 from .protocol import (
+    EVENTS,
     NAME,
-    AckReply,
-    ExtendReply,
+    REVOKE,
     GatewayStarted,
     GatewayStopped,
     JobSettings,
@@ -59,7 +61,6 @@ from .protocol import (
     Overview,
     PullReply,
     ReleaseReply,
-    StartReply,
     SubmitReply,
     SubmittedItem,
 )
@@ -69,7 +70,8 @@ from .worker_views import WorkerView, WorkerViews, can_host
 
 logger = logging.getLogger("shoal.scheduler")
 
-LEASE_CHECK_MS = 500
+LEASE_CHECK_MS = 100  # how late an expired lease is noticed: online leases last about a second
+PLACEMENT_CHECK_MS = 500
 
 
 class PullQueue(SchedulerPlugin):
@@ -91,7 +93,7 @@ class PullQueue(SchedulerPlugin):
         self.gateway: Gateway | None = None
         self._gateway_settings = gateway
         self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead, taken_back
-        self._lease_checker: PeriodicCallback | None = None
+        self._checkers: list[PeriodicCallback] = []
         self._unplaceable_since: dict[str, float] = {}
 
     @property
@@ -113,10 +115,6 @@ class PullQueue(SchedulerPlugin):
             {
                 "shoal_submit": self.submit,
                 "shoal_pull": self.pull,
-                "shoal_start": self.start_item,
-                "shoal_ack": self.ack,
-                "shoal_fail": self.fail,
-                "shoal_extend": self.extend,
                 "shoal_job_status": self.job_status,
                 "shoal_job_release": self.job_release,
                 "shoal_overview": self.overview,
@@ -125,21 +123,22 @@ class PullQueue(SchedulerPlugin):
                 **self.online.handlers(),
             }
         )
+        scheduler.stream_handlers[EVENTS] = self.worker_events
         scheduler.extensions[NAME] = self
         self.metrics = start_metrics(self)
         start_dashboard(scheduler, self.metrics)
-        self._lease_checker = PeriodicCallback(self.check_leases_and_placement, LEASE_CHECK_MS)
-        self._lease_checker.start()
+        self._checkers = [
+            PeriodicCallback(self.expire_leases, LEASE_CHECK_MS),
+            PeriodicCallback(self.check_placement, PLACEMENT_CHECK_MS),
+        ]
+        for checker in self._checkers:
+            checker.start()
         if self._gateway_settings is not None:
             await self.gateway_start(self._gateway_settings.model_dump())
-        # Everything alive now lives as long as the process: out of the collector's sight, a full
-        # collection no longer scans it (it stalled every request in flight in `shoal serve`).
-        gc.collect()
-        gc.freeze()
 
     async def close(self) -> None:
-        if self._lease_checker is not None:
-            self._lease_checker.stop()
+        for checker in self._checkers:
+            checker.stop()
         await self.gateway_stop()
         self.online.close()
         self.timeouts.close()
@@ -232,46 +231,91 @@ class PullQueue(SchedulerPlugin):
             finally:
                 self.batch_pulls.discard(waiting)
 
-    def start_item(self, worker: str, item: str) -> StartReply:
+    def worker_events(
+        self,
+        worker: str,
+        started: list[str] = (),  # type: ignore[assignment]
+        acks: list[list[Any]] = (),  # type: ignore[assignment]
+        failed: list[list[Any]] = (),  # type: ignore[assignment]
+        extend: list[str] = (),  # type: ignore[assignment]
+        online_acks: list[list[Any]] = (),  # type: ignore[assignment]
+    ) -> None:
+        """A worker's coalesced one-way events (protocol.WorkerEvents); revokes what it no longer holds.
+
+        A stream handler that raised would close the worker's stream, and
+        Dask would remove the worker: a bad event is logged, never raised.
+        """
+        lost: list[str] = []
+        try:
+            lost += [item_id for item_id in started if not self.start_item(worker, item_id)]
+            for item_id, result in acks:
+                self.ack(worker, item_id, result)
+            for item_id, result, compute_seconds in online_acks:
+                self.online.ack(worker, item_id, result, compute_seconds)
+            for item_id, error, permanent in failed:
+                self.fail(worker, item_id, error, permanent)
+            lost += self.extend(worker, extend)
+        except Exception:  # noqa: BLE001 - see the docstring
+            logger.exception("bad events from %s", worker)
+        self.revoke(worker, lost)
+
+    def revoke(self, worker: str, items: list[str]) -> None:
+        """Tell `worker` it no longer holds `items`: it drops those not started (one way)."""
+        stream = self.scheduler.stream_comms.get(worker) if items else None
+        if stream is not None:
+            try:
+                stream.send({"op": REVOKE, "items": items})
+            except Exception as exc:  # noqa: BLE001 - a worker whose stream closed is being removed
+                logger.info("could not revoke %d items on %s: %s", len(items), worker, exc)
+
+    def start_item(self, worker: str, item: str) -> bool:
         """True when `worker` still holds the lease: the item is now running there."""
         work = self.items.get(item)
         if work is None or work.state is not ItemState.LEASED or work.worker != worker:
-            return {"ok": False}
+            return False
         work.started = True
         self.placement.started(work)
-        return {"ok": True}
+        return True
 
-    def ack(self, worker: str, item: str, result: dict[str, Any]) -> AckReply:
+    def ack(self, worker: str, item: str, result: dict[str, Any]) -> bool:
+        """The first ack of an item finishes it, from whichever worker computed it.
+
+        Outputs are idempotent, so an item computed twice (its lease expired or
+        it was taken back while it started) is counted once; a worker still
+        holding it is told to drop it.
+        """
         work = self.items.get(item)
         if work is None or work.state is ItemState.DONE:
-            return {"accepted": False}
+            return False
         if work.state is ItemState.QUEUED:
             self.queues.forget(work)
+        holder = work.worker
         self.unlease(work)
+        if holder is not None and holder != worker:
+            self.revoke(holder, [work.id])
         if work.priority == BATCH:
             self.placement.stats.record(
                 work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0))
             )
             self.placement.model_changed(work.model)
-        job = self.jobs[work.job]
-        job.dead_letters.pop(work.id, None)
-        job.record_done(work, worker, result)
+        work.settings.record_done(work, worker, result)
         self.events["acked"] += 1
-        return {"accepted": True}
+        return True
 
-    def fail(self, worker: str, item: str, error: str, permanent: bool = False) -> AckReply:
+    def fail(self, worker: str, item: str, error: str, permanent: bool = False) -> bool:
         work = self.items.get(item)
         if work is None or work.state in (ItemState.DONE, ItemState.DEAD):
-            return {"accepted": False}
+            return False
         if work.worker != worker:
-            return {"accepted": False}
+            return False
         work.errors.append(f"attempt {work.attempts} on {worker}: {error}")
         self.events["failed"] += 1
         self.unlease(work)
         self._retry_or_bury(work, permanent)
-        return {"accepted": True}
+        return True
 
-    def extend(self, worker: str, items: list[str]) -> ExtendReply:
+    def extend(self, worker: str, items: list[str]) -> list[str]:
+        """Renew `worker`'s leases of `items`; the ids it no longer holds."""
         lost = []
         now = time.monotonic()
         for item_id in items:
@@ -279,9 +323,9 @@ class PullQueue(SchedulerPlugin):
             if work is None or work.state is not ItemState.LEASED or work.worker != worker:
                 lost.append(item_id)
                 continue
-            work.deadline = now + self.jobs[work.job].lease_seconds
+            work.deadline = now + work.settings.lease_seconds
             self.leases.extended(work)
-        return {"lost": lost}
+        return lost
 
     def job_status(self, job: str, results: bool = False) -> JobStatus:
         if job not in self.jobs:
@@ -387,8 +431,7 @@ class PullQueue(SchedulerPlugin):
         if held:
             logger.warning("worker %s lost; %d leased items put back", worker, len(held))
 
-    def check_leases_and_placement(self) -> None:
-        self.expire_leases()
+    def check_placement(self) -> None:
         self.bury_unplaceable()
         self.online.forget_gone_gateways()
 
@@ -412,7 +455,7 @@ class PullQueue(SchedulerPlugin):
             reason = _unplaceable_reason(model, spec, self.views.largest_budget())
             for priority in (ONLINE, BATCH):
                 for work in self.queues.take(model, priority, len(self.items)):
-                    job = self.jobs[work.job]
+                    job = work.settings
                     if now - since >= job.unplaceable_seconds:
                         work.errors.append(reason)
                         job.record_dead(work)
@@ -421,9 +464,11 @@ class PullQueue(SchedulerPlugin):
                         self.queues.push(work)
 
     def expire_leases(self) -> None:
+        """Put back the items whose lease ran out (their worker froze, or died unseen); O(1) when none did."""
         for work in self.leases.expired(time.monotonic()):
             worker = work.worker
             self.unlease(work)
+            self.revoke(worker or "", [work.id])
             work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
             self.events["expired"] += 1
             self._retry_or_bury(work, permanent=False, front=True)
@@ -461,31 +506,48 @@ class PullQueue(SchedulerPlugin):
         model, priority = choice
         # A steal takes one item: the model must load before any of them runs,
         # and meanwhile the rest are better off with the workers that hold it.
-        limit = MAX_ONLINE_BATCH if priority == ONLINE else room if model in worker.held else 1
+        if priority == ONLINE:
+            limit = MAX_ONLINE_BATCH
+        elif model in worker.held:
+            limit = min(room, self._fair_share(model))
+        else:
+            limit = 1
         items = self.queues.take(model, priority, limit)
         for work in items:
             self.lease(work, worker.address)
         self.hold(worker, model)
         return items
 
+    def _fair_share(self, model: str) -> int:
+        """Of `model`'s waiting batch items, this pull's share among its holders (at least one).
+
+        Pulls ask for as many items as their worker will start soon; the share
+        keeps the first pull of a job from leasing what other holders would
+        start sooner, so the tail needs few take-backs.
+        """
+        return max(1, math.ceil(self.queues.waiting_items(model, BATCH) / max(1, self.views.holders.get(model, 0))))
+
     def _take_back(self, worker: WorkerView) -> list[WorkItem]:
         """An idle worker takes one item another worker leased but has not started.
 
         Only where it starts sooner here (see Placement.take_back); never
         online items (they are pulled together and start at once). The first
-        holder learns it lost the item when it asks to start it.
+        holder is told by a REVOKE message; if it started the item meanwhile,
+        both compute it and the first ack counts (outputs are idempotent).
         """
         work = self.placement.take_back(worker)
         if work is None:
             return []
+        holder = work.worker
         self.unlease(work)
+        self.revoke(holder or "", [work.id])
         self.lease(work, worker.address, counts_as_attempt=False)
         self.hold(worker, work.model)
         self.events["taken_back"] += 1
         return [work]
 
     def lease(self, work: WorkItem, worker: str, counts_as_attempt: bool = True) -> None:
-        work.lease(worker, self.jobs[work.job].lease_seconds, counts_as_attempt)
+        work.lease(worker, work.settings.lease_seconds, counts_as_attempt)
         self.leases.add(work)
         self.placement.leased(work)
         self.events["leased"] += 1
@@ -498,13 +560,13 @@ class PullQueue(SchedulerPlugin):
         """
         return {
             **self.items_reply(items),
-            "contexts": {j: self.jobs[j].context for j in {work.job for work in items}},
+            "contexts": {work.job: work.owner.context for work in items if isinstance(work.owner, Job)},
             "demand": {m: [self.queues.waiting_items(m), self.views.holders.get(m, 0)] for m in view.held},
         }
 
     def items_reply(self, items: list[WorkItem]) -> PullReply:
         """The items with their leases, and their models' specs: an online pull's whole reply, a batch pull's core."""
-        messages = [work.to_message(self.jobs[work.job].lease_seconds) for work in items]
+        messages = [work.to_message(work.settings.lease_seconds) for work in items]
         return {"items": messages, "models": {m: self.model_specs[m] for m in {work.model for work in items}}}
 
     def unlease(self, work: WorkItem) -> None:
@@ -514,7 +576,7 @@ class PullQueue(SchedulerPlugin):
             self.leases.remove(work)
 
     def _retry_or_bury(self, work: WorkItem, permanent: bool, front: bool = False) -> None:
-        job = self.jobs[work.job]
+        job = work.settings
         if permanent or work.attempts >= job.max_attempts:
             job.record_dead(work)
             self.events["dead"] += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -17,6 +17,21 @@ from .protocol import ItemMessage
 
 ONLINE = 0
 BATCH = 1
+
+
+class ItemOwner(Protocol):
+    """What an item belongs to: a batch job (jobs.Job), or its model's online requests (OnlineJob).
+
+    It holds the settings of its items' leases and takes their outcome.
+    """
+
+    lease_seconds: float
+    max_attempts: int
+    unplaceable_seconds: float
+
+    def record_done(self, item: WorkItem, worker: str, result: dict[str, Any]) -> None: ...
+
+    def record_dead(self, item: WorkItem) -> None: ...
 
 
 class ItemState(StrEnum):
@@ -39,17 +54,26 @@ class WorkItem:
     attempts: int = 0
     worker: str | None = None
     deadline: float = 0.0
+    leased_at: float = 0.0  # monotonic, of its present lease
     started: bool = False
     expected_seconds: float = 0.0  # its compute as expected when it started (placement's take-back)
     errors: list[str] = field(default_factory=list)
     enqueued_at: float = field(default_factory=time.monotonic)
+    owner: ItemOwner | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def settings(self) -> ItemOwner:
+        """Its owner, which every queued item has (set when it is created)."""
+        assert self.owner is not None
+        return self.owner
 
     def lease(self, worker: str, seconds: float, counts_as_attempt: bool = True) -> None:
         self.state = ItemState.LEASED
         self.worker = worker
         self.started = False
         self.attempts += counts_as_attempt
-        self.deadline = time.monotonic() + seconds
+        self.leased_at = time.monotonic()
+        self.deadline = self.leased_at + seconds
 
     def requeue(self) -> None:
         self.state = ItemState.QUEUED

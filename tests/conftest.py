@@ -126,15 +126,31 @@ def _unit_tier_guard(request, monkeypatch):
     yield
 
 
+class RecordingStream:
+    """A scheduler's stream to one worker, keeping what was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    def send(self, *msgs: dict) -> None:
+        self.sent.extend(msgs)
+
+
 class FakeScheduler:
     """What the scheduler plugin uses of a Dask scheduler, for unit tests: its workers by address, handlers,
-    extensions and periodic callbacks."""
+    stream handlers, streams to workers, extensions and periodic callbacks."""
 
     def __init__(self, workers=("w1", "w2")) -> None:
         self.workers = {w: object() for w in workers}
         self.handlers: dict = {}
+        self.stream_handlers: dict = {}
+        self.stream_comms: dict[str, RecordingStream] = {w: RecordingStream() for w in workers}
         self.extensions: dict = {}
         self.periodic_callbacks: dict = {}
+
+    def revoked(self, worker: str) -> list[str]:
+        """Item ids the plugin revoked on `worker`."""
+        return [i for msg in self.stream_comms[worker].sent if msg["op"] == "shoal-revoke" for i in msg["items"]]
 
 
 # -- waiting -------------------------------------------------------------------------------

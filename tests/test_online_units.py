@@ -13,19 +13,19 @@ from types import SimpleNamespace
 import msgpack
 import numpy as np
 import pytest
-from conftest import FakeScheduler, async_wait_for, wait_for
+from conftest import FakeScheduler, RecordingStream, async_wait_for, wait_for
 
 from configs import GatewaySettings, ModelSpec
 from scheduler_plugins import api_formats as api
 from scheduler_plugins.gateway_auth import BearerAuth
 from scheduler_plugins.online_requests import OnlineFailure
-from scheduler_plugins.protocol import PullQueueClient
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
 from workers import online_operations
 from workers.device_thread import DeviceThread
 from workers.model_pool import ModelPool
 from workers.online_groups import OnlineGroups
+from workers.scheduler_stream import SchedulerStream
 from workers.sim_runtime import SimulatedRuntime
 
 LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
@@ -38,15 +38,16 @@ async def plugin_with_model() -> PullQueue:
     return plugin
 
 
-def test_online_requests_are_pulled_together_and_acked_in_one_message():
+def test_online_requests_are_pulled_together_and_acked_with_the_next_pull():
     async def go():
         plugin = await plugin_with_model()
         submitted = [plugin.online.submit("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS) for i in range(3)]
         reply = await plugin.online.pull("w1", held=["m"], timeout=0)
         assert [m["id"] for m in reply["items"]] == [item.id for item, _ in submitted]
         assert reply["models"] == {"m": {"name": "m", "kind": "sim"}}
-        results = [[m["id"], {"n": i}] for i, m in enumerate(reply["items"])]
-        assert plugin.online.ack_many("w1", results, compute_seconds=0.01) == {"accepted": 3}
+        assert reply["items"][0]["lease_seconds"] == SETTINGS.online_lease_seconds  # short, renewed by the worker
+        acks = [[m["id"], {"n": i}, 0.01] for i, m in enumerate(reply["items"])]
+        assert (await plugin.online.pull("w1", held=["m"], timeout=0, acks=acks))["items"] == []
         for i, (_, future) in enumerate(submitted):
             result = future.result()
             assert result["n"] == i and result["timing"]["compute"] == 0.01 and result["timing"]["queue"] >= 0
@@ -94,7 +95,7 @@ def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused():
         leased, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
         await plugin.online.pull("w1", held=["m"], timeout=0)
         plugin.online.cancel(leased)
-        assert plugin.online.ack_many("w1", [[leased.id, {}]]) == {"accepted": 0}
+        assert plugin.online.ack("w1", leased.id, {}, 0.0) is False
         assert not plugin.leases.of_worker("w1")
         await plugin.close()
 
@@ -276,28 +277,26 @@ def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after
     batch_spec = ModelSpec(name="b", kind="sim", dim=8, max_seq_length=16, batch_fixed_seconds=0.05, max_batch_size=1)
     acked: list[str] = []
 
-    async def ack(worker, results, compute_seconds, reply=True):
-        acked.extend(item_id for item_id, _ in results)
-
     async def scenario() -> list[str]:
         device = TurnLog()
         pool = ModelPool(10**9, lambda s: SimulatedRuntime(s, device_thread=device), ThreadPoolExecutor(1))
         await pool.pin(online_spec)
-        queue = PullQueueClient(SimpleNamespace(shoal_ack_many=ack))
-        groups = OnlineGroups("w", queue, pool, device, {"o": online_spec}, report_failure=None)
+        groups, sent = groups_on_a_recorded_stream(pool, device, {"o": online_spec})
         batch = SimulatedRuntime(batch_spec, device_thread=device)
         item = asyncio.wrap_future(device.run(batch.embed, [f"row {i}" for i in range(8)]))  # 8 turns of 50 ms
         await async_wait_for(lambda: "batch" in device.log, what="the batch item's first turn")
 
         def request(name: str) -> dict:
             payload = {"texts": [name], "truncate": True, "dtype": "float32"}
-            return {"id": name, "model": "o", "op": "encode", "payload": payload}
+            return {"id": name, "model": "o", "op": "encode", "payload": payload, "lease_seconds": 1.0}
 
         groups.add([request("A")])
         await asyncio.get_running_loop().run_in_executor(None, device.online.wait)
         groups.add([request("B")])  # while A's round computes (100 ms)
         await item
-        await async_wait_for(lambda: len(acked) == 2, what="A and B acked")
+        kept: list[str] = []
+        await async_wait_for(lambda: len(answered(groups, sent, kept)) == 2, what="A and B acked")
+        acked.extend(answered(groups, sent, kept))
         groups.close()
         device.shutdown()
         return device.log
@@ -307,6 +306,18 @@ def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after
     first = log.index("online")
     assert log.count("online") == 2 and log[first + 1] == "online"  # no batch turn between the two rounds
     assert "batch" in log[:first] and "batch" in log[first + 2 :]  # both came during the batch item
+
+
+def groups_on_a_recorded_stream(pool, device, specs) -> tuple[OnlineGroups, RecordingStream]:
+    """A worker's online groups whose event stream to the scheduler is recorded."""
+    sent = RecordingStream()
+    return OnlineGroups("w", pool, device, specs, SchedulerStream(SimpleNamespace(batched_stream=sent))), sent
+
+
+def answered(groups: OnlineGroups, sent: RecordingStream, kept: list[str]) -> list[str]:
+    """Request ids acked so far: on the event stream, then those kept for the next online pull (into `kept`)."""
+    kept.extend(ack[0] for ack in groups.take_acks())
+    return [ack[0] for msg in sent.sent for ack in msg.get("online_acks", [])] + kept
 
 
 def test_group_encode_gives_each_request_its_slice():
@@ -381,30 +392,33 @@ class PoisonRuntime(SimulatedRuntime):
 def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_answered():
     spec = ModelSpec(name="p", kind="sim", dim=8, max_seq_length=16)
     acked: list[str] = []
-    failed: list[tuple[str, str]] = []
-
-    async def ack(worker, results, compute_seconds, reply=True):
-        acked.extend(item_id for item_id, _ in results)
-
-    async def report_failure(item_id: str, error: str, permanent: bool) -> None:
-        failed.append((item_id, error))
+    failed: list[list] = []
 
     async def scenario() -> None:
         device = DeviceThread()
         pool = ModelPool(10**9, lambda s: PoisonRuntime(s, device_thread=device), ThreadPoolExecutor(1))
         await pool.pin(spec)
-        queue = PullQueueClient(SimpleNamespace(shoal_ack_many=ack))
-        groups = OnlineGroups("w", queue, pool, device, {"p": spec}, report_failure=report_failure)
+        groups, sent = groups_on_a_recorded_stream(pool, device, {"p": spec})
         texts = ["a", "b", "poison", "c"]
         payload = lambda text: {"texts": [text], "truncate": True, "dtype": "float32"}  # noqa: E731
-        groups.add([{"id": text, "model": "p", "op": "encode", "payload": payload(text)} for text in texts])
-        await async_wait_for(lambda: len(acked) + len(failed) == len(texts), what="every request answered")
+        groups.add(
+            [{"id": t, "model": "p", "op": "encode", "payload": payload(t), "lease_seconds": 1.0} for t in texts]
+        )
+
+        kept: list[str] = []
+
+        def everything_answered() -> bool:
+            failed[:] = [f for msg in sent.sent for f in msg.get("failed", [])]
+            acked[:] = answered(groups, sent, kept)
+            return len(acked) + len(failed) == len(texts)
+
+        await async_wait_for(everything_answered, what="every request answered")
         groups.close()
         device.shutdown()
 
     asyncio.run(scenario())
     assert sorted(acked) == ["a", "b", "c"]
-    assert failed == [("poison", "RuntimeError: cannot compute 'poison'")]
+    assert failed == [["poison", "RuntimeError: cannot compute 'poison'", False]]
 
 
 def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400():
@@ -418,7 +432,7 @@ def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400():
         legit = asyncio.create_task(backend.answer("m", "encode", {"texts": ["fine"]}, 1, 5, SETTINGS))
         reply = await pulled
         assert [m["payload"]["texts"] for m in reply["items"]] == [["fine"]]
-        plugin.online.ack_many("w1", [[reply["items"][0]["id"], {"shape": [1, 8]}]])
+        plugin.online.ack("w1", reply["items"][0]["id"], {"shape": [1, 8]}, 0.0)
         assert (await legit)["shape"] == [1, 8]
         await plugin.close()
 

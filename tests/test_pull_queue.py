@@ -8,6 +8,7 @@ import time
 import pytest
 from conftest import FakeScheduler, async_wait_for
 
+from scheduler_plugins.protocol import EVENTS
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import ONLINE
 
@@ -35,13 +36,46 @@ def test_handlers_declared_in_one_place():
         assert {
             "shoal_submit",
             "shoal_pull",
-            "shoal_ack",
-            "shoal_fail",
-            "shoal_extend",
             "shoal_job_status",
             "shoal_job_release",
             "shoal_overview",
         } <= set(plugin.scheduler.handlers)
+        assert set(plugin.scheduler.stream_handlers) == {EVENTS}
+        await plugin.close()
+
+    run(go())
+
+
+def test_one_events_message_starts_acks_fails_and_renews_many_items_and_revokes_what_is_lost():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 4), SPECS)
+        a, b, c, d = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=4, timeout=0))["items"]]
+        events = plugin.scheduler.stream_handlers[EVENTS]
+        events(worker="w1", started=[a, b], acks=[[a, {"rows": 10}]], failed=[[b, "OSError: reset", False]])
+        assert plugin.items[c].started is False and plugin.job_status("j")["done"] == 1
+        assert plugin.items[b].state.value == "queued" and "OSError: reset" in plugin.items[b].errors[0]
+        before = plugin.items[c].deadline, plugin.items[d].deadline
+        await asyncio.sleep(0.01)
+        events(worker="w1", extend=[c, d, "j/unknown"])
+        assert plugin.items[c].deadline > before[0] and plugin.items[d].deadline > before[1]
+        assert plugin.job_status("j")["leased"] == 2
+        assert plugin.scheduler.revoked("w1") == ["j/unknown"]  # not held: revoked, not answered
+        events(worker="w1", acks=[["j/unknown", {}]], extend=[[1, 2]])  # a bad event is logged, never raised
+        assert plugin.job_status("j")["done"] == 1
+        await plugin.close()
+
+    run(go())
+
+
+def test_an_ack_from_another_worker_finishes_the_item_and_revokes_it_from_its_holder():
+    async def go():
+        plugin = await started()
+        plugin.submit("j", items("m", 1), SPECS)
+        item = (await plugin.pull("w1", held=["m"], timeout=0))["items"][0]["id"]
+        assert plugin.ack("w2", item, {"rows": 10}) is True  # w2 computed it under an older lease
+        assert plugin.scheduler.revoked("w1") == [item]
+        assert plugin.job_status("j")["rows_by_worker"] == {"w2": 10}
         await plugin.close()
 
     run(go())
@@ -94,10 +128,10 @@ def test_extended_lease_does_not_expire():
         item = (await plugin.pull("w1", timeout=0))["items"][0]["id"]
         for _ in range(4):
             await asyncio.sleep(0.1)  # 0.4 s in all, twice the lease: only the extensions keep it
-            assert plugin.extend("w1", [item]) == {"lost": []}
+            assert plugin.extend("w1", [item]) == []
             plugin.expire_leases()
         assert plugin.job_status("j")["leased"] == 1
-        assert plugin.extend("w2", [item]) == {"lost": [item]}
+        assert plugin.extend("w2", [item]) == [item]
         await plugin.close()
 
     run(go())
@@ -128,7 +162,7 @@ def test_permanent_failure_is_dead_at_once_retryable_is_retried():
         first, second = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=2, timeout=0))["items"]]
         plugin.fail("w1", first, "InputError: no column 'text'", permanent=True)
         plugin.fail("w1", second, "OSError: connection reset")
-        assert plugin.fail("w2", second, "not mine") == {"accepted": False}
+        assert plugin.fail("w2", second, "not mine") is False
         status = plugin.job_status("j")
         assert status["failed"] == 1 and status["queued"] == 1
         assert "no column 'text'" in status["dead_letters"][0]["errors"][0]
@@ -144,8 +178,8 @@ def test_late_ack_after_requeue_counts_once():
         item = (await plugin.pull("w1", timeout=0))["items"][0]["id"]
         await asyncio.sleep(0.05)  # the 0.01 s lease runs out by time, as a slow worker's would
         plugin.expire_leases()
-        assert plugin.ack("w1", item, {"rows": 10}) == {"accepted": True}
-        assert plugin.ack("w1", item, {"rows": 10}) == {"accepted": False}
+        assert plugin.ack("w1", item, {"rows": 10}) is True
+        assert plugin.ack("w1", item, {"rows": 10}) is False
         assert (await plugin.pull("w2", timeout=0))["items"] == []  # the stale queue entry is skipped
         status = plugin.job_status("j")
         assert status["complete"] and status["rows_done"] == 10
@@ -163,7 +197,7 @@ def test_long_poll_wakes_when_work_arrives():
         plugin.submit("j", items("m", 1), SPECS)
         reply = await waiting
         assert reply["items"] and time.monotonic() - start < 2
-        assert plugin.start_item("w1", reply["items"][0]["id"]) == {"ok": True}
+        assert plugin.start_item("w1", reply["items"][0]["id"]) is True
         empty = await plugin.pull("w2", timeout=0.2)
         assert empty == {"items": []}
         await plugin.close()
@@ -205,12 +239,13 @@ def test_idle_worker_takes_back_an_item_not_yet_started():
         plugin = await started()
         plugin.submit("j", items("m", 2), SPECS)
         first, second = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=2, timeout=0))["items"]]
-        assert plugin.start_item("w1", first) == {"ok": True}
+        assert plugin.start_item("w1", first) is True
         assert (await plugin.pull("w2", held=["m"], in_hand=1, timeout=0))["items"] == []  # busy: no take-back
         taken = (await plugin.pull("w2", held=["m"], in_hand=0, timeout=0))["items"]
         assert [m["id"] for m in taken] == [second] and taken[0]["attempt"] == 1
-        assert plugin.start_item("w1", second) == {"ok": False}  # w1 drops it
-        assert plugin.start_item("w2", second) == {"ok": True}
+        assert plugin.scheduler.revoked("w1") == [second]  # told one way, without a round trip per item
+        assert plugin.start_item("w1", second) is False  # had it started meanwhile, the first ack would count
+        assert plugin.start_item("w2", second) is True
         assert (await plugin.pull("w1", in_hand=0, timeout=0))["items"] == []  # started items stay put
         await plugin.close()
 
@@ -226,7 +261,7 @@ def test_a_worker_without_the_model_takes_back_only_what_its_holder_would_start_
         specs = {"models": {"m": {"name": "m", "load_seconds": 2.0}}}
         plugin.submit("j", items("m", 2, rows=rows), specs)
         first, second = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=2, timeout=0))["items"]]
-        assert plugin.start_item("w1", first) == {"ok": True}
+        assert plugin.start_item("w1", first) is True
         taken = [m["id"] for m in (await plugin.pull("w2", held=[], in_hand=0, timeout=0))["items"]]
         assert taken == ([second] if taken_back else [])
         await plugin.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, defaultdict
 
+from conftest import FakeScheduler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,17 +29,15 @@ class CountingWorkers(dict):
         return super().__contains__(address)
 
 
-class FakeScheduler:
+class CountingScheduler(FakeScheduler):
     def __init__(self, workers) -> None:
-        self.workers = CountingWorkers({w: object() for w in workers})
-        self.handlers: dict = {}
-        self.extensions: dict = {}
-        self.periodic_callbacks: dict = {}
+        super().__init__(workers)
+        self.workers = CountingWorkers(self.workers)
 
 
 async def started(workers, models=("m", "n")) -> PullQueue:
     plugin = PullQueue(models={m: {"name": m, "kind": "sim"} for m in models})
-    await plugin.start(FakeScheduler(workers))
+    await plugin.start(CountingScheduler(workers))
     return plugin
 
 
@@ -310,7 +309,7 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
                 "g": {"name": "g", "kind": "sim", "requires": {"GPU": 1}, "memory_bytes": 10**9},
             }
         )
-        scheduler = FakeScheduler([])
+        scheduler = CountingScheduler([])
         scheduler.workers = CountingWorkers(
             {w: type("W", (), {"resources": {"GPU": 1} if w == "w0" else {}})() for w in POOL}
         )
@@ -347,7 +346,7 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
             elif op == "ack" and leased:
                 work = leased[args[0] % len(leased)]
                 if work.job.startswith("online-"):
-                    plugin.online.ack_many(work.worker, [[work.id, {}]], compute_seconds=args[1])
+                    plugin.online.ack(work.worker, work.id, {}, args[1])
                 else:
                     plugin.ack(work.worker, work.id, {"rows": work.rows, "compute_seconds": args[1]})
             elif op == "fail" and leased:
@@ -385,14 +384,14 @@ def test_an_idle_pull_touches_a_bounded_number_of_candidates_at_1024_workers_and
         models = [f"m{i}" for i in range(1000)]
         workers = [f"w{i}" for i in range(1024)]
         plugin = PullQueue(models={m: {"name": m, "kind": "sim", "load_seconds": 2.0} for m in models})
-        await plugin.start(FakeScheduler([*workers, "idle"]))
+        await plugin.start(CountingScheduler([*workers, "idle"]))
         plugin.submit(
             "leased", [item for i, w in enumerate(workers) for item in items(models[i % 1000], 2, 100, w)], {}
         )
         for i, w in enumerate(workers):
             leased = (await plugin.pull(w, held=[models[i % 1000]], room=2, timeout=0, in_hand=0))["items"]
             assert leased
-            assert plugin.start_item(w, leased[0]["id"])["ok"]
+            assert plugin.start_item(w, leased[0]["id"])
         plugin.submit("waiting", [item for m in models for item in items(m, 1, 100, "waiting-")], {})
         for pull in range(3):
             before = plugin.placement.touched
@@ -429,13 +428,13 @@ def test_a_take_back_looks_past_models_the_thief_cannot_host_or_loads_slower_tha
             "far": {"load_seconds": 2.0},
         }
         plugin = PullQueue(models={m: {"name": m, "kind": "sim", **spec} for m, spec in models.items()})
-        scheduler = FakeScheduler([])
+        scheduler = CountingScheduler([])
         scheduler.workers = {"holder": type("W", (), {"resources": {"GPU": 1}})(), "thief": object()}
         await plugin.start(scheduler)
         held = list(models)
         plugin.submit("run", items("run", 4, rows=100), {})
         for message in (await plugin.pull("holder", held=held, room=4, timeout=0))["items"]:
-            assert plugin.start_item("holder", message["id"])["ok"]
+            assert plugin.start_item("holder", message["id"])
         plugin.submit("wait", [*items("big", 1), *items("slow", 1), *items("far", 1)], {})
         for _ in range(3):
             assert len((await plugin.pull("holder", held=held, room=1, timeout=0, in_hand=4))["items"]) == 1
@@ -454,7 +453,7 @@ def test_a_steal_finds_a_model_the_thief_loads_faster_than_the_catalog_says():
         plugin = PullQueue(
             models={m: {"name": m, "kind": "sim", "load_seconds": s} for m, s in (("fast", 4.0), ("other", 1.0))}
         )
-        await plugin.start(FakeScheduler(["holder", "thief"]))
+        await plugin.start(CountingScheduler(["holder", "thief"]))
         await plugin.pull("holder", held=["fast", "other"], timeout=0)
         plugin.submit("j", [*items("fast", 3, rows=100), *items("other", 3, rows=100)], {})
         reply = await plugin.pull("thief", held=[], timeout=0, load_seconds={"fast": 0.5})

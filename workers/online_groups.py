@@ -7,11 +7,17 @@ requests in the pool, then runs on the device thread, ahead of batch items
 but after the forward batch running now (see device_thread), and only then
 takes every request of those models that is waiting: what accumulated while
 the last round ran and while this one waited for the device forms one group
-per model and operation, one model call each. Acks go out as soon as the
-round ends, before anything else. Rounds overlap: a request that comes in
-while a round computes starts the next round at once, so it runs as soon as
-that one ends, not after the next forward batch of batch work (which a
-request arriving while the last round's answers went out used to wait for).
+per model and operation, one model call each. A round's acks ride on the
+worker's next online pull, sent as soon as the round ends (pull_loop): one
+round trip per round. While a round runs no online pull waits, so requests
+that come meanwhile wait at the scheduler, where an idle worker may take
+them, and the next pull brings them all. Rounds may still overlap (a round
+after a model's load, requests a batch pull brought): a round that ends
+while another runs, or while a pull waits, sends its acks at once on the
+worker's event stream instead.
+
+Every request held here keeps its short lease renewed (scheduler_stream);
+one the scheduler revokes (its lease lapsed) is dropped if not computed yet.
 
 A failed group call is run again one request at a time, so a request that
 cannot be computed fails alone and the rest of its group is answered. A
@@ -25,23 +31,22 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from configs import ModelSpec
-from scheduler_plugins.protocol import ItemMessage, PullQueueClient
+from scheduler_plugins.protocol import ItemMessage, OnlineAck
 
 from .device_thread import DeviceThread
 from .model_pool import ModelPool
 from .operations import ONLINE_OPERATIONS, PERMANENT_ERRORS
+from .scheduler_stream import SchedulerStream
 
 logger = logging.getLogger("shoal.worker.online")
 
 Message = ItemMessage
-ReportFailure = Callable[[str, str, bool], Awaitable[None]]
 
 
 @dataclass
@@ -56,30 +61,45 @@ class OnlineGroups:
     def __init__(
         self,
         address: str,
-        queue: PullQueueClient,
         pool: ModelPool,
         device_thread: DeviceThread,
         specs: dict[str, ModelSpec],
-        report_failure: ReportFailure,
+        stream: SchedulerStream,
     ) -> None:
         self.address = address  # this worker's, as the queue knows it
-        self.queue = queue
         self.pool = pool
         self.device_thread = device_thread
         self.specs = specs  # the pull loop's, filled by every pull reply
-        self.report_failure = report_failure
+        self.stream = stream
+        self.quiet = asyncio.Event()  # no round of requests taken here is running: time for an online pull
+        self.quiet.set()
+        self.pulling = False  # an online pull is on its way: acks cannot wait for the next one
+        self._acks: list[OnlineAck] = []  # for the next online pull
         self._waiting: list[Message] = []
         self._guard = threading.Lock()  # the loop adds, the device thread takes
         self._pending: set[str] = set()  # models of rounds started here, not yet on the device
         self._rounds: set[asyncio.Task] = set()
         self._loads: dict[str, asyncio.Task] = {}
         self._closed = False
-        self._acks: set[asyncio.Task] = set()
 
     def add(self, messages: list[Message]) -> None:
+        for message in messages:
+            self.stream.hold(message["id"], message["lease_seconds"])
         with self._guard:
             self._waiting.extend(messages)
         self._kick()
+
+    def revoke(self, item_id: str) -> None:
+        """The scheduler gave this request to another worker: drop it unless a round took it already."""
+        if not self.stream.holds(item_id):
+            return
+        with self._guard:
+            self._waiting = [m for m in self._waiting if m["id"] != item_id]
+        self.stream.release(item_id)
+
+    def take_acks(self) -> list[OnlineAck]:
+        acks, self._acks = self._acks, []
+        return acks
 
     def _kick(self) -> None:
         """A round for the waiting requests that neither a round still to start nor a load will take."""
@@ -89,7 +109,13 @@ class OnlineGroups:
         if uncovered:
             task = asyncio.create_task(self._run(uncovered))
             self._rounds.add(task)
-            task.add_done_callback(self._rounds.discard)
+            self.quiet.clear()
+            task.add_done_callback(self._round_ended)
+
+    def _round_ended(self, task: asyncio.Task) -> None:
+        self._rounds.discard(task)
+        if not self._rounds:
+            self.quiet.set()
 
     def models(self) -> set[str]:
         """Models of the requests waiting here."""
@@ -126,7 +152,7 @@ class OnlineGroups:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await self._fail(Outcome(self._take({name}), None, error=exc))
+            self._fail(Outcome(self._take({name}), None, error=exc))
         finally:
             del self._loads[name]
             if not self._closed:
@@ -142,19 +168,20 @@ class OnlineGroups:
                     raise
                 except Exception as exc:
                     self._started({name})
-                    await self._fail(Outcome(self._take({name}), None, error=exc))
+                    self._fail(Outcome(self._take({name}), None, error=exc))
             if not runtimes:
                 return
             outcomes = await asyncio.wrap_future(self.device_thread.run_online(partial(self._compute, runtimes)))
-            for outcome in outcomes:
-                if outcome.error is None:
-                    ack = asyncio.create_task(self._ack(outcome))
-                    self._acks.add(ack)
-                    ack.add_done_callback(self._acks.discard)
-            await asyncio.sleep(0)  # the answers go out before the models are released and the next round
+            acks = [
+                [message["id"], result, outcome.seconds]
+                for outcome in outcomes
+                if outcome.error is None
+                for message, result in zip(outcome.group, outcome.results or [])
+            ]
+            self._ack(acks)
         for outcome in outcomes:
             if outcome.error is not None:
-                await self._fail(outcome)
+                self._fail(outcome)
 
     def _compute(self, runtimes: dict[str, Any]) -> list[Outcome]:
         """On the device thread, holding it: take the requests waiting now, then one call per group."""
@@ -203,16 +230,19 @@ class OnlineGroups:
             self._waiting = [m for m in self._waiting if m["model"] not in models]
         return taken
 
-    async def _fail(self, outcome: Outcome) -> None:
+    def _fail(self, outcome: Outcome) -> None:
         exc = outcome.error
         logger.warning("online group of %d failed: %s", len(outcome.group), exc)
         for message in outcome.group:
-            await self.report_failure(message["id"], f"{type(exc).__name__}: {exc}", isinstance(exc, PERMANENT_ERRORS))
+            self.stream.fail(message["id"], f"{type(exc).__name__}: {exc}", isinstance(exc, PERMANENT_ERRORS))
 
-    async def _ack(self, outcome: Outcome) -> None:
-        """One message, no reply awaited: nothing here depends on the answer, so nothing waits for it."""
-        results = [[m["id"], r] for m, r in zip(outcome.group, outcome.results or [])]
-        try:
-            await self.queue.ack_many(self.address, results, outcome.seconds)
-        except Exception as exc:  # the leases run out and the requests are retried
-            logger.warning("could not ack %d online requests (%s)", len(outcome.group), exc)
+    def _ack(self, acks: list[OnlineAck]) -> None:
+        """With the next online pull, due as this round ends; on the event stream if none is due."""
+        if not acks:
+            return
+        if self.pulling or self._rounds != {asyncio.current_task()}:
+            self.stream.ack_online(acks)
+            return
+        for item_id, _, _ in acks:
+            self.stream.release(item_id)
+        self._acks.extend(acks)

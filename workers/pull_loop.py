@@ -1,65 +1,98 @@
 """A worker's pull loop: ask for work when there is room, run it, ack it.
 
-Up to `prefetch` items are in hand at once, so the next item's input is read
-from storage while the model computes the current one. One batch item
+A pull leases as many items as this worker expects to start within a short
+window, from its measured drain rate (at least `prefetch`), and asks again
+when half of them are left: one pull per many items. Up to `prefetch` items
+are in hand at once, so the next item's input is read from storage while the
+model computes the current one; the rest wait here, and an idle worker may
+take them back (the scheduler then revokes them here). One batch item
 computes at a time; batch items and online groups share the worker's device
-thread one forward batch at a time, online first (see device_thread). Storage
-reads and writes run in I/O threads beside them. Leases of the items in
-hand are extended while they run.
+thread one forward batch at a time, online first (see device_thread).
+Storage reads and writes run in I/O threads beside them. Starts, acks,
+failures and lease renewals go one way, coalesced (scheduler_stream).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from configs import ModelSpec, Profile
-from scheduler_plugins.protocol import ItemMessage, PullQueueClient, PullReply, WorkerReport
+from scheduler_plugins.protocol import REVOKE, ItemMessage, PullQueueClient, PullReply, WorkerReport
 
 from .device_thread import DeviceThread
 from .model_pool import ModelPool
 from .online_groups import OnlineGroups
 from .operations import ONLINE_OPERATIONS, OPERATIONS, PERMANENT_ERRORS
+from .scheduler_stream import SchedulerStream
 
 logger = logging.getLogger("shoal.worker")
 
 RECONNECT_SECONDS = 1.0
+PULL_WINDOW_SECONDS = 2.0  # a pull leases what this worker expects to start within this long
+MAX_LEASED = 256  # items leased here at once, whatever the drain rate
+
+
+class DrainRate:
+    """Batch items this worker finishes per second, over its last few dozen."""
+
+    def __init__(self, window: int = 32) -> None:
+        self._finished: deque[float] = deque(maxlen=window)
+
+    def finished(self) -> None:
+        self._finished.append(time.monotonic())
+
+    def per_second(self) -> float:
+        if len(self._finished) < 2:
+            return 0.0
+        return (len(self._finished) - 1) / max(self._finished[-1] - self._finished[0], 1e-6)
 
 
 class PullLoop:
     def __init__(self, worker, profile: Profile, pool: ModelPool, device_thread: DeviceThread) -> None:
         self.worker = worker
         self.queue = PullQueueClient(worker.scheduler)
+        self.stream = SchedulerStream(worker)
         self.profile = profile
         self.pool = pool
         self.device_thread = device_thread
         self.io_executor = ThreadPoolExecutor(2, thread_name_prefix="shoal-io")
         self.item_lock = asyncio.Lock()  # one batch item computing at a time
-        self.in_hand: dict[str, asyncio.Task] = {}
-        self.lease_seconds: dict[str, float] = {}
-        self.item_models: dict[str, str] = {}  # of the items in hand
+        self.leased: dict[str, ItemMessage] = {}  # batch items leased here, not finished
+        self.waiting: deque[str] = deque()  # of those, the ones not in hand yet
+        self.in_hand: dict[str, asyncio.Task] = {}  # reading, computing or writing
+        self.computing: set[str] = set()  # started: a revocation no longer stops them
         self.specs: dict[str, ModelSpec] = {}
         self._spec_sources: dict[str, dict[str, Any]] = {}  # the reply dict each of `specs` came from
         self.contexts: dict[str, dict[str, Any]] = {}
+        self._job_items: Counter[str] = Counter()  # items leased here per job: its context stays while any is
+        self.drain = DrainRate()
         self._room = asyncio.Event()
-        self.online = OnlineGroups(worker.address, self.queue, pool, device_thread, self.specs, self._report_failure)
+        self.online = OnlineGroups(worker.address, pool, device_thread, self.specs, self.stream)
+        worker.stream_handlers[REVOKE] = self._revoked
 
     async def run(self) -> None:
-        extender = asyncio.create_task(self._extend_leases())
+        self.stream.start()
         online_puller = asyncio.create_task(self._pull_online())
         try:
             while True:
                 self._room.clear()
-                room = self.profile.prefetch - len(self.in_hand)
+                room = self._room_now()
                 if room <= 0:
                     await self._room.wait()
                     continue
                 try:
                     reply = await self.queue.pull(
-                        self.worker.address, room, len(self.in_hand), self.profile.pull_timeout_seconds, self._report()
+                        self.worker.address,
+                        room,
+                        len(self.leased),
+                        self.profile.pull_timeout_seconds,
+                        self._report(),
                     )
                 except asyncio.CancelledError:
                     raise
@@ -76,18 +109,67 @@ class PullLoop:
                 if self._start_online(reply["items"]):
                     continue
                 for message in reply["items"]:
-                    self.lease_seconds[message["id"]] = message["lease_seconds"]
-                    self.item_models[message["id"]] = message["model"]
-                    self.in_hand[message["id"]] = asyncio.create_task(self._process(message))
+                    self._leased(message)
+                self._fill()
                 if not reply["items"] and reply.get("reason"):
                     await asyncio.sleep(RECONNECT_SECONDS)
         finally:
-            extender.cancel()
             online_puller.cancel()
             self.online.close()
             for task in list(self.in_hand.values()):
                 task.cancel()
+            self.stream.close()
             self.io_executor.shutdown(wait=False, cancel_futures=True)
+
+    def _room_now(self) -> int:
+        """How many items to ask for now: none until half of what this worker expects to start is left."""
+        window = min(PULL_WINDOW_SECONDS, self.profile.lease_seconds / 3)
+        target = max(self.profile.prefetch, min(MAX_LEASED, math.ceil(self.drain.per_second() * window)))
+        leased = len(self.leased)
+        return target - leased if leased <= target // 2 else 0
+
+    def _leased(self, message: ItemMessage) -> None:
+        item_id = message["id"]
+        self.leased[item_id] = message
+        self.waiting.append(item_id)
+        self._job_items[message["job"]] += 1
+        self.stream.hold(item_id, message["lease_seconds"])
+
+    def _fill(self) -> None:
+        """Up to `prefetch` items in hand: reading their input while another computes."""
+        while self.waiting and len(self.in_hand) < self.profile.prefetch:
+            item_id = self.waiting.popleft()
+            if item_id in self.leased:  # else revoked while it waited
+                self.in_hand[item_id] = asyncio.create_task(self._process(self.leased[item_id]))
+
+    def _revoked(self, items: list[str]) -> None:
+        """The scheduler took these back (for an idle worker, or their lease lapsed): drop those not started.
+
+        One started here meanwhile runs on; the first ack of it counts.
+        """
+        for item_id in items:
+            self.online.revoke(item_id)
+            if item_id in self.computing or item_id not in self.leased:
+                continue
+            task = self.in_hand.get(item_id)
+            if task is not None:
+                task.cancel()  # its `finally` forgets it
+            else:
+                self._forget(self.leased[item_id])
+
+    def _forget(self, message: ItemMessage) -> None:
+        item_id, job = message["id"], message["job"]
+        if self.leased.pop(item_id, None) is None:
+            return
+        self.in_hand.pop(item_id, None)
+        self.computing.discard(item_id)
+        self.stream.release(item_id)
+        self._job_items[job] -= 1
+        if self._job_items[job] <= 0:
+            del self._job_items[job]
+            self.contexts.pop(job, None)  # the next pull brings it again
+        self._fill()
+        self._room.set()
 
     async def _process(self, message: ItemMessage) -> None:
         item_id = message["id"]
@@ -99,37 +181,32 @@ class PullLoop:
             data = await loop.run_in_executor(self.io_executor, operation.read, payload)
             # The model loads (if it must) before the item's turn, while others compute.
             async with self.pool.use(spec) as runtime, self.item_lock:
-                started = await self.queue.start(self.worker.address, item_id)
-                if not started["ok"]:  # taken back for an idle worker, or lease lost
-                    return
+                self.computing.add(item_id)
+                self.stream.started(item_id)
                 began = time.perf_counter()
                 computed = await asyncio.wrap_future(self.device_thread.run(operation.compute, runtime, data))
                 compute_seconds = time.perf_counter() - began
             result = await loop.run_in_executor(self.io_executor, operation.write, payload, data, computed, spec)
             result["compute_seconds"] = compute_seconds
-            await self.queue.ack(self.worker.address, item_id, result)
+            self.stream.ack(item_id, result)
+            self.drain.finished()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             permanent = isinstance(exc, PERMANENT_ERRORS)
             logger.warning("item %s failed (%s): %s", item_id, "permanent" if permanent else "will retry", exc)
-            await self._report_failure(item_id, f"{type(exc).__name__}: {exc}", permanent)
+            self.stream.fail(item_id, f"{type(exc).__name__}: {exc}", permanent)
         finally:
-            self.in_hand.pop(item_id, None)
-            self.lease_seconds.pop(item_id, None)
-            self.item_models.pop(item_id, None)
-            if not any(i.startswith(f"{message['job']}/") for i in self.in_hand):
-                self.contexts.pop(message["job"], None)  # the next pull brings it again
-            self._room.set()
+            self._forget(message)
 
     def _held_models(self) -> list[str]:
-        """What this worker holds: loaded, loading, or named by work in hand.
+        """What this worker holds: loaded, loading, or named by work leased here.
 
         The scheduler counts this worker as a holder of each, from the moment
         it takes the work, so no second worker loads the same model for it.
         """
-        held = [*self.pool.held(), *self.item_models.values(), *self.online.models()]
-        return list(dict.fromkeys(held))
+        leased = (message["model"] for message in self.leased.values())
+        return list(dict.fromkeys([*self.pool.held(), *leased, *self.online.models()]))
 
     def _report(self) -> WorkerReport:
         return {
@@ -159,8 +236,15 @@ class PullLoop:
         return True
 
     async def _pull_online(self) -> None:
-        """Keep an online pull waiting at all times, so requests never wait for a batch slot."""
+        """Keep an online pull waiting while no online group computes here; it carries the last groups' acks.
+
+        While a group computes, requests wait at the scheduler (an idle worker
+        may take them); the pull that follows the group takes them all.
+        """
         while True:
+            await self.online.quiet.wait()
+            acks = self.online.take_acks()
+            self.online.pulling = True
             try:
                 reply = await self.queue.pull_online(
                     worker=self.worker.address,
@@ -168,43 +252,19 @@ class PullLoop:
                     loaded=self.pool.loaded(),
                     timeout=self.profile.pull_timeout_seconds,
                     busy=self.item_lock.locked(),
+                    acks=acks,
                 )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 logger.warning("online pull failed (%s: %s); retrying", type(exc).__name__, exc)
+                self.stream.ack_online(acks)  # if the scheduler is still there, they reach it
                 await asyncio.sleep(RECONNECT_SECONDS)
                 continue
+            finally:
+                self.online.pulling = False
             if reply is None or (not reply["items"] and reply.get("reason")):
                 await asyncio.sleep(RECONNECT_SECONDS)
                 continue
             self._learn_specs(reply)
-            if self._start_online(reply["items"]):
-                await asyncio.sleep(0)  # the group reaches the device before the next pull is sent
-
-    async def _report_failure(self, item_id: str, error: str, permanent: bool) -> None:
-        try:
-            await self.queue.fail(self.worker.address, item_id, error, permanent)
-        except Exception as exc:
-            logger.warning("could not report failure of %s (%s); its lease will expire", item_id, exc)
-
-    async def _extend_leases(self) -> None:
-        while True:
-            interval = min(self.lease_seconds.values(), default=self.profile.lease_seconds) / 3
-            await asyncio.sleep(interval)
-            if not self.in_hand:
-                continue
-            try:
-                reply = await self.queue.extend(self.worker.address, list(self.in_hand))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("lease extension failed (%s: %s)", type(exc).__name__, exc)
-                continue
-            if reply is None:
-                continue
-            for item_id in reply["lost"]:
-                task = self.in_hand.get(item_id)
-                if task is not None:
-                    logger.warning("item %s is no longer leased here; dropping it", item_id)
-                    task.cancel()
+            self._start_online(reply["items"])

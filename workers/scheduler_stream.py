@@ -1,0 +1,114 @@
+"""What a worker tells the pull queue one way: starts, acks, failures, lease renewals.
+
+A message costs the scheduler far more than the queue's own work on an item,
+so nothing here waits for a reply, and one message carries many items' events.
+They gather here and leave together as one ``EVENTS`` message
+(protocol.WorkerEvents) on Dask's worker stream: at most `flush_seconds`
+after the first of them, or on the next loop pass for what a client waits on
+(failures, online acks that cannot ride on an online pull).
+
+Leases of everything the worker holds are renewed from here, each at a third
+of its own lease: an online request's lease of about a second and a batch
+item's minute both hold while the worker's loop runs, and lapse when the
+process freezes. What the worker no longer holds comes back as a ``REVOKE``
+message (see pull_loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from scheduler_plugins.protocol import EVENTS, OnlineAck, WorkerEvents
+
+logger = logging.getLogger("shoal.worker")
+
+FLUSH_SECONDS = 0.05  # how long a batch item's events may wait for others to share their message
+RENEW_TICK_SECONDS = 0.1  # how often leases due for renewal are looked for
+
+
+class SchedulerStream:
+    def __init__(self, worker: Any, flush_seconds: float = FLUSH_SECONDS) -> None:
+        """`worker`: the Dask worker, whose ``batched_stream`` reaches the scheduler."""
+        self.worker = worker
+        self.flush_seconds = flush_seconds
+        self._events: WorkerEvents = {}
+        self._flush: asyncio.Handle | None = None
+        self._flush_urgent = False
+        self._renewals: dict[str, tuple[float, float]] = {}  # item id -> (lease seconds, when to renew)
+        self._renewer: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._renewer = asyncio.create_task(self._renew())
+
+    def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+        if self._flush is not None:
+            self._flush.cancel()
+        self.flush()
+
+    # -- leases held -----------------------------------------------------------------
+
+    def hold(self, item_id: str, lease_seconds: float) -> None:
+        """`item_id` is leased here: renew it until it is acked, failed or released."""
+        self._renewals[item_id] = (lease_seconds, time.monotonic() + lease_seconds / 3)
+
+    def release(self, item_id: str) -> None:
+        self._renewals.pop(item_id, None)
+
+    def holds(self, item_id: str) -> bool:
+        return item_id in self._renewals
+
+    # -- events ----------------------------------------------------------------------
+
+    def started(self, item_id: str) -> None:
+        self._add("started", item_id)
+
+    def ack(self, item_id: str, result: dict[str, Any]) -> None:
+        self.release(item_id)
+        self._add("acks", [item_id, result])
+
+    def ack_online(self, acks: list[OnlineAck]) -> None:
+        """Online acks that cannot wait for the next online pull: out on the next loop pass."""
+        for item_id, _, _ in acks:
+            self.release(item_id)
+        for ack in acks:
+            self._add("online_acks", ack, urgent=True)
+
+    def fail(self, item_id: str, error: str, permanent: bool) -> None:
+        self.release(item_id)
+        self._add("failed", [item_id, error, permanent], urgent=True)
+
+    def _add(self, kind: str, entry: Any, urgent: bool = False) -> None:
+        self._events.setdefault(kind, []).append(entry)  # type: ignore[misc]
+        loop = asyncio.get_running_loop()
+        if urgent and not self._flush_urgent:
+            if self._flush is not None:
+                self._flush.cancel()
+            self._flush, self._flush_urgent = loop.call_soon(self.flush), True
+        elif self._flush is None:
+            self._flush = loop.call_later(self.flush_seconds, self.flush)
+
+    def flush(self) -> None:
+        """Send what has gathered, in one message."""
+        self._flush, self._flush_urgent = None, False
+        events, self._events = self._events, {}
+        if not events:
+            return
+        try:
+            self.worker.batched_stream.send({"op": EVENTS, **events})
+        except Exception as exc:  # noqa: BLE001 - the stream closed: Dask closes this worker, leases lapse
+            logger.warning("could not send %d kinds of events to the scheduler: %s", len(events), exc)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW_TICK_SECONDS)
+            now = time.monotonic()
+            due = [item_id for item_id, (_, at) in self._renewals.items() if at <= now]
+            for item_id in due:
+                lease_seconds, _ = self._renewals[item_id]
+                self._renewals[item_id] = (lease_seconds, now + lease_seconds / 3)
+                self._add("extend", item_id)
