@@ -282,10 +282,18 @@ def write_catalog(folder: Path) -> Path:
     return path
 
 
-def start_scheduler(folder: Path, catalog: Path) -> tuple[subprocess.Popen, str]:
+def code_env(code: str | None, **extra: str) -> dict[str, str]:
+    """The environment of (b)'s processes: `code`'s tree first on PYTHONPATH, when given."""
+    paths = [str(Path(code).resolve())] if code else []
+    pythonpath = os.pathsep.join([*paths, str(harness.ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {**os.environ, "PYTHONPATH": pythonpath, **extra}
+
+
+def start_scheduler(folder: Path, catalog: Path, code: str | None = None) -> tuple[subprocess.Popen, str]:
     """`dask scheduler --preload scheduler_plugins` on loopback; its address once it is up."""
     scheduler_file = folder / "scheduler.json"
-    env = {**os.environ, "SHOAL_CATALOG": str(catalog)}
+    scheduler_file.unlink(missing_ok=True)
+    env = code_env(code, SHOAL_CATALOG=str(catalog))
     proc = subprocess.Popen(
         [
             harness.venv_command("dask"),
@@ -326,15 +334,23 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
 
 
-def start_workers(address: str, count: int, catalog: Path, profile: Path) -> subprocess.Popen:
-    """`count` Dask workers with Shoal's plugin in one process: simulated models fit many on two cores."""
-    env = {**os.environ, "SHOAL_CATALOG": str(catalog), "SHOAL_PROFILE": str(profile)}
-    return subprocess.Popen(
-        [sys.executable, "-c", WORKERS_SCRIPT, address, str(count)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def start_workers(
+    address: str, count: int, catalog: Path, profile: Path, processes: int = 1, code: str | None = None
+) -> list[subprocess.Popen]:
+    """`count` Dask workers with Shoal's plugin spread over `processes` processes: simulated models fit many
+    on two cores, and each process's workers reach the scheduler over their own TCP connections."""
+    env = code_env(code, SHOAL_CATALOG=str(catalog), SHOAL_PROFILE=str(profile))
+    shares = [count // processes + (i < count % processes) for i in range(processes)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKERS_SCRIPT, address, str(share)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for share in shares
+        if share
+    ]
 
 
 def write_profile(folder: Path) -> Path:
@@ -357,8 +373,8 @@ def part_b(args, folder: Path) -> list[dict]:
     catalog, profile = write_catalog(folder), write_profile(folder)
     rows = []
     for count in args.real_workers:
-        scheduler, address = start_scheduler(folder, catalog)
-        workers = start_workers(address, count, catalog, profile)
+        scheduler, address = start_scheduler(folder, catalog, args.code)
+        workers = start_workers(address, count, catalog, profile, args.worker_processes, args.code)
         try:
             with Client(address, timeout=60) as client:
                 client.wait_for_workers(count, timeout=300)
@@ -386,7 +402,8 @@ def part_b(args, folder: Path) -> list[dict]:
                 wall, cpu = busy.seconds, busy.cpu_seconds
                 client.sync(pull_queue(client).job_release, job="scale")
         finally:
-            workers.kill()
+            for proc in workers:
+                proc.kill()
             scheduler.terminate()
             scheduler.wait(30)
         net = max(cpu - idle_share * wall, 0.0)
@@ -523,7 +540,8 @@ def part_c(args, folder: Path) -> list[dict]:
     finally:
         for proc in gateways:
             proc.terminate()
-        workers.kill()
+        for proc in workers:
+            proc.kill()
         scheduler.terminate()
         scheduler.wait(30)
     return rows
@@ -568,9 +586,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="per phase and configuration")
     parser.add_argument("--pull-timeout", type=float, default=2.0, help="(a) the stand-in workers' long-poll timeout")
     parser.add_argument("--compute-ms", type=float, default=0.0, help="(a) each batch item's simulated compute")
-    parser.add_argument("--code", default=None, help="a checkout whose scheduler_plugins (a) drives instead")
+    parser.add_argument("--code", default=None, help="a checkout whose plugins (a) and (b) run instead")
     parser.add_argument("--real-workers", default="8,32", type=lambda s: [int(x) for x in s.split(",")], help="(b)")
     parser.add_argument("--real-items", type=int, default=5000, help="(b) items per run")
+    parser.add_argument("--worker-processes", type=int, default=4, help="(b) processes the workers are spread over")
     parser.add_argument("--concurrency", type=int, default=64, help="(c) requests in flight")
     parser.add_argument("--reps", type=int, default=2, help="(c) rounds over the three setups")
     parser.add_argument("--json", default=str(harness.result_path("scheduler_scale")))

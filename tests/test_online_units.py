@@ -437,3 +437,31 @@ def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400():
         await plugin.close()
 
     asyncio.run(go())
+
+
+def test_requests_on_a_worker_that_stops_renewing_move_to_another_within_their_short_lease():
+    """A frozen worker (SIGSTOP, a hung driver) renews nothing: its requests go elsewhere, not at their deadline."""
+
+    async def go():
+        plugin = await plugin_with_model()
+        settings = GatewaySettings(request_timeout_seconds=30, online_lease_seconds=1.0)
+        kept, _ = plugin.online.submit("m", "encode", {"texts": ["kept"]}, 1, settings)
+        assert [m["id"] for m in (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]] == [
+            kept.id
+        ]
+        for _ in range(6):  # 1.5 s of renewals, past the lease: a live worker keeps what it holds
+            await asyncio.sleep(0.25)
+            plugin.worker_events("w1", extend=[kept.id])
+        assert kept.worker == "w1" and kept.attempts == 1
+        moved, future = plugin.online.submit("m", "encode", {"texts": ["moved"]}, 1, settings)
+        frozen = await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0)
+        assert [m["id"] for m in frozen["items"]] == [moved.id]
+        # w1 goes silent; the lease checker puts the request back and wakes w2's waiting pull
+        reply = await plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=10)
+        assert (moved.id, 2) in [(m["id"], m["attempt"]) for m in reply["items"]]  # `kept` too, unrenewed now
+        assert moved.id in plugin.scheduler.revoked("w1")
+        await plugin.online.pull("w2", held=["m"], timeout=0, acks=[[moved.id, {"n": 1}, 0.0]])
+        assert future.result()["n"] == 1
+        await plugin.close()
+
+    asyncio.run(go())
