@@ -169,6 +169,8 @@ class PullLoop:
             del self._job_items[job]
             self.contexts.pop(job, None)  # the next pull brings it again
         self._fill()
+        if not self.leased:
+            self.stream.flush_soon()  # out of work: its last acks finish a job, or tell the queue it is idle
         self._room.set()
 
     async def _process(self, message: ItemMessage) -> None:

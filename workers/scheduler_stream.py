@@ -5,7 +5,9 @@ so nothing here waits for a reply, and one message carries many items' events.
 They gather here and leave together as one ``EVENTS`` message
 (protocol.WorkerEvents) on Dask's worker stream: at most `flush_seconds`
 after the first of them, or on the next loop pass for what a client waits on
-(failures, online acks that cannot ride on an online pull).
+(failures, online acks that cannot ride on an online pull, the last ack
+before the worker runs out of work). A busy worker thus costs the scheduler
+a few messages a second, however many items it finishes.
 
 Leases of everything the worker holds are renewed from here, each at a third
 of its own lease: an online request's lease of about a second and a batch
@@ -25,7 +27,7 @@ from scheduler_plugins.protocol import EVENTS, OnlineAck, WorkerEvents
 
 logger = logging.getLogger("shoal.worker")
 
-FLUSH_SECONDS = 0.05  # how long a batch item's events may wait for others to share their message
+FLUSH_SECONDS = 0.25  # how long a batch item's events may wait for others to share their message
 RENEW_TICK_SECONDS = 0.1  # how often leases due for renewal are looked for
 
 
@@ -78,19 +80,23 @@ class SchedulerStream:
         for ack in acks:
             self._add("online_acks", ack, urgent=True)
 
+    def flush_soon(self) -> None:
+        """Send what has gathered on the next loop pass (nothing else to wait for)."""
+        if self._events and not self._flush_urgent:
+            if self._flush is not None:
+                self._flush.cancel()
+            self._flush, self._flush_urgent = asyncio.get_running_loop().call_soon(self.flush), True
+
     def fail(self, item_id: str, error: str, permanent: bool) -> None:
         self.release(item_id)
         self._add("failed", [item_id, error, permanent], urgent=True)
 
     def _add(self, kind: str, entry: Any, urgent: bool = False) -> None:
         self._events.setdefault(kind, []).append(entry)  # type: ignore[misc]
-        loop = asyncio.get_running_loop()
-        if urgent and not self._flush_urgent:
-            if self._flush is not None:
-                self._flush.cancel()
-            self._flush, self._flush_urgent = loop.call_soon(self.flush), True
+        if urgent:
+            self.flush_soon()
         elif self._flush is None:
-            self._flush = loop.call_later(self.flush_seconds, self.flush)
+            self._flush = asyncio.get_running_loop().call_later(self.flush_seconds, self.flush)
 
     def flush(self) -> None:
         """Send what has gathered, in one message."""
