@@ -345,6 +345,7 @@ def start_workers(
         subprocess.Popen(
             [sys.executable, "-c", WORKERS_SCRIPT, address, str(share)],
             env=env,
+            cwd=code,  # `python -c` puts its folder first on sys.path
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
