@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from configs import GatewaySettings
@@ -122,7 +123,7 @@ class OnlineQueue:
         timeout: float = 2.0,
         busy: bool = False,
         loaded: list[str] | None = None,
-        acks: list[OnlineAck] = (),  # type: ignore[assignment]
+        acks: Sequence[OnlineAck] = (),
     ) -> PullReply:
         """Answer `acks` (the worker's last groups), then lease every waiting online request of one
         model to `worker`, waiting up to `timeout`.

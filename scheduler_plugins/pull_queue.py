@@ -35,6 +35,7 @@ import logging
 import math
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -234,11 +235,11 @@ class PullQueue(SchedulerPlugin):
     def worker_events(
         self,
         worker: str,
-        started: list[str] = (),  # type: ignore[assignment]
-        acks: list[list[Any]] = (),  # type: ignore[assignment]
-        failed: list[list[Any]] = (),  # type: ignore[assignment]
-        extend: list[str] = (),  # type: ignore[assignment]
-        online_acks: list[list[Any]] = (),  # type: ignore[assignment]
+        started: Sequence[str] = (),
+        acks: Sequence[list[Any]] = (),
+        failed: Sequence[list[Any]] = (),
+        extend: Sequence[str] = (),
+        online_acks: Sequence[list[Any]] = (),
     ) -> None:
         """A worker's coalesced one-way events (protocol.WorkerEvents); revokes what it no longer holds.
 
@@ -259,9 +260,9 @@ class PullQueue(SchedulerPlugin):
             logger.exception("bad events from %s", worker)
         self.revoke(worker, lost)
 
-    def revoke(self, worker: str, items: list[str]) -> None:
+    def revoke(self, worker: str | None, items: list[str]) -> None:
         """Tell `worker` it no longer holds `items`: it drops those not started (one way)."""
-        stream = self.scheduler.stream_comms.get(worker) if items else None
+        stream = self.scheduler.stream_comms.get(worker) if worker and items else None
         if stream is not None:
             try:
                 stream.send({"op": REVOKE, "items": items})
@@ -291,7 +292,7 @@ class PullQueue(SchedulerPlugin):
             self.queues.forget(work)
         holder = work.worker
         self.unlease(work)
-        if holder is not None and holder != worker:
+        if holder != worker:
             self.revoke(holder, [work.id])
         if work.priority == BATCH:
             self.placement.stats.record(
@@ -314,7 +315,7 @@ class PullQueue(SchedulerPlugin):
         self._retry_or_bury(work, permanent)
         return True
 
-    def extend(self, worker: str, items: list[str]) -> list[str]:
+    def extend(self, worker: str, items: Sequence[str]) -> list[str]:
         """Renew `worker`'s leases of `items`; the ids it no longer holds."""
         lost = []
         now = time.monotonic()
@@ -468,7 +469,7 @@ class PullQueue(SchedulerPlugin):
         for work in self.leases.expired(time.monotonic()):
             worker = work.worker
             self.unlease(work)
-            self.revoke(worker or "", [work.id])
+            self.revoke(worker, [work.id])
             work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
             self.events["expired"] += 1
             self._retry_or_bury(work, permanent=False, front=True)
@@ -540,7 +541,7 @@ class PullQueue(SchedulerPlugin):
             return []
         holder = work.worker
         self.unlease(work)
-        self.revoke(holder or "", [work.id])
+        self.revoke(holder, [work.id])
         self.lease(work, worker.address, counts_as_attempt=False)
         self.hold(worker, work.model)
         self.events["taken_back"] += 1
