@@ -14,8 +14,12 @@ class Job:
     def __init__(self, job_id: str, items: list[WorkItem], settings: dict[str, Any]) -> None:
         self.id = job_id
         self.items = {item.id: item for item in items}
+        # Items per (model, state), kept as they move: status is polled while
+        # the job runs, and must not cost a pass over its items.
+        self.state_counts: Counter[tuple[str, ItemState]] = Counter()
         for item in items:
             item.owner = self
+            self.state_counts[item.model, item.state] += 1
         self.lease_seconds: float = float(settings.get("lease_seconds", 60.0))
         self.max_attempts: int = int(settings.get("max_attempts", 3))
         self.unplaceable_seconds: float = float(settings.get("unplaceable_seconds", 30.0))
@@ -38,7 +42,7 @@ class Job:
     def record_done(self, item: WorkItem, worker: str, result: dict[str, Any]) -> None:
         """Also a late ack of an item already in dead letters: it leaves them."""
         self.dead_letters.pop(item.id, None)
-        item.state = ItemState.DONE
+        item.move(ItemState.DONE)
         item.worker = None
         self.results[item.id] = result
         rows = int(result.get("rows", item.rows))
@@ -47,7 +51,7 @@ class Job:
         self._maybe_finish()
 
     def record_dead(self, item: WorkItem) -> None:
-        item.state = ItemState.DEAD
+        item.move(ItemState.DEAD)
         item.worker = None
         self.dead_letters[item.id] = {
             "id": item.id,
@@ -59,17 +63,31 @@ class Job:
         }
         self._maybe_finish()
 
+    def moved(self, item: WorkItem, old: ItemState) -> None:
+        self.state_counts[item.model, old] -= 1
+        self.state_counts[item.model, item.state] += 1
+
+    def counts_by_model(self) -> dict[str, dict[str, int]]:
+        """Its items per model and state (queued, leased, done, dead), for `shoal status`."""
+        by_model: dict[str, dict[str, int]] = {}
+        for (model, state), count in self.state_counts.items():
+            if count:
+                by_model.setdefault(model, {})[state.value] = count
+        return by_model
+
+    def _in_state(self, state: ItemState) -> int:
+        return sum(count for (_, in_state), count in self.state_counts.items() if in_state is state)
+
     def _maybe_finish(self) -> None:
         if self.complete and self.finished is None:
             self.finished = time.time()
 
     def status(self, with_results: bool = False) -> JobStatus:
-        states = Counter(item.state.value for item in self.items.values())
         status: JobStatus = {
             "job": self.id,
             "items": len(self.items),
-            "queued": states.get("queued", 0),
-            "leased": states.get("leased", 0),
+            "queued": self._in_state(ItemState.QUEUED),
+            "leased": self._in_state(ItemState.LEASED),
             "done": len(self.results),
             "failed": len(self.dead_letters),
             "rows_total": self.rows_total,

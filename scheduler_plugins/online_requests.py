@@ -60,18 +60,21 @@ class OnlineJob:
         return item, future
 
     def record_done(self, item: WorkItem, worker: str, result: dict[str, Any]) -> None:
-        item.state = ItemState.DONE
+        item.move(ItemState.DONE)
         item.worker = None
         self._resolve(item, result)
 
     def record_dead(self, item: WorkItem) -> None:
-        item.state = ItemState.DEAD
+        item.move(ItemState.DEAD)
         item.worker = None
         self._resolve(item, OnlineFailure(item.errors[-1] if item.errors else "the request failed"))
 
+    def moved(self, item: WorkItem, old: ItemState) -> None:
+        """Requests are not counted by state: each is answered, and forgotten, on its own."""
+
     def cancel(self, item: WorkItem) -> None:
         """The request gave up (deadline, client gone): a late ack is refused."""
-        item.state = ItemState.DEAD
+        item.move(ItemState.DEAD)
         item.worker = None
         self._resolve(item, None)
 

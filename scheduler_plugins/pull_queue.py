@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -341,7 +341,7 @@ class PullQueue(SchedulerPlugin):
             if work.state is ItemState.QUEUED:
                 self.queues.forget(work)
             self.unlease(work)
-            work.state = ItemState.DEAD
+            work.move(ItemState.DEAD)
             self.items.pop(item_id, None)
         return {"released": True}
 
@@ -371,11 +371,8 @@ class PullQueue(SchedulerPlugin):
     @staticmethod
     def _job_overview(job: Job) -> JobStatus:
         """A job's status with its item states (queued, leased, done, dead) per model, for `shoal status`."""
-        states: dict[str, Counter[str]] = defaultdict(Counter)
-        for item in job.items.values():
-            states[item.model][item.state.value] += 1
         status = job.status()
-        status["models"] = {model: dict(counts) for model, counts in states.items()}
+        status["models"] = job.counts_by_model()
         return status
 
     # -- the embedded gateway -------------------------------------------------

@@ -33,6 +33,9 @@ class ItemOwner(Protocol):
 
     def record_dead(self, item: WorkItem) -> None: ...
 
+    def moved(self, item: WorkItem, old: ItemState) -> None:
+        """`item` went from `old` to its present state."""
+
 
 class ItemState(StrEnum):
     QUEUED = "queued"
@@ -67,8 +70,14 @@ class WorkItem:
         assert self.owner is not None
         return self.owner
 
+    def move(self, state: ItemState) -> None:
+        """Every change of state goes through here, so its owner's counts stay true without a scan."""
+        old, self.state = self.state, state
+        if self.owner is not None:
+            self.owner.moved(self, old)
+
     def lease(self, worker: str, seconds: float, counts_as_attempt: bool = True) -> None:
-        self.state = ItemState.LEASED
+        self.move(ItemState.LEASED)
         self.worker = worker
         self.started = False
         self.attempts += counts_as_attempt
@@ -76,7 +85,7 @@ class WorkItem:
         self.deadline = self.leased_at + seconds
 
     def requeue(self) -> None:
-        self.state = ItemState.QUEUED
+        self.move(ItemState.QUEUED)
         self.worker = None
         self.started = False
         self.enqueued_at = time.monotonic()

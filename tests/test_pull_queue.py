@@ -121,6 +121,45 @@ def test_expired_lease_retries_then_dead_letters():
     run(go())
 
 
+def test_job_status_counts_follow_every_transition_without_a_pass_over_the_items():
+    def counted(plugin: PullQueue, job: str) -> dict[str, dict[str, int]]:
+        by_model: dict[str, dict[str, int]] = {}
+        for work in plugin.jobs[job].items.values():
+            states = by_model.setdefault(work.model, {})
+            states[work.state.value] = states.get(work.state.value, 0) + 1
+        return by_model
+
+    def check(plugin: PullQueue) -> None:
+        overview = plugin.overview()["jobs"]
+        for job in plugin.jobs:
+            by_model = counted(plugin, job)
+            assert overview[job]["models"] == by_model
+            status = plugin.job_status(job)
+            assert status["queued"] == sum(s.get("queued", 0) for s in by_model.values())
+            assert status["leased"] == sum(s.get("leased", 0) for s in by_model.values())
+
+    async def go():
+        plugin = await started()
+        plugin.submit("j", [*items("m", 4), *items("n", 2)], {**SPECS, "lease_seconds": 0.05, "max_attempts": 2})
+        check(plugin)
+        a, b, c = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=3, timeout=0))["items"]]
+        check(plugin)
+        plugin.worker_events("w1", started=[a], acks=[[a, {"rows": 10}]], failed=[[b, "boom", True]])
+        check(plugin)
+        await plugin.pull("w2", held=["m"], timeout=0)  # takes c back or leases the last m item
+        check(plugin)
+        await asyncio.sleep(0.1)
+        plugin.expire_leases()  # every lease runs out: back to queued
+        check(plugin)
+        plugin.submit("k", items("m", 2), SPECS)
+        plugin.job_release("k")
+        assert plugin.job_status("j")["done"] == 1 and plugin.job_status("j")["failed"] == 1
+        check(plugin)
+        await plugin.close()
+
+    run(go())
+
+
 def test_extended_lease_does_not_expire():
     async def go():
         plugin = await started()

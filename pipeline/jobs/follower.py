@@ -45,7 +45,9 @@ def follow(client: Client, job: str, console: Console, label: str) -> JobStatus:
             if status["rows_done"] and not first_seen:
                 first_seen = True
                 STAGES.mark("first item")
-            if not warned and status["elapsed"] > NO_WORKER_WARNING_SECONDS and not _pulling_workers(client):
+            # Asked only while nothing is done: the overview lists every worker and job.
+            idle = not status["rows_done"] and status["elapsed"] > NO_WORKER_WARNING_SECONDS
+            if not warned and idle and not _pulling_workers(client):
                 progress.console.print(
                     "[yellow]warning:[/yellow] no Shoal worker has asked for work; were the "
                     "workers started with `--preload workers`?"
