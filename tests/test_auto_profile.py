@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import embed_args, run_shoal, write_shards
 
 from configs import load_catalog, load_profile
 from configs.auto import cpu_layout, gpu_layout
 from configs.machine import NO_BF16_ENV, Gpu, Machine, probe
 from pipeline.tuning.auto_runtime import choose
+from tests.support.cli import embed_args, run_shoal
+from tests.support.files import write_shards
 
 GIB = 2**30
 

@@ -8,7 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import embed_args, read_output, run_shoal, write_shards
+
+from tests.support.cli import embed_args, run_shoal
+from tests.support.files import read_output, write_shards
 
 
 @pytest.fixture

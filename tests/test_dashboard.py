@@ -13,8 +13,9 @@ import time
 import urllib.request
 
 import pytest
-from conftest import write_shards
 from rich.console import Console
+
+from tests.support.files import write_shards
 
 MODEL = "tiny"
 

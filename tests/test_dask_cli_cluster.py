@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import dask_cli_cluster, embed_args, read_output, run_shoal, write_shards
+
+from tests.support.cli import embed_args, run_shoal
+from tests.support.dask_cli import dask_cli_cluster
+from tests.support.files import read_output, write_shards
 
 pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
 

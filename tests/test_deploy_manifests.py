@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
 
 from configs import load_profile
 from pipeline.jobs.reindex import load_job
+from tests.support.paths import ROOT
 
 K8S = ROOT / "deploy" / "k8s"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

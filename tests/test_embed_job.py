@@ -8,7 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import embed_args, read_output, run_shoal, write_shards
+
+from tests.support.cli import embed_args, run_shoal
+from tests.support.files import read_output, write_shards
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -99,10 +101,9 @@ def test_real_minilm_on_embedded_cluster(demo_texts, tmp_path):
 
 def test_embedded_cluster_warms_the_job_model_before_the_job(tiny_catalog, tmp_path):
     """Workers load the job's model as they join, while the client plans; a model that cannot load does not stop them."""
-    from conftest import write_profile
-
     from configs import load_profile
     from pipeline.cluster import connect
+    from tests.support.files import write_profile
 
     profile = load_profile(str(write_profile(tmp_path, name="warm", workers=1)))
 

@@ -6,11 +6,12 @@ import json
 import math
 
 import pytest
-from conftest import ROOT, run_shoal, shoal_options
 
 from pipeline.jobs.planner import PlanError
 from pipeline.retrieval.beir import load_beir
 from pipeline.retrieval.evaluation import evaluate, ndcg_at_k, recall_at_k
+from tests.support.cli import run_shoal, shoal_options
+from tests.support.paths import ROOT
 
 PYDOC_SECTIONS = ROOT / "datasets" / "pydoc-sections"
 

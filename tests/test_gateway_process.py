@@ -12,10 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, dask_cli_cluster, stop_processes, wait_for
-from test_online_serve import SIM, free_port, requests_in_flight, wait_for_line
 
 from pipeline.client import OnlineClient, OnlineError
+from tests.support.dask_cli import dask_cli_cluster
+from tests.support.gateway import SIM, requests_in_flight
+from tests.support.paths import ROOT, SHOAL
+from tests.support.processes import free_port, stop_processes, wait_for_line
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
 
@@ -161,7 +164,7 @@ def test_killing_a_gateway_loses_only_its_own_requests(remote):
 
 
 def test_a_gateway_process_keeps_auth_backpressure_and_deadlines(remote, tmp_path):
-    from conftest import write_profile
+    from tests.support.files import write_profile
 
     token = tmp_path / "token"
     token.write_text("s3cret\n")

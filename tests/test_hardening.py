@@ -28,24 +28,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import (
-    ROOT,
-    SHOAL,
-    embed_args,
-    invoke_shoal,
-    read_output,
-    wait_for,
-    write_profile,
-    write_shards,
-)
 
 from configs import load_catalog
 from pipeline.client import OnlineClient
 from pipeline.cluster import pull_queue
+from tests.support.cli import embed_args, invoke_shoal
+from tests.support.files import read_output, write_profile, write_shards
+from tests.support.gateway import SIM
+from tests.support.paths import ROOT, SHOAL
+from tests.support.waiting import wait_for
 
 UNREACHABLE = "tcp://127.0.0.1:9"  # a refusal that comes first never gets as far as this scheduler
 LOOPBACK = {"127.0.0.1", "::1"}
-SIM = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 1000}
 SETTINGS = {"port": 0, "max_inputs": 8, "request_timeout_seconds": 60}
 POISON = "\ud800"  # a lone surrogate: JSON's "\ud800" escape allows it, UTF-8 has no form for it
 

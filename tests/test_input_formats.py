@@ -12,18 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import (
-    embed_args,
-    embed_killing_a_worker,
-    invoke_shoal,
-    read_output,
-    run_shoal,
-    s3_options,
-    write_profile,
-    write_shards,
-)
 
 from pipeline.jobs.planner import PlanError, list_shards, plan_items, read_footers
+from tests.support.cli import embed_args, invoke_shoal, run_shoal
+from tests.support.files import read_output, write_profile, write_shards
+from tests.support.s3 import s3_options
+from tests.support.worker_loss import embed_killing_a_worker
 from workers.input_formats import INDEX_LINES, read_input
 from workers.parquet_slices import InputError
 
@@ -264,7 +258,8 @@ def test_bad_line_and_missing_field_exit_1_named_and_no_other_row_lost(cluster, 
 
 def test_a_changed_line_is_redone_by_resume_and_by_reindex(cluster, tiny_catalog, demo_texts, tmp_path):
     import yaml
-    from conftest import reindex_job
+
+    from tests.support.cli import reindex_job
 
     _, client = cluster
     profile = write_profile(tmp_path, name="formats-resume", rows_per_item=100)
@@ -303,7 +298,7 @@ def test_a_changed_line_is_redone_by_resume_and_by_reindex(cluster, tiny_catalog
 
 
 def test_rerank_reads_csv_pairs_and_jsonl_candidates_as_it_reads_parquet(cluster, tiny_catalog, demo_texts, tmp_path):
-    from conftest import shoal_options
+    from tests.support.cli import shoal_options
 
     _, client = cluster
     options = shoal_options(tiny_catalog, client.scheduler.address)

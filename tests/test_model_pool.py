@@ -7,9 +7,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import async_wait_for
 
 from configs import ModelSpec
+from tests.support.waiting import async_wait_for
 from workers.model_pool import ModelPool, ModelTooLarge
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import invoke_shoal, read_output, write_shards
 
 from configs import ConfigError, load_catalog
 from configs.model_resolution import ModelFiles
+from tests.support.cli import invoke_shoal
+from tests.support.files import read_output, write_shards
 
 REPO_ID = "test-org/tiny-embedder"
 REVISION = "0123456789abcdef0123456789abcdef01234567"

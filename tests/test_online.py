@@ -13,11 +13,12 @@ from urllib.parse import urlsplit
 import msgpack
 import numpy as np
 import pytest
-from conftest import embed_args, read_output, run_shoal, write_shards
 
 from configs import load_catalog
 from pipeline.client import AsyncOnlineClient, OnlineClient, OnlineError
 from pipeline.cluster import pull_queue
+from tests.support.cli import embed_args, run_shoal
+from tests.support.files import read_output, write_shards
 
 SLOW = {"name": "slow", "kind": "sim", "dim": 4, "max_seq_length": 32, "memory_bytes": 1000, "batch_fixed_seconds": 0.3}
 SETTINGS = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -16,11 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, dask_cli_cluster, embed_args, read_output, wait_for, write_profile, write_shards
 
 from pipeline.client import OnlineClient, OnlineError
-
-SIM = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 1000}
+from tests.support.cli import embed_args
+from tests.support.dask_cli import dask_cli_cluster
+from tests.support.files import read_output, write_profile, write_shards
+from tests.support.gateway import SIM, requests_in_flight
+from tests.support.paths import ROOT, SHOAL
+from tests.support.processes import free_port, wait_for_line
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
 
@@ -31,29 +34,6 @@ def sim_catalog(tmp_path_factory) -> Path:
     models = {"simzero": SIM, "slow": {**SIM, "batch_fixed_seconds": 1.5}}
     path.write_text(yaml.safe_dump({"models": models}))
     return path
-
-
-def wait_for_line(stream, marker: str, timeout: float = 120) -> str:
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(stream.readline, "")), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in list(lines):
-            if marker in line:
-                return line
-        time.sleep(0.1)
-    raise TimeoutError(f"no {marker!r} in: {lines}")
-
-
-def requests_in_flight(url: str) -> int:
-    """Requests the gateway at `url` is answering (shoal_online_in_flight), less the /metrics request that asks."""
-    import urllib.request
-
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
-        text = response.read().decode()
-    line = next(line for line in text.splitlines() if line.startswith("shoal_online_in_flight "))
-    return int(float(line.rsplit(" ", 1)[1])) - 1
 
 
 def refuses(url: str) -> bool:
@@ -134,12 +114,6 @@ def test_serve_with_the_worker_in_the_server_process_answers_online_while_a_batc
         assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_dask_scheduler_preload_starts_the_gateway(sim_catalog, tmp_path, test_profile):

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import msgpack
 import numpy as np
 import pytest
-from conftest import FakeScheduler, RecordingStream, async_wait_for, wait_for
 
 from configs import GatewaySettings, ModelSpec
 from scheduler_plugins import api_formats as api
@@ -21,6 +20,8 @@ from scheduler_plugins.gateway_auth import BearerAuth
 from scheduler_plugins.online_requests import OnlineFailure
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
+from tests.support.fake_scheduler import FakeScheduler, RecordingStream
+from tests.support.waiting import async_wait_for, wait_for
 from workers import online_operations
 from workers.device_thread import DeviceThread
 from workers.model_pool import ModelPool

@@ -12,8 +12,11 @@ import time
 
 import pytest
 import yaml
-from conftest import ROOT, SHOAL, embed_args, read_output, write_profile, write_shards
 from distributed import Client, Scheduler, SpecCluster, Worker
+
+from tests.support.cli import embed_args
+from tests.support.files import read_output, write_profile, write_shards
+from tests.support.paths import ROOT, SHOAL
 
 MB = 10**6
 

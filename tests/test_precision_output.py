@@ -8,8 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import embed_args, invoke_shoal, read_output, reindex_job, write_shards
 
+from tests.support.cli import embed_args, invoke_shoal, reindex_job
+from tests.support.files import read_output, write_shards
 from workers.vector_precision import PRECISIONS
 
 

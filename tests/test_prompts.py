@@ -16,8 +16,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import TINY_DIM, TINY_MAX_SEQ, invoke_shoal, read_output, shoal_options, write_profile
-from model_factory import TINY_PROMPTS, build_tiny_embedder
 from rich.console import Console
 
 from configs import ConfigError, GatewaySettings, ModelSpec, load_catalog
@@ -29,6 +27,9 @@ from pipeline.retrieval.run import embed_requests
 from pipeline.retrieval.spec import JobSpec
 from scheduler_plugins import api_formats
 from scheduler_plugins.wire import RequestError
+from tests.support.cli import invoke_shoal, shoal_options
+from tests.support.files import read_output, write_profile
+from tests.support.models import TINY_DIM, TINY_MAX_SEQ, TINY_PROMPTS, build_tiny_embedder
 from workers import embed_operation, online_operations
 from workers.chunking import ChunkSettings
 from workers.embed_operation import EmbedInput

@@ -6,11 +6,12 @@ import asyncio
 import time
 
 import pytest
-from conftest import FakeScheduler, async_wait_for
 
 from scheduler_plugins.protocol import EVENTS
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import ONLINE
+from tests.support.fake_scheduler import FakeScheduler
+from tests.support.waiting import async_wait_for
 
 
 def items(model: str, n: int, rows: int = 10) -> list[dict]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, defaultdict
 
-from conftest import FakeScheduler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +13,7 @@ from configs import GatewaySettings
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import BATCH, ONLINE, ItemState
 from scheduler_plugins.worker_views import can_host
+from tests.support.fake_scheduler import FakeScheduler
 
 SETTINGS = GatewaySettings(request_timeout_seconds=30, max_attempts=2)
 

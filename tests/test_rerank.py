@@ -9,9 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import read_output, run_shoal, shoal_options
 
 from configs import ModelSpec
+from tests.support.cli import run_shoal, shoal_options
+from tests.support.files import read_output
 from workers.devices import DevicePlan
 
 TOLERANCE = 1e-4

@@ -13,18 +13,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import s3fs
-from conftest import (
-    ROOT,
-    SHOAL,
-    dask_cli_cluster,
-    embed_args,
-    invoke_shoal,
-    read_output,
-    s3_options,
-    wait_for,
-    write_profile,
-    write_shards,
-)
+
+from tests.support.cli import embed_args, invoke_shoal
+from tests.support.dask_cli import dask_cli_cluster
+from tests.support.files import read_output, write_profile, write_shards
+from tests.support.paths import ROOT, SHOAL
+from tests.support.s3 import s3_options
+from tests.support.waiting import wait_for
 
 
 def sorted_vectors(table):

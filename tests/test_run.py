@@ -9,11 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import run_shoal
 
 from configs import ConfigError
 from pipeline.retrieval.spec import load_job_spec
 from pipeline.retrieval.top_k import top_k
+from tests.support.cli import run_shoal
 
 TOLERANCE = 1e-4
 

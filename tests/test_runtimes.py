@@ -194,8 +194,10 @@ def test_a_profile_naming_a_missing_runtime_fails_at_start(tmp_path, tiny_catalo
 
 def test_embed_and_rerank_jobs_on_onnx_through_a_cluster(tmp_path, tiny_catalog, tiny_model, tiny_reranker, demo_texts):
     """Whole commands on a real cluster whose profile puts both models on ONNX Runtime: same outputs as direct calls."""
-    from conftest import embed_args, read_output, run_shoal, write_shards
     from sentence_transformers import CrossEncoder, SentenceTransformer
+
+    from tests.support.cli import embed_args, run_shoal
+    from tests.support.files import read_output, write_shards
 
     texts = demo_texts[:300]
     ids = write_shards(tmp_path / "in", texts, shards=2, row_group_size=64)

@@ -7,7 +7,10 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import s3fs
-from conftest import embed_args, read_output, run_shoal, s3_options, write_shards
+
+from tests.support.cli import embed_args, run_shoal
+from tests.support.files import read_output, write_shards
+from tests.support.s3 import s3_options
 
 
 def test_s3_job_equals_local_job(cluster, tiny_catalog, test_profile, demo_texts, s3_server, tmp_path):

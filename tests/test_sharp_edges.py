@@ -20,7 +20,11 @@ import click
 import pytest
 import s3fs
 import yaml
-from conftest import FakeScheduler, embed_args, invoke_shoal, reindex_job, s3_options, write_shards
+
+from tests.support.cli import embed_args, invoke_shoal, reindex_job
+from tests.support.fake_scheduler import FakeScheduler
+from tests.support.files import write_shards
+from tests.support.s3 import s3_options
 
 UNREACHABLE = "tcp://127.0.0.1:9"  # a refusal that comes first never gets as far as this scheduler
 SIM = {"kind": "sim", "dim": 16, "max_seq_length": 64, "memory_bytes": 1000}

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import yaml
-from conftest import invoke_shoal, wait_for, write_shards
 
 from configs import load_catalog, load_profile
 from pipeline.cluster import pull_queue
 from pipeline.jobs.embed import EmbedRequest, embed_job
 from pipeline.jobs.engine import model_for, plan_job
+from tests.support.cli import invoke_shoal
+from tests.support.files import write_shards
+from tests.support.waiting import wait_for
 
 
 def test_status_lists_jobs_per_model_and_workers(cluster, tiny_catalog, test_profile, demo_texts, tmp_path):

@@ -6,11 +6,11 @@ import time
 
 import pytest
 import yaml
-from conftest import run_shoal
 
 from configs import ConfigError, load_catalog, load_profile
 from pipeline.tuning.derived import GPUS, derive
 from pipeline.tuning.profile import write_profile
+from tests.support.cli import run_shoal
 
 
 def test_tune_quick_mode_writes_a_valid_profile_with_its_evidence(tmp_path, tiny_catalog):

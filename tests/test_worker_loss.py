@@ -7,17 +7,13 @@ import time
 
 import pytest
 import yaml
-from conftest import (
-    embed_killing_a_worker,
-    kill_worker,
-    read_output,
-    wait_for,
-    write_profile,
-)
 from distributed import Client
 
 from configs import load_profile
 from pipeline.cluster import pull_queue, start_local_cluster
+from tests.support.files import read_output, write_profile
+from tests.support.waiting import wait_for
+from tests.support.worker_loss import embed_killing_a_worker, kill_worker
 
 pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
 

@@ -37,6 +37,7 @@ class SchedulerStream:
         self.worker = worker
         self.flush_seconds = flush_seconds
         self._events: WorkerEvents = {}
+        self._starts: dict[str, None] = {}  # in order; an ack before the flush drops its start
         self._flush: asyncio.Handle | None = None
         self._flush_urgent = False
         self._renewals: dict[str, tuple[float, float]] = {}  # item id -> (lease seconds, when to renew)
@@ -67,10 +68,13 @@ class SchedulerStream:
     # -- events ----------------------------------------------------------------------
 
     def started(self, item_id: str) -> None:
-        self._add("started", item_id)
+        self._starts[item_id] = None
+        self._arm()
 
     def ack(self, item_id: str, result: dict[str, Any]) -> None:
+        """An ack (or a failure) implies its start: a start not sent yet is dropped, one event less."""
         self.release(item_id)
+        self._starts.pop(item_id, None)
         self._add("acks", [item_id, result])
 
     def ack_online(self, acks: list[OnlineAck]) -> None:
@@ -82,26 +86,33 @@ class SchedulerStream:
 
     def flush_soon(self) -> None:
         """Send what has gathered on the next loop pass (nothing else to wait for)."""
-        if self._events and not self._flush_urgent:
+        if (self._events or self._starts) and not self._flush_urgent:
             if self._flush is not None:
                 self._flush.cancel()
             self._flush, self._flush_urgent = asyncio.get_running_loop().call_soon(self.flush), True
 
     def fail(self, item_id: str, error: str, permanent: bool) -> None:
         self.release(item_id)
+        self._starts.pop(item_id, None)
         self._add("failed", [item_id, error, permanent], urgent=True)
 
     def _add(self, kind: str, entry: Any, urgent: bool = False) -> None:
         self._events.setdefault(kind, []).append(entry)  # type: ignore[misc]
         if urgent:
             self.flush_soon()
-        elif self._flush is None:
+        else:
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._flush is None:
             self._flush = asyncio.get_running_loop().call_later(self.flush_seconds, self.flush)
 
     def flush(self) -> None:
         """Send what has gathered, in one message."""
         self._flush, self._flush_urgent = None, False
         events, self._events = self._events, {}
+        if self._starts:
+            events["started"], self._starts = list(self._starts), {}
         if not events:
             return
         try:

@@ -1,0 +1,61 @@
+"""The scheduler plugin driven in-process for unit tests: a fake of what it uses of a Dask scheduler, and
+`running_queue`, the one way a test starts a `PullQueue` on it (and always closes it)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from scheduler_plugins.pull_queue import PullQueue
+
+
+class RecordingStream:
+    """A scheduler's stream to one worker, keeping what was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    def send(self, *msgs: dict) -> None:
+        self.sent.extend(msgs)
+
+
+class WorkerTable(dict):
+    """The scheduler's workers by address, counting membership checks: a waiting pull asks once per pass
+    of its loop, so the count after an event is the number of pulls that woke for it."""
+
+    checks = 0
+
+    def __contains__(self, address: object) -> bool:
+        self.checks += 1
+        return super().__contains__(address)
+
+
+class FakeScheduler:
+    """What the scheduler plugin uses of a Dask scheduler, for unit tests: its workers by address, handlers,
+    stream handlers, streams to workers, extensions and periodic callbacks."""
+
+    def __init__(self, workers: Iterable[str] = ("w1", "w2")) -> None:
+        self.workers = WorkerTable((w, object()) for w in workers)
+        self.handlers: dict = {}
+        self.stream_handlers: dict = {}
+        self.stream_comms: dict[str, RecordingStream] = {w: RecordingStream() for w in self.workers}
+        self.extensions: dict = {}
+        self.periodic_callbacks: dict = {}
+
+    def revoked(self, worker: str) -> list[str]:
+        """Item ids the plugin revoked on `worker`."""
+        return [i for msg in self.stream_comms[worker].sent if msg["op"] == "shoal-revoke" for i in msg["items"]]
+
+
+@asynccontextmanager
+async def running_queue(
+    workers: Iterable[str] = ("w1", "w2"), models: dict[str, dict[str, Any]] | None = None
+) -> AsyncIterator[PullQueue]:
+    """A `PullQueue` serving `models`, started on a `FakeScheduler` of `workers`; closed on exit, failed or not."""
+    plugin = PullQueue(models=models)
+    await plugin.start(FakeScheduler(workers))
+    try:
+        yield plugin
+    finally:
+        await plugin.close()

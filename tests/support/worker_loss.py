@@ -1,0 +1,83 @@
+"""Killing a worker process in the middle of a job (integration tests only: it starts a cluster and a process)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from tests.support.cli import embed_args
+from tests.support.files import write_profile, write_shards
+from tests.support.paths import ROOT, SHOAL
+
+# A simulated model slow enough (about 0.5 s per 100-row item) for a worker to be killed while a job runs.
+SLOW_SIM = {
+    "kind": "sim",
+    "dim": 8,
+    "max_seq_length": 256,
+    "memory_bytes": 10**6,
+    "load_seconds": 0.1,
+    "batch_fixed_seconds": 0.05,
+    "per_token_seconds": 1e-4,
+}
+
+
+def kill_worker(cluster, address: str) -> None:
+    """SIGKILL the process of the worker at `address` (its nanny starts a new one)."""
+    nanny = next(n for n in cluster.workers.values() if n.worker_address == address)
+    os.kill(nanny.process.process.pid, signal.SIGKILL)
+
+
+def kill_busy_worker(cluster, job: subprocess.Popen) -> str:
+    """SIGKILL a worker process that holds leased items, once the job has acked one; its address.
+
+    `job`: the job's process; the wait ends if it exits first (then the test cannot kill anything).
+    """
+    plugin = cluster.scheduler.extensions["shoal-pull-queue"]
+    victim = None
+    deadline = time.monotonic() + 240
+    while victim is None and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.2)
+        if plugin.events["acked"] >= 1:
+            busy = [w for w, items in plugin.leased_by_worker.items() if items]
+            victim = busy[0] if busy else None
+    assert victim is not None, "the job ended before a worker could be killed"
+    kill_worker(cluster, victim)
+    return victim
+
+
+def embed_killing_a_worker(
+    tmp_path: Path, name: str, texts: list[str], output: str, write: Callable[..., list[str]] = write_shards
+) -> tuple[list[str], int, str, int]:
+    """Shards of `texts` in tmp_path/in (written by `write`, as `write_shards` does) embedded into `output`
+    by `shoal embed` with SLOW_SIM, on a local cluster of two workers (profile `name`, 100 rows an item), one
+    busy worker SIGKILLed mid-job (`kill_busy_worker`). Returns the ids, the job's exit status and stderr,
+    and the scheduler's count of lost workers."""
+    from distributed import Client
+
+    from configs import load_profile
+    from pipeline.cluster import start_local_cluster
+
+    profile = load_profile(str(write_profile(tmp_path, name=name, rows_per_item=100, lease_seconds=30)))
+    ids = write(tmp_path / "in", texts, shards=4, row_group_size=50)
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": {"slow-sim": SLOW_SIM}}))
+    with start_local_cluster(profile) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
+        on_cluster = {"scheduler": cluster.scheduler_address, "profile": profile.path, "model": "slow-sim"}
+        job = subprocess.Popen(
+            [SHOAL, *embed_args(tmp_path / "in", output, catalog, **on_cluster)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        kill_busy_worker(cluster, job)
+        _, stderr = job.communicate(timeout=300)
+        return ids, job.returncode, stderr, plugin.events["lost"]

@@ -1,0 +1,46 @@
+"""A worker's one-way events to the scheduler: gathered into few messages, nothing the scheduler can infer."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from scheduler_plugins.protocol import EVENTS
+from workers.scheduler_stream import SchedulerStream
+
+
+def recorded(flush_seconds: float) -> tuple[SchedulerStream, list[dict]]:
+    """A stream whose messages to the scheduler are kept in a list."""
+    sent: list[dict] = []
+    return SchedulerStream(SimpleNamespace(batched_stream=SimpleNamespace(send=sent.append)), flush_seconds), sent
+
+
+def test_events_of_many_items_leave_in_one_message_and_an_ack_drops_its_unsent_start():
+    async def go() -> list[dict]:
+        stream, sent = recorded(0.05)
+        for item in ("a", "b", "c"):
+            stream.hold(item, 60.0)
+            stream.started(item)
+        stream.ack("a", {"rows": 1})
+        stream.ack("b", {"rows": 2})
+        await asyncio.sleep(0.2)
+        stream.ack("c", {"rows": 3})  # its start went out already: only the ack is left
+        await asyncio.sleep(0.2)
+        stream.close()
+        return sent
+
+    first, second = asyncio.run(go())
+    assert first == {"op": EVENTS, "started": ["c"], "acks": [["a", {"rows": 1}], ["b", {"rows": 2}]]}
+    assert second == {"op": EVENTS, "acks": [["c", {"rows": 3}]]}
+
+
+def test_a_failure_goes_out_on_the_next_loop_pass_with_what_has_gathered_and_implies_its_start():
+    async def go() -> list[dict]:
+        stream, sent = recorded(30.0)
+        stream.started("a")
+        stream.started("b")
+        stream.fail("b", "OSError: reset", False)
+        await asyncio.sleep(0.01)
+        return sent
+
+    assert asyncio.run(go()) == [{"op": EVENTS, "started": ["a"], "failed": [["b", "OSError: reset", False]]}]
