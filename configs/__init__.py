@@ -149,7 +149,7 @@ class GatewaySettings(BaseModel):
     max_attempts: int = Field(default=2, gt=0)  # leases of one request, as for batch items
     # A request's lease on a worker, renewed while the worker holds it: a worker that stops answering
     # (frozen, paused) loses its requests to another within about this long.
-    online_lease_seconds: float = Field(default=1.0, gt=0)
+    online_lease_seconds: float = Field(default=0.5, gt=0)
     # A connection's request head must arrive within this long of its opening or of its last answer
     # (so an idle keep-alive connection closes then too); a slow-header client holds no socket for ever.
     header_timeout_seconds: float = Field(default=60.0, gt=0)

@@ -30,7 +30,7 @@ from workers.scheduler_stream import SchedulerStream
 from workers.sim_runtime import SimulatedRuntime
 
 LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
-SETTINGS = GatewaySettings(request_timeout_seconds=5, max_attempts=2)
+SETTINGS = GatewaySettings(request_timeout_seconds=5, max_attempts=2, online_lease_seconds=5)  # nobody renews here
 
 
 async def plugin_with_model() -> PullQueue:

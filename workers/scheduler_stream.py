@@ -10,10 +10,10 @@ before the worker runs out of work). A busy worker thus costs the scheduler
 a few messages a second, however many items it finishes.
 
 Leases of everything the worker holds are renewed from here, each at a third
-of its own lease: an online request's lease of about a second and a batch
-item's minute both hold while the worker's loop runs, and lapse when the
-process freezes. What the worker no longer holds comes back as a ``REVOKE``
-message (see pull_loop).
+of its own lease, and sent within a sixth of it: an online request's lease
+of half a second and a batch item's minute both hold while the worker's loop
+runs, and lapse when the process freezes. What the worker no longer holds
+comes back as a ``REVOKE`` message (see pull_loop).
 """
 
 from __future__ import annotations
@@ -96,16 +96,22 @@ class SchedulerStream:
         self._starts.pop(item_id, None)
         self._add("failed", [item_id, error, permanent], urgent=True)
 
-    def _add(self, kind: str, entry: Any, urgent: bool = False) -> None:
+    def _add(self, kind: str, entry: Any, urgent: bool = False, within: float | None = None) -> None:
         self._events.setdefault(kind, []).append(entry)  # type: ignore[misc]
         if urgent:
             self.flush_soon()
         else:
-            self._arm()
+            self._arm(within)
 
-    def _arm(self) -> None:
+    def _arm(self, within: float | None = None) -> None:
+        """Send within `flush_seconds`, or sooner (`within`: a short lease's renewal cannot wait that long)."""
+        loop = asyncio.get_running_loop()
+        at = loop.time() + min(self.flush_seconds, self.flush_seconds if within is None else within)
+        if isinstance(self._flush, asyncio.TimerHandle) and at < self._flush.when():
+            self._flush.cancel()
+            self._flush = None
         if self._flush is None:
-            self._flush = asyncio.get_running_loop().call_later(self.flush_seconds, self.flush)
+            self._flush = loop.call_at(at, self.flush)
 
     def flush(self) -> None:
         """Send what has gathered, in one message."""
@@ -128,4 +134,4 @@ class SchedulerStream:
             for item_id in due:
                 lease_seconds, _ = self._renewals[item_id]
                 self._renewals[item_id] = (lease_seconds, now + lease_seconds / 3)
-                self._add("extend", item_id)
+                self._add("extend", item_id, within=lease_seconds / 6)
