@@ -12,8 +12,15 @@ Every export is checked before it is cached: the graph's outputs on a few
 fixed texts must reproduce the torch fp32 model's, and no module may be left
 in training mode (``torch.onnx.export`` restores the mode a wrapper had; a
 wrapper not put in eval mode turns dropout on in the shared model). int8
-graphs are the fp32 graph after ONNX Runtime's dynamic quantization; how far
-they move the vectors is the quality gate's question (pipeline/tuning/quality_gate.py).
+graphs are the cached fp32 graph after ONNX Runtime's dynamic quantization
+(never a second export); how far they move the vectors is the quality gate's
+question (pipeline/tuning/quality_gate.py).
+
+The model's fast tokenizer is saved beside the graph (``tokenizer.json``,
+its per-call settings in the record) and read by workers/onnx_tokenizer.py:
+the export, its check and the ONNX runtimes all tokenize through it, so the
+graph is checked on exactly the inputs it will be given, and a worker that
+runs it never imports transformers or torch.
 
 The fingerprint is computed here rather than imported from pipeline/: workers
 never import the client side.
@@ -38,9 +45,11 @@ import numpy as np
 
 from configs import ModelSpec
 
+from .onnx_tokenizer import GRAPH_INPUTS, TOKENIZER_FILE, GraphTokenizer, TokenizerSettings
+
 logger = logging.getLogger("shoal.worker.onnx")
 
-EXPORT_FORMAT = 1  # bump when the exported graph's inputs or outputs change
+EXPORT_FORMAT = 2  # bump when the entry's files change (2: the tokenizer's settings in the record)
 GRAPH_FILE = "model.onnx"
 RECORD_FILE = "artifact.json"
 OPSET = 17
@@ -149,7 +158,10 @@ def _feed(digest, path: str | Path) -> None:
 
 
 def _build(spec: ModelSpec, dtype: str, staging: Path) -> None:
-    """Export, check, quantize if asked, then write the record that makes the entry valid."""
+    """fp32: export, check, then write the record that makes the entry valid; int8: the fp32 entry quantized."""
+    if dtype == "int8":
+        _quantize(ensure_artifact(spec, "float32"), staging)
+        return
     import torch
 
     if spec.kind == "embedder":
@@ -158,17 +170,18 @@ def _build(spec: ModelSpec, dtype: str, staging: Path) -> None:
         reference_model, wrapper, inputs = _reranker_graph(spec)
     else:
         raise ValueError(f"model {spec.name!r}: no ONNX export for kind {spec.kind!r}")
-    tokenizer = reference_model.tokenizer
-    features = _tokenize(tokenizer, spec, inputs, spec.kind)
-    names = list(features)
-    fp32_graph = staging / ("fp32.onnx" if dtype == "int8" else GRAPH_FILE)
+    settings = _save_tokenizer(spec, reference_model.tokenizer, staging)
+    tokenizer = GraphTokenizer(staging / TOKENIZER_FILE, settings)
+    names = input_names(reference_model.tokenizer)
+    features = _tokenize(tokenizer, names, spec, inputs)
+    graph = staging / GRAPH_FILE
     wrapper.eval()  # the trap: export restores the wrapper's mode onto the shared model
     with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer notes on shapes the dynamic axes cover
         torch.onnx.export(
             wrapper,
             tuple(torch.from_numpy(features[n]) for n in names),
-            str(fp32_graph),
+            str(graph),
             input_names=names,
             output_names=["output"],
             dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names}, "output": {0: "batch"}},
@@ -179,31 +192,57 @@ def _build(spec: ModelSpec, dtype: str, staging: Path) -> None:
     left_training = [name or "(root)" for name, module in reference_model.named_modules() if module.training]
     if left_training:
         raise ExportCheckFailed(f"model {spec.name!r}: export left modules in training mode: {left_training[:3]}")
-    _check_export(spec, reference_model, tokenizer, fp32_graph, inputs)
-    if dtype == "int8":
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        root = logging.getLogger()
-        level = root.level
-        root.setLevel(logging.WARNING)  # the quantizer logs every skipped tensor at INFO on the root logger
-        try:
-            quantize_dynamic(str(fp32_graph), str(staging / GRAPH_FILE), weight_type=QuantType.QInt8)
-        finally:
-            root.setLevel(level)
-        fp32_graph.unlink()
-    tokenizer.save_pretrained(str(staging))
-    graph = staging / GRAPH_FILE
+    _check_export(spec, reference_model, tokenizer, names, graph, inputs)
     record = {
         "model": spec.name,
         "kind": spec.kind,
         "dtype": dtype,
         "inputs": names,
         "max_seq_length": spec.max_seq_length,
-        "graph_bytes": graph.stat().st_size,
-        "graph_sha256": _sha256(graph),
+        "tokenizer": settings.to_dict(),
         "torch": torch.__version__,
     }
+    _write_record(staging, record)
+
+
+def _quantize(fp32: Artifact, staging: Path) -> None:
+    """The fp32 entry's graph through ONNX Runtime's dynamic int8 quantization, beside its tokenizer."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer logs each skipped tensor and a hint on the root logger
+    try:
+        quantize_dynamic(str(fp32.graph), str(staging / GRAPH_FILE), weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
+    shutil.copyfile(fp32.directory / TOKENIZER_FILE, staging / TOKENIZER_FILE)
+    record = json.loads((fp32.directory / RECORD_FILE).read_text())
+    _write_record(staging, {**record, "dtype": "int8"})
+
+
+def _write_record(staging: Path, record: dict) -> None:
+    """The record, with the graph's size and sha256: written last, it makes the entry valid."""
+    graph = staging / GRAPH_FILE
+    record = {**record, "graph_bytes": graph.stat().st_size, "graph_sha256": _sha256(graph)}
     (staging / RECORD_FILE).write_text(json.dumps(record, indent=1))
+
+
+def _save_tokenizer(spec: ModelSpec, tokenizer, staging: Path) -> TokenizerSettings:
+    """The model's fast tokenizer as ``tokenizer.json``, and the settings transformers applies per call."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ExportCheckFailed(
+            f"model {spec.name!r}: its tokenizer ({type(tokenizer).__name__}) is not a fast one, with no "
+            f"{TOKENIZER_FILE} for ONNX workers: run it on torch, not onnx"
+        )
+    backend.save(str(staging / TOKENIZER_FILE))
+    return TokenizerSettings.of(tokenizer)
+
+
+def input_names(tokenizer) -> list[str]:
+    """The graph's inputs: what the model's tokenizer gives it, in its order."""
+    return [name for name in tokenizer.model_input_names if name in GRAPH_INPUTS]
 
 
 def _graph_module(model, names: list[str], head: Callable):
@@ -248,8 +287,7 @@ def _embedder_graph(spec: ModelSpec):
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
         return vectors
 
-    names = list(_tokenize(model.tokenizer, spec, CHECK_TEXTS[:2], "embedder"))
-    return model, _graph_module(model, names, vectors_of), CHECK_TEXTS
+    return model, _graph_module(model, input_names(model.tokenizer), vectors_of), CHECK_TEXTS
 
 
 def _reranker_graph(spec: ModelSpec):
@@ -266,32 +304,19 @@ def _reranker_graph(spec: ModelSpec):
         return scores.reshape(scores.shape[0], -1)[:, 0]
 
     pairs = [(CHECK_TEXTS[0], text) for text in CHECK_TEXTS] + [(CHECK_TEXTS[4], CHECK_TEXTS[2])]
-    names = list(_tokenize(model.tokenizer, spec, pairs[:2], "reranker"))
-    return model, _graph_module(model, names, scores_of), pairs
+    return model, _graph_module(model, input_names(model.tokenizer), scores_of), pairs
 
 
-def graph_inputs(
-    tokenizer, max_length: int, first: list[str], second: list[str] | None = None
-) -> dict[str, np.ndarray]:
-    """What a graph takes: the padded, truncated int64 arrays of `first` (with `second`: of the pairs).
-
-    The export, its check and the ONNX runtimes all tokenize through here, so
-    the graph is checked on exactly the inputs it will be given.
-    """
-    encoded = tokenizer(
-        first, second, padding=True, truncation="longest_first", max_length=max_length, return_tensors="np"
-    )
-    return {name: np.asarray(encoded[name], dtype=np.int64) for name in tokenizer.model_input_names if name in encoded}
-
-
-def _tokenize(tokenizer, spec: ModelSpec, inputs: list, kind: str) -> dict[str, np.ndarray]:
+def _tokenize(tokenizer: GraphTokenizer, names: list[str], spec: ModelSpec, inputs: list) -> dict[str, np.ndarray]:
     """The graph's inputs for check texts (embedder) or (query, passage) pairs (reranker)."""
-    if kind == "reranker":
-        return graph_inputs(tokenizer, spec.max_seq_length, [q for q, _ in inputs], [p for _, p in inputs])
-    return graph_inputs(tokenizer, spec.max_seq_length, inputs)
+    if spec.kind == "reranker":
+        return tokenizer.graph_inputs(names, spec.max_seq_length, [q for q, _ in inputs], [p for _, p in inputs])
+    return tokenizer.graph_inputs(names, spec.max_seq_length, inputs)
 
 
-def _check_export(spec: ModelSpec, model, tokenizer, graph: Path, inputs: list) -> None:
+def _check_export(
+    spec: ModelSpec, model, tokenizer: GraphTokenizer, names: list[str], graph: Path, inputs: list
+) -> None:
     """The graph must give what the torch fp32 model gives, through the runtime's own tokenization.
 
     Texts are checked without a prompt: a prompt is text the runtime prepends, never part of the graph.
@@ -299,7 +324,7 @@ def _check_export(spec: ModelSpec, model, tokenizer, graph: Path, inputs: list) 
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-    feeds = _tokenize(tokenizer, spec, inputs, spec.kind)
+    feeds = _tokenize(tokenizer, names, spec, inputs)
     got = session.run(None, feeds)[0]
     if spec.kind == "reranker":
         expected = np.asarray(model.predict(inputs, batch_size=len(inputs), show_progress_bar=False), dtype=np.float32)

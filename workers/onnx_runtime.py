@@ -2,9 +2,10 @@
 
 The graph comes from the export cache (onnx_cache): exported and checked once
 per model fingerprint, reused on every later start. Texts are tokenized by the
-model's own tokenizer (saved beside the graph, so a start needs no torch
-model at all), cut into the same token-budget batches as the torch path, and
-run one batch per device turn.
+model's own tokenizer, saved beside the graph and read with the `tokenizers`
+library (onnx_tokenizer), so a worker running ONNX imports neither torch nor
+transformers; they are cut into the same token-budget batches as the torch
+path, and run one batch per device turn.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from configs.prompts import model_prompts
 
 from .device_thread import DeviceThread
 from .devices import DevicePlan
-from .onnx_cache import RECORD_FILE, Artifact, ensure_artifact, graph_inputs
+from .onnx_cache import RECORD_FILE, Artifact, ensure_artifact
+from .onnx_tokenizer import TOKENIZER_FILE, GraphTokenizer, TokenizerSettings
 from .token_batching import BatchedRuntime, Measured
 from .token_counts import count_tokens
 
@@ -28,13 +30,14 @@ class OnnxModel(BatchedRuntime):
 
     def __init__(self, spec: ModelSpec, plan: DevicePlan, dtype: str, device_thread: DeviceThread | None) -> None:
         import onnxruntime as ort
-        from transformers import AutoTokenizer
 
         super().__init__(spec, plan.kind, device_thread)
         self.artifact: Artifact = ensure_artifact(spec, dtype)
         record = json.loads((self.artifact.directory / RECORD_FILE).read_text())
         self.input_names: list[str] = record["inputs"]
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.artifact.directory))
+        self.tokenizer = GraphTokenizer(
+            self.artifact.directory / TOKENIZER_FILE, TokenizerSettings(**record["tokenizer"])
+        )
         options = ort.SessionOptions()
         options.intra_op_num_threads = plan.threads
         options.inter_op_num_threads = 1
@@ -58,8 +61,8 @@ class OnnxModel(BatchedRuntime):
 
     def _run(self, first: list[str], second: list[str] | None = None) -> np.ndarray:
         """One forward batch: the texts (or pairs) tokenized as at export, through the graph."""
-        inputs = graph_inputs(self.tokenizer, self.spec.max_seq_length, first, second)
-        return self.session.run(None, {name: inputs[name] for name in self.input_names})[0]
+        inputs = self.tokenizer.graph_inputs(self.input_names, self.spec.max_seq_length, first, second)
+        return self.session.run(None, inputs)[0]
 
     def close(self) -> None:
         self.session = None

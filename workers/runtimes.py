@@ -62,7 +62,8 @@ def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread 
     runtime, dtype = choice_for(spec, plan)
     require_installed(runtime)
     began = time.perf_counter()
-    apply_torch_threads(plan)
+    if runtime == "torch":  # an ONNX worker never imports torch: its session has its own threads
+        apply_torch_threads(plan)
     loaded: BatchedRuntime
     if runtime == "onnx":
         from .onnx_runtime import OnnxCrossEncoder, OnnxEmbedder
