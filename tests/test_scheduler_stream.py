@@ -44,3 +44,17 @@ def test_a_failure_goes_out_on_the_next_loop_pass_with_what_has_gathered_and_imp
         return sent
 
     assert asyncio.run(go()) == [{"op": EVENTS, "started": ["a"], "failed": [["b", "OSError: reset", False]]}]
+
+
+def test_a_short_lease_is_renewed_before_it_lapses_however_long_the_flush_waits():
+    async def go() -> list[dict]:
+        stream, sent = recorded(30.0)
+        stream.start()
+        stream.hold("a", 0.6)
+        await asyncio.sleep(0.55)  # renewed after 0.2 s (a third), sent within 0.1 s (a sixth), not after 30 s
+        renewed = list(sent)
+        stream.close()
+        return renewed
+
+    renewed = asyncio.run(go())
+    assert renewed and all(message == {"op": EVENTS, "extend": ["a"]} for message in renewed)
