@@ -25,7 +25,7 @@ memory, ready to compute.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict, get_args
+from typing import Any, Literal, Required, TypedDict, get_args
 
 NAME = "shoal-pull-queue"  # the scheduler plugin's name and its key in `scheduler.extensions`
 EVENTS = "shoal-events"  # worker -> scheduler stream op: WorkerEvents
@@ -34,6 +34,175 @@ REVOKE = "shoal-revoke"  # scheduler -> worker stream op: {"items": [item id, ..
 # How vectors are stored or sent: batch jobs' outputs and online answers alike.
 Precision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+
+
+# Keyword arguments for fsspec (credentials, endpoint, ...): whatever the store's filesystem takes.
+StorageOptions = dict[str, Any]
+
+# A model spec as it travels: ``configs.ModelSpec.model_dump()``, read back with ``ModelSpec(**fields)``.
+# Plain data on the wire, so this module (and the scheduler) stays free of pydantic models.
+SpecFields = dict[str, Any]
+GatewayFields = dict[str, Any]  # configs.GatewaySettings.model_dump(), likewise
+
+
+# -- what a batch item carries: its payload ----------------------------------------------
+#
+# A job's options (planned once, pipeline/jobs) are copied into each item's payload beside
+# where its rows are; the job's context (sent once per pull) is laid under it on the worker.
+# Every key is optional to the type: the planner adds the slice, the worker merges the context.
+
+
+class ChunkFields(TypedDict, total=False):
+    """workers.chunking.ChunkSettings as it travels."""
+
+    tokens: Required[int]
+    overlap: int
+
+
+class VectorFields(TypedDict, total=False):
+    """workers.vector_precision.VectorFormat as it travels: how vectors are stored."""
+
+    precision: Precision
+    dim: int
+    ranges: list[list[float]]  # int8/uint8: per-dimension [mins, maxes]
+
+
+class JobContext(TypedDict, total=False):
+    """What every item of a job shares, sent once per pull and never echoed in job status."""
+
+    storage_options: StorageOptions
+
+
+class SlicePayload(JobContext, total=False):
+    """Where a batch item's rows are and where its part goes (pipeline/jobs/planner)."""
+
+    input: str  # the shard's URL
+    output: str  # the part's URL
+    part: str  # the part's name
+    row_groups: list[int] | None  # [first, end) row groups of a Parquet shard; None: all (or a text shard)
+    rows: list[int] | None  # [start, end) within those row groups (or a text range's lines); None: all
+    row_range: list[int]  # [start, end) rows within the whole shard
+    format: str  # a text shard's format: jsonl or csv
+    byte_range: list[int]  # a text shard's [first, end) bytes (of the decompressed stream, when gzipped)
+    first_line: int  # a text shard's line of the item's first row, for rejections
+    header: str  # a CSV shard's header line
+    input_format: str  # parquet, jsonl or csv, when the job names it
+    part_metadata: dict[str, str]  # the part's stamp (pipeline/jobs/resume)
+    id_column: str | None
+    keep_columns: list[str]
+    # How the part is stored; the engine handles them for any operation, embed jobs set them.
+    vectors: VectorFields
+    lance: str  # a Lance dataset the rows go to; the part is its marker
+
+
+class EmbedPayload(SlicePayload, total=False):
+    """An `embed` item (workers/embed_operation)."""
+
+    text_column: str
+    chunk: ChunkFields
+    prompt: str  # the prompt text before every text; absent: the model's default
+
+
+class RerankPayload(SlicePayload, total=False):
+    """A `rerank` item (workers/rerank_operation)."""
+
+    mode: Literal["pairs", "candidates"]
+    query_column: str
+    passage_column: str | None
+    candidates_column: str | None
+    candidate_ids_column: str | None
+    max_candidates: int
+
+
+class SimPayload(TypedDict, total=False):
+    """A `sim` item: token counts instead of rows (workers/sim_operation)."""
+
+    tokens: list[int]
+    texts: int
+    min_tokens: int
+    max_tokens: int
+    seed: int
+
+
+class EncodePayload(TypedDict, total=False):
+    """An online `encode` request (scheduler_plugins/api_formats.EncodeCall)."""
+
+    texts: Required[list[str]]
+    truncate: bool
+    dtype: str
+    precision: Precision
+    dim: int
+    ranges: list[list[float]]
+    prompt_name: str
+    prompt: str
+
+
+class ScorePayload(TypedDict, total=False):
+    """An online `score` request (scheduler_plugins/api_formats.ScoreCall)."""
+
+    query: Required[str]
+    documents: Required[list[str]]
+    truncate: bool
+
+
+BatchPayload = EmbedPayload | RerankPayload | SimPayload
+OnlinePayload = EncodePayload | ScorePayload
+Payload = BatchPayload | OnlinePayload
+
+
+# -- what a worker answers -----------------------------------------------------------------
+
+
+class PartRecord(TypedDict):
+    """A part written: what the manifest lists and a re-run trusts (pipeline/jobs/resume)."""
+
+    part: str
+    input: str
+    row_range: list[int]
+    rows: int
+    bytes: int
+
+
+class ItemResult(TypedDict, total=False):
+    """A batch item's ack: its part (a `PartRecord`) and its counts; a `sim` item's: rows, tokens, truncated."""
+
+    rows: Required[int]
+    part: str
+    input: str
+    row_range: list[int] | None
+    bytes: int
+    rejected: int  # rows without a result, all of them
+    rejections: list[str]  # the first of them, each naming its file, row and column
+    truncated: int
+    null_texts: int
+    empty_texts: int
+    chunks: int
+    pairs: int
+    tokens: int
+    compute_seconds: float
+
+
+class DeadLetter(TypedDict, total=False):
+    """An item given up on: out of attempts, failed for good, or not written (pipeline/jobs/engine)."""
+
+    id: str
+    model: str
+    payload: Required[SlicePayload]
+    attempts: int
+    errors: Required[list[str]]
+    rows: int
+
+
+class OnlineResult(TypedDict, total=False):
+    """An online request's answer from a worker (workers/online_operations), or its error and HTTP status."""
+
+    embeddings: bytes  # encode: raw little-endian values, `shape` and `dtype` say how to read them
+    shape: list[int]
+    dtype: str
+    scores: list[float]  # score: one per document, in document order
+    tokens: int
+    error: str
+    status: int
 
 
 # -- batch jobs (the client) -----------------------------------------------------------
@@ -45,17 +214,17 @@ class SubmittedItem(TypedDict, total=False):
     key: str
     model: str
     op: str  # the operation a worker runs: embed, rerank, ...
-    payload: dict[str, Any]  # the operation's input: URL and row groups, options
+    payload: dict[str, Any]  # a `Payload` (the scheduler's WorkItem holds it untyped, for now)
     rows: int
 
 
 class JobSettings(TypedDict, total=False):
     priority: int  # work_items.BATCH unless given
-    models: dict[str, dict[str, Any]]  # model specs (configs.ModelSpec dumps) the job's items name
+    models: dict[str, SpecFields]  # the specs of the models the job's items name
     lease_seconds: float
     max_attempts: int
     unplaceable_seconds: float  # grace before items no worker can host go to dead letters
-    context: dict[str, Any]  # sent once per pull with the job's items (storage options, output format)
+    context: JobContext  # sent once per pull with the job's items (storage options, output format)
     client: str  # the Dask client id: its jobs are dropped when it leaves
 
 
@@ -76,8 +245,8 @@ class JobStatus(TypedDict, total=False):
     rows_by_worker: dict[str, int]
     complete: bool
     elapsed: float
-    dead_letters: list[dict[str, Any]]
-    results: list[dict[str, Any]]  # each item's ack result, when asked for
+    dead_letters: list[dict[str, Any]]  # `DeadLetter`s (the scheduler's Job holds them untyped, for now)
+    results: list[dict[str, Any]]  # each item's `ItemResult`, when asked for (likewise)
     models: dict[str, dict[str, int]]  # item states per model (in the overview only)
 
 
@@ -136,15 +305,15 @@ class ItemMessage(TypedDict):
     job: str
     model: str
     op: str
-    payload: dict[str, Any]
+    payload: dict[str, Any]  # a `Payload`, as in SubmittedItem
     attempt: int
     lease_seconds: float
 
 
 class PullReply(TypedDict, total=False):
     items: list[ItemMessage]
-    models: dict[str, dict[str, Any]]  # the items' model specs
-    contexts: dict[str, dict[str, Any]]  # the items' jobs' contexts (batch pulls)
+    models: dict[str, SpecFields]  # the items' model specs
+    contexts: dict[str, dict[str, Any]]  # the items' jobs' `JobContext`s (batch pulls; the Job holds them untyped)
     demand: dict[str, list[int]]  # per model the worker holds: [waiting items, holders] (batch pulls)
     reason: str  # why nothing came: "unknown worker"
 
@@ -187,7 +356,7 @@ class RemoteAnswers(TypedDict):
 
 
 class RemoteModels(TypedDict):
-    models: dict[str, dict[str, Any]]
+    models: dict[str, SpecFields]
     specs: int
     workers: int
     loaded: dict[str, int]  # workers with each model loaded
@@ -219,7 +388,7 @@ class PullQueueClient:
         return await self.scheduler.shoal_overview()
 
     async def gateway_start(
-        self, settings: dict[str, Any], models: dict[str, dict[str, Any]], replace: bool = False
+        self, settings: GatewayFields, models: dict[str, SpecFields], replace: bool = False
     ) -> GatewayStarted:
         return await self.scheduler.shoal_gateway_start(settings=settings, models=models, replace=replace)
 
@@ -249,7 +418,7 @@ class PullQueueClient:
     # -- gateways in their own processes -------------------------------------------------------
 
     async def online_submit(
-        self, gateway: str, requests: list[RemoteRequest], settings: dict[str, Any] | None, cancel: list[int]
+        self, gateway: str, requests: list[RemoteRequest], settings: GatewayFields | None, cancel: list[int]
     ) -> RemoteQueued:
         return await self.scheduler.shoal_online_submit(
             gateway=gateway, requests=requests, settings=settings, cancel=cancel
@@ -258,5 +427,5 @@ class PullQueueClient:
     async def online_answers(self, gateway: str, timeout: float) -> RemoteAnswers:
         return await self.scheduler.shoal_online_answers(gateway=gateway, timeout=timeout)
 
-    async def online_models(self, models: dict[str, dict[str, Any]] | None = None) -> RemoteModels:
+    async def online_models(self, models: dict[str, SpecFields] | None = None) -> RemoteModels:
         return await self.scheduler.shoal_online_models(models=models)

@@ -253,10 +253,11 @@ def test_every_runtime_gives_encode_vectors_and_token_counts_with_each_prompt(pr
         chunked = embed_operation.compute(
             runtime, EmbedInput(table, TEXTS, chunk=ChunkSettings(tokens=TINY_MAX_SEQ), prompt="passage: ")
         )
-        windows = chunked["windows"].texts
-        assert chunked["truncated"] == 0 and len(windows) > len(TEXTS)  # the long text is windows now
+        assert chunked.windows is not None
+        windows = chunked.windows.texts
+        assert chunked.truncated == 0 and len(windows) > len(TEXTS)  # the long text is windows now
         assert max(len(ids) for ids in tokenizer(["passage: " + w for w in windows])["input_ids"]) <= TINY_MAX_SEQ
-        np.testing.assert_allclose(chunked["vectors"], expected_vectors(model, windows, "document"), atol=1e-5)
+        np.testing.assert_allclose(chunked.vectors, expected_vectors(model, windows, "document"), atol=1e-5)
     finally:
         runtime.close()
 

@@ -11,17 +11,18 @@ the item's format (see vector_precision): float32 unless asked otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from configs import ModelSpec
+from scheduler_plugins.protocol import EmbedPayload, ItemResult
 
 from .chunking import ChunkSettings, Windows, token_windows
 from .input_formats import read_input
 from .lance_fragments import write_fragment
 from .parquet_slices import identity_columns, part_ack, part_table, rejection, text_column, write_part
+from .runtimes import Embedder
 from .vector_precision import VectorFormat, compact
 
 
@@ -34,7 +35,15 @@ class EmbedInput:
     prompt: str | None = None  # the job's prompt text (configs/prompts.py); None: the model's default
 
 
-def read(payload: dict[str, Any]) -> EmbedInput:
+@dataclass
+class EmbedComputed:
+    present: list[int]  # the rows with a text, in order: one vector each (or one per window)
+    windows: Windows | None  # the texts' token windows, when chunked
+    vectors: np.ndarray
+    truncated: int
+
+
+def read(payload: EmbedPayload) -> EmbedInput:
     text_col = payload["text_column"]
     columns = [text_col]
     for name in [payload.get("id_column"), *payload.get("keep_columns", [])]:
@@ -49,15 +58,15 @@ def read(payload: dict[str, Any]) -> EmbedInput:
     return EmbedInput(table, texts, invalid, chunk, payload.get("prompt"))
 
 
-def compute(runtime, data: EmbedInput) -> dict[str, Any]:
+def compute(runtime: Embedder, data: EmbedInput) -> EmbedComputed:
     present = [i for i, text in enumerate(data.texts) if text is not None]
     texts = [text for text in data.texts if text is not None]
     windows = token_windows(runtime.tokenizer, texts, _room_for_prompt(runtime, data)) if data.chunk else None
     vectors, truncated = runtime.embed(windows.texts if windows else texts, prompt=data.prompt)
-    return {"present": present, "windows": windows, "vectors": vectors, "truncated": truncated}
+    return EmbedComputed(present, windows, vectors, truncated)
 
 
-def _room_for_prompt(runtime, data: EmbedInput) -> ChunkSettings:
+def _room_for_prompt(runtime: Embedder, data: EmbedInput) -> ChunkSettings:
     """The chunk settings with windows short enough that the prompt and a window fit the model's window together."""
     assert data.chunk is not None
     # What the prompt adds to a text's tokens (None: the model's default prompt).
@@ -89,11 +98,11 @@ def _output_rows(rows: int, present: list[int], windows: Windows | None) -> dict
     }
 
 
-def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+def write(payload: EmbedPayload, data: EmbedInput, computed: EmbedComputed, spec: ModelSpec) -> ItemResult:
     fmt = VectorFormat(**payload.get("vectors", {}))
-    out = _output_rows(data.table.num_rows, computed["present"], computed["windows"])
+    out = _output_rows(data.table.num_rows, computed.present, computed.windows)
     rows, width, valid = len(out["source"]), fmt.width(spec.dim), out["vector"] >= 0
-    stored = compact(computed["vectors"], fmt)
+    stored = compact(computed.vectors, fmt)
     flat = np.zeros((rows, width), dtype=stored.dtype)
     flat[valid] = stored[out["vector"][valid]]
     mask = None if valid.all() else pa.array(~valid)
@@ -112,13 +121,11 @@ def write(payload: dict[str, Any], data: EmbedInput, computed: dict[str, Any], s
     size = write_part(payload["output"], table, payload.get("storage_options"))
     # Kept with a null embedding, like a null text, but reported: the job exits 1.
     rejections = [data.invalid[row] for row in sorted(data.invalid)]
-    return part_ack(
-        payload,
-        rows,
-        size,
-        rejections,
-        null_texts=data.table.num_rows - len(computed["present"]) - len(rejections),
-        empty_texts=sum(1 for t in data.texts if t is not None and not t.strip()),
-        truncated=computed["truncated"],
-        chunks=len(computed["windows"].texts) if computed["windows"] else 0,
-    )
+    counts: ItemResult = {
+        "rows": rows,
+        "null_texts": data.table.num_rows - len(computed.present) - len(rejections),
+        "empty_texts": sum(1 for t in data.texts if t is not None and not t.strip()),
+        "truncated": computed.truncated,
+        "chunks": len(computed.windows.texts) if computed.windows else 0,
+    }
+    return part_ack(payload, size, rejections, counts)

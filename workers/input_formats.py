@@ -22,13 +22,14 @@ import io
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
+
+from scheduler_plugins.protocol import SlicePayload, StorageOptions
 
 from .parquet_slices import InputError, read_slice
 from .storage import open_fs
@@ -69,7 +70,7 @@ class LineIndex:
         return int(self.offsets[start // INDEX_LINES]), int(self.offsets[-(-end // INDEX_LINES)]), start % INDEX_LINES
 
 
-def scan(url: str, fmt: str, storage_options: dict[str, Any] | None = None) -> LineIndex:
+def scan(url: str, fmt: str, storage_options: StorageOptions | None = None) -> LineIndex:
     """Read the file once: count its rows, keep every INDEX_LINES-th row's offset, and find its columns."""
     fs, path = open_fs(url, storage_options)
     header = header_lines(fmt)
@@ -110,7 +111,7 @@ def _sample_fields(data: bytes) -> list[str]:
 
 
 def read_input(
-    payload: dict[str, Any], columns: list[str], rejected: dict[int, str], strings: tuple[str, ...] = ()
+    payload: SlicePayload, columns: list[str], rejected: dict[int, str], strings: tuple[str, ...] = ()
 ) -> pa.Table:
     """The item's rows of `columns`, from Parquet or text; rows of lines that cannot be read are all null.
 
@@ -141,7 +142,7 @@ def read_input(
     )
 
 
-def _lines(payload: dict[str, Any]) -> list[bytes]:
+def _lines(payload: SlicePayload) -> list[bytes]:
     """The item's lines, without their line ends."""
     url = payload["input"]
     fs, path = open_fs(url, payload.get("storage_options"))

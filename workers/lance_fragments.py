@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
 
 import pyarrow as pa
+
+from scheduler_plugins.protocol import StorageOptions
 
 FRAGMENT_KEY = b"lance.fragment"
 SCHEMA_KEY = b"lance.schema"
 
 
-def lance_storage_options(storage_options: dict[str, Any] | None) -> dict[str, str] | None:
+def lance_storage_options(storage_options: StorageOptions | None) -> dict[str, str] | None:
     """s3fs-style options (key, secret, client_kwargs.endpoint_url) in the names Lance's object store reads."""
     if not storage_options:
         return None
@@ -43,7 +44,7 @@ def lance_storage_options(storage_options: dict[str, Any] | None) -> dict[str, s
     return options or None
 
 
-def write_fragment(dataset_uri: str, table: pa.Table, storage_options: dict[str, Any] | None) -> pa.Table:
+def write_fragment(dataset_uri: str, table: pa.Table, storage_options: StorageOptions | None) -> pa.Table:
     """Write `table` as an uncommitted fragment of `dataset_uri`; returns the marker table to store as the part."""
     from lance.fragment import LanceFragment
 

@@ -37,7 +37,7 @@ from functools import partial
 from typing import Any
 
 from configs import ModelSpec
-from scheduler_plugins.protocol import ItemMessage, OnlineAck
+from scheduler_plugins.protocol import ItemMessage, OnlineAck, OnlineResult
 
 from .device_thread import DeviceThread
 from .model_pool import ModelPool
@@ -52,7 +52,7 @@ Message = ItemMessage
 @dataclass
 class Outcome:
     group: list[Message]
-    results: list[dict[str, Any]] | None
+    results: list[OnlineResult] | None
     seconds: float = 0.0
     error: Exception | None = None
 
@@ -207,7 +207,7 @@ class OnlineGroups:
     def _one_by_one(runtime: Any, op: str, group: list[Message]) -> list[Outcome]:
         """The group's call failed: each request alone, so only those that fail are failed."""
         answered: list[Message] = []
-        results: list[dict[str, Any]] = []
+        results: list[OnlineResult] = []
         outcomes = []
         began = time.perf_counter()
         for message in group:

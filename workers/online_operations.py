@@ -14,22 +14,22 @@ bytes with their shape, never lists of floats.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from configs.prompts import PromptError
+from scheduler_plugins.protocol import EncodePayload, OnlineResult, ScorePayload
 
+from .runtimes import Embedder, Runtime, Scorer
 from .vector_precision import VectorFormat, compact
 
 WIRE_DTYPES = {"float32": "<f4", "float16": "<f2"}
 
 
-def _too_long(limit: int) -> dict[str, Any]:
+def _too_long(limit: int) -> OnlineResult:
     return {"error": f"an input is longer than the model's {limit} tokens and truncate is off", "status": 422}
 
 
-def encode(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def encode(runtime: Embedder, payloads: list[EncodePayload]) -> list[OnlineResult]:
     """{"texts", "truncate", "dtype"[, "precision", "dim", "ranges", "prompt_name" or "prompt"]} per request
     -> {"embeddings", "shape", "dtype", "tokens"}.
 
@@ -38,7 +38,7 @@ def encode(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Requests are run together per prompt text (configs/prompts.py; none
     given: the model's default); an unknown prompt name is that request's 400.
     """
-    results: list[dict[str, Any]] = [{} for _ in payloads]
+    results: list[OnlineResult] = [{} for _ in payloads]
     by_prompt: dict[str, list[int]] = {}
     for i, payload in enumerate(payloads):
         try:
@@ -65,7 +65,7 @@ def encode(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return results
 
 
-def _encoded(vectors: np.ndarray, payload: dict[str, Any]) -> dict[str, Any]:
+def _encoded(vectors: np.ndarray, payload: EncodePayload) -> OnlineResult:
     """One request's vectors in its format: shortened and quantized if asked, else float32 or float16."""
     dim = payload.get("dim") or vectors.shape[1]
     if dim > vectors.shape[1]:
@@ -84,11 +84,11 @@ def _encoded(vectors: np.ndarray, payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def score(runtime, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def score(runtime: Runtime, payloads: list[ScorePayload]) -> list[OnlineResult]:
     """{"query", "documents", "truncate"} per request -> {"scores" (document order), "tokens"}."""
-    if not hasattr(runtime, "score"):
+    if not isinstance(runtime, Scorer):
         return [{"error": f"model {runtime.spec.name!r} cannot score pairs", "status": 501} for _ in payloads]
-    results: list[dict[str, Any]] = [{} for _ in payloads]
+    results: list[OnlineResult] = [{} for _ in payloads]
     answered, queries, documents = [], [], []
     for i, payload in enumerate(payloads):
         pair_queries = [payload["query"]] * len(payload["documents"])

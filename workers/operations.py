@@ -1,23 +1,45 @@
 """The operations a work item may name, and the stages each one has.
 
-A batch operation is a module (or object) with three functions, run by the
-pull loop in this order so storage work overlaps the model:
+A batch operation (`BatchOperation`) is a module with three functions, run by
+the pull loop in this order so storage work overlaps the model:
 
 - ``read(payload) -> data``: in an I/O thread (storage reads, parsing)
 - ``compute(runtime, data) -> computed``: on the device thread, with the
   item's model loaded
 - ``write(payload, data, computed, spec) -> result``: in an I/O thread; the
-  result dict is sent to the scheduler with the ack
+  result is sent to the scheduler with the ack
+
+mypy checks each module against the protocol where `OPERATIONS` names it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from configs import ModelSpec
+from scheduler_plugins.protocol import ItemResult, OnlineResult
 
 from . import embed_operation, online_operations, rerank_operation, sim_operation
 from .model_pool import ModelTooLarge
 from .parquet_slices import InputError
 from .storage import OutputRefused
 
-OPERATIONS = {
+P = TypeVar("P", contravariant=True)  # the payload
+R = TypeVar("R", contravariant=True)  # the runtime
+D = TypeVar("D")  # what `read` gives `compute` and `write`
+C = TypeVar("C")  # what `compute` gives `write`
+
+
+class BatchOperation(Protocol[P, R, D, C]):
+    def read(self, payload: P) -> D: ...
+
+    def compute(self, runtime: R, data: D) -> C: ...
+
+    def write(self, payload: P, data: D, computed: C, spec: ModelSpec) -> ItemResult: ...
+
+
+OPERATIONS: dict[str, BatchOperation[Any, Any, Any, Any]] = {
     "embed": embed_operation,
     "rerank": rerank_operation,
     "sim": sim_operation,  # simulated runtime only: no storage (cluster experiments)
@@ -26,7 +48,8 @@ OPERATIONS = {
 # Online operations take a whole group of requests of one model at once (see
 # online_groups), on the device thread: ``op(runtime, payloads) -> results``,
 # one result per payload.
-ONLINE_OPERATIONS = {
+OnlineOperation = Callable[[Any, list[Any]], list[OnlineResult]]
+ONLINE_OPERATIONS: dict[str, OnlineOperation] = {
     "encode": online_operations.encode,
     "score": online_operations.score,
 }

@@ -10,11 +10,12 @@ is, and the ack's common fields.
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from scheduler_plugins.protocol import ItemResult, SlicePayload, StorageOptions
 
 from .storage import atomic_write, open_fs
 
@@ -25,7 +26,7 @@ class InputError(ValueError):
     """Bad input data: retrying cannot help, so the item goes to dead letters."""
 
 
-def read_slice(payload: dict[str, Any], columns: list[str]) -> pa.Table:
+def read_slice(payload: SlicePayload, columns: list[str]) -> pa.Table:
     """The item's rows of `columns` (the first is required to be there)."""
     url = payload["input"]
     fs, path = open_fs(url, payload.get("storage_options"))
@@ -85,7 +86,7 @@ def text_column(table: pa.Table, name: str, url: str, invalid: dict[int, str] | 
     return texts
 
 
-def write_part(url: str, table: pa.Table, storage_options: dict[str, Any] | None) -> int:
+def write_part(url: str, table: pa.Table, storage_options: StorageOptions | None) -> int:
     """Write `table` as one Parquet object at `url`, atomically; returns its size."""
     buffer = io.BytesIO()
     pq.write_table(table, buffer, compression="zstd")
@@ -93,12 +94,12 @@ def write_part(url: str, table: pa.Table, storage_options: dict[str, Any] | None
     return buffer.tell()
 
 
-def first_row(payload: dict[str, Any]) -> int:
+def first_row(payload: SlicePayload) -> int:
     """The row of the input file where the item's slice starts (0 for an item of whole row groups)."""
     return (payload.get("row_range") or [0, 0])[0]
 
 
-def rejection(payload: dict[str, Any], row: int, column: str, problem: str) -> str:
+def rejection(payload: SlicePayload, row: int, column: str, problem: str) -> str:
     """`file row N, column C: problem`, with N counted within the file, for a row that gets no result.
 
     A text input's row is named by its line (see input_formats), as an editor shows it.
@@ -107,7 +108,7 @@ def rejection(payload: dict[str, Any], row: int, column: str, problem: str) -> s
     return f"{payload['input']} {where}, column {column!r}: {problem}"
 
 
-def identity_columns(payload: dict[str, Any], source: pa.Table, rows: np.ndarray) -> dict[str, pa.Array]:
+def identity_columns(payload: SlicePayload, source: pa.Table, rows: np.ndarray) -> dict[str, pa.Array]:
     """What identifies each output row: the id column when the job names one, else its source file and row.
 
     `source`: the input rows aligned with the output rows; `rows`: their
@@ -124,7 +125,7 @@ def identity_columns(payload: dict[str, Any], source: pa.Table, rows: np.ndarray
     }
 
 
-def part_table(payload: dict[str, Any], columns: dict[str, pa.Array], source: pa.Table) -> pa.Table:
+def part_table(payload: SlicePayload, columns: dict[str, pa.Array], source: pa.Table) -> pa.Table:
     """The part: `columns`, then the kept input columns, with the item's stamp in its metadata.
 
     The stamp (input version, model fingerprint, options) lets a re-run trust
@@ -136,15 +137,14 @@ def part_table(payload: dict[str, Any], columns: dict[str, pa.Array], source: pa
     return pa.table(columns).replace_schema_metadata(payload.get("part_metadata"))
 
 
-def part_ack(payload: dict[str, Any], rows: int, size: int, rejections: list[str], **counts: int) -> dict[str, Any]:
-    """The result sent with the item's ack: where its part is, its counts, and the first rejections."""
+def part_ack(payload: SlicePayload, size: int, rejections: list[str], counts: ItemResult) -> ItemResult:
+    """The result sent with the item's ack: where its part is, its counts (`rows` among them), the first rejections."""
     return {
-        "rows": rows,
+        **counts,
         "part": payload["part"],
         "input": payload["input"],
         "row_range": payload.get("row_range"),
         "bytes": size,
-        **counts,
         "rejected": len(rejections),
         "rejections": rejections[:REPORTED_REJECTIONS],
     }

@@ -20,16 +20,17 @@ Stages as in operations.py: ``read`` (I/O thread), ``compute`` (model),
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from configs import ModelSpec
+from scheduler_plugins.protocol import ItemResult, RerankPayload
 
 from .input_formats import read_input
 from .parquet_slices import InputError, identity_columns, part_ack, part_table, rejection, text_column, write_part
+from .runtimes import Scorer
 
 
 @dataclass
@@ -41,10 +42,17 @@ class RerankInput:
     rejected: dict[int, str] = field(default_factory=dict)  # row -> why it has no result
 
 
-def read(payload: dict[str, Any]) -> RerankInput:
+@dataclass
+class RerankComputed:
+    scores: np.ndarray  # one per pair
+    truncated: int
+
+
+def read(payload: RerankPayload) -> RerankInput:
     mode = payload["mode"]
     query_col = payload["query_column"]
     item_col = payload["passage_column"] if mode == "pairs" else payload["candidates_column"]
+    assert item_col, "a rerank job names the column its mode reads (pipeline/jobs/rerank)"
     columns = [query_col]
     for name in [
         item_col,
@@ -62,9 +70,9 @@ def read(payload: dict[str, Any]) -> RerankInput:
     queries = text_column(table, query_col, url, bad_queries)
     bad_passages: dict[int, str] = {}
     if mode == "pairs":
-        _read_pairs(data, payload, queries, text_column(table, item_col, url, bad_passages))
+        _read_pairs(data, payload, item_col, queries, text_column(table, item_col, url, bad_passages))
     else:
-        _read_candidates(data, payload, queries, _string_lists(table, item_col, url))
+        _read_candidates(data, payload, item_col, queries, _string_lists(table, item_col, url))
     # Undecodable text reads as null above; its rejection says what it really is.
     for column, bad in ((item_col, bad_passages), (query_col, bad_queries)):
         for row, problem in bad.items():
@@ -73,22 +81,21 @@ def read(payload: dict[str, Any]) -> RerankInput:
     return data
 
 
-def _read_pairs(data: RerankInput, payload: dict[str, Any], queries: list, passages: list) -> None:
+def _read_pairs(data: RerankInput, payload: RerankPayload, column: str, queries: list, passages: list) -> None:
     for row, (query, passage) in enumerate(zip(queries, passages)):
         if query is None:
             data.rejected[row] = rejection(payload, row, payload["query_column"], "the query is null")
         elif passage is None:
-            data.rejected[row] = rejection(payload, row, payload["passage_column"], "the passage is null")
+            data.rejected[row] = rejection(payload, row, column, "the passage is null")
         else:
             data.queries.append(query)
             data.passages.append(passage)
             data.owners.append(row)
 
 
-def _read_candidates(data: RerankInput, payload: dict[str, Any], queries: list, candidates: list) -> None:
+def _read_candidates(data: RerankInput, payload: RerankPayload, column: str, queries: list, candidates: list) -> None:
     ids_col = payload.get("candidate_ids_column")
     id_lengths = _list_lengths(data.table, ids_col, payload["input"]) if ids_col else None
-    column = payload["candidates_column"]
     limit = payload["max_candidates"]
     for row, (query, passages) in enumerate(zip(queries, candidates)):
         problem, where = None, column
@@ -100,7 +107,7 @@ def _read_candidates(data: RerankInput, payload: dict[str, Any], queries: list, 
             problem = f"{len(passages)} candidates, over the limit of {limit} (--max-candidates)"
         elif None in passages:
             problem = f"candidate {passages.index(None)} is null"
-        elif id_lengths is not None and id_lengths[row] != len(passages):
+        elif ids_col and id_lengths is not None and id_lengths[row] != len(passages):
             problem, where = f"{id_lengths[row] or 0} ids for {len(passages)} candidates", ids_col
         if problem:
             data.rejected[row] = rejection(payload, row, where, problem)
@@ -130,28 +137,29 @@ def _list_lengths(table: pa.Table, name: str, url: str) -> list[int | None]:
     return pc.list_value_length(column).to_pylist()
 
 
-def compute(runtime, data: RerankInput) -> dict[str, Any]:
-    scores, truncated = runtime.score(data.queries, data.passages)
-    return {"scores": scores, "truncated": truncated}
+def compute(runtime: Scorer, data: RerankInput) -> RerankComputed:
+    return RerankComputed(*runtime.score(data.queries, data.passages))
 
 
-def write(payload: dict[str, Any], data: RerankInput, computed: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+def write(payload: RerankPayload, data: RerankInput, computed: RerankComputed, spec: ModelSpec) -> ItemResult:
     rows = data.table.num_rows
     columns = identity_columns(payload, data.table, np.arange(rows))
     if payload["mode"] == "pairs":
         scores = np.zeros(rows, dtype=np.float32)
-        scores[data.owners] = computed["scores"]
+        scores[data.owners] = computed.scores
         valid = np.zeros(rows, dtype=bool)
         valid[data.owners] = True
         columns["score"] = pa.array(scores, mask=~valid)
     else:
-        columns["ranking"] = _ranking(payload, data, computed["scores"])
+        columns["ranking"] = _ranking(payload, data, computed.scores)
     size = write_part(payload["output"], part_table(payload, columns, data.table), payload.get("storage_options"))
     rejected = [data.rejected[row] for row in sorted(data.rejected)]
-    return part_ack(payload, rows, size, rejected, pairs=len(data.queries), truncated=computed["truncated"])
+    return part_ack(
+        payload, size, rejected, {"rows": rows, "pairs": len(data.queries), "truncated": computed.truncated}
+    )
 
 
-def _ranking(payload: dict[str, Any], data: RerankInput, scores: np.ndarray) -> pa.Array:
+def _ranking(payload: RerankPayload, data: RerankInput, scores: np.ndarray) -> pa.Array:
     """list<struct<rank, index, [id], score>> per row, best first; null for rejected rows."""
     rows = data.table.num_rows
     owners = np.asarray(data.owners, dtype=np.int64)

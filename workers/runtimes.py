@@ -1,11 +1,11 @@
 """Which runtime loads a catalog entry: by its kind, and the runtime and dtype chosen for this device kind.
 
 Every runtime is a ``BatchedRuntime`` (token_batching: its forward batches
-are token-budget batches, one device turn each) and offers the operations the
-same interface: ``token_lengths``, ``embed`` (embedders) or ``score``
-(rerankers), ``memory_bytes``, ``close``, and the HF ``tokenizer`` (not the
-simulated runtime, which has none and so cannot chunk). A model without a choice for this device kind runs
-on torch in the worker's dtype (the profile's ``dtype``, fp16/bf16 on GPUs).
+are token-budget batches, one device turn each) and offers the operations one
+interface, stated below as protocols that mypy checks against each class: an
+`Embedder` (torch, ONNX, simulated) or a `Scorer` (torch, ONNX cross-encoders).
+A model without a choice for this device kind runs on torch in the worker's
+dtype (the profile's ``dtype``, fp16/bf16 on GPUs).
 """
 
 from __future__ import annotations
@@ -13,17 +13,56 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from configs import ModelSpec, RuntimeChoice
+from configs.prompts import ModelPrompts
 
 from .device_thread import DeviceThread
 from .devices import DevicePlan, apply_torch_threads
-from .token_batching import BatchedRuntime
+from .token_batching import Measured
 
 logger = logging.getLogger("shoal.worker.runtimes")
 
 # The Python module each runtime needs, and the extra that installs it.
 RUNTIME_PACKAGES = {"torch": ("torch", "torch"), "onnx": ("onnxruntime", "onnx")}
+
+
+class Runtime(Protocol):
+    """A loaded model, as the model pool holds it."""
+
+    spec: ModelSpec
+    token_budget: int  # padded tokens per forward batch (token_batching)
+
+    def memory_bytes(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Embedder(Runtime, Protocol):
+    """Texts to float32 vectors, in input order, with the count of truncated texts."""
+
+    prompts: ModelPrompts  # the model's named prompts (configs/prompts.py)
+    tokenizer: Any  # the HF tokenizer that chunking counts with; None on the simulated runtime (it cannot chunk)
+
+    def token_lengths(self, texts: list[str], prompt: str | None = None) -> Measured: ...
+
+    def embed(
+        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
+    ) -> tuple[np.ndarray, int]: ...
+
+
+@runtime_checkable
+class Scorer(Runtime, Protocol):
+    """(query, passage) pairs to one float32 score each, with the count of truncated pairs."""
+
+    def token_lengths(self, queries: list[str], passages: list[str]) -> Measured: ...
+
+    def score(
+        self, queries: list[str], passages: list[str], measured: Measured | None = None
+    ) -> tuple[np.ndarray, int]: ...
 
 
 class RuntimeNotInstalled(RuntimeError):
@@ -51,7 +90,7 @@ def choice_for(spec: ModelSpec, plan: DevicePlan) -> tuple[str, str]:
     return choice.runtime, dtype
 
 
-def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None):
+def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None) -> Embedder | Scorer:
     """`device_thread`: the worker's, shared by every runtime loaded there."""
     if spec.kind == "sim":
         from .sim_runtime import SimulatedRuntime
@@ -64,7 +103,7 @@ def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread 
     began = time.perf_counter()
     if runtime == "torch":  # an ONNX worker never imports torch: its session has its own threads
         apply_torch_threads(plan)
-    loaded: BatchedRuntime
+    loaded: Embedder | Scorer
     if runtime == "onnx":
         from .onnx_runtime import OnnxCrossEncoder, OnnxEmbedder
 

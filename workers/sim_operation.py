@@ -18,19 +18,19 @@ The result acked is ``{"rows": n, "tokens": real tokens, "truncated": k}``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from configs import ModelSpec
+from scheduler_plugins.protocol import ItemResult, SimPayload
 
+from .runtimes import Embedder
 from .sim_runtime import CHARS_PER_TOKEN
 
 # SimulatedRuntime counts 2 + len(text) // CHARS_PER_TOKEN tokens per text.
 _SPECIAL_TOKENS = 2
 
 
-def token_counts(payload: dict[str, Any]) -> list[int]:
+def token_counts(payload: SimPayload) -> list[int]:
     if "tokens" in payload:
         return [max(_SPECIAL_TOKENS, int(t)) for t in payload["tokens"]]
     n = int(payload["texts"])
@@ -40,16 +40,17 @@ def token_counts(payload: dict[str, Any]) -> list[int]:
     return [max(_SPECIAL_TOKENS, int(t)) for t in rng.integers(low, high + 1, size=n)]
 
 
-def read(payload: dict[str, Any]) -> list[str]:
+def read(payload: SimPayload) -> list[str]:
     """Fake texts the simulated runtime will count as the wanted token lengths."""
     return ["x" * (CHARS_PER_TOKEN * (t - _SPECIAL_TOKENS)) for t in token_counts(payload)]
 
 
-def compute(runtime, texts: list[str]) -> dict[str, Any]:
+def compute(runtime: Embedder, texts: list[str]) -> int:
+    """The count of truncated texts."""
     _, truncated = runtime.embed(texts)  # the simulated device sleeps here
-    return {"truncated": truncated}
+    return truncated
 
 
-def write(payload: dict[str, Any], texts: list[str], computed: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+def write(payload: SimPayload, texts: list[str], truncated: int, spec: ModelSpec) -> ItemResult:
     tokens = sum(_SPECIAL_TOKENS + len(t) // CHARS_PER_TOKEN for t in texts)
-    return {"rows": len(texts), "tokens": tokens, "truncated": computed["truncated"]}
+    return {"rows": len(texts), "tokens": tokens, "truncated": truncated}

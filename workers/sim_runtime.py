@@ -25,6 +25,8 @@ CHARS_PER_TOKEN = 4
 
 
 class SimulatedRuntime(BatchedRuntime):
+    tokenizer = None  # texts are counted by length: nothing to chunk with
+
     def __init__(self, spec: ModelSpec, device_kind: str = "cpu", device_thread: DeviceThread | None = None) -> None:
         super().__init__(spec, device_kind, device_thread)
         self.prompts = model_prompts(spec)

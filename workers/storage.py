@@ -10,9 +10,10 @@ from __future__ import annotations
 import errno
 import os
 import uuid
-from typing import Any
 
 import fsspec
+
+from scheduler_plugins.protocol import StorageOptions
 
 # A store that answers these to one write answers them to the next: read-only, no permission,
 # a file where a folder should be, no space left.
@@ -23,7 +24,7 @@ class OutputRefused(OSError):
     """The store refuses the write for good: retrying the item would recompute the same rows for nothing."""
 
 
-def open_fs(url: str, storage_options: dict[str, Any] | None = None):
+def open_fs(url: str, storage_options: StorageOptions | None = None):
     """(filesystem, path) for a URL or local path."""
     return fsspec.core.url_to_fs(url, **(storage_options or {}))
 
@@ -33,7 +34,7 @@ def is_local(fs) -> bool:
     return "file" in protocols or "local" in protocols
 
 
-def atomic_write(url: str, data: bytes, storage_options: dict[str, Any] | None = None) -> None:
+def atomic_write(url: str, data: bytes, storage_options: StorageOptions | None = None) -> None:
     try:
         _atomic_write(url, data, storage_options)
     except OSError as exc:
@@ -42,7 +43,7 @@ def atomic_write(url: str, data: bytes, storage_options: dict[str, Any] | None =
         raise
 
 
-def _atomic_write(url: str, data: bytes, storage_options: dict[str, Any] | None) -> None:
+def _atomic_write(url: str, data: bytes, storage_options: StorageOptions | None) -> None:
     fs, path = open_fs(url, storage_options)
     if not is_local(fs):
         fs.pipe_file(path, data)

@@ -16,14 +16,12 @@ use the same ranges.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler_plugins.protocol import PRECISIONS as PRECISIONS  # the names, defined with the messages
-from scheduler_plugins.protocol import Precision
+from scheduler_plugins.protocol import Precision, VectorFields
 
 CALIBRATED = ("int8", "uint8")
 ARROW_TYPES = {
@@ -78,8 +76,14 @@ class VectorFormat(BaseModel):
     def arrow_type(self) -> pa.DataType:
         return ARROW_TYPES[self.precision]
 
-    def payload(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True)
+    def payload(self) -> VectorFields:
+        """As an item's payload carries it: only what is set."""
+        fields: VectorFields = {"precision": self.precision}
+        if self.dim is not None:
+            fields["dim"] = self.dim
+        if self.ranges is not None:
+            fields["ranges"] = self.ranges
+        return fields
 
 
 def shorten(vectors: np.ndarray, dim: int | None) -> np.ndarray:

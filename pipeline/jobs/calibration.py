@@ -16,12 +16,11 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from typing import Any
 
 import pyarrow.parquet as pq
 
-from pipeline.jobs.planner import PlanError
-from scheduler_plugins.protocol import JobStatus
+from pipeline.jobs.planner import PlanError, PlannedItem
+from scheduler_plugins.protocol import JobStatus, StorageOptions
 from workers.storage import atomic_write, open_fs
 from workers.vector_precision import VectorFormat, ranges_of
 
@@ -30,7 +29,7 @@ SAMPLE_NAME = "_calibration-sample.parquet"
 
 
 def stored_ranges(
-    output_url: str, storage_options: dict[str, Any] | None, key: dict[str, str]
+    output_url: str, storage_options: StorageOptions | None, key: dict[str, str]
 ) -> list[list[float]] | None:
     """The ranges an earlier run of the same job computed, if their key (fingerprint, options) matches."""
     fs, path = open_fs(f"{output_url.rstrip('/')}/{CALIBRATION_NAME}", storage_options)
@@ -42,12 +41,12 @@ def stored_ranges(
 
 
 def calibrate(
-    items: list[dict[str, Any]],
+    items: list[PlannedItem],
     fmt: VectorFormat,
     output_url: str,
-    storage_options: dict[str, Any] | None,
+    storage_options: StorageOptions | None,
     key: dict[str, str],
-    run_sample: Callable[[list[dict[str, Any]]], JobStatus],
+    run_sample: Callable[[list[PlannedItem]], JobStatus],
 ) -> list[list[float]]:
     """Ranges from the first item's float32 vectors (the first with rows), stored beside the parts; PlanError if it has none.
 
@@ -83,7 +82,7 @@ def calibrate(
     return ranges
 
 
-def with_ranges(items: list[dict[str, Any]], ranges: list[list[float]]) -> None:
+def with_ranges(items: list[PlannedItem], ranges: list[list[float]]) -> None:
     """Give every item's vector format the job's ranges (not part of `params`: the ranges follow from them)."""
     for item in items:
         item["payload"]["vectors"] = {**item["payload"]["vectors"], "ranges": ranges}

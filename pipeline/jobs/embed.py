@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from distributed import Client
 from rich.console import Console
@@ -19,6 +18,7 @@ from configs import Catalog, ConfigError, ModelSpec, Profile
 from configs.prompts import model_prompts
 from pipeline.jobs.engine import BatchJob, JobOutcome, model_for, output_folder, plan_job, run_job
 from pipeline.jobs.planner import Plan
+from scheduler_plugins.protocol import StorageOptions
 from workers.chunking import ChunkSettings
 from workers.vector_precision import VectorFormat
 
@@ -31,7 +31,7 @@ class EmbedRequest:
     text_column: str = "text"
     id_column: str | None = "id"
     keep_columns: list[str] = field(default_factory=list)
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    storage_options: StorageOptions = field(default_factory=dict)
     chunk: ChunkSettings | None = None  # split long texts into token windows
     vectors: VectorFormat = field(default_factory=VectorFormat)  # stored precision and dimension
     lance: str | None = None  # a Lance dataset URI: rows go there, `output` holds the markers (lance_output)
@@ -69,7 +69,7 @@ def embed_job(request: EmbedRequest) -> BatchJob:
             "id_column": request.id_column,
             "keep_columns": request.keep_columns,
             # Only when asked for: the options digest (params) of existing outputs stays as it was.
-            **({"chunk": request.chunk.model_dump()} if request.chunk else {}),
+            **({"chunk": {"tokens": request.chunk.tokens, "overlap": request.chunk.overlap}} if request.chunk else {}),
             **({} if request.vectors.is_default else {"vectors": request.vectors.payload()}),
             **({"lance": request.lance} if request.lance else {}),
             **({"input_format": request.input_format} if request.input_format else {}),

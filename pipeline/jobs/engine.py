@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import cast
 
 from distributed import Client
 from rich.console import Console
@@ -26,11 +26,28 @@ from pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
 from pipeline.jobs.fingerprints import model_fingerprint
 from pipeline.jobs.follower import follow, summarize
 from pipeline.jobs.lance_output import commit_parts
-from pipeline.jobs.manifest import build_manifest, read_manifest, remove_manifest, write_manifest
-from pipeline.jobs.planner import Plan, check_columns, check_output, list_shards, plan_items, read_footers
+from pipeline.jobs.manifest import (
+    Columns,
+    LanceRecord,
+    Manifest,
+    build_manifest,
+    read_manifest,
+    remove_manifest,
+    write_manifest,
+)
+from pipeline.jobs.planner import Plan, PlannedItem, check_columns, check_output, list_shards, plan_items, read_footers
 from pipeline.jobs.resume import Inventory, PartStore, current_parts, job_params, stamp_items
 from pipeline.jobs.stages import STAGES
-from scheduler_plugins.protocol import JobStatus
+from scheduler_plugins.protocol import (
+    DeadLetter,
+    EmbedPayload,
+    ItemResult,
+    JobStatus,
+    RerankPayload,
+    StorageOptions,
+    SubmittedItem,
+    VectorFields,
+)
 from workers.vector_precision import VectorFormat
 
 SHOWN_REJECTIONS = 10
@@ -44,10 +61,10 @@ class BatchJob:
     input: str
     output: str
     model: str
-    payload: dict[str, Any]  # the operation's options, copied into every item
+    payload: EmbedPayload | RerankPayload  # the operation's options, copied into every item
     required_columns: list[str]
-    manifest_columns: dict[str, Any]
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    manifest_columns: Columns
+    storage_options: StorageOptions = field(default_factory=dict)
     output_root: str | None = None  # where all of this job's outputs live (a reindex's versions); never input
 
 
@@ -55,7 +72,7 @@ class BatchJob:
 class JobOutcome:
     job: str
     status: JobStatus
-    manifest: dict[str, Any]
+    manifest: Manifest
     manifest_url: str
     work: dict[str, int] = field(default_factory=dict)  # items, reused, run, removed
 
@@ -120,7 +137,7 @@ class PreparedJob:
     params: str
     plan: Plan
     store: PartStore
-    previous: dict[str, Any] | None  # the manifest found in the output
+    previous: Manifest | None  # the manifest found in the output
     inventory: Inventory
 
 
@@ -148,11 +165,11 @@ def run_prepared(
     profile: Profile,
     console: Console,
     job_prefix: str | None = None,
-    manifest_extra: dict[str, Any] | None = None,
+    version: str | None = None,
 ) -> JobOutcome:
     """Run only what the output lacks, check what was written, write the manifest.
 
-    `client` may be None when the inventory has nothing to run.
+    `client` may be None when the inventory has nothing to run; `version`: a reindex's output version.
     """
     job, inventory, store = prepared.job, prepared.inventory, prepared.store
     spec = profile.tuned(prepared.spec)  # with the runtime `connect` chose for it on `auto`
@@ -170,8 +187,9 @@ def run_prepared(
         # Trust only what is in the store now: a part acked but since overwritten is redone next run.
         final = store.inventory(prepared.plan.items, trusted=inventory.done)
         removed += store.remove(final.stale)
-    dead_parts = {letter["payload"]["part"] for letter in status["dead_letters"]}
-    unverified = [
+    dead_letters, results = _delivered(status)
+    dead_parts = {letter["payload"]["part"] for letter in dead_letters}
+    unverified: list[DeadLetter] = [
         {"payload": item["payload"], "errors": ["part missing or not current after the run; run again to redo it"]}
         for item in final.todo
         if item["payload"]["part"] not in dead_parts
@@ -195,18 +213,18 @@ def run_prepared(
         job.manifest_columns,
         prepared.plan.shards,
         list(final.done.values()),
-        [*status["dead_letters"], *unverified],
-        {
-            "params": prepared.params,
-            "work": work,
-            **({"vectors": vectors} if vectors else {}),
-            **(manifest_extra or {}),
-        },
+        [*dead_letters, *unverified],
     )
+    manifest["params"] = prepared.params
+    manifest["work"] = work
+    if vectors:
+        manifest["vectors"] = vectors
+    if version is not None:
+        manifest["version"] = version
     if job.payload.get("lance"):
         manifest["lance"] = _commit_lance(job, manifest, console)
-    rejections = [message for result in status["results"] for message in result.get("rejections", [])]
-    manifest["rejected_rows"] = sum(result.get("rejected", 0) for result in status["results"])
+    rejections = [message for result in results for message in result.get("rejections", [])]
+    manifest["rejected_rows"] = sum(result.get("rejected", 0) for result in results)
     manifest["rejected"] = sorted(rejections)
     manifest_url, manifest_error = _write_manifest(job, manifest)
     STAGES.mark("manifest")
@@ -224,7 +242,7 @@ def run_prepared(
     return JobOutcome(job_id, status, manifest, manifest_url, work)
 
 
-def _write_manifest(job: BatchJob, manifest: dict[str, Any]) -> tuple[str, str | None]:
+def _write_manifest(job: BatchJob, manifest: Manifest) -> tuple[str, str | None]:
     """(its URL, None), or ("", why) when the store refuses it: the run still ends with its summary.
 
     An output without a manifest is not known to be complete, so the job is
@@ -242,7 +260,7 @@ def _write_manifest(job: BatchJob, manifest: dict[str, Any]) -> tuple[str, str |
 
 
 def preflight(
-    input_url: str, output_url: str, storage_options: dict[str, Any], input_format: str | None = None
+    input_url: str, output_url: str, storage_options: StorageOptions, input_format: str | None = None
 ) -> None:
     """What can be refused before a cluster starts: an INPUT with no shards or not apart from OUTPUT, then
     an OUTPUT that cannot be written (checked last: its write probe would create an OUTPUT inside INPUT)."""
@@ -250,7 +268,7 @@ def preflight(
     check_output(output_url, storage_options)
 
 
-def _commit_lance(job: BatchJob, manifest: dict[str, Any], console: Console) -> dict[str, Any]:
+def _commit_lance(job: BatchJob, manifest: Manifest, console: Console) -> LanceRecord:
     """A complete run's fragments as the dataset's next version; an incomplete one commits nothing."""
     dataset = job.payload["lance"]
     if not manifest["complete"]:
@@ -272,7 +290,7 @@ def _commit_lance(job: BatchJob, manifest: dict[str, Any], console: Console) -> 
 
 def _vector_format(
     client: Client | None, prepared: PreparedJob, job_id: str, profile: Profile, console: Console
-) -> dict[str, Any] | None:
+) -> VectorFields | None:
     """The job's stored vector format for the manifest; int8/uint8 ranges reused or calibrated, put in every item."""
     given = prepared.job.payload.get("vectors")
     if not given:
@@ -310,7 +328,7 @@ def _idle_status(job_id: str) -> JobStatus:
 def _submit_and_follow(
     client: Client,
     job_id: str,
-    items: list[dict[str, Any]],
+    items: list[PlannedItem],
     job: BatchJob,
     spec: ModelSpec,
     profile: Profile,
@@ -320,7 +338,7 @@ def _submit_and_follow(
     client.sync(
         queue.submit,
         job_id,
-        items,
+        cast("list[SubmittedItem]", items),  # the scheduler holds payloads untyped (protocol.SubmittedItem)
         {
             "lease_seconds": profile.lease_seconds,
             "max_attempts": profile.max_attempts,
@@ -344,7 +362,15 @@ def _submit_and_follow(
     return status
 
 
-def _report_rejections(manifest: dict[str, Any], console: Console) -> None:
+def _delivered(status: JobStatus) -> tuple[list[DeadLetter], list[ItemResult]]:
+    """The status's dead letters and results, typed as the workers and the queue write them.
+
+    The scheduler's Job holds them as plain dicts (protocol.JobStatus); this is where they get their types.
+    """
+    return cast("list[DeadLetter]", status["dead_letters"]), cast("list[ItemResult]", status.get("results", []))
+
+
+def _report_rejections(manifest: Manifest, console: Console) -> None:
     for message in manifest["rejected"][:SHOWN_REJECTIONS]:
         console.print(f"[red]rejected row:[/red] {message}")
     hidden = manifest["rejected_rows"] - min(len(manifest["rejected"]), SHOWN_REJECTIONS)

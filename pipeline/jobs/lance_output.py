@@ -17,12 +17,12 @@ import base64
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from configs import ConfigError
+from scheduler_plugins.protocol import StorageOptions
 from workers.lance_fragments import FRAGMENT_KEY, SCHEMA_KEY, lance_storage_options
 from workers.storage import open_fs
 
@@ -53,7 +53,7 @@ class LanceTarget:
 
 
 def commit_parts(
-    dataset: str, staging: str, part_names: list[str], storage_options: dict[str, Any] | None
+    dataset: str, staging: str, part_names: list[str], storage_options: StorageOptions | None
 ) -> int | None:
     """Commit the fragments the marker parts name as the dataset's next version; returns the version.
 

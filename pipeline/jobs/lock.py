@@ -27,6 +27,7 @@ import time
 import uuid
 from typing import Any
 
+from scheduler_plugins.protocol import StorageOptions
 from workers.storage import atomic_write, open_fs
 
 
@@ -38,7 +39,7 @@ class JobLock:
     def __init__(
         self,
         url: str,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: StorageOptions | None = None,
         expiry_seconds: float = 300.0,
         settle_seconds: float = 1.0,
         job: str = "",

@@ -17,12 +17,14 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import pyarrow.parquet as pq
 
+from scheduler_plugins.protocol import SlicePayload, StorageOptions
 from workers.input_formats import LineIndex, format_of, header_lines, is_gzip, scan
 from workers.storage import atomic_write, open_fs
 
@@ -51,17 +53,27 @@ class Shard:
         return sum(self.row_groups)
 
 
+class PlannedItem(TypedDict):
+    """One work item, as the queue's `SubmittedItem` with its payload typed; the queue's id for it is ``JOB/KEY``."""
+
+    key: str
+    model: str
+    op: str
+    rows: int
+    payload: SlicePayload  # the operation's options (an EmbedPayload, a RerankPayload) with the slice
+
+
 @dataclass
 class Plan:
     shards: list[Shard]
-    items: list[dict[str, Any]]
+    items: list[PlannedItem]
 
     @property
     def rows(self) -> int:
         return sum(item["rows"] for item in self.items)
 
 
-def check_output(output_url: str, storage_options: dict[str, Any] | None = None) -> None:
+def check_output(output_url: str, storage_options: StorageOptions | None = None) -> None:
     """Refuse an OUTPUT that cannot be written before any work starts: found at the end, it costs the job.
 
     A probe file is written and removed, so what is checked is the store's
@@ -82,7 +94,7 @@ def check_output(output_url: str, storage_options: dict[str, Any] | None = None)
         raise PlanError(f"output {output_url!r} cannot be written: {reason}") from None
 
 
-def check_apart(input_url: str, output_url: str, storage_options: dict[str, Any] | None = None) -> None:
+def check_apart(input_url: str, output_url: str, storage_options: StorageOptions | None = None) -> None:
     """Refuse an OUTPUT inside the folder INPUT lists (a directory, or a glob's folder before its first
     wildcard), that folder itself, or that folder inside OUTPUT.
 
@@ -119,7 +131,7 @@ def check_apart(input_url: str, output_url: str, storage_options: dict[str, Any]
 
 def list_shards(
     input_url: str,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
     output_url: str | None = None,
     input_format: str | None = None,
 ) -> list[Shard]:
@@ -133,7 +145,7 @@ def list_shards(
 
 
 def _list_shards(
-    input_url: str, storage_options: dict[str, Any] | None, output_url: str | None, input_format: str | None
+    input_url: str, storage_options: StorageOptions | None, output_url: str | None, input_format: str | None
 ) -> list[Shard]:
     """A file's format is `input_format` if given, else its name's (`.parquet`, `.jsonl[.gz]`, `.csv[.gz]`;
     any other is read as Parquet). A directory gives the files of one format: `input_format`'s, else
@@ -191,7 +203,7 @@ def _directory_format(input_url: str, paths: list[str]) -> str:
     return formats.pop()
 
 
-def _version(info: dict[str, Any]) -> str | None:
+def _version(info: Mapping[str, object]) -> str | None:
     """What changes when the object changes: etag, generation or mtime."""
     for key in ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "last_modified"):
         if info.get(key) not in (None, ""):
@@ -208,7 +220,7 @@ def _content_hash(fs, path: str) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def read_footers(shards: list[Shard], storage_options: dict[str, Any] | None = None) -> None:
+def read_footers(shards: list[Shard], storage_options: StorageOptions | None = None) -> None:
     """Fill each shard's row-group sizes (a text shard's: its rows as one group, and its line index), or its error."""
 
     def read(shard: Shard) -> None:
@@ -287,11 +299,11 @@ def plan_items(
     rows_per_item: int,
     model: str,
     op: str,
-    payload: dict[str, Any],
-) -> list[dict[str, Any]]:
+    payload: SlicePayload,
+) -> list[PlannedItem]:
     """Work items for every shard; `payload` carries the op's own options."""
     output_url = output_url.rstrip("/")
-    items = []
+    items: list[PlannedItem] = []
     for index, shard in enumerate(shards):
         if shard.lines is not None:
             items += _text_items(index, shard, output_url, rows_per_item, model, op, payload)
@@ -325,18 +337,18 @@ def plan_items(
 
 
 def _text_items(
-    index: int, shard: Shard, output_url: str, rows_per_item: int, model: str, op: str, payload: dict[str, Any]
-) -> list[dict[str, Any]]:
+    index: int, shard: Shard, output_url: str, rows_per_item: int, model: str, op: str, payload: SlicePayload
+) -> list[PlannedItem]:
     """A JSON Lines or CSV shard's items: `rows_per_item` rows each, or the whole file when gzipped."""
     lines = shard.lines
     assert lines is not None
     step = max(lines.rows if is_gzip(shard.url) else rows_per_item, 1)
-    items = []
+    items: list[PlannedItem] = []
     for start in range(0, lines.rows, step):
         end = min(start + step, lines.rows)
         first_byte, end_byte, skip = lines.byte_range(start, end)
         name = part_name(shard.url, start, end)
-        item_payload = {
+        item_payload: SlicePayload = {
             **payload,
             "input": shard.url,
             "format": shard.format,

@@ -25,7 +25,7 @@ import posixpath
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
@@ -38,6 +38,7 @@ from pipeline.jobs.fingerprints import model_fingerprint
 from pipeline.jobs.lance_output import LanceTarget
 from pipeline.jobs.lock import JobLock, LockHeld
 from pipeline.jobs.resume import job_params
+from scheduler_plugins.protocol import StorageOptions
 from workers.chunking import ChunkSettings
 from workers.storage import atomic_write, open_fs
 from workers.vector_precision import Precision, VectorFormat
@@ -78,7 +79,7 @@ class ReindexJob(BaseModel):
     precision: Precision = "float32"
     dim: int | None = Field(default=None, gt=0)
     format: Literal["parquet", "lance"] = "parquet"  # lance: OUTPUT is a Lance dataset, a version per changed run
-    storage_options: dict[str, Any] = Field(default_factory=dict)
+    storage_options: StorageOptions = Field(default_factory=dict)
     profile: str | None = None
     catalog: str | None = None
     scheduler: str | None = None
@@ -123,7 +124,7 @@ def version_name(fingerprint: str, params: str) -> str:
 class VersionedOutput:
     """OUTPUT/_CURRENT and the version directories beside it."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: StorageOptions | None = None) -> None:
         self.url = url.rstrip("/")
         self.storage_options = storage_options
         self.fs, path = open_fs(self.url, storage_options)
@@ -258,9 +259,7 @@ def run_reindex(job: ReindexJob, console: Console, scheduler: str | None = None)
         needs_cluster = bool(plan.prepared.inventory.todo)
         address = scheduler or job.scheduler
         with connect(address, profile, job.catalog, [job.model]) if needs_cluster else nullcontext() as client:
-            outcome = run_prepared(
-                client, plan.prepared, profile, console, f"reindex-{job.name}", {"version": plan.version}
-            )
+            outcome = run_prepared(client, plan.prepared, profile, console, f"reindex-{job.name}", plan.version)
         if lock.lost:
             raise LockHeld(f"lost the lock {layout.lock_url} during the run; _CURRENT was left unchanged")
         switched = plan.switches and outcome.manifest["complete"]

@@ -8,13 +8,14 @@ submit/follow/manifest path as embedding.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
 from distributed import Client
 from rich.console import Console
 
 from configs import Catalog, ConfigError, Profile
 from pipeline.jobs.engine import BatchJob, JobOutcome, model_for, run_job
+from scheduler_plugins.protocol import RerankPayload, StorageOptions
 
 DEFAULT_MAX_CANDIDATES = 1000
 
@@ -31,7 +32,7 @@ class RerankRequest:
     id_column: str | None = "id"
     keep_columns: list[str] = field(default_factory=list)
     max_candidates: int = DEFAULT_MAX_CANDIDATES
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    storage_options: StorageOptions = field(default_factory=dict)
     input_format: str | None = None  # parquet, jsonl or csv; None: by each file's name (workers/input_formats.py)
 
     def __post_init__(self) -> None:
@@ -45,7 +46,7 @@ class RerankRequest:
             self.passage_column = self.passage_column or "passage"
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> Literal["pairs", "candidates"]:
         return "candidates" if self.candidates_column else "pairs"
 
     @property
@@ -58,7 +59,7 @@ def rerank_job(request: RerankRequest) -> BatchJob:
     item_columns = [request.item_column]
     if request.candidate_ids_column:
         item_columns.append(request.candidate_ids_column)
-    payload = {
+    payload: RerankPayload = {
         "mode": request.mode,
         "query_column": request.query_column,
         "passage_column": request.passage_column,

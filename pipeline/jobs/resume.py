@@ -24,12 +24,13 @@ import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.jobs.planner import Plan, Shard
+from pipeline.jobs.manifest import Manifest
+from pipeline.jobs.planner import Plan, PlannedItem, Shard
+from scheduler_plugins.protocol import PartRecord, SlicePayload, StorageOptions
 from workers.storage import open_fs
 
 STAMP_PREFIX = "shoal."
@@ -38,7 +39,7 @@ FOOTER_TAIL = 64 * 1024  # one ranged read holds a part's footer in practice
 FOOTER_READERS = 16
 
 
-def job_params(op: str, options: dict[str, Any]) -> str:
+def job_params(op: str, options: SlicePayload) -> str:
     """Digest of the operation and the options that change a part's content."""
     text = json.dumps({"op": op, **options}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -64,17 +65,20 @@ def stamp_items(plan: Plan, fingerprint: str, params: str) -> None:
 
 
 def current_parts(
-    manifest: dict[str, Any] | None, fingerprint: str, params: str, shards: list[Shard]
-) -> dict[str, dict[str, Any]]:
+    manifest: Manifest | None, fingerprint: str, params: str, shards: list[Shard]
+) -> dict[str, PartRecord]:
     """The manifest's parts that are still current, by name (none if it cannot tell)."""
     if not manifest or manifest.get("params") != params:
         return {}
-    if (manifest.get("model") or {}).get("fingerprint") != fingerprint:
+    model = manifest.get("model")
+    if model is None or model.get("fingerprint") != fingerprint:
         return {}
     recorded = {entry["url"]: (entry["size"], entry["version"]) for entry in manifest.get("inputs", [])}
     now = {shard.url: (shard.size, shard.version) for shard in shards}
     return {
-        part["name"]: {"part": part["name"], **{k: part[k] for k in ("input", "row_range", "rows", "bytes")}}
+        part["name"]: PartRecord(
+            part=part["name"], input=part["input"], row_range=part["row_range"], rows=part["rows"], bytes=part["bytes"]
+        )
         for part in manifest.get("parts", [])
         if part["input"] in now and recorded.get(part["input"]) == now[part["input"]]
     }
@@ -84,15 +88,15 @@ def current_parts(
 class Inventory:
     """The planned items split by what the output holds."""
 
-    todo: list[dict[str, Any]] = field(default_factory=list)
-    done: dict[str, dict[str, Any]] = field(default_factory=dict)  # part name -> ack-shaped record
+    todo: list[PlannedItem] = field(default_factory=list)
+    done: dict[str, PartRecord] = field(default_factory=dict)  # part name -> ack-shaped record
     stale: list[str] = field(default_factory=list)
 
 
 class PartStore:
     """The parts directly under one output location: list, check stamps, remove."""
 
-    def __init__(self, output_url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, output_url: str, storage_options: StorageOptions | None = None) -> None:
         self.url = output_url.rstrip("/")
         self.fs, path = open_fs(self.url, storage_options)
         self.path = path.rstrip("/")
@@ -107,7 +111,7 @@ class PartStore:
         names = {posixpath.basename(e["name"].rstrip("/")): e for e in entries if e.get("type") == "file"}
         return {name: int(e.get("size") or 0) for name, e in names.items() if PART_NAME.match(name)}
 
-    def inventory(self, items: list[dict[str, Any]], trusted: dict[str, dict[str, Any]] | None = None) -> Inventory:
+    def inventory(self, items: list[PlannedItem], trusted: dict[str, PartRecord] | None = None) -> Inventory:
         """Split `items` into done and to do; `trusted` parts skip the footer check.
 
         A trusted record (from a manifest, or checked earlier in this run)

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.jobs.planner import PlanError
+from scheduler_plugins.protocol import StorageOptions
 from workers.storage import open_fs
 
 
@@ -36,7 +37,7 @@ class RetrievalSet:
     qrels: dict[str, dict[str, int]]  # query id -> {corpus id: relevance}
 
 
-def load_beir(location: str, split: str = "test", storage_options: dict[str, Any] | None = None) -> RetrievalSet:
+def load_beir(location: str, split: str = "test", storage_options: StorageOptions | None = None) -> RetrievalSet:
     fs, root = open_fs(location, storage_options)
     if not fs.isdir(root):
         raise PlanError(f"dataset {location!r} is not a directory")

@@ -37,6 +37,7 @@ from pipeline.jobs.planner import PlanError
 from pipeline.jobs.rerank import RerankRequest, run_rerank
 from pipeline.retrieval.spec import JobSpec, RerankStage, TextSource
 from pipeline.retrieval.top_k import read_texts, read_vectors, top_k, top_k_documents
+from scheduler_plugins.protocol import StorageOptions
 from workers.storage import atomic_write, open_fs
 
 PAIRS_PER_ITEM = 2048  # rerank work items are sized by pairs, not rows
@@ -222,7 +223,7 @@ def _sized_by_pairs(profile: Profile, candidates_per_query: int) -> Profile:
     return profile.model_copy(update={"rows_per_item": rows})
 
 
-def _read_rankings(output_url: str, storage_options: dict[str, Any]) -> dict[Any, list[dict]]:
+def _read_rankings(output_url: str, storage_options: StorageOptions) -> dict[Any, list[dict]]:
     """query id -> its reranked candidates (rank, index, id, score), for rows that were scored."""
     fs, root = open_fs(output_url, storage_options)
     manifest = json.loads(fs.cat_file(f"{root}/_manifest.json"))

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from configs import explain, read_yaml
 from pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES
+from scheduler_plugins.protocol import StorageOptions
 from workers.chunking import ChunkSettings
 
 
@@ -61,7 +61,7 @@ class RerankStage(_Strict):
 class JobSpec(_Strict):
     name: str = ""
     output: str
-    storage_options: dict[str, Any] = Field(default_factory=dict)
+    storage_options: StorageOptions = Field(default_factory=dict)
     corpus: TextSource
     queries: TextSource
     embed: EmbedStage

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from pipeline.jobs.manifest import MANIFEST_NAME
 from pipeline.jobs.planner import PlanError, list_shards
+from scheduler_plugins.protocol import StorageOptions
 from workers.storage import open_fs
 
 QUERY_BLOCK = 1024
@@ -30,7 +31,7 @@ class Vectors:
     nulls: int  # rows with a null embedding (null text), left out
 
 
-def read_vectors(output_url: str, id_column: str, storage_options: dict[str, Any] | None = None) -> Vectors:
+def read_vectors(output_url: str, id_column: str, storage_options: StorageOptions | None = None) -> Vectors:
     """The id and embedding of every row an embed job wrote under `output_url`."""
     fs, root = open_fs(f"{output_url.rstrip('/')}/{MANIFEST_NAME}", storage_options)
     with fs.open(root, "rb") as f:
@@ -110,7 +111,7 @@ def _unit(matrix: np.ndarray) -> np.ndarray:
 
 
 def read_texts(
-    input_url: str, id_column: str, text_column: str, storage_options: dict[str, Any] | None = None
+    input_url: str, id_column: str, text_column: str, storage_options: StorageOptions | None = None
 ) -> dict[Any, str | None]:
     """id -> text of every row of a Parquet input (file, directory or glob); ids must be unique."""
     texts: dict[Any, str | None] = {}

@@ -11,13 +11,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.jobs.planner import PlanError, list_shards
+from scheduler_plugins.protocol import StorageOptions
 
 ROW_GROUP = 64
 
@@ -33,7 +33,7 @@ def draw_sample(
     rows: int,
     folder: Path,
     text_column: str = "text",
-    storage_options: dict[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
     seed: int = 0,
 ) -> Sample:
     """`rows` non-null texts of INPUT (all of them if it has fewer), written under `folder`."""

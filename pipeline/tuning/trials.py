@@ -53,10 +53,13 @@ class EmbedderTrials:
     def __init__(
         self, spec: ModelSpec, plan, texts: list[str], rows_per_item: int, reference: Config, repeats: int = 2
     ) -> None:
-        from workers.runtimes import load_runtime
+        from workers.runtimes import Scorer, load_runtime
 
         self.spec = spec
-        self.embedder = load_runtime(spec, plan)  # the runtime and dtype phase 0 chose
+        embedder = load_runtime(spec, plan)  # the runtime and dtype phase 0 chose
+        if isinstance(embedder, Scorer):
+            raise ValueError(f"model {spec.name!r} scores pairs: the embed trials cannot measure it")
+        self.embedder = embedder
         self.items = [texts[i : i + rows_per_item] for i in range(0, len(texts), rows_per_item)]
         self.lengths = [self.embedder.token_lengths(item)[0] for item in self.items]
         self.rows = len(texts)
