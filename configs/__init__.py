@@ -28,6 +28,12 @@ from pydantic import (
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_PROFILE = "auto"  # configs/auto.py: read off this machine
 
+# A batch item's lease and attempts, and the grace before items no worker can host are given up:
+# the profile's defaults, and the queue's for a job submitted without them (scheduler_plugins/jobs).
+LEASE_SECONDS = 60.0
+MAX_ATTEMPTS = 3
+UNPLACEABLE_SECONDS = 30.0
+
 
 class ConfigError(ValueError):
     """A catalog or profile that cannot be used, with the reason."""
@@ -172,9 +178,9 @@ class Profile(BaseModel):
     threads_per_worker: int = Field(default=0, ge=0)
     prefetch: int = Field(default=2, gt=0)
     rows_per_item: int = Field(default=1024, gt=0)
-    lease_seconds: float = Field(default=60.0, gt=0)
-    max_attempts: int = Field(default=3, gt=0)
-    unplaceable_seconds: float = Field(default=30.0, ge=0)
+    lease_seconds: float = Field(default=LEASE_SECONDS, gt=0)
+    max_attempts: int = Field(default=MAX_ATTEMPTS, gt=0)
+    unplaceable_seconds: float = Field(default=UNPLACEABLE_SECONDS, ge=0)
     pull_timeout_seconds: float = Field(default=2.0, gt=0)
     memory_fraction: float = Field(default=0.5, gt=0, le=1)
     pinned: list[str] = Field(default_factory=list)

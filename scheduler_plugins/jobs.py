@@ -6,6 +6,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from configs import LEASE_SECONDS, MAX_ATTEMPTS, UNPLACEABLE_SECONDS
+
 from .protocol import JobStatus
 from .work_items import ItemState, WorkItem
 
@@ -20,9 +22,9 @@ class Job:
         for item in items:
             item.owner = self
             self.state_counts[item.model, item.state] += 1
-        self.lease_seconds: float = float(settings.get("lease_seconds", 60.0))
-        self.max_attempts: int = int(settings.get("max_attempts", 3))
-        self.unplaceable_seconds: float = float(settings.get("unplaceable_seconds", 30.0))
+        self.lease_seconds: float = float(settings.get("lease_seconds", LEASE_SECONDS))
+        self.max_attempts: int = int(settings.get("max_attempts", MAX_ATTEMPTS))
+        self.unplaceable_seconds: float = float(settings.get("unplaceable_seconds", UNPLACEABLE_SECONDS))
         # Shared by every item of the job (storage credentials among them):
         # sent to workers with what they pull, never echoed in job status.
         self.context: dict[str, Any] = dict(settings.get("context") or {})

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from configs import Catalog, ModelSpec
+from configs import LEASE_SECONDS, MAX_ATTEMPTS, Catalog, ModelSpec
 
 # Assumptions, stated once; each one appears in the derivation it feeds.
 EFFICIENCY = 0.30  # achieved share of dense FP16 peak: skinny (d <= 1024) GEMMs, eager PyTorch
@@ -192,8 +192,8 @@ def derive(key: str, catalog: Catalog, models: list[str]) -> tuple[dict[str, Any
         "threads_per_worker": 1,
         "prefetch": prefetch,
         "rows_per_item": rows_per_item,
-        "lease_seconds": 60.0,
-        "max_attempts": 3,
+        "lease_seconds": LEASE_SECONDS,
+        "max_attempts": MAX_ATTEMPTS,
         "pull_timeout_seconds": 2.0,
         "memory_fraction": fraction,
         "token_budgets": budgets,
