@@ -139,9 +139,9 @@ class OnlineQueue:
         view = self.core.reported(worker, held, loaded)
         if view is None:
             return {"items": [], "reason": "unknown worker"}
-        deadline = time.monotonic() + max(0.0, timeout)
-        claim: str | None = None
-        while True:
+        claim: str | None = None  # the model whose requests woke this pull
+
+        def take() -> PullReply | None:
             if worker not in self.core.scheduler.workers:
                 if claim is not None:
                     self.wake(claim)
@@ -149,24 +149,28 @@ class OnlineQueue:
             model = claim if claim and self.core.queues.waiting_items(claim, ONLINE) else None
             model = model or self.core.placement.online_model_for(view, busy, self.pulls, self._claims)
             items = self.core.queues.take(model, ONLINE, MAX_ONLINE_BATCH) if model else []
-            if model and items:
-                for work in items:
-                    self.core.lease(work, worker)
-                self.core.hold(view, model)  # a holder now, loaded or not
-                self.wake(model)  # more than one group's worth waits: the next pull takes the rest
-                return self.core.items_reply(items)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return {"items": []}
+            if not (model and items):
+                return None
+            for work in items:
+                self.core.lease(work, worker)
+            self.core.hold(view, model)  # a holder now, loaded or not
+            self.wake(model)  # more than one group's worth waits: the next pull takes the rest
+            return self.core.items_reply(items)
+
+        def park() -> WaitingPull:
             waiting = WaitingPull(view, busy)
             self.pulls.add(waiting)
-            try:
-                await self.core.timeouts.wait(waiting, remaining)
-            finally:
-                self.pulls.discard(waiting)
-                claim = waiting.claim
-                if claim is not None and self._claims.get(claim) is waiting:
-                    del self._claims[claim]
+            return waiting
+
+        def unpark(waiting: WaitingPull) -> None:
+            nonlocal claim
+            self.pulls.discard(waiting)
+            claim = waiting.claim
+            if claim is not None and self._claims.get(claim) is waiting:
+                del self._claims[claim]
+
+        reply = await self.core.timeouts.long_poll(take, park, unpark, timeout)
+        return reply or {"items": []}
 
     def wake(self, model: str) -> None:
         """Wake the one waiting pull that should take `model`'s queued requests, if none is on its way."""

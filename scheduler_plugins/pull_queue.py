@@ -213,24 +213,22 @@ class PullQueue(SchedulerPlugin):
         )
         if view is None:
             return {"items": [], "reason": "unknown worker"}
-        deadline = time.monotonic() + max(0.0, timeout)
-        while True:
+
+        def take() -> PullReply | None:
             if worker not in self.scheduler.workers:
                 return {"items": [], "reason": "unknown worker"}
             items = self._lease_next(view, max(1, room))
             if not items and in_hand == 0:
                 items = self._take_back(view)
-            if items:
-                return self._pull_reply(items, view)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return {"items": []}
+            return self._pull_reply(items, view) if items else None
+
+        def park() -> WaitingPull:
             waiting = WaitingPull(view)
             self.batch_pulls.add(waiting)
-            try:
-                await self.timeouts.wait(waiting, remaining)
-            finally:
-                self.batch_pulls.discard(waiting)
+            return waiting
+
+        reply = await self.timeouts.long_poll(take, park, self.batch_pulls.discard, timeout)
+        return reply or {"items": []}
 
     def worker_events(
         self,

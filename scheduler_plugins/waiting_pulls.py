@@ -17,12 +17,16 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TypeVar
 
 from .worker_views import WorkerView
 
 RANKS = 4  # placement.online_rank's range
+
+Reply = TypeVar("Reply")
 
 
 class WaitingPull:
@@ -59,6 +63,30 @@ class Timeouts:
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._armed_for = float("inf")
+
+    async def long_poll(
+        self,
+        take: Callable[[], Reply | None],
+        park: Callable[[], WaitingPull],
+        unpark: Callable[[WaitingPull], None],
+        timeout: float,
+    ) -> Reply | None:
+        """What `take` finds, waiting up to `timeout` seconds for it; None at the timeout.
+
+        The loop of every pull: look; if nothing, `park` a waiting pull in
+        the index that new work wakes, wait, `unpark` it and look again.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        while (reply := take()) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            pull = park()
+            try:
+                await self.wait(pull, remaining)
+            finally:
+                unpark(pull)
+        return reply
 
     async def wait(self, pull: WaitingPull, timeout: float) -> None:
         """Until `pull` is woken, or `timeout` seconds."""
