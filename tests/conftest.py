@@ -47,6 +47,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytest_plugins = ["tests.fixtures.models", "tests.fixtures.cluster", "tests.fixtures.s3"]
 
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Async tests and fixtures (anyio's pytest plugin, `anyio_mode = "auto"`) run on asyncio, as Dask does."""
+    return "asyncio"
+
+
 # -- tiers ---------------------------------------------------------------------------------
 
 # Fixtures that start a cluster, build or load a model, or start a server: a test needing one is not a unit test.

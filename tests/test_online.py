@@ -109,16 +109,13 @@ def test_msgpack_and_json_round_trips_equal_a_direct_model_call(gateway, tiny_mo
     assert status == 200 and len(reply["embeddings"][0]) == direct.shape[1]
 
 
-def test_async_client_many_requests_at_once(gateway, tiny_model):
+async def test_async_client_many_requests_at_once(gateway, tiny_model):
     import asyncio
 
     direct = direct_vectors(tiny_model, TEXTS)
-
-    async def go():
-        async with AsyncOnlineClient(gateway.url) as online:
-            return await asyncio.gather(*(online.encode("tiny", [t]) for t in TEXTS * 5))
-
-    for i, vectors in enumerate(asyncio.run(go())):
+    async with AsyncOnlineClient(gateway.url) as online:
+        answers = await asyncio.gather(*(online.encode("tiny", [t]) for t in TEXTS * 5))
+    for i, vectors in enumerate(answers):
         np.testing.assert_allclose(vectors[0], direct[i % len(TEXTS)], atol=1e-5)
 
 

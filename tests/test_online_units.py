@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -20,7 +21,7 @@ from scheduler_plugins.gateway_auth import BearerAuth
 from scheduler_plugins.online_requests import OnlineFailure
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
-from tests.support.fake_scheduler import FakeScheduler, RecordingStream
+from tests.support.fake_scheduler import RecordingStream, running_queue
 from tests.support.waiting import async_wait_for, wait_for
 from workers import online_operations
 from workers.device_thread import DeviceThread
@@ -33,104 +34,75 @@ LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
 SETTINGS = GatewaySettings(request_timeout_seconds=5, max_attempts=2, online_lease_seconds=5)  # nobody renews here
 
 
-async def plugin_with_model() -> PullQueue:
-    plugin = PullQueue(models={"m": {"name": "m", "kind": "sim"}})
-    await plugin.start(FakeScheduler())
-    return plugin
+@pytest.fixture
+async def plugin() -> AsyncIterator[PullQueue]:
+    """The queue on a fake scheduler of workers w1 and w2, serving the simulated model "m"."""
+    async with running_queue(models={"m": {"name": "m", "kind": "sim"}}) as plugin:
+        yield plugin
 
 
-def test_online_requests_are_pulled_together_and_acked_with_the_next_pull():
-    async def go():
-        plugin = await plugin_with_model()
-        submitted = [plugin.online.submit("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS) for i in range(3)]
-        reply = await plugin.online.pull("w1", held=["m"], timeout=0)
-        assert [m["id"] for m in reply["items"]] == [item.id for item, _ in submitted]
-        assert reply["models"] == {"m": {"name": "m", "kind": "sim"}}
-        assert reply["items"][0]["lease_seconds"] == SETTINGS.online_lease_seconds  # short, renewed by the worker
-        acks = [[m["id"], {"n": i}, 0.01] for i, m in enumerate(reply["items"])]
-        assert (await plugin.online.pull("w1", held=["m"], timeout=0, acks=acks))["items"] == []
-        for i, (_, future) in enumerate(submitted):
-            result = future.result()
-            assert result["n"] == i and result["timing"]["compute"] == 0.01 and result["timing"]["queue"] >= 0
-        assert not any(i.startswith("online-") for i in plugin.items)  # forgotten once answered
-        await plugin.close()
-
-    asyncio.run(go())
+async def test_online_requests_are_pulled_together_and_acked_with_the_next_pull(plugin):
+    submitted = [plugin.online.submit("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS) for i in range(3)]
+    reply = await plugin.online.pull("w1", held=["m"], timeout=0)
+    assert [m["id"] for m in reply["items"]] == [item.id for item, _ in submitted]
+    assert reply["models"] == {"m": {"name": "m", "kind": "sim"}}
+    assert reply["items"][0]["lease_seconds"] == SETTINGS.online_lease_seconds  # short, renewed by the worker
+    acks = [[m["id"], {"n": i}, 0.01] for i, m in enumerate(reply["items"])]
+    assert (await plugin.online.pull("w1", held=["m"], timeout=0, acks=acks))["items"] == []
+    for i, (_, future) in enumerate(submitted):
+        result = future.result()
+        assert result["n"] == i and result["timing"]["compute"] == 0.01 and result["timing"]["queue"] >= 0
+    assert not any(i.startswith("online-") for i in plugin.items)  # forgotten once answered
 
 
-def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason():
-    async def go():
-        plugin = await plugin_with_model()
-        item, future = plugin.online.submit("m", "encode", {"texts": ["x"]}, 1, SETTINGS)
-        await plugin.online.pull("w1", held=["m"], timeout=0)
-        plugin.remove_worker(None, "w1")
-        reply = await plugin.online.pull("w2", held=["m"], timeout=0)
-        assert [m["id"] for m in reply["items"]] == [item.id] and not future.done()
-        plugin.remove_worker(None, "w2")  # second and last attempt
-        with pytest.raises(OnlineFailure, match="was lost"):
-            future.result()
-        await plugin.close()
-
-    asyncio.run(go())
+async def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason(plugin):
+    item, future = plugin.online.submit("m", "encode", {"texts": ["x"]}, 1, SETTINGS)
+    await plugin.online.pull("w1", held=["m"], timeout=0)
+    plugin.remove_worker(None, "w1")
+    reply = await plugin.online.pull("w2", held=["m"], timeout=0)
+    assert [m["id"] for m in reply["items"]] == [item.id] and not future.done()
+    plugin.remove_worker(None, "w2")  # second and last attempt
+    with pytest.raises(OnlineFailure, match="was lost"):
+        future.result()
 
 
-def test_an_online_pull_of_an_unheld_model_makes_the_worker_its_holder():
-    async def go():
-        plugin = await plugin_with_model()
-        plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        assert len((await plugin.online.pull("w1", held=[], timeout=0))["items"]) == 1
-        assert "m" in plugin.worker_views["w1"].held  # loading it: w2 must not load it too
-        plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
-        assert (await plugin.online.pull("w2", held=[], timeout=0))["items"] == []
-        await plugin.close()
-
-    asyncio.run(go())
+async def test_an_online_pull_of_an_unheld_model_makes_the_worker_its_holder(plugin):
+    plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    assert len((await plugin.online.pull("w1", held=[], timeout=0))["items"]) == 1
+    assert "m" in plugin.worker_views["w1"].held  # loading it: w2 must not load it too
+    plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    assert (await plugin.online.pull("w2", held=[], timeout=0))["items"] == []
 
 
-def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused():
-    async def go():
-        plugin = await plugin_with_model()
-        queued, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        plugin.online.cancel(queued)
-        assert (await plugin.online.pull("w1", held=["m"], timeout=0))["items"] == []
-        leased, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
-        await plugin.online.pull("w1", held=["m"], timeout=0)
-        plugin.online.cancel(leased)
-        assert plugin.online.ack("w1", leased.id, {}, 0.0) is False
-        assert not plugin.leases.of_worker("w1")
-        await plugin.close()
-
-    asyncio.run(go())
+async def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused(plugin):
+    queued, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    plugin.online.cancel(queued)
+    assert (await plugin.online.pull("w1", held=["m"], timeout=0))["items"] == []
+    leased, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    await plugin.online.pull("w1", held=["m"], timeout=0)
+    plugin.online.cancel(leased)
+    assert plugin.online.ack("w1", leased.id, {}, 0.0) is False
+    assert not plugin.leases.of_worker("w1")
 
 
-def test_online_pull_leaves_a_model_held_elsewhere_to_its_holder():
-    async def go():
-        plugin = await plugin_with_model()
-        plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        await plugin.online.pull("w1", held=["m"], timeout=0.01)  # w1 registers as a holder, takes it
-        plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
-        assert (await plugin.online.pull("w2", held=[], timeout=0))["items"] == []
-        assert len((await plugin.online.pull("w1", held=["m"], timeout=0))["items"]) == 1
-        await plugin.close()
-
-    asyncio.run(go())
+async def test_online_pull_leaves_a_model_held_elsewhere_to_its_holder(plugin):
+    plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    await plugin.online.pull("w1", held=["m"], timeout=0.01)  # w1 registers as a holder, takes it
+    plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    assert (await plugin.online.pull("w2", held=[], timeout=0))["items"] == []
+    assert len((await plugin.online.pull("w1", held=["m"], timeout=0))["items"]) == 1
 
 
 @pytest.mark.parametrize("loading_is_busy", [False, True])
-def test_a_request_goes_to_the_worker_with_its_model_loaded_not_one_still_loading_it(loading_is_busy):
+async def test_a_request_goes_to_the_worker_with_its_model_loaded_not_one_still_loading_it(loading_is_busy, plugin):
     """Both hold m; w2 is still loading it. Even busy (one forward batch to wait), w1 answers sooner."""
 
-    async def go():
-        plugin = await plugin_with_model()
-        loaded = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], busy=True, timeout=1))
-        await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
-        item, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        loading = await plugin.online.pull("w2", held=["m"], loaded=[], busy=loading_is_busy, timeout=0)
-        assert loading["items"] == []
-        assert [m["id"] for m in (await loaded)["items"]] == [item.id]
-        await plugin.close()
-
-    asyncio.run(go())
+    loaded = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], busy=True, timeout=1))
+    await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
+    item, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    loading = await plugin.online.pull("w2", held=["m"], loaded=[], busy=loading_is_busy, timeout=0)
+    assert loading["items"] == []
+    assert [m["id"] for m in (await loaded)["items"]] == [item.id]
 
 
 def test_msgpack_is_decoded_with_limits_and_without_extension_types():
@@ -273,16 +245,13 @@ class TurnLog(DeviceThread):
             yield
 
 
-def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after_the_next_batch_turn():
+async def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after_the_next_batch_turn():
     online_spec = ModelSpec(name="o", kind="sim", dim=8, max_seq_length=16, batch_fixed_seconds=0.1)
     batch_spec = ModelSpec(name="b", kind="sim", dim=8, max_seq_length=16, batch_fixed_seconds=0.05, max_batch_size=1)
-    acked: list[str] = []
-
-    async def scenario() -> list[str]:
-        device = TurnLog()
-        pool = ModelPool(10**9, lambda s: SimulatedRuntime(s, device_thread=device), ThreadPoolExecutor(1))
+    device = TurnLog()
+    pool = ModelPool(10**9, lambda s: SimulatedRuntime(s, device_thread=device), ThreadPoolExecutor(1))
+    with groups_on_a_recorded_stream(pool, device, {"o": online_spec}) as (groups, sent):
         await pool.pin(online_spec)
-        groups, sent = groups_on_a_recorded_stream(pool, device, {"o": online_spec})
         batch = SimulatedRuntime(batch_spec, device_thread=device)
         item = asyncio.wrap_future(device.run(batch.embed, [f"row {i}" for i in range(8)]))  # 8 turns of 50 ms
         await async_wait_for(lambda: "batch" in device.log, what="the batch item's first turn")
@@ -297,22 +266,27 @@ def test_a_request_arriving_during_an_online_round_runs_right_after_it_not_after
         await item
         kept: list[str] = []
         await async_wait_for(lambda: len(answered(groups, sent, kept)) == 2, what="A and B acked")
-        acked.extend(answered(groups, sent, kept))
-        groups.close()
-        device.shutdown()
-        return device.log
-
-    log = asyncio.run(scenario())
+        acked = answered(groups, sent, kept)
+    log = device.log
     assert acked == ["A", "B"]
     first = log.index("online")
     assert log.count("online") == 2 and log[first + 1] == "online"  # no batch turn between the two rounds
     assert "batch" in log[:first] and "batch" in log[first + 2 :]  # both came during the batch item
 
 
-def groups_on_a_recorded_stream(pool, device, specs) -> tuple[OnlineGroups, RecordingStream]:
-    """A worker's online groups whose event stream to the scheduler is recorded."""
+@contextmanager
+def groups_on_a_recorded_stream(
+    pool: ModelPool, device: DeviceThread, specs: dict[str, ModelSpec]
+) -> Iterator[tuple[OnlineGroups, RecordingStream]]:
+    """A worker's online groups whose event stream to the scheduler is recorded; on exit they are closed
+    and the device thread shut down, whether the test passed or not."""
     sent = RecordingStream()
-    return OnlineGroups("w", pool, device, specs, SchedulerStream(SimpleNamespace(batched_stream=sent))), sent
+    groups = OnlineGroups("w", pool, device, specs, SchedulerStream(SimpleNamespace(batched_stream=sent)))
+    try:
+        yield groups, sent
+    finally:
+        groups.close()
+        device.shutdown()
 
 
 def answered(groups: OnlineGroups, sent: RecordingStream, kept: list[str]) -> list[str]:
@@ -337,12 +311,10 @@ def test_group_encode_gives_each_request_its_slice():
     assert online_operations.score(runtime, payloads[:1])[0]["status"] == 501
 
 
-def test_no_workers_and_shutting_down_are_503_with_retry_after():
+async def test_no_workers_and_shutting_down_are_503_with_retry_after():
     import aiohttp
 
-    async def go():
-        plugin = PullQueue(models={"m": {"name": "m", "kind": "sim", "dim": 8}})
-        await plugin.start(FakeScheduler(workers=()))
+    async with running_queue((), {"m": {"name": "m", "kind": "sim", "dim": 8}}) as plugin:
         url = (await plugin.gateway_start({"port": 0, "retry_after_seconds": 3}))["url"]
         assert "already serves" in (await plugin.gateway_start({"port": 0}))["error"]
         async with aiohttp.ClientSession() as session:
@@ -360,25 +332,17 @@ def test_no_workers_and_shutting_down_are_503_with_retry_after():
                     response.status == 503
                     and "shutting down" in msgpack.unpackb(await response.read())["error"]["message"]
                 )
-        await plugin.close()
-        assert plugin.gateway is None
-
-    asyncio.run(go())
+    assert plugin.gateway is None
 
 
-def test_a_busy_worker_leaves_online_requests_to_an_idle_one():
-    async def go():
-        plugin = await plugin_with_model()
-        idle = asyncio.create_task(plugin.online.pull("w2", held=["m"], timeout=1))
-        busy = asyncio.create_task(plugin.online.pull("w1", held=["m"], timeout=1, busy=True))
-        await async_wait_for(lambda: len(plugin.online.pulls) == 2, what="both online pulls waiting")
-        plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-        assert len((await idle)["items"]) == 1 and (await busy)["items"] == []
-        plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)  # no idle puller now
-        assert len((await plugin.online.pull("w1", held=["m"], timeout=0, busy=True))["items"]) == 1
-        await plugin.close()
-
-    asyncio.run(go())
+async def test_a_busy_worker_leaves_online_requests_to_an_idle_one(plugin):
+    idle = asyncio.create_task(plugin.online.pull("w2", held=["m"], timeout=1))
+    busy = asyncio.create_task(plugin.online.pull("w1", held=["m"], timeout=1, busy=True))
+    await async_wait_for(lambda: len(plugin.online.pulls) == 2, what="both online pulls waiting")
+    plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    assert len((await idle)["items"]) == 1 and (await busy)["items"] == []
+    plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)  # no idle puller now
+    assert len((await plugin.online.pull("w1", held=["m"], timeout=0, busy=True))["items"]) == 1
 
 
 class PoisonRuntime(SimulatedRuntime):
@@ -390,16 +354,14 @@ class PoisonRuntime(SimulatedRuntime):
         return super().embed(texts, measured, prompt)
 
 
-def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_answered():
+async def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_answered():
     spec = ModelSpec(name="p", kind="sim", dim=8, max_seq_length=16)
     acked: list[str] = []
     failed: list[list] = []
-
-    async def scenario() -> None:
-        device = DeviceThread()
-        pool = ModelPool(10**9, lambda s: PoisonRuntime(s, device_thread=device), ThreadPoolExecutor(1))
+    device = DeviceThread()
+    pool = ModelPool(10**9, lambda s: PoisonRuntime(s, device_thread=device), ThreadPoolExecutor(1))
+    with groups_on_a_recorded_stream(pool, device, {"p": spec}) as (groups, sent):
         await pool.pin(spec)
-        groups, sent = groups_on_a_recorded_stream(pool, device, {"p": spec})
         texts = ["a", "b", "poison", "c"]
         payload = lambda text: {"texts": [text], "truncate": True, "dtype": "float32"}  # noqa: E731
         groups.add(
@@ -414,55 +376,41 @@ def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_answere
             return len(acked) + len(failed) == len(texts)
 
         await async_wait_for(everything_answered, what="every request answered")
-        groups.close()
-        device.shutdown()
-
-    asyncio.run(scenario())
     assert sorted(acked) == ["a", "b", "c"]
     assert failed == [["poison", "RuntimeError: cannot compute 'poison'", False]]
 
 
-def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400():
-    async def go():
-        plugin = await plugin_with_model()
-        backend = plugin.online.local_backend()
-        pulled = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=5))
-        await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
-        poison = await backend.answer("m", "encode", {"texts": ["\ud800"]}, 1, 5, SETTINGS)
-        assert poison["status"] == 400 and "cannot be sent" in poison["error"]
-        legit = asyncio.create_task(backend.answer("m", "encode", {"texts": ["fine"]}, 1, 5, SETTINGS))
-        reply = await pulled
-        assert [m["payload"]["texts"] for m in reply["items"]] == [["fine"]]
-        plugin.online.ack("w1", reply["items"][0]["id"], {"shape": [1, 8]}, 0.0)
-        assert (await legit)["shape"] == [1, 8]
-        await plugin.close()
-
-    asyncio.run(go())
+async def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400(plugin):
+    backend = plugin.online.local_backend()
+    pulled = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=5))
+    await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
+    poison = await backend.answer("m", "encode", {"texts": ["\ud800"]}, 1, 5, SETTINGS)
+    assert poison["status"] == 400 and "cannot be sent" in poison["error"]
+    legit = asyncio.create_task(backend.answer("m", "encode", {"texts": ["fine"]}, 1, 5, SETTINGS))
+    reply = await pulled
+    assert [m["payload"]["texts"] for m in reply["items"]] == [["fine"]]
+    plugin.online.ack("w1", reply["items"][0]["id"], {"shape": [1, 8]}, 0.0)
+    assert (await legit)["shape"] == [1, 8]
 
 
-def test_requests_on_a_worker_that_stops_renewing_move_to_another_within_their_short_lease():
+async def test_requests_on_a_worker_that_stops_renewing_move_to_another_within_their_short_lease(plugin):
     """A frozen worker (SIGSTOP, a hung driver) renews nothing: its requests go elsewhere, not at their deadline."""
 
-    async def go():
-        plugin = await plugin_with_model()
-        settings = GatewaySettings(request_timeout_seconds=30, online_lease_seconds=1.0)
-        kept, _ = plugin.online.submit("m", "encode", {"texts": ["kept"]}, 1, settings)
-        assert [m["id"] for m in (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]] == [
-            kept.id
-        ]
-        for _ in range(6):  # 1.5 s of renewals, past the lease: a live worker keeps what it holds
-            await asyncio.sleep(0.25)
-            plugin.worker_events("w1", extend=[kept.id])
-        assert kept.worker == "w1" and kept.attempts == 1
-        moved, future = plugin.online.submit("m", "encode", {"texts": ["moved"]}, 1, settings)
-        frozen = await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0)
-        assert [m["id"] for m in frozen["items"]] == [moved.id]
-        # w1 goes silent; the lease checker puts the request back and wakes w2's waiting pull
-        reply = await plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=10)
-        assert (moved.id, 2) in [(m["id"], m["attempt"]) for m in reply["items"]]  # `kept` too, unrenewed now
-        assert moved.id in plugin.scheduler.revoked("w1")
-        await plugin.online.pull("w2", held=["m"], timeout=0, acks=[[moved.id, {"n": 1}, 0.0]])
-        assert future.result()["n"] == 1
-        await plugin.close()
-
-    asyncio.run(go())
+    settings = GatewaySettings(request_timeout_seconds=30, online_lease_seconds=1.0)
+    kept, _ = plugin.online.submit("m", "encode", {"texts": ["kept"]}, 1, settings)
+    assert [m["id"] for m in (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]] == [
+        kept.id
+    ]
+    for _ in range(6):  # 1.5 s of renewals, past the lease: a live worker keeps what it holds
+        await asyncio.sleep(0.25)
+        plugin.worker_events("w1", extend=[kept.id])
+    assert kept.worker == "w1" and kept.attempts == 1
+    moved, future = plugin.online.submit("m", "encode", {"texts": ["moved"]}, 1, settings)
+    frozen = await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0)
+    assert [m["id"] for m in frozen["items"]] == [moved.id]
+    # w1 goes silent; the lease checker puts the request back and wakes w2's waiting pull
+    reply = await plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=10)
+    assert (moved.id, 2) in [(m["id"], m["attempt"]) for m in reply["items"]]  # `kept` too, unrenewed now
+    assert moved.id in plugin.scheduler.revoked("w1")
+    await plugin.online.pull("w2", held=["m"], timeout=0, acks=[[moved.id, {"n": 1}, 0.0]])
+    assert future.result()["n"] == 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,32 +15,14 @@ from configs import GatewaySettings
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import BATCH, ONLINE, ItemState
 from scheduler_plugins.worker_views import can_host
-from tests.support.fake_scheduler import FakeScheduler
+from tests.support.fake_scheduler import running_queue, worker_state
 
 SETTINGS = GatewaySettings(request_timeout_seconds=30, max_attempts=2)
 
 
-class CountingWorkers(dict):
-    """The scheduler's worker table, counting membership checks: each pull asks once per pass of
-    its loop, so the count after an event is the number of pulls that woke for it."""
-
-    checks = 0
-
-    def __contains__(self, address) -> bool:
-        CountingWorkers.checks += 1
-        return super().__contains__(address)
-
-
-class CountingScheduler(FakeScheduler):
-    def __init__(self, workers) -> None:
-        super().__init__(workers)
-        self.workers = CountingWorkers(self.workers)
-
-
-async def started(workers, models=("m", "n")) -> PullQueue:
-    plugin = PullQueue(models={m: {"name": m, "kind": "sim"} for m in models})
-    await plugin.start(CountingScheduler(workers))
-    return plugin
+def queue(workers: Iterable[str], models: Iterable[str] = ("m", "n")) -> AbstractAsyncContextManager[PullQueue]:
+    """The queue on a fake scheduler of `workers`, serving simulated `models`; closed on exit."""
+    return running_queue(workers, {m: {"name": m, "kind": "sim"} for m in models})
 
 
 def items(model: str, n: int, rows: int = 10, prefix: str = "") -> list[dict]:
@@ -53,49 +37,41 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def wakes_after(event) -> int:
-    """How many waiting pulls ran a pass of their loop because of `event`."""
+async def wakes_after(plugin: PullQueue, event: Callable[[], object]) -> int:
+    """How many waiting pulls ran a pass of their loop because of `event`: each pass asks the scheduler's
+    worker table once whether its worker is still there, and the fake's table counts the asks."""
     await settle()
-    CountingWorkers.checks = 0
+    plugin.scheduler.workers.checks = 0
     event()
     await settle()
-    return CountingWorkers.checks
+    return plugin.scheduler.workers.checks
 
 
 WORKERS = [f"w{i}" for i in range(256)]
 
 
-def test_an_online_request_wakes_one_waiting_pull_whatever_the_number_of_workers():
-    async def go():
-        plugin = await started(WORKERS)
+async def test_an_online_request_wakes_one_waiting_pull_whatever_the_number_of_workers():
+    async with queue(WORKERS) as plugin:
         pulls = [asyncio.create_task(plugin.online.pull(w, held=["m"], loaded=["m"], timeout=30)) for w in WORKERS]
-        woken = await wakes_after(lambda: plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS))
+        woken = await wakes_after(plugin, lambda: plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS))
         assert woken <= 2, woken
         assert sum(1 for p in pulls if p.done() and p.result()["items"]) == 1
         for p in pulls:
             p.cancel()
-        await plugin.close()
-
-    asyncio.run(go())
 
 
-def test_a_batch_submit_of_k_items_wakes_at_most_k_batch_pulls():
-    async def go():
-        plugin = await started(WORKERS)
+async def test_a_batch_submit_of_k_items_wakes_at_most_k_batch_pulls():
+    async with queue(WORKERS) as plugin:
         pulls = [asyncio.create_task(plugin.pull(w, held=["m"], timeout=30, in_hand=1)) for w in WORKERS]
-        woken = await wakes_after(lambda: plugin.submit("j", items("m", 3), {}))
+        woken = await wakes_after(plugin, lambda: plugin.submit("j", items("m", 3), {}))
         assert woken <= 3, woken
         assert sum(len(p.result()["items"]) for p in pulls if p.done()) == 3
         for p in pulls:
             p.cancel()
-        await plugin.close()
-
-    asyncio.run(go())
 
 
-def test_a_batch_submit_wakes_holders_before_other_workers():
-    async def go():
-        plugin = await started(["holder", "other"])
+async def test_a_batch_submit_wakes_holders_before_other_workers():
+    async with queue(["holder", "other"]) as plugin:
         other = asyncio.create_task(plugin.pull("other", held=["n"], timeout=30, in_hand=1))
         holder = asyncio.create_task(plugin.pull("holder", held=["m"], timeout=30, in_hand=1))
         await settle()
@@ -104,14 +80,10 @@ def test_a_batch_submit_wakes_holders_before_other_workers():
         assert holder.done() and [i["model"] for i in holder.result()["items"]] == ["m"]
         assert not other.done()
         other.cancel()
-        await plugin.close()
-
-    asyncio.run(go())
 
 
-def test_online_items_of_a_lost_worker_wake_a_waiting_online_pull_at_once():
-    async def go():
-        plugin = await started(["w1", "w2"])
+async def test_online_items_of_a_lost_worker_wake_a_waiting_online_pull_at_once():
+    async with queue(["w1", "w2"]) as plugin:
         item, future = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
         assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
         survivor = asyncio.create_task(plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=30))
@@ -121,16 +93,12 @@ def test_online_items_of_a_lost_worker_wake_a_waiting_online_pull_at_once():
         await settle()
         assert survivor.done(), "the requeued request waited for the survivor's next pull timeout"
         assert [m["id"] for m in survivor.result()["items"]] == [item.id] and not future.done()
-        await plugin.close()
-
-    asyncio.run(go())
 
 
-def test_a_waiting_online_pull_of_a_worker_that_just_took_a_model_serves_its_requests():
+async def test_a_waiting_online_pull_of_a_worker_that_just_took_a_model_serves_its_requests():
     """A batch steal makes w1 a holder while its online pull waits: the request must reach it."""
 
-    async def go():
-        plugin = await started(["w1"])
+    async with queue(["w1"]) as plugin:
         online = asyncio.create_task(plugin.online.pull("w1", held=[], loaded=[], timeout=30))
         await settle()
         plugin.submit("j", items("m", 1), {})
@@ -138,9 +106,6 @@ def test_a_waiting_online_pull_of_a_worker_that_just_took_a_model_serves_its_req
         plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
         await settle()
         assert online.done() and len(online.result()["items"]) == 1
-        await plugin.close()
-
-    asyncio.run(go())
 
 
 # -- every index against a recomputation from scratch ------------------------------------
@@ -299,22 +264,18 @@ def check_choices(plugin: PullQueue) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step, min_size=1, max_size=60))
-def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
-    async def go():
-        plugin = PullQueue(
-            models={
-                "a": {"name": "a", "kind": "sim", "load_seconds": 2.0},
-                "b": {"name": "b", "kind": "sim", "load_seconds": 0.5},
-                "c": {"name": "c", "kind": "sim"},
-                "g": {"name": "g", "kind": "sim", "requires": {"GPU": 1}, "memory_bytes": 10**9},
-            }
-        )
-        scheduler = CountingScheduler([])
-        scheduler.workers = CountingWorkers(
-            {w: type("W", (), {"resources": {"GPU": 1} if w == "w0" else {}})() for w in POOL}
-        )
-        removed: dict[str, object] = {}
-        await plugin.start(scheduler)
+async def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
+    models = {
+        "a": {"name": "a", "kind": "sim", "load_seconds": 2.0},
+        "b": {"name": "b", "kind": "sim", "load_seconds": 0.5},
+        "c": {"name": "c", "kind": "sim"},
+        "g": {"name": "g", "kind": "sim", "requires": {"GPU": 1}, "memory_bytes": 10**9},
+    }
+    workers = {w: worker_state(GPU=1) if w == "w0" else worker_state() for w in POOL}
+    removed: dict[str, object] = {}
+    answers = []  # the online requests' futures
+    async with running_queue(workers, models) as plugin:
+        scheduler = plugin.scheduler
         jobs = 0
         for op, *args in steps:
             leased = leased_items(plugin)
@@ -323,7 +284,7 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
                 jobs += 1
                 plugin.submit(f"j{jobs}", items(model, count, rows), {"lease_seconds": 60})
             elif op == "online":
-                plugin.online.submit(args[0], "encode", {"texts": ["x"]}, 1, SETTINGS)
+                answers.append(plugin.online.submit(args[0], "encode", {"texts": ["x"]}, 1, SETTINGS)[1])
             elif op == "pull":
                 worker, held, loaded, room, in_hand, measured, seconds = args
                 budget = 10**10 if worker in ("w0", "w1") else 10**8
@@ -368,23 +329,22 @@ def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
             check_indexes(plugin)
             check_choices(plugin)
             check_indexes(plugin)
-        await plugin.close()
+    for answer in answers:  # a failure left unread is an error on the test's event loop (anyio's runner)
+        if answer.done() and not answer.cancelled():
+            answer.exception()
 
-    asyncio.run(go())
 
-
-def test_an_idle_pull_touches_a_bounded_number_of_candidates_at_1024_workers_and_1000_models():
+async def test_an_idle_pull_touches_a_bounded_number_of_candidates_at_1024_workers_and_1000_models():
     """Items that compute for a while: each worker started one item of its model and leased one more;
     one more item of every model waits. An idle worker that once measured a fast load elsewhere finds
     nothing worth stealing (the holders drain faster than it loads) nor taking back (each item waits
     less on its holder than its load here). It must learn that from a few heap entries: a scan of
     every model or every leased item would make the tail of a large job cost O(cluster) per pull."""
 
-    async def go():
-        models = [f"m{i}" for i in range(1000)]
-        workers = [f"w{i}" for i in range(1024)]
-        plugin = PullQueue(models={m: {"name": m, "kind": "sim", "load_seconds": 2.0} for m in models})
-        await plugin.start(CountingScheduler([*workers, "idle"]))
+    models = [f"m{i}" for i in range(1000)]
+    workers = [f"w{i}" for i in range(1024)]
+    specs = {m: {"name": m, "kind": "sim", "load_seconds": 2.0} for m in models}
+    async with running_queue([*workers, "idle"], specs) as plugin:
         plugin.submit(
             "leased", [item for i, w in enumerate(workers) for item in items(models[i % 1000], 2, 100, w)], {}
         )
@@ -410,27 +370,21 @@ def test_an_idle_pull_touches_a_bounded_number_of_candidates_at_1024_workers_and
         reply = await plugin.pull("idle", held=["m500"], timeout=0, in_hand=0)
         assert [m["model"] for m in reply["items"]] == ["m500"] and plugin.events["taken_back"] == 1
         assert plugin.placement.touched - before <= 8
-        await plugin.close()
-
-    asyncio.run(go())
 
 
-def test_a_take_back_looks_past_models_the_thief_cannot_host_or_loads_slower_than_the_catalog_says():
+async def test_a_take_back_looks_past_models_the_thief_cannot_host_or_loads_slower_than_the_catalog_says():
     """Every candidate waits 4 s on its holder (4 items started ahead of it). The thief cannot host
     "big" and measured "slow" loading in 3 s (the catalog says 1 s): the item worth taking back is
     "far" (2 s to load here), found below the two models the catalog ranks higher."""
 
-    async def go():
-        models = {
-            "run": {},
-            "big": {"requires": {"GPU": 1}},
-            "slow": {"load_seconds": 1.0},
-            "far": {"load_seconds": 2.0},
-        }
-        plugin = PullQueue(models={m: {"name": m, "kind": "sim", **spec} for m, spec in models.items()})
-        scheduler = CountingScheduler([])
-        scheduler.workers = {"holder": type("W", (), {"resources": {"GPU": 1}})(), "thief": object()}
-        await plugin.start(scheduler)
+    models = {
+        "run": {},
+        "big": {"requires": {"GPU": 1}},
+        "slow": {"load_seconds": 1.0},
+        "far": {"load_seconds": 2.0},
+    }
+    specs = {m: {"name": m, "kind": "sim", **spec} for m, spec in models.items()}
+    async with running_queue({"holder": worker_state(GPU=1), "thief": worker_state()}, specs) as plugin:
         held = list(models)
         plugin.submit("run", items("run", 4, rows=100), {})
         for message in (await plugin.pull("holder", held=held, room=4, timeout=0))["items"]:
@@ -440,32 +394,22 @@ def test_a_take_back_looks_past_models_the_thief_cannot_host_or_loads_slower_tha
             assert len((await plugin.pull("holder", held=held, room=1, timeout=0, in_hand=4))["items"]) == 1
         reply = await plugin.pull("thief", held=[], timeout=0, in_hand=0, load_seconds={"slow": 3.0})
         assert [m["model"] for m in reply["items"]] == ["far"] and plugin.events["taken_back"] == 1
-        await plugin.close()
-
-    asyncio.run(go())
 
 
-def test_a_steal_finds_a_model_the_thief_loads_faster_than_the_catalog_says():
+async def test_a_steal_finds_a_model_the_thief_loads_faster_than_the_catalog_says():
     """Both models drain in 3 s on their holder. The catalog says "fast" loads in 4 s and "other" in 1 s,
     but the thief measured "fast" at 0.5 s: stealing it gains 2.5 s, "other" 2 s."""
 
-    async def go():
-        plugin = PullQueue(
-            models={m: {"name": m, "kind": "sim", "load_seconds": s} for m, s in (("fast", 4.0), ("other", 1.0))}
-        )
-        await plugin.start(CountingScheduler(["holder", "thief"]))
+    specs = {m: {"name": m, "kind": "sim", "load_seconds": s} for m, s in (("fast", 4.0), ("other", 1.0))}
+    async with running_queue(["holder", "thief"], specs) as plugin:
         await plugin.pull("holder", held=["fast", "other"], timeout=0)
         plugin.submit("j", [*items("fast", 3, rows=100), *items("other", 3, rows=100)], {})
         reply = await plugin.pull("thief", held=[], timeout=0, load_seconds={"fast": 0.5})
         assert [m["model"] for m in reply["items"]] == ["fast"]
-        await plugin.close()
-
-    asyncio.run(go())
 
 
-def test_a_gpu_only_model_is_judged_unplaceable_from_worker_capabilities():
-    async def go():
-        plugin = await started(["cpu"])
+async def test_a_gpu_only_model_is_judged_unplaceable_from_worker_capabilities():
+    async with queue(["cpu"]) as plugin:
         plugin.submit(
             "j", items("m", 1), {"models": {"m": {"name": "m", "requires": {"GPU": 1}}}, "unplaceable_seconds": 0}
         )
@@ -473,6 +417,3 @@ def test_a_gpu_only_model_is_judged_unplaceable_from_worker_capabilities():
         plugin.bury_unplaceable()
         status = plugin.job_status("j")
         assert status["failed"] == 1 and "GPU=1" in status["dead_letters"][0]["errors"][0]
-        await plugin.close()
-
-    asyncio.run(go())

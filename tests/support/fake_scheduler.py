@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 from scheduler_plugins.pull_queue import PullQueue
@@ -35,8 +36,10 @@ class FakeScheduler:
     """What the scheduler plugin uses of a Dask scheduler, for unit tests: its workers by address, handlers,
     stream handlers, streams to workers, extensions and periodic callbacks."""
 
-    def __init__(self, workers: Iterable[str] = ("w1", "w2")) -> None:
-        self.workers = WorkerTable((w, object()) for w in workers)
+    def __init__(self, workers: Iterable[str] | Mapping[str, object] = ("w1", "w2")) -> None:
+        """`workers`: addresses, or the scheduler's state of each by address (`worker_state`)."""
+        states = workers if isinstance(workers, Mapping) else {w: object() for w in workers}
+        self.workers = WorkerTable(states)
         self.handlers: dict = {}
         self.stream_handlers: dict = {}
         self.stream_comms: dict[str, RecordingStream] = {w: RecordingStream() for w in self.workers}
@@ -48,9 +51,14 @@ class FakeScheduler:
         return [i for msg in self.stream_comms[worker].sent if msg["op"] == "shoal-revoke" for i in msg["items"]]
 
 
+def worker_state(**resources: float) -> SimpleNamespace:
+    """The scheduler's state of a worker with Dask `resources` (`GPU=1`): all the plugin reads of it."""
+    return SimpleNamespace(resources=resources)
+
+
 @asynccontextmanager
 async def running_queue(
-    workers: Iterable[str] = ("w1", "w2"), models: dict[str, dict[str, Any]] | None = None
+    workers: Iterable[str] | Mapping[str, object] = ("w1", "w2"), models: dict[str, dict[str, Any]] | None = None
 ) -> AsyncIterator[PullQueue]:
     """A `PullQueue` serving `models`, started on a `FakeScheduler` of `workers`; closed on exit, failed or not."""
     plugin = PullQueue(models=models)
