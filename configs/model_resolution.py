@@ -18,9 +18,11 @@ scheduler and the client resolve models too.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -173,6 +175,31 @@ class ModelFiles:
             normalize=self.normalize() if kind == "embedder" else False,
             memory_bytes=max(1, self.weight_bytes()),
         )
+
+
+def folder_digest(path: str) -> str:
+    """sha256 over every file's relative name and bytes, in a fixed order: what a model folder holds.
+
+    The model fingerprint (pipeline/jobs/fingerprints) and the ONNX export
+    cache's key (workers/onnx_cache) both start from it. The files are read
+    again only when one is added, removed or modified.
+    """
+    files: list[str] = []
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        files += [os.path.join(root, name) for name in sorted(names)]
+    return _digest(path, tuple((file, os.stat(file).st_mtime_ns) for file in files))
+
+
+@lru_cache(maxsize=32)
+def _digest(path: str, files: tuple[tuple[str, int], ...]) -> str:
+    digest = hashlib.sha256()
+    for file, _ in files:
+        digest.update(os.path.relpath(file, path).encode())
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def looks_like_path(name: str) -> bool:

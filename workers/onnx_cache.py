@@ -22,8 +22,8 @@ the export, its check and the ONNX runtimes all tokenize through it, so the
 graph is checked on exactly the inputs it will be given, and a worker that
 runs it never imports transformers or torch.
 
-The fingerprint is computed here rather than imported from pipeline/: workers
-never import the client side.
+The model folder's digest is configs' `folder_digest`, the one the client's
+model fingerprint starts from.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from configs import ModelSpec
+from configs.model_resolution import folder_digest
 
 from .onnx_tokenizer import GRAPH_INPUTS, TOKENIZER_FILE, GraphTokenizer, TokenizerSettings
 
@@ -84,21 +85,9 @@ def cache_root() -> Path:
     return Path(os.environ.get("SHOAL_CACHE_DIR") or "~/.cache/shoal").expanduser() / "onnx"
 
 
-def files_digest(path: str) -> str:
-    """sha256 over every file's relative name and bytes, in a fixed order."""
-    digest = hashlib.sha256()
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            full = os.path.join(root, name)
-            digest.update(os.path.relpath(full, path).encode())
-            _feed(digest, full)
-    return digest.hexdigest()
-
-
 def entry_for(spec: ModelSpec, dtype: str) -> Path:
     """The cache folder of `spec` in `dtype`: a new model file or setting is a new entry."""
-    settings = f"{files_digest(spec.resolve_path())}|{spec.kind}|{spec.max_seq_length}|{spec.normalize}|{dtype}|{EXPORT_FORMAT}"
+    settings = f"{folder_digest(spec.resolve_path())}|{spec.kind}|{spec.max_seq_length}|{spec.normalize}|{dtype}|{EXPORT_FORMAT}"
     key = hashlib.sha256(settings.encode()).hexdigest()[:20]
     safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name)
     return cache_root() / f"{safe_name}-{dtype}-{key}"

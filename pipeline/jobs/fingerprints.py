@@ -4,34 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from functools import lru_cache
 
 from configs import ModelSpec
-
-CHUNK = 1 << 20
-
-
-@lru_cache(maxsize=32)
-def _hash_directory(path: str, stamp: tuple) -> str:
-    digest = hashlib.sha256()
-    for root, dirs, files in sorted(os.walk(path)):
-        dirs.sort()
-        for name in sorted(files):
-            full = os.path.join(root, name)
-            digest.update(os.path.relpath(full, path).encode())
-            with open(full, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _stamp(path: str) -> tuple:
-    return tuple(
-        (os.path.join(root, name), os.stat(os.path.join(root, name)).st_mtime_ns)
-        for root, _, files in sorted(os.walk(path))
-        for name in sorted(files)
-    )
+from configs.model_resolution import folder_digest
 
 
 def model_fingerprint(spec: ModelSpec) -> str:
@@ -46,6 +21,5 @@ def model_fingerprint(spec: ModelSpec) -> str:
     if spec.kind == "sim":
         weights = f"sim:{spec.name}"
     else:
-        path = spec.resolve_path()
-        weights = _hash_directory(path, _stamp(path))
+        weights = folder_digest(spec.resolve_path())
     return hashlib.sha256(f"{weights}|{settings}".encode()).hexdigest()
