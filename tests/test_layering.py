@@ -6,6 +6,7 @@ Each check runs in a fresh interpreter, so modules other tests imported do not h
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -49,3 +50,15 @@ def test_the_scheduler_side_never_imports_torch():
     loaded = imported_after("scheduler_plugins.pull_queue", "scheduler_plugins.gateway")
     assert "torch" not in loaded and "sentence_transformers" not in loaded
     assert "scheduler_plugins.pull_queue" in loaded  # the check itself saw the plugin load
+
+
+def test_importing_the_shared_modules_leaves_the_environment_alone():
+    """The worker's offline settings are set by its entry point (`workers.dask_setup`), not by an import."""
+    code = (
+        "import os, json\nbefore = dict(os.environ)\n"
+        "import workers, workers.storage, workers.chunking, configs, scheduler_plugins.protocol\n"
+        "print(json.dumps(sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k))))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == []

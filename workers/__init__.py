@@ -2,9 +2,11 @@
 
 Adds the ShoalWorker plugin, whose pull loop takes work items from the
 scheduler plugin's queues and runs them on models loaded here. Importing
-this package loads nothing else: the plugin and its operations are imported
-when Dask calls `dask_setup`, so the client can use `workers.storage`,
-`workers.chunking` and the like without torch or the pull loop.
+this package loads nothing else and changes nothing: the worker's
+environment (offline hub) is set and the plugin and its operations are
+imported when Dask calls `dask_setup`, so the client can use
+`workers.storage`, `workers.chunking` and the like without torch, the pull
+loop or a changed environment.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import os
 
 import click
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-
 __all__ = ["dask_setup"]
+
+# Set by the worker's entry point, before the plugin imports huggingface_hub or tokenizers (they read
+# them at import): nothing is downloaded at run time, and the tokenizers' own thread pool stays off.
+WORKER_ENVIRONMENT = {
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
 
 
 @click.command()
@@ -32,6 +38,8 @@ async def dask_setup(
     shoal_warm: tuple[str, ...],
     shoal_catalog: str | None,
 ) -> None:
+    for name, value in WORKER_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
     from workers.worker_plugin import ShoalWorker
 
     plugin = ShoalWorker(profile=shoal_profile, pinned=shoal_pin, warm=shoal_warm, catalog=shoal_catalog)
