@@ -12,17 +12,27 @@
     pull that finds work never suspends, so its wall time is its CPU time),
     and the items/s and requests/s one core sustains (1 / CPU per event).
 (b) A real ``dask scheduler`` process with simulated workers (``sim``
-    models, ``sim`` operation: no Parquet) in one other process, over TCP:
-    the scheduler process's CPU per item, comms included.
-(c) Online requests/s through the embedded gateway of ``shoal serve``, and
-    through 1 and 2 ``shoal gateway`` processes against one scheduler, with
-    the same load generator (its CPU reported beside).
+    operation: no Parquet) spread over ``--worker-processes`` processes, over
+    TCP: the scheduler's CPU per item, comms included, and the worker
+    processes' CPU per item; both net of their idle CPU too. ``--batch-model
+    minilm --item-rows 512`` runs the shipped MiniLM on the same items
+    instead of the simulated model (no compute).
+(c) Online over real comms: the same scheduler and workers, a load generator
+    in its own process keeping 1, 8 and 64 requests in flight (one text of
+    ``--text-bytes`` each) through the embedded gateway (in the scheduler, as
+    ``shoal serve`` runs it) and through ``shoal gateway`` processes.
+    Requests/s, p50/p99, and CPU per request of the scheduler, the gateway
+    processes, the workers and the generator over exactly the requests
+    counted; net of each process's idle CPU too. ``--online-model minilm``
+    serves the shipped MiniLM instead of the simulated model.
 
-Run ``--code PATH`` to drive another checkout's plugin in (a) (for example
-the code before the scale rework, from ``git worktree add``), side by side.
+``--code PATH`` runs another checkout's code (for example the code before a
+rework, from ``git worktree add``) in (a), and in (b) and (c)'s scheduler,
+workers and gateways, side by side with the same harness.
 
     .venv/bin/python benchmarks/scheduler_scale.py --parts a,b,c --plot docs/scheduler_scale.png --before OLD.json
     .venv/bin/python benchmarks/scheduler_scale.py --parts a --code /tmp/oldtree --workers 16,128,1024 --models 100 --json OLD.json
+    .venv/bin/python benchmarks/scheduler_scale.py --parts c --text-bytes 100,2000,16000 [--code /tmp/oldtree]
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ from pathlib import Path
 
 import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
 from harness import ProcessClock
+
+from pipeline.tuning.meter import process_tree_cpu_seconds
 
 # -- (a) the plugin alone ------------------------------------------------------------------
 
@@ -282,6 +294,21 @@ def write_catalog(folder: Path) -> Path:
     return path
 
 
+def model_spec(name: str) -> dict:
+    """`simzero` (simulated, no compute) or a model of the shipped catalog, e.g. `minilm`: the spec the queue
+    gets, as a plain dict of the catalog's own keys (an older checkout under --code reads it too)."""
+    if name == "simzero":
+        return {"name": name, **SIM_MODEL}
+    import yaml
+
+    return {"name": name, **yaml.safe_load((harness.ROOT / "configs" / "catalog.yaml").read_text())["models"][name]}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds so far of these processes and their children, together."""
+    return sum(process_tree_cpu_seconds(pid) for pid in pids)
+
+
 def code_env(code: str | None, **extra: str) -> dict[str, str]:
     """The environment of (b)'s processes: `code`'s tree first on PYTHONPATH, when given."""
     paths = [str(Path(code).resolve())] if code else []
@@ -325,25 +352,31 @@ def start_scheduler(folder: Path, catalog: Path, code: str | None = None) -> tup
 WORKERS_SCRIPT = """
 import asyncio, sys
 from distributed import Worker
-async def main(address, count):
-    workers = [Worker(address, nthreads=1, host="127.0.0.1", preload=["workers"], preload_argv=["--shoal-pin", "simzero"])
+async def main(address, count, model):
+    workers = [Worker(address, nthreads=1, host="127.0.0.1", preload=["workers"], preload_argv=["--shoal-pin", model])
                for _ in range(count)]
     await asyncio.gather(*workers)
     await asyncio.Event().wait()
-asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
 """
 
 
 def start_workers(
-    address: str, count: int, catalog: Path, profile: Path, processes: int = 1, code: str | None = None
+    address: str,
+    count: int,
+    catalog: Path,
+    profile: Path,
+    processes: int = 1,
+    code: str | None = None,
+    model: str = "simzero",
 ) -> list[subprocess.Popen]:
-    """`count` Dask workers with Shoal's plugin spread over `processes` processes: simulated models fit many
-    on two cores, and each process's workers reach the scheduler over their own TCP connections."""
+    """`count` Dask workers with Shoal's plugin and `model` pinned, spread over `processes` processes: simulated
+    models fit many on two cores, and each process's workers reach the scheduler over their own TCP connections."""
     env = code_env(code, SHOAL_CATALOG=str(catalog), SHOAL_PROFILE=str(profile))
     shares = [count // processes + (i < count % processes) for i in range(processes)]
     return [
         subprocess.Popen(
-            [sys.executable, "-c", WORKERS_SCRIPT, address, str(share)],
+            [sys.executable, "-c", WORKERS_SCRIPT, address, str(share), model],
             env=env,
             cwd=code,  # `python -c` puts its folder first on sys.path
             stdout=subprocess.DEVNULL,
@@ -372,10 +405,14 @@ def part_b(args, folder: Path) -> list[dict]:
     from pipeline.cluster import pull_queue
 
     catalog, profile = write_catalog(folder), write_profile(folder)
+    spec = model_spec(args.batch_model)
     rows = []
     for count in args.real_workers:
         scheduler, address = start_scheduler(folder, catalog, args.code)
-        workers = start_workers(address, count, catalog, profile, args.worker_processes, args.code)
+        workers = start_workers(
+            address, count, catalog, profile, min(args.worker_processes, count), args.code, args.batch_model
+        )
+        worker_pids = [proc.pid for proc in workers]
         try:
             with Client(address, timeout=60) as client:
                 client.wait_for_workers(count, timeout=300)
@@ -384,22 +421,32 @@ def part_b(args, folder: Path) -> list[dict]:
                     plugin_workers = len(client.sync(pull_queue(client).overview)["workers"])
                     time.sleep(0.2)
                 items = [
-                    {"key": str(i), "model": "simzero", "op": "sim", "rows": 1, "payload": {"tokens": [8]}}
+                    {
+                        "key": str(i),
+                        "model": args.batch_model,
+                        "op": "sim",
+                        "rows": args.item_rows,
+                        "payload": {"tokens": [args.item_tokens] * args.item_rows},
+                    }
                     for i in range(args.real_items)
                 ]
                 # Idle: Dask's heartbeats and the pulls' renewals, a cost per second, not per item.
+                worker_cpu0 = cpu_seconds(worker_pids)
                 with ProcessClock(scheduler.pid) as idle:
                     time.sleep(3.0)
                 idle_share = idle.share
+                worker_idle_share = (cpu_seconds(worker_pids) - worker_cpu0) / idle.seconds
+                worker_cpu0 = cpu_seconds(worker_pids)
                 with ProcessClock(scheduler.pid) as busy:
                     client.sync(
                         pull_queue(client).submit,
                         job="scale",
                         items=items,
-                        settings={"models": {"simzero": {"name": "simzero", **SIM_MODEL}}},
+                        settings={"models": {args.batch_model: spec}},
                     )
                     while not client.sync(pull_queue(client).job_status, job="scale")["complete"]:
                         time.sleep(0.05)
+                worker_cpu = cpu_seconds(worker_pids) - worker_cpu0
                 wall, cpu = busy.seconds, busy.cpu_seconds
                 client.sync(pull_queue(client).job_release, job="scale")
         finally:
@@ -408,62 +455,98 @@ def part_b(args, folder: Path) -> list[dict]:
             scheduler.terminate()
             scheduler.wait(30)
         net = max(cpu - idle_share * wall, 0.0)
+        worker_net = max(worker_cpu - worker_idle_share * wall, 0.0)
         row = {
             "workers": count,
+            "worker_processes": len(workers),
+            "model": args.batch_model,
+            "rows_per_item": args.item_rows,
+            "tokens_per_row": args.item_tokens,
             "items": args.real_items,
             "scheduler_cpu_us_per_item": cpu / args.real_items * 1e6,
             "scheduler_net_cpu_us_per_item": net / args.real_items * 1e6,
             "scheduler_idle_share": idle_share,
+            "worker_cpu_us_per_item": worker_cpu / args.real_items * 1e6,
+            "worker_net_cpu_us_per_item": worker_net / args.real_items * 1e6,
+            "worker_idle_share": worker_idle_share,
             "items_per_second_wall": args.real_items / wall,
             "scheduler_cpu_share": cpu / wall,
         }
         rows.append(row)
         print(
             f"  {count:>4} workers over TCP: scheduler {row['scheduler_cpu_us_per_item']:6.1f} us CPU per item "
-            f"({row['scheduler_net_cpu_us_per_item']:6.1f} net of idle, {idle_share:.1%} of a core idle), "
-            f"{row['items_per_second_wall']:5.0f} items/s, scheduler busy {row['scheduler_cpu_share']:.0%}",
+            f"({row['scheduler_net_cpu_us_per_item']:6.1f} net of idle, {idle_share:.1%} of a core idle); "
+            f"workers {row['worker_cpu_us_per_item']:7.1f} us per item ({row['worker_net_cpu_us_per_item']:7.1f} "
+            f"net, {worker_idle_share:.1%} idle); {row['items_per_second_wall']:5.0f} items/s, "
+            f"scheduler busy {row['scheduler_cpu_share']:.0%}",
             flush=True,
         )
     return rows
 
 
-# -- (c) gateways -----------------------------------------------------------------------------
+# -- (c) online over real comms -----------------------------------------------------------------
 
+# A closed loop of `concurrency` clients, each one text of `text_bytes` per request. CPU of the metered
+# processes (scheduler, gateway, workers, this generator) is read at the start and end of the measured
+# stretch, after a warm-up (connections, the first requests), so it covers exactly the requests counted.
 LOAD_SCRIPT = """
-import asyncio, json, sys, time, resource
-import aiohttp, msgpack
-async def main(urls, seconds, concurrency):
-    latencies, errors = [], 0
-    body = msgpack.packb({"texts": ["a short query"]})
+import asyncio, json, sys, time
+import aiohttp, msgpack, psutil
+def cpu(groups):
+    return {name: sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids) for name, pids in groups.items()}
+async def main(urls, model, seconds, warmup, concurrency, text_bytes, groups):
+    text = ("lorem ipsum dolor sit amet " * (text_bytes // 27 + 1))[:text_bytes]
+    body = msgpack.packb({"texts": [text]})
     headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
-    stop = time.perf_counter() + seconds
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    groups["generator"] = [psutil.Process().pid]
+    done, errors, stop = [], 0, False
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         async def client(n):
             nonlocal errors
-            url = urls[n % len(urls)] + "/v1/encode/simzero"
-            while time.perf_counter() < stop:
+            url = urls[n % len(urls)] + "/v1/encode/" + model
+            while not stop:
                 began = time.perf_counter()
                 async with session.post(url, data=body, headers=headers) as response:
                     await response.read()
                     if response.status != 200:
                         errors += 1
                         continue
-                latencies.append(time.perf_counter() - began)
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        await asyncio.gather(*(client(n) for n in range(concurrency)))
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    latencies.sort()
-    print(json.dumps({"requests": len(latencies), "errors": errors, "per_second": len(latencies) / wall,
+                done.append((time.perf_counter(), time.perf_counter() - began))
+        clients = [asyncio.create_task(client(n)) for n in range(concurrency)]
+        await asyncio.sleep(warmup)
+        cpu0, wall0, errors0 = cpu(groups), time.perf_counter(), errors
+        await asyncio.sleep(seconds)
+        cpu1, wall1 = cpu(groups), time.perf_counter()
+        errors -= errors0
+        stop = True
+        await asyncio.gather(*clients)
+    latencies = sorted(latency for end, latency in done if wall0 <= end <= wall1)
+    print(json.dumps({"requests": len(latencies), "errors": errors, "seconds": wall1 - wall0,
+                      "per_second": len(latencies) / (wall1 - wall0),
                       "p50_ms": latencies[len(latencies) // 2] * 1e3, "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
-                      "generator_cpu_share": cpu / wall}))
-asyncio.run(main(sys.argv[1].split(","), float(sys.argv[2]), int(sys.argv[3])))
+                      "cpu_seconds": {name: cpu1[name] - cpu0[name] for name in cpu0}}))
+a = sys.argv
+asyncio.run(main(a[1].split(","), a[2], float(a[3]), float(a[4]), int(a[5]), int(a[6]), json.loads(a[7])))
 """
 
 
-def load(urls: list[str], seconds: float, concurrency: int) -> dict:
+def load(
+    urls: list[str], model: str, seconds: float, concurrency: int, text_bytes: int, groups: dict[str, list[int]]
+) -> dict:
+    """One closed-loop run; `groups`: pids by name, whose CPU over the measured stretch the result carries."""
     out = subprocess.run(
-        [sys.executable, "-c", LOAD_SCRIPT, ",".join(urls), str(seconds), str(concurrency)],
+        [
+            sys.executable,
+            "-c",
+            LOAD_SCRIPT,
+            ",".join(urls),
+            model,
+            str(seconds),
+            "1.0",
+            str(concurrency),
+            str(text_bytes),
+            json.dumps(groups),
+        ],
         capture_output=True,
         text=True,
         timeout=seconds + 120,
@@ -472,7 +555,7 @@ def load(urls: list[str], seconds: float, concurrency: int) -> dict:
     return json.loads(out.stdout)
 
 
-def start_gateway(address: str, catalog: Path) -> tuple[subprocess.Popen, str]:
+def start_gateway(address: str, catalog: Path, profile: Path, code: str | None = None) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [
             harness.venv_command("shoal"),
@@ -481,63 +564,95 @@ def start_gateway(address: str, catalog: Path) -> tuple[subprocess.Popen, str]:
             address,
             "--catalog",
             str(catalog),
+            "--profile",
+            str(profile),
             "--port",
             "0",
         ],
+        env=code_env(code),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert proc.stderr is not None
     for line in proc.stderr:
         if "gateway on" in line:
             return proc, line.split("gateway on ")[1].split()[0]
     raise RuntimeError("shoal gateway did not start")
 
 
-def part_c(args, folder: Path) -> list[dict]:
+def wait_ready(url: str) -> None:
     import urllib.request
 
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=10) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+
+
+def part_c(args, folder: Path) -> list[dict]:
+    """Online requests through the embedded gateway and through `shoal gateway` processes, at each number in
+    flight and text size: requests/s, latency, and CPU per request of every process, net of its idle."""
     from distributed import Client
 
     from pipeline.cluster import pull_queue
 
     catalog, profile = write_catalog(folder), write_profile(folder)
-    scheduler, address = start_scheduler(folder, catalog)
-    workers = start_workers(address, 2, catalog, profile)
+    model = args.online_model
+    scheduler, address = start_scheduler(folder, catalog, args.code)
+    workers = start_workers(
+        address,
+        args.online_workers,
+        catalog,
+        profile,
+        min(args.worker_processes, args.online_workers),
+        args.code,
+        model,
+    )
     gateways: list[subprocess.Popen] = []
     rows = []
     try:
         with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=120)
+            client.wait_for_workers(args.online_workers, timeout=300)
             embedded = client.sync(
-                pull_queue(client).gateway_start,
-                settings={"port": 0},
-                models={"simzero": {"name": "simzero", **SIM_MODEL}},
+                pull_queue(client).gateway_start, settings={"port": 0}, models={model: model_spec(model)}
             )["url"]
             urls = []
-            for _ in range(2):
-                proc, url = start_gateway(address, catalog)
+            for _ in range(max(args.gateways, default=0)):
+                proc, url = start_gateway(address, catalog, profile, args.code)
                 gateways.append(proc)
                 urls.append(url)
             for url in [embedded, *urls]:
-                while True:
-                    try:
-                        with urllib.request.urlopen(url + "/readyz", timeout=10) as response:
-                            if response.status == 200:
-                                break
-                    except OSError:
-                        time.sleep(0.2)
-            setups = {"embedded gateway": [embedded], "1 shoal gateway": urls[:1], "2 shoal gateways": urls}
+                wait_ready(url)
+            groups = {
+                "scheduler": [scheduler.pid],
+                "workers": [proc.pid for proc in workers],
+                "gateways": [proc.pid for proc in gateways],
+            }
+            # Idle, everything connected: heartbeats, the workers' waiting pulls and the gateways' answer polls.
+            time.sleep(2.0)
+            cpu0, wall0 = {name: cpu_seconds(pids) for name, pids in groups.items()}, time.perf_counter()
+            time.sleep(4.0)
+            wall = time.perf_counter() - wall0
+            idle = {name: (cpu_seconds(pids) - cpu0[name]) / wall for name, pids in groups.items()}
+            print(
+                "  idle, share of a core: " + ", ".join(f"{name} {share:.1%}" for name, share in idle.items()),
+                flush=True,
+            )
+            setups = {"embedded gateway": [embedded]} | {
+                f"{n} shoal gateway{'s' if n > 1 else ''}": urls[:n] for n in args.gateways
+            }
             for rep in range(args.reps):
                 for name, targets in setups.items():
-                    row = {"setup": name, "rep": rep, **load(targets, args.seconds, args.concurrency)}
-                    rows.append(row)
-                    print(
-                        f"  {name:>18}: {row['per_second']:7.0f} req/s, p50 {row['p50_ms']:5.1f} ms, "
-                        f"p99 {row['p99_ms']:6.1f} ms, errors {row['errors']}, "
-                        f"load generator {row['generator_cpu_share']:.0%} of a core",
-                        flush=True,
-                    )
+                    for text_bytes in args.text_bytes:
+                        for concurrency in args.concurrency:
+                            measured = load(targets, model, args.seconds, concurrency, text_bytes, groups)
+                            row = online_row(name, rep, concurrency, text_bytes, measured, idle, model)
+                            rows.append(row)
+                            print(online_line(row), flush=True)
     finally:
         for proc in gateways:
             proc.terminate()
@@ -546,6 +661,38 @@ def part_c(args, folder: Path) -> list[dict]:
         scheduler.terminate()
         scheduler.wait(30)
     return rows
+
+
+def online_row(
+    setup: str,
+    rep: int,
+    concurrency: int,
+    text_bytes: int,
+    measured: dict,
+    idle: dict[str, float],
+    model: str,
+) -> dict:
+    """CPU per request by process, as measured and net of each process's idle (a per-second cost)."""
+    requests = max(measured["requests"], 1)
+    row = {"setup": setup, "rep": rep, "model": model, "in_flight": concurrency, "text_bytes": text_bytes}
+    row |= {k: measured[k] for k in ("requests", "errors", "per_second", "p50_ms", "p99_ms")}
+    for name, cpu in measured["cpu_seconds"].items():
+        idle_cpu = idle.get(name, 0.0) * measured["seconds"]  # every process runs in every setup: all idle
+        row[f"{name}_cpu_us_per_request"] = cpu / requests * 1e6
+        row[f"{name}_net_cpu_us_per_request"] = max(cpu - idle_cpu, 0.0) / requests * 1e6
+    return row
+
+
+def online_line(row: dict) -> str:
+    return (
+        f"  {row['setup']:>17}, {row['in_flight']:>2} in flight, {row['text_bytes']:>5} B texts: "
+        f"{row['per_second']:6.0f} req/s, p50/p99 {row['p50_ms']:5.1f}/{row['p99_ms']:6.1f} ms, "
+        f"errors {row['errors']}; CPU us per request (net of idle): "
+        f"scheduler {row['scheduler_cpu_us_per_request']:5.0f} ({row['scheduler_net_cpu_us_per_request']:5.0f}), "
+        f"gateway process {row['gateways_cpu_us_per_request']:5.0f}, "
+        f"workers {row['workers_cpu_us_per_request']:6.0f} ({row['workers_net_cpu_us_per_request']:6.0f}), "
+        f"generator {row['generator_cpu_us_per_request']:4.0f}"
+    )
 
 
 def plot(rows: list[dict], before: list[dict], path: Path) -> None:
@@ -579,6 +726,10 @@ def plot(rows: list[dict], before: list[dict], path: Path) -> None:
     print(f"wrote {path}")
 
 
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="a", help="comma-separated: a, b, c")
@@ -587,12 +738,21 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="per phase and configuration")
     parser.add_argument("--pull-timeout", type=float, default=2.0, help="(a) the stand-in workers' long-poll timeout")
     parser.add_argument("--compute-ms", type=float, default=0.0, help="(a) each batch item's simulated compute")
-    parser.add_argument("--code", default=None, help="a checkout whose plugins (a) and (b) run instead")
-    parser.add_argument("--real-workers", default="8,32", type=lambda s: [int(x) for x in s.split(",")], help="(b)")
+    parser.add_argument("--code", default=None, help="a checkout whose plugins (a), (b) and (c) run instead")
+    parser.add_argument("--real-workers", default="8,32", type=int_list, help="(b)")
     parser.add_argument("--real-items", type=int, default=5000, help="(b) items per run")
-    parser.add_argument("--worker-processes", type=int, default=4, help="(b) processes the workers are spread over")
-    parser.add_argument("--concurrency", type=int, default=64, help="(c) requests in flight")
-    parser.add_argument("--reps", type=int, default=2, help="(c) rounds over the three setups")
+    parser.add_argument("--batch-model", default="simzero", help="(b) simzero (no compute) or a catalog model")
+    parser.add_argument("--item-rows", type=int, default=1, help="(b) texts per batch item")
+    parser.add_argument("--item-tokens", type=int, default=8, help="(b) tokens per text")
+    parser.add_argument(
+        "--worker-processes", type=int, default=4, help="(b), (c) processes the workers are spread over"
+    )
+    parser.add_argument("--online-workers", type=int, default=4, help="(c) workers")
+    parser.add_argument("--online-model", default="simzero", help="(c) simzero (no compute) or a catalog model")
+    parser.add_argument("--concurrency", default="1,8,64", type=int_list, help="(c) requests in flight")
+    parser.add_argument("--text-bytes", default="100", type=int_list, help="(c) bytes of the one text per request")
+    parser.add_argument("--gateways", default="1", type=int_list, help="(c) numbers of `shoal gateway` processes used")
+    parser.add_argument("--reps", type=int, default=2, help="(c) rounds over the setups")
     parser.add_argument("--json", default=str(harness.result_path("scheduler_scale")))
     parser.add_argument("--plot", default=None, help="PNG of (a), with --before's rows beside")
     parser.add_argument("--before", default=None, help="a JSON of (a) from older code, for the plot")
@@ -603,11 +763,17 @@ def main() -> None:
         results["a"] = part_a(args)
     with tempfile.TemporaryDirectory() as folder:
         if "b" in parts:
-            print("(b) a dask scheduler process, simulated workers in one other process, over TCP", flush=True)
+            print(
+                f"(b) a dask scheduler process, {args.batch_model} workers in {args.worker_processes} other processes, "
+                "over TCP",
+                flush=True,
+            )
             results["b"] = part_b(args, Path(folder))
         if "c" in parts:
             print(
-                f"(c) online requests/s, {args.concurrency} in flight, sim model with no compute, 2 workers", flush=True
+                f"(c) online over TCP: {args.online_workers} {args.online_model} workers, embedded gateway and "
+                f"`shoal gateway` processes",
+                flush=True,
             )
             results["c"] = part_c(args, Path(folder))
     print(f"wrote {harness.write_result('scheduler_scale', results, args.json)}")
