@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import math
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,11 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from configs import GatewaySettings
 
-from .protocol import Precision
+from .protocol import EncodePayload, OnlineResult, Precision, ScorePayload, SpecFields
 from .wire import MSGPACK, RequestError
 
 PACKED = ("binary", "ubinary")  # 1 bit a dimension, 8 to a byte
 WIRE_DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1", "uint8": "u1", "binary": "i1", "ubinary": "u1"}
+
+# An answer's body, JSON or MessagePack, in one of the shapes below (docs/PROTOCOL.md).
+ResponseBody = Mapping[str, object]
 
 
 @dataclass
@@ -32,20 +36,27 @@ class EncodeCall:
     texts: list[str]
     truncate: bool = True
     dtype: str = "float32"
-    precision: str = "float32"  # int8/uint8/binary/ubinary: quantized as a batch job stores them
+    precision: Precision = "float32"  # int8/uint8/binary/ubinary: quantized as a batch job stores them
     dim: int | None = None  # the first `dim` dimensions, re-normalised
     ranges: list[list[float]] | None = None  # int8/uint8: the batch job's calibration (its manifest's vectors.ranges)
     prompt_name: str | None = None  # one of the model's named prompts; the worker resolves it (configs/prompts.py)
     prompt: str | None = None  # or the prompt text itself; neither: the model's default prompt
 
-    def payload(self) -> dict[str, Any]:
-        given = {"dim": self.dim, "ranges": self.ranges, "prompt_name": self.prompt_name, "prompt": self.prompt}
-        compact = {k: v for k, v in given.items() if v is not None}
+    def payload(self) -> EncodePayload:
+        payload: EncodePayload = {"texts": self.texts, "truncate": self.truncate, "dtype": self.dtype}
+        if self.dim is not None:
+            payload["dim"] = self.dim
+        if self.ranges is not None:
+            payload["ranges"] = self.ranges
+        if self.prompt_name is not None:
+            payload["prompt_name"] = self.prompt_name
+        if self.prompt is not None:
+            payload["prompt"] = self.prompt
         if self.precision != "float32":
-            compact["precision"] = self.precision
-        return {"texts": self.texts, "truncate": self.truncate, "dtype": self.dtype, **compact}
+            payload["precision"] = self.precision
+        return payload
 
-    def check_dim(self, spec: dict[str, Any]) -> None:
+    def check_dim(self, spec: SpecFields) -> None:
         """A shorter dimension only: the model's vectors cannot be made longer. Packed bits are whole bytes."""
         if self.dim is not None and self.dim > spec["dim"]:
             raise RequestError(
@@ -69,7 +80,7 @@ class ScoreCall:
     documents: list[str]
     truncate: bool = True
 
-    def payload(self) -> dict[str, Any]:
+    def payload(self) -> ScorePayload:
         return {"query": self.query, "documents": self.documents, "truncate": self.truncate}
 
     @property
@@ -260,12 +271,12 @@ def cohere_call(body: Any, limits: GatewaySettings) -> tuple[ScoreCall, CohereRe
 # -- responses --------------------------------------------------------------------
 
 
-def _matrix(result: dict[str, Any]) -> np.ndarray:
+def _matrix(result: OnlineResult) -> np.ndarray:
     return np.frombuffer(result["embeddings"], dtype=WIRE_DTYPES[result["dtype"]]).reshape(result["shape"])
 
 
-def encode_response(call: EncodeCall, result: dict[str, Any], kind: str) -> dict[str, Any]:
-    response = {"model": call.model, "dtype": result["dtype"], "shape": result["shape"]}
+def encode_response(call: EncodeCall, result: OnlineResult, kind: str) -> ResponseBody:
+    response: dict[str, object] = {"model": call.model, "dtype": result["dtype"], "shape": result["shape"]}
     if kind == MSGPACK:
         response["embeddings"] = result["embeddings"]
     else:
@@ -275,11 +286,11 @@ def encode_response(call: EncodeCall, result: dict[str, Any], kind: str) -> dict
     return response
 
 
-def rerank_response(call: ScoreCall, result: dict[str, Any]) -> dict[str, Any]:
+def rerank_response(call: ScoreCall, result: OnlineResult) -> ResponseBody:
     return {"model": call.model, "scores": result["scores"], "usage": {"tokens": result.get("tokens", 0)}}
 
 
-def openai_response(call: EncodeCall, request: OpenAIEmbeddingsBody, result: dict[str, Any]) -> dict[str, Any]:
+def openai_response(call: EncodeCall, request: OpenAIEmbeddingsBody, result: OnlineResult) -> ResponseBody:
     vectors = _matrix(result).astype("<f4", copy=False)
     if request.encoding_format == "base64":
         data = [base64.b64encode(row.tobytes()).decode() for row in vectors]
@@ -294,12 +305,12 @@ def openai_response(call: EncodeCall, request: OpenAIEmbeddingsBody, result: dic
     }
 
 
-def cohere_response(call: ScoreCall, request: CohereRerankBody, result: dict[str, Any]) -> dict[str, Any]:
+def cohere_response(call: ScoreCall, request: CohereRerankBody, result: OnlineResult) -> ResponseBody:
     scores = result["scores"]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: request.top_n or len(scores)]
     results = []
     for i in order:
-        entry: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+        entry: dict[str, object] = {"index": i, "relevance_score": scores[i]}
         if request.return_documents:
             entry["document"] = {"text": call.documents[i]}
         results.append(entry)

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import ClientPayloadError, hdrs, web
 from aiohttp.http_exceptions import (
@@ -40,6 +40,7 @@ from configs import GatewaySettings
 from . import api_formats as api
 from .gateway_auth import BearerAuth
 from .gateway_metrics import GatewayMetrics
+from .protocol import OnlineResult, SpecFields
 from .wire import JSON, MSGPACK, RequestError, decode, encode, media_type, response_type
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ PARSER_ERRORS: tuple[tuple[type[HttpProcessingError], str], ...] = (
 )
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+def error_body(status: int, message: str) -> api.ResponseBody:
     """The shape of every error answer (docs/PROTOCOL.md)."""
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"), "code": status}}
 
@@ -323,7 +324,7 @@ class Gateway:
     def _label(self, request: web.Request, model: str) -> None:
         request[MODEL] = model if model in self.backend.specs() else UNKNOWN_MODEL
 
-    def _spec(self, request: web.Request, model: str, kinds: tuple[str, ...], action: str) -> dict[str, Any]:
+    def _spec(self, request: web.Request, model: str, kinds: tuple[str, ...], action: str) -> SpecFields:
         self._label(request, model)
         specs = self.backend.specs()
         spec = specs.get(model)
@@ -334,10 +335,14 @@ class Gateway:
             raise RequestError(400, f"model {model!r} is of kind {spec['kind']!r}; it cannot {action}")
         return spec
 
-    async def _run(self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall) -> dict[str, Any]:
+    async def _run(self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall) -> OnlineResult:
         """Queue the call as one ONLINE item and wait for a worker's answer."""
         timeout = self._timeout(request)
-        result = await self.backend.answer(call.model, op, call.payload(), call.inputs, timeout, self.settings)
+        # The backend takes and gives plain dicts for now (gateway_link.GatewayBackend.answer).
+        payload = cast("dict[str, Any]", call.payload())
+        result = cast(
+            OnlineResult, await self.backend.answer(call.model, op, payload, call.inputs, timeout, self.settings)
+        )
         if "error" in result:
             raise RequestError(int(result.get("status", 422)), result["error"])
         request[TIMING] = result.get("timing") or {}
@@ -356,7 +361,7 @@ class Gateway:
             raise RequestError(400, f"{TIMEOUT_HEADER} must be positive")
         return min(seconds, limit)
 
-    def _reply(self, request: web.Request, body: dict[str, Any]) -> web.Response:
+    def _reply(self, request: web.Request, body: api.ResponseBody) -> web.Response:
         kind = request[REPLY]
         return web.Response(body=encode(body, kind), content_type=kind)
 

@@ -23,7 +23,7 @@ from distributed.core import rpc
 
 from configs import GatewaySettings
 
-from .protocol import PullQueueClient
+from .protocol import OnlineResult, PullQueueClient, RemoteRequest, RemoteSettings, SpecFields
 from .work_items import unsendable
 
 logger = logging.getLogger("shoal.gateway")
@@ -35,7 +35,7 @@ LATE_ANSWER_SECONDS = 5.0  # past its deadline, a request whose answer never cam
 
 
 class GatewayBackend(Protocol):
-    def specs(self) -> dict[str, dict[str, Any]]:
+    def specs(self) -> dict[str, SpecFields]:
         """The models served, by name."""
 
     def workers(self) -> int:
@@ -47,6 +47,7 @@ class GatewayBackend(Protocol):
     def queue_depths(self) -> dict[tuple[str, str], int]:
         """Waiting items by (model, "online"|"batch"), for the gateway's /metrics; may be empty."""
 
+    # An OnlinePayload in, an OnlineResult out; plain dicts until online_queue.LocalBackend takes those types.
     async def answer(
         self, model: str, op: str, payload: dict[str, Any], rows: int, timeout: float, settings: GatewaySettings
     ) -> dict[str, Any]:
@@ -63,24 +64,25 @@ class SchedulerLink:
         self,
         address: str,
         connection_args: dict[str, Any] | None = None,
-        models: dict[str, dict[str, Any]] | None = None,
+        models: dict[str, SpecFields] | None = None,
     ) -> None:
-        """`models`: specs to register with the scheduler on each connection (the gateway's catalog)."""
+        """`models`: specs to register with the scheduler on each connection (the gateway's catalog);
+        `connection_args`: Dask's, for its comms (security)."""
         self.address = address
         self._offered = dict(models or {})
         self.name = f"gateway-{uuid.uuid4().hex[:12]}"
         self.connected = False
         self._rpc = rpc(address, connection_args=connection_args or {})
         self._queue = PullQueueClient(self._rpc)
-        self._specs: dict[str, dict[str, Any]] = dict(self._offered)  # until the scheduler's arrive
-        self._specs_version: Any = None
+        self._specs: dict[str, SpecFields] = dict(self._offered)  # until the scheduler's arrive
+        self._specs_version: int | None = None
         self._workers = 0
         self._loaded: dict[str, int] = {}
         self._ids = itertools.count()
         self._waiting: dict[int, asyncio.Future] = {}
-        self._outgoing: list[list[Any]] = []
+        self._outgoing: list[RemoteRequest] = []
         self._cancelled: list[int] = []
-        self._settings: dict[str, Any] = {}
+        self._settings: RemoteSettings | None = None
         self._flush_due = False
         self._task: asyncio.Task | None = None
         self._sends: set[asyncio.Task] = set()
@@ -99,7 +101,7 @@ class SchedulerLink:
 
     # -- GatewayBackend --------------------------------------------------------------
 
-    def specs(self) -> dict[str, dict[str, Any]]:
+    def specs(self) -> dict[str, SpecFields]:
         return self._specs
 
     def workers(self) -> int:
@@ -132,12 +134,8 @@ class SchedulerLink:
         self._outgoing.append([request_id, model, op, payload, rows, timeout])
         self._flush_soon()
         # The scheduler answers 504 at the deadline; this only covers an answer lost on the way.
-        late = loop.call_later(
-            timeout + LATE_ANSWER_SECONDS,
-            self._resolve,
-            request_id,
-            {"status": 504, "error": f"no answer within {timeout:g} s"},
-        )
+        lost: OnlineResult = {"status": 504, "error": f"no answer within {timeout:g} s"}
+        late = loop.call_later(timeout + LATE_ANSWER_SECONDS, self._resolve, request_id, lost)
         try:
             return await future
         except asyncio.CancelledError:  # the client went away: the scheduler drops the request
@@ -165,7 +163,7 @@ class SchedulerLink:
             self._sends.add(task)
             task.add_done_callback(self._sends.discard)
 
-    async def _send(self, requests: list[list[Any]], cancel: list[int]) -> None:
+    async def _send(self, requests: list[RemoteRequest], cancel: list[int]) -> None:
         try:
             await self._queue.online_submit(self.name, requests, self._settings, cancel)
         except Exception as exc:  # the scheduler is gone: these requests were never queued
@@ -206,18 +204,18 @@ class SchedulerLink:
                 self._answer_all({"status": 503, "error": "the scheduler connection was lost; retry shortly"})
                 await asyncio.sleep(RECONNECT_SECONDS)
 
-    async def _refresh_models(self, offered: dict[str, dict[str, Any]] | None = None) -> None:
+    async def _refresh_models(self, offered: dict[str, SpecFields] | None = None) -> None:
         reply = await self._queue.online_models(offered)
         self._specs = reply["models"]
         self._specs_version = reply["specs"]
         self._workers = reply["workers"]
         self._loaded = reply["loaded"]
 
-    def _resolve(self, request_id: int, outcome: dict[str, Any]) -> None:
+    def _resolve(self, request_id: int, outcome: OnlineResult) -> None:
         future = self._waiting.pop(request_id, None)
         if future is not None and not future.done():
             future.set_result(outcome)
 
-    def _answer_all(self, outcome: dict[str, Any]) -> None:
+    def _answer_all(self, outcome: OnlineResult) -> None:
         for request_id in list(self._waiting):
             self._resolve(request_id, outcome)

@@ -203,6 +203,7 @@ class OnlineResult(TypedDict, total=False):
     tokens: int
     error: str
     status: int
+    timing: dict[str, float]  # added by the queue: seconds queued and computing, for the gateway's metrics
 
 
 # -- batch jobs (the client) -----------------------------------------------------------
@@ -345,6 +346,14 @@ RemoteRequest = list[Any]
 RemoteAnswer = list[Any]
 
 
+class RemoteSettings(TypedDict):
+    """The gateway's limits its requests are queued under (configs.GatewaySettings fields)."""
+
+    request_timeout_seconds: float
+    max_attempts: int
+    max_queue_depth: int
+
+
 class RemoteQueued(TypedDict):
     queued: int
 
@@ -418,7 +427,7 @@ class PullQueueClient:
     # -- gateways in their own processes -------------------------------------------------------
 
     async def online_submit(
-        self, gateway: str, requests: list[RemoteRequest], settings: GatewayFields | None, cancel: list[int]
+        self, gateway: str, requests: list[RemoteRequest], settings: RemoteSettings | None, cancel: list[int]
     ) -> RemoteQueued:
         return await self.scheduler.shoal_online_submit(
             gateway=gateway, requests=requests, settings=settings, cancel=cancel
