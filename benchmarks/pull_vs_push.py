@@ -54,6 +54,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, OrderedDict, defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ from harness import RESULTS, Meter
 from configs import GatewaySettings, ModelSpec
 from pipeline.cluster import pull_queue  # noqa: E402
 from scheduler_plugins.online_queue import MAX_ONLINE_BATCH, OnlineQueue
-from scheduler_plugins.protocol import PullReply
+from scheduler_plugins.protocol import OnlineAck, PullReply
 from scheduler_plugins.pull_queue import PullQueue
 from scheduler_plugins.work_items import BATCH, ONLINE, ItemState, WorkItem
 from scheduler_plugins.worker_views import WorkerView
@@ -312,9 +313,13 @@ class PushScheduler(PullQueue):
         held: list[str] | None = None,
         loaded: list[str] | None = None,
         timeout: float = 2.0,
+        acks: Sequence[OnlineAck] = (),
         **_ignored: Any,
     ) -> PullReply:
-        """A worker's standing online pull: only online items routed to it (other hints ignored)."""
+        """A worker's standing online pull: its last groups' acks answered as the plugin's pull does, then only
+        online items routed to it (other hints ignored)."""
+        for item_id, result, compute_seconds in acks:
+            self.online.ack(worker, item_id, result, compute_seconds)
         view = self.reported(worker, held, loaded)
         if view is None:
             return {"items": [], "reason": "unknown worker"}
