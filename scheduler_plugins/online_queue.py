@@ -32,19 +32,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from configs import GatewaySettings
 
 from .online_requests import OnlineFailure, OnlineJob
 from .placement import online_rank
 from .protocol import OnlineAck, PullReply, RemoteAnswers, RemoteModels, RemoteQueued, RemoteRequest
+from .queue_state import QueueState
 from .waiting_pulls import WaitingOnlinePulls, WaitingPull
 from .work_items import BATCH, ONLINE, ItemState, WorkItem, unsendable
 from .worker_views import WorkerView, can_host
-
-if TYPE_CHECKING:
-    from .pull_queue import PullQueue
 
 logger = logging.getLogger("shoal.online")
 
@@ -53,7 +51,7 @@ GATEWAY_GONE_SECONDS = 30.0  # a remote gateway that stops asking for answers th
 
 
 class OnlineQueue:
-    def __init__(self, core: PullQueue) -> None:
+    def __init__(self, core: QueueState) -> None:
         self.core = core
         self.jobs: dict[str, OnlineJob] = {}  # one standing job per model
         self.pulls = WaitingOnlinePulls(online_rank)
@@ -151,8 +149,11 @@ class OnlineQueue:
             items = self.core.queues.take(model, ONLINE, MAX_ONLINE_BATCH) if model else []
             if not (model and items):
                 return None
+            # A short lease would lapse while the model loads (a first load imports torch, holding the
+            # worker's loop): a worker without it loaded gets the expected load on top, this once.
+            grace = 0.0 if model in view.loaded else self.core.placement.load_seconds(view, model)
             for work in items:
-                self.core.lease(work, worker)
+                self.core.lease(work, worker, grace=grace)
             self.core.hold(view, model)  # a holder now, loaded or not
             self.wake(model)  # more than one group's worth waits: the next pull takes the rest
             return self.core.items_reply(items)

@@ -363,7 +363,7 @@ class Placement:
             if tier == 1:
                 best = (float("inf"), model)
                 break
-            gain = amount - self.steal_factor * self._load_seconds(worker, model)
+            gain = amount - self.steal_factor * self.load_seconds(worker, model)
             if gain > 0 and (best is None or gain > best[0]):
                 best = (gain, model)
         for entry in popped:
@@ -403,7 +403,7 @@ class Placement:
             )
         return base
 
-    def _load_seconds(self, worker: WorkerView, model: str) -> float:
+    def load_seconds(self, worker: WorkerView, model: str) -> float:
         """Measured on this worker, else the catalog's figure, else a default."""
         return worker.load_seconds.get(model) or self.specs.get(model, {}).get("load_seconds") or DEFAULT_LOAD_SECONDS
 
@@ -446,7 +446,7 @@ class Placement:
         """
         return self.take_backs.best(
             thief,
-            cost=lambda model: 0.0 if model in thief.loaded else self.steal_factor * self._load_seconds(thief, model),
+            cost=lambda model: 0.0 if model in thief.loaded else self.steal_factor * self.load_seconds(thief, model),
             hostable=lambda model: model in thief.held or can_host(self.specs.get(model, {}), thief),
         )
 
@@ -455,5 +455,5 @@ class Placement:
         wait = self._ahead.get(holder, 0.0)
         view = self.views.get(holder)
         if view is not None and model not in view.loaded:
-            wait += self._load_seconds(view, model)
+            wait += self.load_seconds(view, model)
         return wait

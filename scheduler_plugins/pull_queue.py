@@ -23,6 +23,9 @@ Routes (all declared in ``PullQueue.start``):
 - ``shoal_gateway_start`` / ``shoal_gateway_stop``: the online HTTP gateway
   (scheduler_plugins/gateway.py), on this scheduler's event loop
 
+The state both routes share, and its transitions, are `QueueState`'s
+(queue_state.py); this module is the plugin and the batch route over it.
+
 Per event (pull, ack, request) the plugin does O(1) or O(log n) work in
 workers, models and leased items: worker views, waiting pulls, leases and
 placement's candidates are indexes kept up to date as events happen, and new
@@ -33,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -46,15 +48,11 @@ from configs import GatewaySettings
 from .dashboard import start_dashboard
 from .gateway import Gateway
 from .jobs import Job
-from .leases import Leases
 from .metrics import start_metrics
-from .model_queues import ModelQueues
 from .online_queue import MAX_ONLINE_BATCH, OnlineQueue
-from .placement import ModelStats, Placement
 from .protocol import (
     EVENTS,
     NAME,
-    REVOKE,
     GatewayStarted,
     GatewayStopped,
     JobSettings,
@@ -65,50 +63,36 @@ from .protocol import (
     SubmitReply,
     SubmittedItem,
 )
-from .waiting_pulls import Timeouts, WaitingBatchPulls, WaitingPull
+from .queue_state import QueueState
+from .waiting_pulls import WaitingPull
 from .work_items import BATCH, ONLINE, ItemState, WorkItem
-from .worker_views import WorkerView, WorkerViews, can_host
+from .worker_views import WorkerView
 
 logger = logging.getLogger("shoal.scheduler")
 
-LEASE_CHECK_MS = 100  # how late an expired lease is noticed: online leases last about a second
+LEASE_CHECK_MS = 100  # how late an expired lease is noticed: online leases last half a second
 PLACEMENT_CHECK_MS = 500
 
 
-class PullQueue(SchedulerPlugin):
+class PullQueue(QueueState, SchedulerPlugin):
+    """The scheduler plugin: handlers, batch jobs and the batch route; the online route is `online`."""
+
     name = NAME
 
     def __init__(self, gateway: GatewaySettings | None = None, models: dict[str, dict[str, Any]] | None = None) -> None:
         """`gateway`: start the online gateway with these settings; `models`: specs it serves."""
-        self.model_specs: dict[str, dict[str, Any]] = dict(models or {})
-        self.specs_version = 0  # counts changes to model_specs, for gateways in other processes
+        super().__init__(models)
         self.jobs: dict[str, Job] = {}
-        self.items: dict[str, WorkItem] = {}
-        self.views = WorkerViews(on_holders=self._holders_changed)
-        self.queues = ModelQueues(on_change=self._batch_work_changed)
-        self.placement = Placement(self.queues, self.views, self.model_specs)
-        self.leases = Leases()
-        self.batch_pulls = WaitingBatchPulls()
-        self.timeouts = Timeouts()  # of every waiting pull, batch and online
         self.online = OnlineQueue(self)
         self.gateway: Gateway | None = None
         self._gateway_settings = gateway
-        self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead, taken_back
         self._checkers: list[PeriodicCallback] = []
-        self._unplaceable_since: dict[str, float] = {}
 
-    @property
-    def model_stats(self) -> ModelStats:
-        """Rows and compute seconds per model from batch acks: placement's estimates, the metrics' rates."""
-        return self.placement.stats
+    def online_work_queued(self, model: str) -> None:
+        self.online.wake(model)
 
-    @property
-    def worker_views(self) -> dict[str, WorkerView]:
-        return self.views.views
-
-    @property
-    def leased_by_worker(self) -> dict[str, dict[str, WorkItem]]:
-        return self.leases.by_worker
+    def view_changed(self, view: WorkerView) -> None:
+        self.online.view_changed(view)
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
@@ -172,15 +156,8 @@ class PullQueue(SchedulerPlugin):
             self.items[item.id] = item
             self.queues.push(item)
         for model, count in Counter(item.model for item in work).items():
-            self._work_queued(model, priority, count)
+            self.work_queued(model, priority, count)
         return {"job": job, "items": len(work)}
-
-    def add_specs(self, models: dict[str, dict[str, Any]]) -> None:
-        """Model specs join the plugin-wide table that pulls send with items."""
-        if models:
-            self.model_specs.update(models)
-            self.specs_version += 1
-            self.placement.specs_changed()
 
     async def pull(
         self,
@@ -257,74 +234,6 @@ class PullQueue(SchedulerPlugin):
         except Exception:  # noqa: BLE001 - see the docstring
             logger.exception("bad events from %s", worker)
         self.revoke(worker, lost)
-
-    def revoke(self, worker: str | None, items: list[str]) -> None:
-        """Tell `worker` it no longer holds `items`: it drops those not started (one way)."""
-        stream = self.scheduler.stream_comms.get(worker) if worker and items else None
-        if stream is not None:
-            try:
-                stream.send({"op": REVOKE, "items": items})
-            except Exception as exc:  # noqa: BLE001 - a worker whose stream closed is being removed
-                logger.info("could not revoke %d items on %s: %s", len(items), worker, exc)
-
-    def start_item(self, worker: str, item: str) -> bool:
-        """True when `worker` still holds the lease: the item is now running there."""
-        work = self.items.get(item)
-        if work is None or work.state is not ItemState.LEASED or work.worker != worker:
-            return False
-        work.started = True
-        self.placement.started(work)
-        return True
-
-    def ack(self, worker: str, item: str, result: dict[str, Any]) -> bool:
-        """The first ack of an item finishes it, from whichever worker computed it.
-
-        Outputs are idempotent, so an item computed twice (its lease expired or
-        it was taken back while it started) is counted once; a worker still
-        holding it is told to drop it.
-        """
-        work = self.items.get(item)
-        if work is None or work.state is ItemState.DONE:
-            return False
-        if work.state is ItemState.QUEUED:
-            self.queues.forget(work)
-        holder = work.worker
-        self.unlease(work)
-        if holder != worker:
-            self.revoke(holder, [work.id])
-        if work.priority == BATCH:
-            self.placement.stats.record(
-                work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0))
-            )
-            self.placement.model_changed(work.model)
-        work.settings.record_done(work, worker, result)
-        self.events["acked"] += 1
-        return True
-
-    def fail(self, worker: str, item: str, error: str, permanent: bool = False) -> bool:
-        work = self.items.get(item)
-        if work is None or work.state in (ItemState.DONE, ItemState.DEAD):
-            return False
-        if work.worker != worker:
-            return False
-        work.errors.append(f"attempt {work.attempts} on {worker}: {error}")
-        self.events["failed"] += 1
-        self.unlease(work)
-        self._retry_or_bury(work, permanent)
-        return True
-
-    def extend(self, worker: str, items: Sequence[str]) -> list[str]:
-        """Renew `worker`'s leases of `items`; the ids it no longer holds."""
-        lost = []
-        now = time.monotonic()
-        for item_id in items:
-            work = self.items.get(item_id)
-            if work is None or work.state is not ItemState.LEASED or work.worker != worker:
-                lost.append(item_id)
-                continue
-            work.deadline = now + work.settings.lease_seconds
-            self.leases.extended(work)
-        return lost
 
     def job_status(self, job: str, results: bool = False) -> JobStatus:
         if job not in self.jobs:
@@ -414,86 +323,11 @@ class PullQueue(SchedulerPlugin):
             self.job_release(job_id)
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id: str = "", **kwargs) -> None:
-        """A lost worker's leased items go back to the front of their queues, and wake their takers."""
-        self.views.remove(worker)
-        self.placement.worker_removed(worker)
-        held = list(self.leases.of_worker(worker).values())
-        for work in held:
-            self.leases.remove(work)
-            if work.state is ItemState.LEASED:
-                work.errors.append(f"attempt {work.attempts}: worker {worker} was lost")
-                self.events["lost"] += 1
-                self._retry_or_bury(work, permanent=False, front=True)
-        if held:
-            logger.warning("worker %s lost; %d leased items put back", worker, len(held))
+        self.worker_lost(worker)
 
     def check_placement(self) -> None:
         self.bury_unplaceable()
         self.online.forget_gone_gateways()
-
-    def bury_unplaceable(self) -> None:
-        """Items of a model that no worker can host go to dead letters, after a grace.
-
-        The grace (the job's `unplaceable_seconds`) lets a worker that can host
-        it join first, as under an autoscaler. Until some worker has pulled,
-        nothing is judged. Each model is checked against the distinct worker
-        capabilities, not against every worker.
-        """
-        if not len(self.views):
-            return
-        now = time.monotonic()
-        for model in self.queues.models():
-            spec = self.model_specs.get(model, {})
-            if self.views.holders.get(model) or self.views.anyone_can_host(spec):
-                self._unplaceable_since.pop(model, None)
-                continue
-            since = self._unplaceable_since.setdefault(model, now)
-            reason = _unplaceable_reason(model, spec, self.views.largest_budget())
-            for priority in (ONLINE, BATCH):
-                for work in self.queues.take(model, priority, len(self.items)):
-                    job = work.settings
-                    if now - since >= job.unplaceable_seconds:
-                        work.errors.append(reason)
-                        job.record_dead(work)
-                        self.events["dead"] += 1
-                    else:
-                        self.queues.push(work)
-
-    def expire_leases(self) -> None:
-        """Put back the items whose lease ran out (their worker froze, or died unseen); O(1) when none did."""
-        for work in self.leases.expired(time.monotonic()):
-            worker = work.worker
-            self.unlease(work)
-            self.revoke(worker, [work.id])
-            work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
-            self.events["expired"] += 1
-            self._retry_or_bury(work, permanent=False, front=True)
-
-    # -- internals ----------------------------------------------------------
-
-    def reported(
-        self, worker: str, held: list[str] | None, loaded: list[str] | None, **capability: Any
-    ) -> WorkerView | None:
-        """The view of `worker`, updated with what its pull reports; None for a removed worker.
-
-        A late pull of a removed worker must not recreate its view: the view
-        would stay a holder of its models forever, keeping their requests from
-        other workers.
-        """
-        if worker not in self.scheduler.workers:
-            return None
-        view, changed = self.views.report(worker, held, loaded, **capability)
-        if changed:
-            self.placement.holder_changed(worker)
-            self.online.view_changed(view)
-        return view
-
-    def hold(self, view: WorkerView, model: str) -> None:
-        """The worker was given `model`'s work: it loads it now, so count it as a holder before
-        its next pull says so, or every idle worker would steal the same hot model at once."""
-        if model not in view.held:
-            self.views.hold(view, model)
-            self.online.view_changed(view)
 
     def _lease_next(self, worker: WorkerView, room: int) -> list[WorkItem]:
         choice = self.placement.choose(worker)
@@ -542,12 +376,6 @@ class PullQueue(SchedulerPlugin):
         self.events["taken_back"] += 1
         return [work]
 
-    def lease(self, work: WorkItem, worker: str, counts_as_attempt: bool = True) -> None:
-        work.lease(worker, work.settings.lease_seconds, counts_as_attempt)
-        self.leases.add(work)
-        self.placement.leased(work)
-        self.events["leased"] += 1
-
     def _pull_reply(self, items: list[WorkItem], view: WorkerView) -> PullReply:
         """A batch pull's reply: the items, their jobs' contexts, and demand for the worker's evictions.
 
@@ -559,47 +387,3 @@ class PullQueue(SchedulerPlugin):
             "contexts": {work.job: work.owner.context for work in items if isinstance(work.owner, Job)},
             "demand": {m: [self.queues.waiting_items(m), self.views.holders.get(m, 0)] for m in view.held},
         }
-
-    def items_reply(self, items: list[WorkItem]) -> PullReply:
-        """The items with their leases, and their models' specs: an online pull's whole reply, a batch pull's core."""
-        messages = [work.to_message(work.settings.lease_seconds) for work in items]
-        return {"items": messages, "models": {m: self.model_specs[m] for m in {work.model for work in items}}}
-
-    def unlease(self, work: WorkItem) -> None:
-        """`work` leaves its worker's leases (and placement's candidates); its state is the caller's."""
-        if work.worker is not None:
-            self.placement.unleased(work)
-            self.leases.remove(work)
-
-    def _retry_or_bury(self, work: WorkItem, permanent: bool, front: bool = False) -> None:
-        job = work.settings
-        if permanent or work.attempts >= job.max_attempts:
-            job.record_dead(work)
-            self.events["dead"] += 1
-            return
-        work.requeue()
-        self.queues.push(work, front=front)
-        self._work_queued(work.model, work.priority, 1)
-
-    def _work_queued(self, model: str, priority: int, count: int) -> None:
-        """Wake the pulls that may take `count` new items of `model`, and no others."""
-        if priority == ONLINE:
-            self.online.wake(model)
-            return
-        spec = self.model_specs.get(model, {})
-        self.batch_pulls.wake(model, count, lambda view: model in view.held or can_host(spec, view))
-
-    def _batch_work_changed(self, model: str) -> None:
-        self.placement.model_changed(model)
-
-    def _holders_changed(self, model: str) -> None:
-        self.placement.model_changed(model)
-        if not self.views.holders.get(model) and self.queues.waiting_items(model, ONLINE):
-            self.online.wake(model)  # its requests may now go to any worker
-
-
-def _unplaceable_reason(model: str, spec: dict[str, Any], largest_budget: int | None) -> str:
-    needs = [f"{spec.get('memory_bytes', 0) / 1e9:.2f} GB of model memory"]
-    needs += [f"{resource}={amount:g}" for resource, amount in (spec.get("requires") or {}).items()]
-    largest = f"; the largest worker budget is {largest_budget / 1e9:.2f} GB" if largest_budget is not None else ""
-    return f"no worker can host model {model!r}: it needs {', '.join(needs)}{largest}"

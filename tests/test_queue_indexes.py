@@ -201,7 +201,7 @@ def best_steal_gain(plugin: PullQueue, view) -> tuple[int, float] | None:
             candidate = (1, float(queues.waiting_rows(model, BATCH)))
         else:
             drain = queues.waiting_rows(model, BATCH) / (placement.stats.rows_per_second(model) * holders)
-            gain = drain - placement.steal_factor * placement._load_seconds(view, model)
+            gain = drain - placement.steal_factor * placement.load_seconds(view, model)
             if gain <= 0:
                 continue
             candidate = (0, gain)
@@ -221,9 +221,9 @@ def best_take_back_gain(plugin: PullQueue, thief) -> float | None:
         holder = plugin.views.get(work.worker)
         on_holder = placement._ahead.get(work.worker, 0.0)
         if holder is not None and work.model not in holder.loaded:
-            on_holder += placement._load_seconds(holder, work.model)
+            on_holder += placement.load_seconds(holder, work.model)
         on_thief = (
-            0.0 if work.model in thief.loaded else placement.steal_factor * placement._load_seconds(thief, work.model)
+            0.0 if work.model in thief.loaded else placement.steal_factor * placement.load_seconds(thief, work.model)
         )
         gain = on_holder - on_thief
         if gain > 0 and (best is None or gain > best):
@@ -246,7 +246,7 @@ def check_choices(plugin: PullQueue) -> None:
                 assert holders == 0 and rows == expected[1]
             else:
                 drain = rows / (placement.stats.rows_per_second(chosen) * holders)
-                gain = drain - placement.steal_factor * placement._load_seconds(view, chosen)
+                gain = drain - placement.steal_factor * placement.load_seconds(view, chosen)
                 assert abs(gain - expected[1]) < 1e-9
         expected_back = best_take_back_gain(plugin, view)
         taken = placement.take_back(view)
@@ -257,8 +257,8 @@ def check_choices(plugin: PullQueue) -> None:
             holder = plugin.views.get(taken.worker)
             on_holder = placement._ahead.get(taken.worker, 0.0)
             if holder is not None and taken.model not in holder.loaded:
-                on_holder += placement._load_seconds(holder, taken.model)
-            on_thief = 0.0 if taken.model in view.loaded else placement._load_seconds(view, taken.model)
+                on_holder += placement.load_seconds(holder, taken.model)
+            on_thief = 0.0 if taken.model in view.loaded else placement.load_seconds(view, taken.model)
             assert abs((on_holder - on_thief) - expected_back) < 1e-9
 
 

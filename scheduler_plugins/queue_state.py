@@ -1,0 +1,271 @@
+"""The pull queue's state: items, their queues and leases, the workers' views, placement.
+
+Both routes over it, batch pulls (pull_queue) and online pulls
+(online_queue), change it only through the transitions here: lease,
+unlease, hold, start, ack, fail, renew, retry or bury, expire, lose a
+worker. Each keeps the indexes true at once (queues, leases, placement's
+candidates, the holders of each model), so that no event needs a scan, and
+wakes the waiting pulls that may take new work (`work_queued`), no others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from .leases import Leases
+from .model_queues import ModelQueues
+from .placement import ModelStats, Placement
+from .protocol import REVOKE, PullReply
+from .waiting_pulls import Timeouts, WaitingBatchPulls
+from .work_items import BATCH, ONLINE, ItemState, WorkItem
+from .worker_views import WorkerView, WorkerViews, can_host
+
+logger = logging.getLogger("shoal.scheduler")
+
+
+class QueueState:
+    """The state and its transitions; the routes subclass it (PullQueue) or hold it (OnlineQueue)."""
+
+    scheduler: Any  # the Dask scheduler: its workers, and its streams to them (set when the plugin starts)
+
+    def __init__(self, models: dict[str, dict[str, Any]] | None = None) -> None:
+        self.model_specs: dict[str, dict[str, Any]] = dict(models or {})
+        self.specs_version = 0  # counts changes to model_specs, for gateways in other processes
+        self.items: dict[str, WorkItem] = {}
+        self.views = WorkerViews(on_holders=self._holders_changed)
+        self.queues = ModelQueues(on_change=self._batch_work_changed)
+        self.placement = Placement(self.queues, self.views, self.model_specs)
+        self.leases = Leases()
+        self.batch_pulls = WaitingBatchPulls()
+        self.timeouts = Timeouts()  # of every waiting pull, batch and online
+        self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead, taken_back
+        self._unplaceable_since: dict[str, float] = {}
+
+    # -- what the online route hears (OnlineQueue, through PullQueue) -------------
+
+    def online_work_queued(self, model: str) -> None:
+        """Requests of `model` wait: wake the one online pull that should take them."""
+
+    def view_changed(self, view: WorkerView) -> None:
+        """A worker reported or was given a model: its waiting online pull is filed anew."""
+
+    # -- transitions ----------------------------------------------------------------
+
+    @property
+    def model_stats(self) -> ModelStats:
+        """Rows and compute seconds per model from batch acks: placement's estimates, the metrics' rates."""
+        return self.placement.stats
+
+    @property
+    def worker_views(self) -> dict[str, WorkerView]:
+        return self.views.views
+
+    @property
+    def leased_by_worker(self) -> dict[str, dict[str, WorkItem]]:
+        return self.leases.by_worker
+
+    def add_specs(self, models: dict[str, dict[str, Any]]) -> None:
+        """Model specs join the plugin-wide table that pulls send with items."""
+        if models:
+            self.model_specs.update(models)
+            self.specs_version += 1
+            self.placement.specs_changed()
+
+    def revoke(self, worker: str | None, items: list[str]) -> None:
+        """Tell `worker` it no longer holds `items`: it drops those not started (one way)."""
+        stream = self.scheduler.stream_comms.get(worker) if worker and items else None
+        if stream is not None:
+            try:
+                stream.send({"op": REVOKE, "items": items})
+            except Exception as exc:  # noqa: BLE001 - a worker whose stream closed is being removed
+                logger.info("could not revoke %d items on %s: %s", len(items), worker, exc)
+
+    def start_item(self, worker: str, item: str) -> bool:
+        """True when `worker` still holds the lease: the item is now running there."""
+        work = self.items.get(item)
+        if work is None or work.state is not ItemState.LEASED or work.worker != worker:
+            return False
+        work.started = True
+        self.placement.started(work)
+        return True
+
+    def ack(self, worker: str, item: str, result: dict[str, Any]) -> bool:
+        """The first ack of an item finishes it, from whichever worker computed it.
+
+        Outputs are idempotent, so an item computed twice (its lease expired or
+        it was taken back while it started) is counted once; a worker still
+        holding it is told to drop it.
+        """
+        work = self.items.get(item)
+        if work is None or work.state is ItemState.DONE:
+            return False
+        if work.state is ItemState.QUEUED:
+            self.queues.forget(work)
+        holder = work.worker
+        self.unlease(work)
+        if holder != worker:
+            self.revoke(holder, [work.id])
+        if work.priority == BATCH:
+            self.placement.stats.record(
+                work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0))
+            )
+            self.placement.model_changed(work.model)
+        work.settings.record_done(work, worker, result)
+        self.events["acked"] += 1
+        return True
+
+    def fail(self, worker: str, item: str, error: str, permanent: bool = False) -> bool:
+        work = self.items.get(item)
+        if work is None or work.state in (ItemState.DONE, ItemState.DEAD):
+            return False
+        if work.worker != worker:
+            return False
+        work.errors.append(f"attempt {work.attempts} on {worker}: {error}")
+        self.events["failed"] += 1
+        self.unlease(work)
+        self.retry_or_bury(work, permanent)
+        return True
+
+    def extend(self, worker: str, items: Sequence[str]) -> list[str]:
+        """Renew `worker`'s leases of `items`; the ids it no longer holds."""
+        lost = []
+        now = time.monotonic()
+        for item_id in items:
+            work = self.items.get(item_id)
+            if work is None or work.state is not ItemState.LEASED or work.worker != worker:
+                lost.append(item_id)
+                continue
+            work.deadline = max(work.deadline, now + work.settings.lease_seconds)  # a lease's grace stays
+            self.leases.extended(work)
+        return lost
+
+    def bury_unplaceable(self) -> None:
+        """Items of a model that no worker can host go to dead letters, after a grace.
+
+        The grace (the job's `unplaceable_seconds`) lets a worker that can host
+        it join first, as under an autoscaler. Until some worker has pulled,
+        nothing is judged. Each model is checked against the distinct worker
+        capabilities, not against every worker.
+        """
+        if not len(self.views):
+            return
+        now = time.monotonic()
+        for model in self.queues.models():
+            spec = self.model_specs.get(model, {})
+            if self.views.holders.get(model) or self.views.anyone_can_host(spec):
+                self._unplaceable_since.pop(model, None)
+                continue
+            since = self._unplaceable_since.setdefault(model, now)
+            reason = _unplaceable_reason(model, spec, self.views.largest_budget())
+            for priority in (ONLINE, BATCH):
+                for work in self.queues.take(model, priority, len(self.items)):
+                    job = work.settings
+                    if now - since >= job.unplaceable_seconds:
+                        work.errors.append(reason)
+                        job.record_dead(work)
+                        self.events["dead"] += 1
+                    else:
+                        self.queues.push(work)
+
+    def expire_leases(self) -> None:
+        """Put back the items whose lease ran out (their worker froze, or died unseen); O(1) when none did."""
+        for work in self.leases.expired(time.monotonic()):
+            worker = work.worker
+            self.unlease(work)
+            self.revoke(worker, [work.id])
+            work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
+            self.events["expired"] += 1
+            self.retry_or_bury(work, permanent=False, front=True)
+
+    def reported(
+        self, worker: str, held: list[str] | None, loaded: list[str] | None, **capability: Any
+    ) -> WorkerView | None:
+        """The view of `worker`, updated with what its pull reports; None for a removed worker.
+
+        A late pull of a removed worker must not recreate its view: the view
+        would stay a holder of its models forever, keeping their requests from
+        other workers.
+        """
+        if worker not in self.scheduler.workers:
+            return None
+        view, changed = self.views.report(worker, held, loaded, **capability)
+        if changed:
+            self.placement.holder_changed(worker)
+            self.view_changed(view)
+        return view
+
+    def hold(self, view: WorkerView, model: str) -> None:
+        """The worker was given `model`'s work: it loads it now, so count it as a holder before
+        its next pull says so, or every idle worker would steal the same hot model at once."""
+        if model not in view.held:
+            self.views.hold(view, model)
+            self.view_changed(view)
+
+    def lease(self, work: WorkItem, worker: str, counts_as_attempt: bool = True, grace: float = 0.0) -> None:
+        """`grace`: seconds added to this lease only, for what the worker must do first (load the model)."""
+        work.lease(worker, work.settings.lease_seconds + grace, counts_as_attempt)
+        self.leases.add(work)
+        self.placement.leased(work)
+        self.events["leased"] += 1
+
+    def items_reply(self, items: list[WorkItem]) -> PullReply:
+        """The items with their leases, and their models' specs: an online pull's whole reply, a batch pull's core."""
+        messages = [work.to_message(work.settings.lease_seconds) for work in items]
+        return {"items": messages, "models": {m: self.model_specs[m] for m in {work.model for work in items}}}
+
+    def unlease(self, work: WorkItem) -> None:
+        """`work` leaves its worker's leases (and placement's candidates); its state is the caller's."""
+        if work.worker is not None:
+            self.placement.unleased(work)
+            self.leases.remove(work)
+
+    def retry_or_bury(self, work: WorkItem, permanent: bool, front: bool = False) -> None:
+        job = work.settings
+        if permanent or work.attempts >= job.max_attempts:
+            job.record_dead(work)
+            self.events["dead"] += 1
+            return
+        work.requeue()
+        self.queues.push(work, front=front)
+        self.work_queued(work.model, work.priority, 1)
+
+    def work_queued(self, model: str, priority: int, count: int) -> None:
+        """Wake the pulls that may take `count` new items of `model`, and no others."""
+        if priority == ONLINE:
+            self.online_work_queued(model)
+            return
+        spec = self.model_specs.get(model, {})
+        self.batch_pulls.wake(model, count, lambda view: model in view.held or can_host(spec, view))
+
+    def _batch_work_changed(self, model: str) -> None:
+        self.placement.model_changed(model)
+
+    def _holders_changed(self, model: str) -> None:
+        self.placement.model_changed(model)
+        if not self.views.holders.get(model) and self.queues.waiting_items(model, ONLINE):
+            self.online_work_queued(model)  # its requests may now go to any worker
+
+    def worker_lost(self, worker: str) -> None:
+        """A lost worker's leased items go back to the front of their queues, and wake their takers."""
+        self.views.remove(worker)
+        self.placement.worker_removed(worker)
+        held = list(self.leases.of_worker(worker).values())
+        for work in held:
+            self.leases.remove(work)
+            if work.state is ItemState.LEASED:
+                work.errors.append(f"attempt {work.attempts}: worker {worker} was lost")
+                self.events["lost"] += 1
+                self.retry_or_bury(work, permanent=False, front=True)
+        if held:
+            logger.warning("worker %s lost; %d leased items put back", worker, len(held))
+
+
+def _unplaceable_reason(model: str, spec: dict[str, Any], largest_budget: int | None) -> str:
+    needs = [f"{spec.get('memory_bytes', 0) / 1e9:.2f} GB of model memory"]
+    needs += [f"{resource}={amount:g}" for resource, amount in (spec.get("requires") or {}).items()]
+    largest = f"; the largest worker budget is {largest_budget / 1e9:.2f} GB" if largest_budget is not None else ""
+    return f"no worker can host model {model!r}: it needs {', '.join(needs)}{largest}"
