@@ -293,15 +293,16 @@ def sweep_budgets(
     plan = DevicePlan("cpu", "cpu", "float32", 10**10)
     texts_by_item = [[t for t in item["texts"] if t is not None] for item in items]
     n = sum(len(texts) for texts in texts_by_item)
-    configs: list[tuple[int, int] | None] = [None] + [(b, m) for m in max_batches for b in budgets]
+    tuned_configs = [(b, m) for m in max_batches for b in budgets]
+    configs: list[tuple[int, int] | None] = [None, *tuned_configs]
     embedders: dict[tuple[int, int], Any] = {}
-    for config in configs[1:]:
-        budget, max_batch = config
+    for pair in tuned_configs:
+        budget, max_batch = pair
         tuned = spec.model_copy(
             update={"token_budget": {**spec.token_budget, "cpu": budget}, "max_batch_size": max_batch}
         )
-        embedders[config] = SentenceEmbedder(tuned, plan)
-        embedders[config].embed(texts_by_item[0][:WARMUP_TEXTS])
+        embedders[pair] = SentenceEmbedder(tuned, plan)
+        embedders[pair].embed(texts_by_item[0][:WARMUP_TEXTS])
     times: dict[Any, dict[tuple[int, int], float]] = {c: {} for c in configs}
     others: dict[Any, list[float]] = {c: [] for c in configs}
     cpu: dict[Any, float] = {c: 0.0 for c in configs}
@@ -334,7 +335,7 @@ def sweep_budgets(
             real = int(sum(ls.sum() for ls in lengths))
             padding = (computed - real) / computed if computed else 0.0
             n_batches = sum(len(bs) for bs in batches)
-            row = {
+            row: dict[str, Any] = {
                 "config": f"direct encode B={direct_batch} (per item)",
                 "token_budget": None,
                 "max_batch_size": direct_batch,
@@ -560,7 +561,9 @@ def main(argv: list[str] | None = None) -> int:
         note=args.note,
     )
 
-    variants = [{"name": f"ours {default_profile.name} (default)", "slug": "default", "profile": None}]
+    variants: list[dict[str, Any]] = [
+        {"name": f"ours {default_profile.name} (default)", "slug": "default", "profile": None}
+    ]
     for i, prof in enumerate(args.profile):
         loaded = load_profile(prof if not prof.endswith((".yaml", ".yml")) else str(Path(prof).resolve()))
         variants.append(
@@ -613,10 +616,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # Interleaved schedule: direct B0, ours round 1, the other directs, ours rounds 2..
     schedule: list[tuple[str, Any]] = [("direct", batch_sizes[0])]
-    for r in range(0 if args.sweep_only else max(args.ours_runs, 1)):
-        if r < args.ours_runs:  # variant order reversed every other round
-            schedule += [("ours", (v, r + 1)) for v in (variants if r % 2 == 0 else variants[::-1])]
-        if r == 0:
+    for round_ in range(0 if args.sweep_only else max(args.ours_runs, 1)):
+        if round_ < args.ours_runs:  # variant order reversed every other round
+            schedule += [("ours", (v, round_ + 1)) for v in (variants if round_ % 2 == 0 else variants[::-1])]
+        if round_ == 0:
             schedule += [("direct", b) for b in batch_sizes[1:]]
     log("schedule: " + ", ".join(f"direct B={x}" if k == "direct" else f"{x[0]['slug']}#{x[1]}" for k, x in schedule))
 

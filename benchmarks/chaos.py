@@ -105,7 +105,7 @@ def corpus(directory: Path, rows: int) -> list[str]:
     return chosen
 
 
-def vectors_by_id(directory: Path) -> tuple[dict[str, np.ndarray], int]:
+def vectors_by_id(directory: Path) -> tuple[dict[str, np.ndarray | None], int]:
     table = pq.read_table(str(directory), columns=["id", "embedding"])
     ids = table.column("id").to_pylist()
     vectors = table.column("embedding").to_pylist()
@@ -223,10 +223,12 @@ def summarize_online(answers: list[Answer], faults: Faults, settle: float, deadl
             statuses[key] = statuses.get(key, 0) + 1
         return {"sent": len(mine), **dict(sorted(statuses.items()))}
 
-    legit = [a for a in answers if a.kind == "legit" and a.status == 200]
-    during = [a.latency for a in legit if faults.during(a.sent, settle)]
-    by_kind = {kind: [a.latency for a in legit if faults.during(a.sent, settle, kind)] for kind in ("kill", "freeze")}
-    calm = [a.latency for a in legit if not faults.during(a.sent, settle)]
+    legit = [(a.sent, a.latency) for a in answers if a.kind == "legit" and a.status == 200 and a.latency is not None]
+    during = [latency for sent, latency in legit if faults.during(sent, settle)]
+    by_kind = {
+        kind: [latency for sent, latency in legit if faults.during(sent, settle, kind)] for kind in ("kill", "freeze")
+    }
+    calm = [latency for sent, latency in legit if not faults.during(sent, settle)]
     late = sum(1 for a in answers if a.latency is not None and a.latency > deadline + 1)
     errors: dict[str, int] = {}
     for a in answers:
@@ -293,7 +295,8 @@ def main() -> None:
                 "url"
             ]
             clean = run_batch(client, work / "in", work / "clean", args.model, profile, catalog)
-            expected, _ = vectors_by_id(work / "clean")
+            clean_vectors, _ = vectors_by_id(work / "clean")
+            expected = {i: v for i, v in clean_vectors.items() if v is not None}
             print(f"clean run: {len(expected)} rows in {clean['seconds']} s; chaos for {args.minutes} min", flush=True)
 
             stop, faults = threading.Event(), Faults()

@@ -51,7 +51,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from configs.machine import probe  # noqa: E402  (torch-free: the refusal imports nothing heavy)
 
 MODEL = "minilm-shaped"
-SHAPE = {"num_hidden_layers": 6, "hidden_size": 384, "intermediate_size": 1536, "num_attention_heads": 12}
+SHAPE: dict[str, Any] = {
+    "num_hidden_layers": 6,
+    "hidden_size": 384,
+    "intermediate_size": 1536,
+    "num_attention_heads": 12,
+}
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 SPEED_TEXTS = 4096
 CLIENTS = 32
@@ -71,7 +76,8 @@ def export_half(target: Path) -> None:
 def build_model(folder: Path, weights: str | None) -> Path:
     """A sentence-transformers folder: --weights (loaded as fp32), else the MiniLM-shaped random BERT."""
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Normalize, Pooling, Transformer
     from transformers import BertConfig, BertModel
 
     target = folder / MODEL
@@ -90,8 +96,8 @@ def build_model(folder: Path, weights: str | None) -> Path:
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer / name, backbone / name)
     BertModel(BertConfig(vocab_size=30522, max_position_embeddings=512, **SHAPE)).save_pretrained(backbone)
-    transformer = models.Transformer(str(backbone), max_seq_length=256)
-    model = SentenceTransformer(modules=[transformer, models.Pooling(384, pooling_mode="mean"), models.Normalize()])
+    transformer = Transformer(str(backbone), max_seq_length=256)
+    model = SentenceTransformer(modules=[transformer, Pooling(384, pooling_mode="mean"), Normalize()])
     model.save(str(target))
     return target
 
@@ -134,7 +140,7 @@ def check_gate_and_speed(catalog_path: Path, figures: dict[str, Any]) -> None:
     from configs import RuntimeChoice, load_catalog, load_profile
     from pipeline.tuning.quality_gate import PrecisionGate
     from workers.devices import detect_device
-    from workers.runtimes import load_runtime
+    from workers.runtimes import Scorer, load_runtime
 
     profile = load_profile("auto")
     plan = detect_device(profile, {})
@@ -159,7 +165,9 @@ def check_gate_and_speed(catalog_path: Path, figures: dict[str, Any]) -> None:
     # As a user writes it: the default batch of 32.
     speed["direct fp32 encode"] = rate(SentenceTransformer(spec.resolve_path(), device=plan.device).encode)
     for dtype in ("float32", "float16", "bfloat16"):
-        runtime = load_runtime(spec.model_copy(update={"runtimes": {"cuda": RuntimeChoice(dtype=dtype)}}), plan)
+        choice = RuntimeChoice.model_validate({"dtype": dtype})
+        runtime = load_runtime(spec.model_copy(update={"runtimes": {"cuda": choice}}), plan)
+        assert not isinstance(runtime, Scorer)  # the benchmark's model is an embedder
         speed[f"shoal runtime {dtype}"] = rate(runtime.embed)
         runtime.close()
     figures["rows_per_s"] = speed

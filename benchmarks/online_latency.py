@@ -94,8 +94,10 @@ class Connection:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def open(cls, host: str, port: int) -> Connection:
-        return cls(*await asyncio.open_connection(host, port))
+    async def open(cls, url: str) -> Connection:
+        """A connection to the server at `url` (http://host:port)."""
+        parts = urlsplit(url)
+        return cls(*await asyncio.open_connection(parts.hostname, parts.port))
 
     async def request(self, message: bytes) -> int:
         self.writer.write(message)
@@ -138,15 +140,14 @@ async def open_loop(
 
     Each latency is also appended to `record`, when given.
     """
-    parts = urlsplit(url)
     loop = asyncio.get_running_loop()
-    idle = [await Connection.open(parts.hostname, parts.port) for _ in range(min(32, max_in_flight))]
+    idle = [await Connection.open(url) for _ in range(min(32, max_in_flight))]
     latencies: list[float] = []
     counts = {"errors": 0, "shed": 0, "in_flight": 0}
     last_done = [loop.time()]
 
     async def one(scheduled: float) -> None:
-        conn = idle.pop() if idle else await Connection.open(parts.hostname, parts.port)
+        conn = idle.pop() if idle else await Connection.open(url)
         try:
             status = await conn.request(message)
         except (OSError, asyncio.IncompleteReadError):
@@ -196,7 +197,6 @@ async def closed_loop(
     With `seconds`, until then (repeating `messages`); otherwise each message once.
     Each latency is also appended to `record`, when given.
     """
-    parts = urlsplit(url)
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
     errors = [0]
@@ -204,7 +204,7 @@ async def closed_loop(
     deadline = loop.time() + seconds if seconds else None
 
     async def client() -> None:
-        conn = await Connection.open(parts.hostname, parts.port)
+        conn = await Connection.open(url)
         i = 0
         while True:
             if deadline is not None:
@@ -255,15 +255,18 @@ class Server:
             text=True,
         )
         self.lines: list[str] = []
-        threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
+        stderr = self.proc.stderr
+        assert stderr is not None
+        threading.Thread(target=lambda: self.lines.extend(iter(stderr.readline, "")), daemon=True).start()
         deadline = time.monotonic() + 300
         while not any("serving" in line for line in self.lines):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("shoal serve did not start:\n" + "".join(self.lines))
             time.sleep(0.1)
         line = next(line for line in self.lines if "serving" in line)
-        self.url = re.search(r"on (http://\S+)", line).group(1)
-        self.scheduler = re.search(r"scheduler (tcp://[^,\s]+)", line).group(1)
+        url, scheduler = re.search(r"on (http://\S+)", line), re.search(r"scheduler (tcp://[^,\s]+)", line)
+        assert url and scheduler, f"no URL or scheduler in {line!r}"
+        self.url, self.scheduler = url.group(1), scheduler.group(1)
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)

@@ -147,7 +147,8 @@ def export_token_graph(model_path: str, folder: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(model_path, device="cpu", local_files_only=True)
-    bert = model[0].model.eval()
+    transformer: Any = model[0]  # torch types a module's attributes as Tensor | Module
+    bert = transformer.model.eval()
     encoded = model.tokenizer(["a short text", "and a somewhat longer one here"], padding=True, return_tensors="pt")
     names = ["input_ids", "attention_mask", "token_type_ids"]
 
@@ -273,14 +274,13 @@ def part_batch(texts: list[str], profile: str, rounds: int, scratch: Path, threa
 
 
 async def closed_loop(url: str, texts: list[str], clients: int, seconds: float) -> dict[str, Any]:
-    host, port = url.split("//")[1].split(":")
     messages = [post_message(url, "/v1/encode/minilm", msgpack.packb({"texts": [t]})) for t in texts]
     done, errors = 0, 0
     stop = time.monotonic() + seconds
 
     async def client(k: int) -> None:
         nonlocal done, errors
-        connection = await Connection.open(host, int(port))
+        connection = await Connection.open(url)
         i = k
         try:
             while time.monotonic() < stop:

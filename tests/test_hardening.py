@@ -66,7 +66,9 @@ class Gateway:
 
     @property
     def port(self) -> int:
-        return urlsplit(self.url).port
+        port = urlsplit(self.url).port
+        assert port, f"no port in {self.url}"
+        return port
 
     def connect(self) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=30)
@@ -326,6 +328,7 @@ def sim_catalog(tmp_path_factory) -> Path:
 def _wait_for(proc: subprocess.Popen, marker: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     seen = []
+    assert proc.stderr is not None, "stderr is not piped"
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         seen.append(line)

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.jobs.planner import PlanError, list_shards, plan_items, read_footers
+from pipeline.jobs.planner import PlanError, PlannedItem, list_shards, plan_items, read_footers
+from scheduler_plugins.protocol import EmbedPayload
 from tests.support.cli import embed_args, invoke_shoal, run_shoal
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.s3 import s3_options
@@ -52,11 +53,12 @@ def write_csv(directory: Path, texts: list, shards: int) -> list[str]:
     return ids
 
 
-def planned(url: str, rows_per_item: int, **listing) -> list[dict]:
+def planned(url: str, rows_per_item: int, **listing) -> list[PlannedItem]:
     shards = list_shards(url, **listing)
     read_footers(shards)
     assert all(shard.error is None for shard in shards)
-    return plan_items(shards, "/unused/out", rows_per_item, "tiny", "embed", {"text_column": "text"})
+    payload: EmbedPayload = {"text_column": "text"}
+    return plan_items(shards, "/unused/out", rows_per_item, "tiny", "embed", payload)
 
 
 def read_items(items: list[dict], columns=("id", "text")) -> tuple[list, dict[str, str]]:

@@ -50,7 +50,7 @@ class Gateway:
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
         """(status, headers, decoded body) over a fresh connection."""
         parts = urlsplit(self.url)
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+        conn = http.client.HTTPConnection(parts.netloc, timeout=120)
         try:
             conn.request(method, path, body=body, headers=headers or {})
             response = conn.getresponse()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+from typing import Any
 
 import pytest
 import yaml
@@ -71,7 +72,9 @@ class JobWatch:
     """Snapshots of the scheduler plugin's jobs while CLI jobs run."""
 
     def __init__(self, plugin) -> None:
-        self.plugin, self.seen, self.jobs, self._stop = plugin, {}, {}, threading.Event()
+        self.plugin, self._stop = plugin, threading.Event()
+        self.seen: dict[str, dict] = {}
+        self.jobs: dict[str, Any] = {}
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
 

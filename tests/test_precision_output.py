@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -26,8 +27,10 @@ def quantize(vectors: np.ndarray, precision: str, ranges) -> np.ndarray:
 
     if precision == "float16":
         return vectors.astype(np.float16)
-    return quantize_embeddings(
-        vectors, precision=precision, ranges=None if ranges is None else np.asarray(ranges, np.float32)
+    return np.asarray(
+        quantize_embeddings(
+            vectors, precision=cast(Any, precision), ranges=None if ranges is None else np.asarray(ranges, np.float32)
+        )
     )
 
 

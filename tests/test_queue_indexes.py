@@ -240,6 +240,7 @@ def check_choices(plugin: PullQueue) -> None:
         if expected is None:
             assert chosen is None
         else:
+            assert chosen is not None, f"no steal where {expected} was best"
             holders = plugin.views.holders.get(chosen, 0)
             rows = plugin.queues.waiting_rows(chosen, BATCH)
             if expected[0] == 1:
@@ -253,7 +254,7 @@ def check_choices(plugin: PullQueue) -> None:
         if expected_back is None:
             assert taken is None
         else:
-            assert taken is not None
+            assert taken is not None and taken.worker is not None  # taken back from its holder
             holder = plugin.views.get(taken.worker)
             on_holder = placement._ahead.get(taken.worker, 0.0)
             if holder is not None and taken.model not in holder.loaded:

@@ -33,6 +33,7 @@ class Store:
     def __init__(self, kind: str, tmp_path, endpoint: str | None) -> None:
         self.kind = kind
         if kind == "s3":
+            assert endpoint, "an S3 store needs the moto server's endpoint"
             self.options = s3_options(endpoint)
             self.fs = s3fs.S3FileSystem(**self.options)
             self.root = f"resume-{tmp_path.name.lower().replace('_', '-')}"[:60]

@@ -37,7 +37,9 @@ def cache_dir(tmp_path_factory, monkeypatch):
 
 def _spec(catalog_path, name: str, runtime: str, dtype: str) -> ModelSpec:
     spec = load_catalog(catalog_path).get(name)
-    return spec.model_copy(update={"runtimes": {"cpu": RuntimeChoice(runtime=runtime, dtype=dtype)}})
+    return spec.model_copy(
+        update={"runtimes": {"cpu": RuntimeChoice.model_validate({"runtime": runtime, "dtype": dtype})}}
+    )
 
 
 def _pairs(texts: list[str]) -> tuple[list[str], list[str]]:

@@ -49,15 +49,16 @@ def build_tiny_embedder(
     default_prompt_name: str | None = None,
 ) -> Path:
     """`prompts`, `default_prompt_name`: saved in its config_sentence_transformers.json (TINY_PROMPTS: E5-like)."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Normalize, Pooling, Transformer
     from transformers import BertModel
 
     backbone, config = _seeded_bert(target, seed, dim)
     BertModel(config).save_pretrained(backbone)
-    transformer = models.Transformer(str(backbone), max_seq_length=TINY_MAX_SEQ)
-    pooling = models.Pooling(dim, pooling_mode="mean")
+    transformer = Transformer(str(backbone), max_seq_length=TINY_MAX_SEQ)
+    pooling = Pooling(dim, pooling_mode="mean")
     model = SentenceTransformer(
-        modules=[transformer, pooling, models.Normalize()],
+        modules=[transformer, pooling, Normalize()],
         device="cpu",
         prompts=prompts,
         default_prompt_name=default_prompt_name,
