@@ -9,8 +9,8 @@ after the first of them, or on the next loop pass for what a client waits on
 before the worker runs out of work). A busy worker thus costs the scheduler
 a few messages a second, however many items it finishes.
 
-Leases of everything the worker holds are renewed from here, each at a third
-of its own lease, and sent within a sixth of it: an online request's lease
+Leases of everything the worker holds are renewed from here, each at a quarter
+of its own lease, and sent within an eighth of it: an online request's lease
 of half a second and a batch item's minute both hold while the worker's loop
 runs, and lapse when the process freezes. What the worker no longer holds
 comes back as a ``REVOKE`` message (see pull_loop).
@@ -23,12 +23,15 @@ import logging
 import time
 from typing import Any
 
-from scheduler_plugins.protocol import EVENTS, ItemResult, OnlineAck, WorkerEvents
+from scheduler_plugins.protocol import EVENTS, OnlineAck, WorkerEvents
 
 logger = logging.getLogger("shoal.worker")
 
 FLUSH_SECONDS = 0.25  # how long a batch item's events may wait for others to share their message
-RENEW_TICK_SECONDS = 0.1  # how often leases due for renewal are looked for
+# A lease is renewed this many times over its length, each renewal sent within half of that interval:
+# a short online lease survives a loop that lags by half of it.
+RENEWALS_PER_LEASE = 4
+RENEW_TICK_SECONDS = 0.05  # how often leases due for renewal are looked for
 
 
 class SchedulerStream:
@@ -57,7 +60,7 @@ class SchedulerStream:
 
     def hold(self, item_id: str, lease_seconds: float) -> None:
         """`item_id` is leased here: renew it until it is acked, failed or released."""
-        self._renewals[item_id] = (lease_seconds, time.monotonic() + lease_seconds / 3)
+        self._renewals[item_id] = (lease_seconds, time.monotonic() + lease_seconds / RENEWALS_PER_LEASE)
 
     def release(self, item_id: str) -> None:
         self._renewals.pop(item_id, None)
@@ -71,7 +74,7 @@ class SchedulerStream:
         self._starts[item_id] = None
         self._arm()
 
-    def ack(self, item_id: str, result: ItemResult) -> None:
+    def ack(self, item_id: str, result: dict[str, Any]) -> None:
         """An ack (or a failure) implies its start: a start not sent yet is dropped, one event less."""
         self.release(item_id)
         self._starts.pop(item_id, None)
@@ -133,5 +136,5 @@ class SchedulerStream:
             due = [item_id for item_id, (_, at) in self._renewals.items() if at <= now]
             for item_id in due:
                 lease_seconds, _ = self._renewals[item_id]
-                self._renewals[item_id] = (lease_seconds, now + lease_seconds / 3)
-                self._add("extend", item_id, within=lease_seconds / 6)
+                self._renewals[item_id] = (lease_seconds, now + lease_seconds / RENEWALS_PER_LEASE)
+                self._add("extend", item_id, within=lease_seconds / (2 * RENEWALS_PER_LEASE))
