@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 import msgpack
 import numpy as np
 
+from scheduler_plugins.protocol import ServedModel
+
 if TYPE_CHECKING:
     import aiohttp
 
@@ -42,7 +44,20 @@ def _headers(token: str | None) -> dict[str, str]:
     return headers
 
 
-def _reply(status: int, body: bytes, retry_after: str | None) -> dict[str, Any]:
+class Reply(TypedDict, total=False):
+    """A gateway's answer body, as this client reads it (docs/PROTOCOL.md)."""
+
+    model: str
+    embeddings: bytes  # encode: raw little-endian values of `dtype`, `shape` rows by columns
+    dtype: str
+    shape: list[int]
+    scores: list[float]  # rerank: one per document, in document order
+    data: list[ServedModel]  # models
+    usage: dict[str, int]
+
+
+def _reply(status: int, body: bytes, retry_after: str | None) -> Reply:
+    decoded: Any  # MessagePack: a Reply, or an error body
     try:
         decoded = msgpack.unpackb(body, raw=False) if body else {}
     except Exception:
@@ -53,7 +68,7 @@ def _reply(status: int, body: bytes, retry_after: str | None) -> dict[str, Any]:
     return decoded
 
 
-def _vectors(reply: dict[str, Any]) -> np.ndarray:
+def _vectors(reply: Reply) -> np.ndarray:
     return np.frombuffer(reply["embeddings"], dtype=_DTYPES[reply["dtype"]]).reshape(reply["shape"])
 
 
@@ -116,13 +131,13 @@ class OnlineClient:
         """One score per document, in document order."""
         return np.asarray(self._post(f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))["scores"])
 
-    def models(self) -> list[dict[str, Any]]:
+    def models(self) -> list[ServedModel]:
         return self._request("GET", "/v1/models", None)["data"]
 
-    def _post(self, path: str, body: bytes) -> dict[str, Any]:
+    def _post(self, path: str, body: bytes) -> Reply:
         return self._request("POST", path, body)
 
-    def _request(self, method: str, path: str, body: bytes | None) -> dict[str, Any]:
+    def _request(self, method: str, path: str, body: bytes | None) -> Reply:
         for attempt in (1, 2):  # a kept-alive connection the server closed: reconnect once
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
@@ -170,10 +185,10 @@ class AsyncOnlineClient:
         reply = await self._request("POST", f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))
         return np.asarray(reply["scores"])
 
-    async def models(self) -> list[dict[str, Any]]:
+    async def models(self) -> list[ServedModel]:
         return (await self._request("GET", "/v1/models", None))["data"]
 
-    async def _request(self, method: str, path: str, body: bytes | None) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, body: bytes | None) -> Reply:
         import aiohttp
 
         if self._session is None:

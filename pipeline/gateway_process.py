@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any
 
 from distributed.security import Security
 from rich.console import Console
 
-from configs import Catalog, ConfigError, GatewaySettings, Profile
+from configs import Catalog, ConfigError, GatewaySettings, ModelSpec, Profile
 from scheduler_plugins.gateway import Gateway
 from scheduler_plugins.gateway_link import SchedulerLink
 
@@ -27,7 +26,7 @@ from scheduler_plugins.gateway_link import SchedulerLink
 async def run_gateway(
     scheduler: str,
     settings: GatewaySettings,
-    specs: dict[str, dict[str, Any]],
+    specs: dict[str, ModelSpec],
     console: Console,
     stop: asyncio.Event | None = None,
 ) -> None:
@@ -37,7 +36,11 @@ async def run_gateway(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-    link = SchedulerLink(scheduler, Security().get_connection_args("client"), models=specs)
+    link = SchedulerLink(
+        scheduler,
+        Security().get_connection_args("client"),
+        models={name: spec.model_dump() for name, spec in specs.items()},
+    )
     await link.start()
     gateway = Gateway(link, settings)
     try:
@@ -57,7 +60,7 @@ def gateway(
     profile: Profile, catalog: Catalog, scheduler: str, host: str | None, port: int | None, console: Console
 ) -> int:
     settings = profile.gateway.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
-    specs = {name: profile.tuned(spec).model_dump() for name, spec in catalog.models.items()}
+    specs = {name: profile.tuned(spec) for name, spec in catalog.models.items()}
     try:
         import uvloop
     except ImportError:

@@ -40,7 +40,7 @@ from configs import GatewaySettings
 from . import api_formats as api
 from .gateway_auth import BearerAuth
 from .gateway_metrics import GatewayMetrics
-from .protocol import OnlineResult, SpecFields
+from .protocol import OnlineResult, ServedModel, SpecFields
 from .wire import JSON, MSGPACK, RequestError, decode, encode, media_type, response_type
 
 if TYPE_CHECKING:
@@ -406,7 +406,7 @@ class Gateway:
         if not self.auth.allows(request.headers.get("Authorization")):
             raise RequestError(401, "missing or wrong bearer token")
         loaded = self.backend.loaded_counts()
-        data = [
+        data: list[ServedModel] = [
             {
                 "id": name,
                 "object": "model",

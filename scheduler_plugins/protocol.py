@@ -150,6 +150,18 @@ OnlinePayload = EncodePayload | ScorePayload
 Payload = BatchPayload | OnlinePayload
 
 
+class ServedModel(TypedDict):
+    """One entry of a gateway's ``GET /v1/models``."""
+
+    id: str
+    object: str  # "model"
+    owned_by: str
+    kind: str
+    dim: int
+    max_seq_length: int
+    loaded_workers: int
+
+
 # -- what a worker answers -----------------------------------------------------------------
 
 
