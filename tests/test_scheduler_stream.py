@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 from scheduler_plugins.protocol import EVENTS
 from workers.scheduler_stream import SchedulerStream
 
 
-def recorded(flush_seconds: float) -> tuple[SchedulerStream, list[dict]]:
-    """A stream whose messages to the scheduler are kept in a list."""
+@contextmanager
+def recorded(flush_seconds: float) -> Iterator[tuple[SchedulerStream, list[dict]]]:
+    """A stream whose messages to the scheduler are kept in a list; closed on exit, passed or failed."""
     sent: list[dict] = []
-    return SchedulerStream(SimpleNamespace(batched_stream=SimpleNamespace(send=sent.append)), flush_seconds), sent
+    stream = SchedulerStream(SimpleNamespace(batched_stream=SimpleNamespace(send=sent.append)), flush_seconds)
+    try:
+        yield stream, sent
+    finally:
+        stream.close()
 
 
-def test_events_of_many_items_leave_in_one_message_and_an_ack_drops_its_unsent_start():
-    async def go() -> list[dict]:
-        stream, sent = recorded(0.05)
+async def test_events_of_many_items_leave_in_one_message_and_an_ack_drops_its_unsent_start():
+    with recorded(0.05) as (stream, sent):
         for item in ("a", "b", "c"):
             stream.hold(item, 60.0)
             stream.started(item)
@@ -26,35 +32,24 @@ def test_events_of_many_items_leave_in_one_message_and_an_ack_drops_its_unsent_s
         await asyncio.sleep(0.2)
         stream.ack("c", {"rows": 3})  # its start went out already: only the ack is left
         await asyncio.sleep(0.2)
-        stream.close()
-        return sent
-
-    first, second = asyncio.run(go())
+    first, second = sent
     assert first == {"op": EVENTS, "started": ["c"], "acks": [["a", {"rows": 1}], ["b", {"rows": 2}]]}
     assert second == {"op": EVENTS, "acks": [["c", {"rows": 3}]]}
 
 
-def test_a_failure_goes_out_on_the_next_loop_pass_with_what_has_gathered_and_implies_its_start():
-    async def go() -> list[dict]:
-        stream, sent = recorded(30.0)
+async def test_a_failure_goes_out_on_the_next_loop_pass_with_what_has_gathered_and_implies_its_start():
+    with recorded(30.0) as (stream, sent):
         stream.started("a")
         stream.started("b")
         stream.fail("b", "OSError: reset", False)
         await asyncio.sleep(0.01)
-        return sent
-
-    assert asyncio.run(go()) == [{"op": EVENTS, "started": ["a"], "failed": [["b", "OSError: reset", False]]}]
+        assert sent == [{"op": EVENTS, "started": ["a"], "failed": [["b", "OSError: reset", False]]}]
 
 
-def test_a_short_lease_is_renewed_before_it_lapses_however_long_the_flush_waits():
-    async def go() -> list[dict]:
-        stream, sent = recorded(30.0)
+async def test_a_short_lease_is_renewed_before_it_lapses_however_long_the_flush_waits():
+    with recorded(30.0) as (stream, sent):
         stream.start()
         stream.hold("a", 0.6)
         await asyncio.sleep(0.55)  # renewed after 0.2 s (a third), sent within 0.1 s (a sixth), not after 30 s
         renewed = list(sent)
-        stream.close()
-        return renewed
-
-    renewed = asyncio.run(go())
     assert renewed and all(message == {"op": EVENTS, "extend": ["a"]} for message in renewed)
