@@ -8,7 +8,7 @@ with, or why a cached model cannot be used.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from rich.console import Console
 from rich.table import Table
@@ -20,37 +20,72 @@ from configs.model_resolution import cached_models, hub_cache_dir
 from configs.prompts import model_prompts
 from pipeline.tuning.auto_runtime import cached_choice
 
-FIELDS = ("kind", "dim", "max_seq_length", "normalize", "memory_bytes", "source")
+
+class PromptFields(TypedDict, total=False):
+    prompts: dict[str, str] | None  # None: the model's files cannot be read (`prompts_error` says why)
+    default_prompt_name: str | None
+    prompts_error: str
 
 
-def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -> list[dict[str, Any]]:
+# A row of `shoal models` (and of its --json); a model that cannot be used has only name, from and error.
+ModelRow = TypedDict(
+    "ModelRow",
+    {
+        "name": str,
+        "from": str,  # catalog, or hf cache
+        "kind": str,
+        "dim": int,
+        "max_seq_length": int,
+        "normalize": bool,
+        "memory_bytes": int,
+        "source": str,
+        "token_budget_cpu": int,
+        "max_batch_size": int,
+        "prompts": dict[str, str] | None,
+        "default_prompt_name": str | None,
+        "prompts_error": str,
+        "auto_runtime": str,
+        "error": str,
+    },
+    total=False,
+)
+
+
+def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -> list[ModelRow]:
     """One row per model: where it came from, its resolved fields as `profile` tunes them, or the reason it cannot be used."""
 
     machine = probe()
     threads = auto_profile(machine).torch_threads(machine.cores)
 
-    def fields(spec: ModelSpec) -> dict[str, Any]:
+    def row(name: str, source_kind: str, spec: ModelSpec) -> ModelRow:
         tuned = profile.tuned(spec)
         return {
-            **tuned.model_dump(include=set(FIELDS)),
+            "name": name,
+            "from": source_kind,
+            "kind": tuned.kind,
+            "dim": tuned.dim,
+            "max_seq_length": tuned.max_seq_length,
+            "normalize": tuned.normalize,
+            "memory_bytes": tuned.memory_bytes,
+            "source": tuned.source,
             "token_budget_cpu": tuned.budget_for("cpu"),
             "max_batch_size": tuned.max_batch_size,
             **prompt_fields(spec),
             "auto_runtime": cached_choice(spec, machine, threads),  # the `auto` profile's choice on this machine
         }
 
-    rows = [{"name": name, "from": "catalog", **fields(spec)} for name, spec in catalog.models.items()]
+    rows = [row(name, "catalog", spec) for name, spec in catalog.models.items()]
     for repo_id in cached_models() if include_cache else []:
         if repo_id in catalog.models:
             continue
         try:
-            rows.append({"name": repo_id, "from": "hf cache", **fields(catalog.get(repo_id))})
+            rows.append(row(repo_id, "hf cache", catalog.get(repo_id)))
         except ConfigError as exc:
             rows.append({"name": repo_id, "from": "hf cache", "error": str(exc)})
     return rows
 
 
-def prompt_fields(spec: ModelSpec) -> dict[str, Any]:
+def prompt_fields(spec: ModelSpec) -> PromptFields:
     """The model's non-empty named prompts and its default's name; a catalog entry's unreadable files: why."""
     try:
         prompts = model_prompts(spec)
@@ -60,13 +95,13 @@ def prompt_fields(spec: ModelSpec) -> dict[str, Any]:
     return {"prompts": named, "default_prompt_name": prompts.default_name}
 
 
-def _prompt_names(row: dict[str, Any]) -> str:
+def _prompt_names(row: ModelRow) -> str:
     if row["prompts"] is None:
         return "?"
     return ", ".join(f"{n} (default)" if n == row["default_prompt_name"] else n for n in row["prompts"]) or "-"
 
 
-def render_models(rows: list[dict[str, Any]], console: Console) -> None:
+def render_models(rows: list[ModelRow], console: Console) -> None:
     table = Table(
         "name", "from", "kind", "dim", "max tokens", "normalize", "weights MB", "prompts", "source", "auto runtime here"
     )
