@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.support.fake_scheduler import running_queue
-
 from configs import GatewaySettings
+from tests.support.fake_scheduler import running_queue
 
 SETTINGS = GatewaySettings(request_timeout_seconds=30, online_lease_seconds=0.2)
 MODELS = {"m": {"name": "m", "kind": "sim", "load_seconds": 1.0}}

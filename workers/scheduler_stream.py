@@ -23,7 +23,7 @@ import logging
 import time
 from typing import Any
 
-from scheduler_plugins.protocol import EVENTS, OnlineAck, WorkerEvents
+from scheduler_plugins.protocol import EVENTS, ItemResult, OnlineAck, WorkerEvents
 
 logger = logging.getLogger("shoal.worker")
 
@@ -74,7 +74,7 @@ class SchedulerStream:
         self._starts[item_id] = None
         self._arm()
 
-    def ack(self, item_id: str, result: dict[str, Any]) -> None:
+    def ack(self, item_id: str, result: ItemResult) -> None:
         """An ack (or a failure) implies its start: a start not sent yet is dropped, one event less."""
         self.release(item_id)
         self._starts.pop(item_id, None)
