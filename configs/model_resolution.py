@@ -33,6 +33,9 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 SKIPPED_FOLDERS = {"onnx", "openvino", ".git"}  # other runtimes' copies of the same weights
 UNBOUNDED_LENGTH = 1_000_000  # tokenizers without a limit state ~1e30
 
+# A JSON object from a model's own files (config.json, modules.json, ...): whatever its library wrote.
+JsonObject = dict[str, Any]
+
 
 def hub_cache_dir() -> Path:
     """The Hugging Face hub cache, found as huggingface_hub finds it, read at call time."""
@@ -76,7 +79,7 @@ def _json(path: Path) -> Any:
         raise ConfigError(f"{path}: not readable JSON: {exc}") from None
 
 
-def _mapping(path: Path) -> dict[str, Any]:
+def _mapping(path: Path) -> JsonObject:
     """A JSON object file, or {} when it is absent (or holds something else)."""
     value = _json(path)
     return value if isinstance(value, dict) else {}
@@ -88,11 +91,11 @@ class ModelFiles:
 
     folder: Path
 
-    def modules(self) -> list[dict[str, Any]]:
+    def modules(self) -> list[JsonObject]:
         modules = _json(self.folder / "modules.json")
         return modules if isinstance(modules, list) else []
 
-    def _module_config(self, module: dict[str, Any]) -> dict[str, Any]:
+    def _module_config(self, module: JsonObject) -> JsonObject:
         return _mapping(self.folder / module.get("path", "") / "config.json")
 
     def _transformer_folder(self) -> Path:

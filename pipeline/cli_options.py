@@ -25,6 +25,7 @@ from rich.console import Console
 from configs import ConfigError
 from pipeline.cluster import ClusterError
 from pipeline.jobs.planner import PlanError
+from scheduler_plugins.protocol import StorageOptions
 from workers.chunking import ChunkSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -173,7 +174,7 @@ def parse_chunk(value: str | None) -> ChunkSettings | None:
         raise click.BadParameter(reasons, param_hint="--chunk") from None
 
 
-def parse_storage_options(value: str | None) -> dict[str, Any]:
+def parse_storage_options(value: str | None) -> StorageOptions:
     """--storage-options: a JSON object, or {} when not given."""
     if not value:
         return {}

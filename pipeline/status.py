@@ -10,15 +10,15 @@ on the scheduler only while they run; a finished job's record is its manifest.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import TypedDict
 
 from distributed import Client
 from rich.console import Console
 from rich.table import Table
 
 from pipeline.cluster import pull_queue
-from pipeline.jobs.lock import JobLock
-from pipeline.jobs.manifest import read_manifest
+from pipeline.jobs.lock import JobLock, LockRecord
+from pipeline.jobs.manifest import Manifest, read_manifest
 from pipeline.jobs.reindex import ReindexJob, VersionedOutput
 from scheduler_plugins.protocol import Overview
 
@@ -68,7 +68,17 @@ def render_cluster(view: Overview, console: Console) -> None:
         console.print(queues)
 
 
-def output_state(job: ReindexJob) -> dict[str, Any]:
+class OutputState(TypedDict):
+    """A reindexed output as readers and the next run see it."""
+
+    output: str
+    current: str | None  # the version _CURRENT names
+    versions: list[str]
+    lock: LockRecord | None
+    manifest: Manifest | None  # the current version's
+
+
+def output_state(job: ReindexJob) -> OutputState:
     """The reindexed output as readers and the next run see it."""
     layout = VersionedOutput(job.output, job.storage_options)
     current = layout.current()
@@ -77,7 +87,7 @@ def output_state(job: ReindexJob) -> dict[str, Any]:
     return {"output": job.output, "current": current, "versions": layout.versions(), "lock": lock, "manifest": manifest}
 
 
-def render_output(state: dict[str, Any], console: Console) -> None:
+def render_output(state: OutputState, console: Console) -> None:
     table = Table(title=f"output {state['output']}", show_header=False)
     table.add_row("_CURRENT", state["current"] or "- (no complete version yet)")
     table.add_row("versions", ", ".join(state["versions"]) or "-")

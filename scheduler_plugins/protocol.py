@@ -418,13 +418,13 @@ class PullQueueClient:
 
     # -- workers ---------------------------------------------------------------------------
 
-    async def pull(self, worker: str, room: int, in_hand: int, timeout: float, report: WorkerReport) -> PullReply:
-        """Up to `room` batch items for `worker`, waiting up to `timeout` for some."""
-        return await self.scheduler.shoal_pull(worker=worker, room=room, in_hand=in_hand, timeout=timeout, **report)
+    async def pull(self, address: str, room: int, in_hand: int, timeout: float, report: WorkerReport) -> PullReply:
+        """Up to `room` batch items for the worker at `address`, waiting up to `timeout` for some."""
+        return await self.scheduler.shoal_pull(worker=address, room=room, in_hand=in_hand, timeout=timeout, **report)
 
     async def pull_online(
         self,
-        worker: str,
+        address: str,
         held: list[str],
         loaded: list[str],
         busy: bool,
@@ -433,7 +433,7 @@ class PullQueueClient:
     ) -> PullReply:
         """Every waiting online request of one model; `acks`: the worker's last groups, answered first."""
         return await self.scheduler.shoal_pull_online(
-            worker=worker, held=held, loaded=loaded, busy=busy, timeout=timeout, acks=acks or []
+            worker=address, held=held, loaded=loaded, busy=busy, timeout=timeout, acks=acks or []
         )
 
     # -- gateways in their own processes -------------------------------------------------------

@@ -42,6 +42,7 @@ from scheduler_plugins.protocol import ItemMessage, OnlineAck, OnlineResult
 from .device_thread import DeviceThread
 from .model_pool import ModelPool
 from .operations import ONLINE_OPERATIONS, PERMANENT_ERRORS
+from .runtimes import Runtime
 from .scheduler_stream import SchedulerStream
 
 logger = logging.getLogger("shoal.worker.online")
@@ -183,7 +184,7 @@ class OnlineGroups:
             if outcome.error is not None:
                 self._fail(outcome)
 
-    def _compute(self, runtimes: dict[str, Any]) -> list[Outcome]:
+    def _compute(self, runtimes: dict[str, Runtime]) -> list[Outcome]:
         """On the device thread, holding it: take the requests waiting now, then one call per group."""
         self._started(set(runtimes))  # requests from now on start the next round
         outcomes = []

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from configs import ModelSpec, Profile
-from scheduler_plugins.protocol import REVOKE, ItemMessage, PullQueueClient, PullReply, WorkerReport
+from scheduler_plugins.protocol import REVOKE, ItemMessage, PullQueueClient, PullReply, SpecFields, WorkerReport
 
 from .device_thread import DeviceThread
 from .model_pool import ModelPool
@@ -68,7 +68,7 @@ class PullLoop:
         self.in_hand: dict[str, asyncio.Task] = {}  # reading, computing or writing
         self.computing: set[str] = set()  # started: a revocation no longer stops them
         self.specs: dict[str, ModelSpec] = {}
-        self._spec_sources: dict[str, dict[str, Any]] = {}  # the reply dict each of `specs` came from
+        self._spec_sources: dict[str, SpecFields] = {}  # the reply dict each of `specs` came from
         self.contexts: dict[str, dict[str, Any]] = {}
         self._job_items: Counter[str] = Counter()  # items leased here per job: its context stays while any is
         self.drain = DrainRate()
@@ -249,7 +249,7 @@ class PullLoop:
             self.online.pulling = True
             try:
                 reply = await self.queue.pull_online(
-                    worker=self.worker.address,
+                    address=self.worker.address,
                     held=self._held_models(),
                     loaded=self.pool.loaded(),
                     timeout=self.profile.pull_timeout_seconds,

@@ -25,10 +25,20 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TypedDict
 
 from scheduler_plugins.protocol import StorageOptions
 from workers.storage import atomic_write, open_fs
+
+
+class LockRecord(TypedDict, total=False):
+    """The lock object: who holds it and until when (a torn or foreign file reads as expired)."""
+
+    owner: str
+    job: str
+    host: str
+    pid: int
+    expires: float  # seconds since the epoch; renewed while the run lasts
 
 
 class LockHeld(RuntimeError):
@@ -82,7 +92,7 @@ class JobLock:
     def __exit__(self, *exc_info) -> None:
         self.release()
 
-    def read(self) -> dict[str, Any] | None:
+    def read(self) -> LockRecord | None:
         fs, path = open_fs(self.url, self.storage_options)
         try:
             return json.loads(fs.cat_file(path))
@@ -91,7 +101,7 @@ class JobLock:
         except ValueError:  # a torn or foreign file: treat as expired
             return {"owner": "?", "expires": 0}
 
-    def describe(self, held: dict[str, Any] | None) -> str:
+    def describe(self, held: LockRecord | None) -> str:
         if held is None:
             return f"lost the race for the lock {self.url}; another run of job {self.job!r} took it"
         until = dt.datetime.fromtimestamp(held.get("expires", 0)).isoformat(timespec="seconds")
@@ -101,11 +111,11 @@ class JobLock:
             f"or delete the lock object."
         )
 
-    def _foreign(self, held: dict[str, Any] | None) -> bool:
+    def _foreign(self, held: LockRecord | None) -> bool:
         return held is not None and held.get("owner") != self.owner and held.get("expires", 0) > time.time()
 
     def _write(self) -> None:
-        record = {
+        record: LockRecord = {
             "owner": self.owner,
             "job": self.job,
             "host": socket.gethostname(),
