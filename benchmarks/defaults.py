@@ -13,10 +13,18 @@ drifts within minutes, so only ratios measured in alternation count):
 * fastembed, when benchmarks/runtimes.py's venv for it is already in
   --fastembed-scratch (nothing is installed here);
 * ``make demo``'s command on datasets/demo (5,000 rows), rows/s from its job
-  summary, no flags against ``--profile cpu-local`` (today's demo).
+  summary, no flags against ``--profile cpu-local`` (today's demo);
+* ``first-use`` (first when asked for): ``auto``'s first measurement of
+  MiniLM (the child process a command starts), from an empty cache (the ONNX
+  export included), its steps from the record; the parts after it use that
+  cache;
+* ``onnx-load``: what a worker's ONNX model load costs, a fresh process from
+  interpreter start to the first vectors, this tree against ``--code-before``
+  (an older tree, e.g. ``git archive COMMIT | tar -x -C DIR``), in turn.
 
     .venv/bin/python benchmarks/defaults.py                       # 3,000 texts, 1 round, demo row
     .venv/bin/python benchmarks/defaults.py --limit 3000 --rounds 2
+    .venv/bin/python benchmarks/defaults.py --parts first-use,onnx-load --code-before /tmp/before --rounds 3
 
 Prints Markdown and writes JSON to --json.
 """
@@ -161,6 +169,76 @@ def part_demo(rounds: int, scratch: Path) -> dict[str, Any]:
     return {name: {"rows_per_s": rates[name], "vs_before": round(max(rates[name]) / before, 2)} for name in names}
 
 
+ONNX_LOAD_SCRIPT = """
+import sys, time
+began = time.perf_counter()
+from configs import RuntimeChoice, load_catalog
+from workers.devices import DevicePlan
+from workers.runtimes import load_runtime
+spec = load_catalog().get("minilm")
+spec = spec.model_copy(update={"runtimes": {"cpu": RuntimeChoice(runtime="onnx", dtype="float32")}})
+runtime = load_runtime(spec, DevicePlan("cpu", "cpu", "float32", 10**10, 2))
+loaded = time.perf_counter()
+runtime.embed(["How do I read a Parquet file in chunks?"])
+print(loaded - began, time.perf_counter() - began, "torch" in sys.modules, "transformers" in sys.modules)
+"""
+
+
+def part_onnx_load(rounds: int, code_before: str | None) -> dict[str, Any]:
+    """A worker's ONNX load, a fresh interpreter each time (the export cached): this tree against an older one."""
+    trees = {"this tree": str(ROOT), **({"before": code_before} if code_before else {})}
+    for tree in trees.values():  # each tree's export (its own format) made once, outside the timing
+        subprocess.run([sys.executable, "-c", ONNX_LOAD_SCRIPT], env=_tree_env(tree), check=True, capture_output=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    names = list(trees)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            out = subprocess.run(
+                [sys.executable, "-c", ONNX_LOAD_SCRIPT], env=_tree_env(trees[name]), check=True, capture_output=True
+            )
+            load, first, torch, transformers = out.stdout.split()
+            runs[name].append(
+                {"load_s": round(float(load), 2), "first_vectors_s": round(float(first), 2), "torch": torch == "True"}
+                | {"transformers": transformers == "True"}
+            )
+            print(f"  round {r + 1} onnx load, {name}: {runs[name][-1]}", flush=True)
+    return {name: {"best_load_s": min(x["load_s"] for x in rs), "runs": rs} for name, rs in runs.items()}
+
+
+def _tree_env(tree: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def part_first_use(scratch: Path) -> dict[str, Any]:
+    """auto's first measurement of MiniLM, as a command starts it, from an empty cache (the ONNX export included).
+
+    Its cache stays SHOAL_CACHE_DIR for the parts after it: their no-flag commands find the verdicts.
+    """
+    from configs import load_catalog, load_profile
+    from configs.machine import probe
+    from pipeline.jobs.fingerprints import model_fingerprint
+    from pipeline.tuning.auto_runtime import measure_in_child, verdict_path
+
+    cache = scratch / "first-use-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    os.environ["SHOAL_CACHE_DIR"] = str(cache)
+    spec, profile, machine = load_catalog().get("minilm"), load_profile("auto"), probe()
+    path = verdict_path(model_fingerprint(spec), machine, profile.torch_threads(machine.cores))
+    with Meter() as meter:
+        failed = measure_in_child(profile, spec, path)
+    if failed:
+        raise RuntimeError(failed)
+    record = json.loads(path.read_text())
+    result = {
+        "seconds": round(meter.seconds, 1),
+        "load_average": harness.load_average(),
+        "steps": record.get("steps"),
+        "rows": [(r["runtime"], r["dtype"], r["verdict"], r["speed_vs_fp32"]) for r in record["candidates"]],
+    }
+    print(f"  first use: {result}", flush=True)
+    return result
+
+
 def markdown(results: dict[str, Any]) -> str:
     out = []
     if "batch" in results:
@@ -198,6 +276,21 @@ def markdown(results: dict[str, Any]) -> str:
                 ],
             )
         )
+    if "onnx_load" in results:
+        out.append("\nA worker's ONNX load (fresh process, export cached), seconds to the loaded runtime:\n")
+        out.extend(
+            markdown_table(
+                ["code", "best load s", "loads s", "imports torch"],
+                [
+                    [name, d["best_load_s"], ", ".join(str(r["load_s"]) for r in d["runs"]), d["runs"][0]["torch"]]
+                    for name, d in results["onnx_load"].items()
+                ],
+            )
+        )
+    if "first_use" in results:
+        out.append("\n`auto`'s first measurement of minilm:\n")
+        d = results["first_use"]
+        out.append(f"- {d['seconds']} s (load {d['load_average']}); steps {d['steps']}; rows {d['rows']}")
     return "\n".join(out)
 
 
@@ -208,12 +301,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--scratch", default=str(ROOT / "out" / "bench-defaults"))
     parser.add_argument("--fastembed-scratch", default=str(ROOT / "out" / "bench-runtimes"))
+    parser.add_argument("--code-before", default=None, help="an older tree for onnx-load's before column")
     parser.add_argument("--json", default=DEFAULT_JSON)
     args = parser.parse_args()
     scratch = Path(args.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"conditions": harness.conditions()}
     parts = args.parts.split(",")
+    if "first-use" in parts:
+        results["first_use"] = part_first_use(scratch)
+    if "onnx-load" in parts:
+        results["onnx_load"] = part_onnx_load(3 * args.rounds, args.code_before)  # a load is short: three per round
     if "batch" in parts:
         results["batch"] = part_batch(sample_texts(args.limit), args.rounds, scratch, Path(args.fastembed_scratch))
     if "demo" in parts:

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
 
+import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from configs import load_catalog, load_profile
 from configs.auto import cpu_layout, gpu_layout
 from configs.machine import NO_BF16_ENV, Gpu, Machine, probe
-from pipeline.tuning.auto_runtime import choose
-from tests.support.cli import embed_args, run_shoal
+from pipeline.tuning import REPO_ROOT
+from pipeline.tuning.auto_runtime import GATE_SAMPLE, choose, gate_texts, judge
+from tests.support.cli import embed_args, invoke_shoal, run_shoal
 from tests.support.files import write_shards
 
 GIB = 2**30
@@ -137,18 +147,124 @@ def test_a_cache_that_cannot_be_written_leaves_auto_by_name(tmp_path, monkeypatc
     assert profile.path == "" and profile.workers >= 1  # workers load `auto` by name and derive the same layout
 
 
-def test_a_failed_measurement_runs_fp32_and_says_why(tmp_path, monkeypatch, no_gpu_probe):
+def test_a_failed_measurement_runs_fp32_says_why_and_is_not_retried(tmp_path, monkeypatch, no_gpu_probe):
     from pipeline.tuning import auto_runtime
 
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(auto_runtime, "measure_in_child", lambda profile, spec: "exit 1; see the lines above")
     monkeypatch.setattr("pipeline.jobs.fingerprints.model_fingerprint", lambda spec: "f" * 64)
-    profile = load_profile("auto")
+    tries = []
+
+    def killed(profile, spec, path):  # a measuring process that died before writing anything
+        tries.append(spec.name)
+        return "the measuring process exited with -9"
+
+    monkeypatch.setattr(auto_runtime, "measure_in_child", killed)
     spec = load_catalog().get("minilm")
-    auto_runtime.resolve(profile, spec)
-    assert (profile.runtimes["minilm"].runtime, profile.runtimes["minilm"].dtype) == ("torch", "float32")
-    assert profile.reasons["minilm"].startswith("measuring failed (exit 1")
-    assert load_profile(profile.path).runtimes["minilm"].dtype == "float32"  # what the workers load
+    for _ in range(2):  # two commands
+        profile = load_profile("auto")
+        auto_runtime.resolve(profile, spec)
+        assert (profile.runtimes["minilm"].runtime, profile.runtimes["minilm"].dtype) == ("torch", "float32")
+        assert profile.reasons["minilm"].startswith("measuring failed (the measuring process exited with -9")
+        assert load_profile(profile.path).runtimes["minilm"].dtype == "float32"  # what the workers load
+    assert tries == ["minilm"]  # cached with its reason: the second command did not measure again
+    listed = invoke_shoal("models", "--catalog-only", "--json")
+    row = next(r for r in json.loads(listed.stdout) if r["name"] == "minilm")
+    assert row["auto_runtime"] == "torch float32 (measuring failed: the measuring process exited with -9)"
+
+
+def test_the_measuring_process_caches_why_it_failed(tmp_path, monkeypatch, no_gpu_probe):
+    from pipeline.tuning import auto_runtime
+
+    def fails(spec, profile, machine):
+        raise FileNotFoundError("no folder datasets/demo")
+
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(auto_runtime, "measure", fails)
+    monkeypatch.setattr(sys, "argv", ["auto_runtime", "auto", str(tmp_path / "verdicts.json")])
+    monkeypatch.setattr(sys, "stdin", io.StringIO(load_catalog().get("minilm").model_dump_json()))
+    auto_runtime.main()
+    record = json.loads((tmp_path / "verdicts.json").read_text())
+    assert record["failed"] == "FileNotFoundError: no folder datasets/demo" and "Traceback" in record["details"]
+    assert record["measurement"] == auto_runtime.MEASUREMENT
+    assert choose(record)[1].startswith("measuring failed (FileNotFoundError: no folder datasets/demo;")
+
+
+CANDIDATES = [("torch", "bfloat16"), ("onnx", "float32"), ("onnx", "int8")]
+
+
+@given(
+    speeds=st.lists(st.integers(50, 400), min_size=3, max_size=3, unique=True),
+    passes=st.lists(st.booleans(), min_size=3, max_size=3),
+)
+def test_a_candidate_left_ungated_could_not_have_been_chosen(speeds, passes):
+    """Gating only what could win chooses what gating every candidate would."""
+    timed = {c: s / 100 for c, s in zip(CANDIDATES, speeds)}
+    outcome = dict(zip(CANDIDATES, passes))
+    checked = []
+
+    def check(choice):
+        checked.append((choice.runtime, choice.dtype))
+        return {"cosine_mean": 1.0}, [] if outcome[choice.runtime, choice.dtype] else ["cosine mean 0.9 < 0.999"]
+
+    rows = judge(timed, check)
+    everything = (
+        [rows[0]]
+        + [  # what the record would say had every candidate been gated, in the same order
+            {"runtime": r, "dtype": d, "speed_vs_fp32": timed[r, d], "figures": {"cosine_mean": 1.0}}
+            | {"verdict": "pass" if outcome[r, d] else "refused"}
+            for r, d in [(row["runtime"], row["dtype"]) for row in rows[1:]]
+        ]
+    )
+    pruned, full = choose(record_of(rows)), choose(record_of(everything))
+    assert (pruned[0].runtime, pruned[0].dtype) == (full[0].runtime, full[0].dtype)
+    assert {(r["runtime"], r["dtype"]) for r in rows if r["verdict"] == "too slow"}.isdisjoint(checked)
+    assert len(rows) == 4 and rows[0]["figures"] == {}  # fp32 torch is the reference, never checked against itself
+
+
+def record_of(rows: list[dict]) -> dict:
+    return {"threads": 2, "checked": "2026-12-04 09:00 UTC", "candidates": rows}
+
+
+def test_the_gate_sample_ships_in_the_package_and_its_judged_set_is_the_repository_s():
+    sample = pq.read_table(GATE_SAMPLE / "sample.parquet")
+    assert sample.num_rows == 64 and len(gate_texts()) == 64 and all(gate_texts())
+    for name in ("corpus.parquet", "queries.parquet", "qrels.parquet"):
+        assert (GATE_SAMPLE / name).read_bytes() == (REPO_ROOT / "datasets" / "pydoc-sections" / name).read_bytes()
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    assert "gate_sample/*" in pyproject["tool"]["setuptools"]["package-data"]["pipeline.tuning"]
+
+
+@pytest.mark.integration
+def test_an_installed_shoal_without_datasets_measures_from_its_package_data(tmp_path, tiny_catalog):
+    """As in the image: the package pip-installed from its sources alone, run where no datasets/ folder is."""
+    source = tmp_path / "src"  # what the Containerfile's src stage holds
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, source / name)
+    for package in ("configs", "pipeline", "scheduler_plugins", "workers"):
+        shutil.copytree(REPO_ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-compile"]
+    built = subprocess.run([*pip, "--target", str(site), str(source)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    spec = load_catalog(str(tiny_catalog)).get("tiny")
+    verdicts = tmp_path / "verdicts.json"
+    env = {**os.environ, "PYTHONPATH": str(site), "SHOAL_CACHE_DIR": str(tmp_path / "cache"), "SHOAL_PROFILE": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.tuning.auto_runtime", "auto", str(verdicts)],
+        input=spec.model_dump_json(),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(verdicts.read_text())
+    assert "failed" not in record, record.get("details")
+    assert record["texts"] == 64 and record["candidates"][0]["speed_vs_fp32"] == 1.0
+    assert f"auto: measured tiny in {record['seconds']:.1f} s" in done.stderr
+    assert not (tmp_path / "datasets").exists() and (site / "pipeline" / "tuning" / "gate_sample").is_dir()
 
 
 @pytest.mark.integration
@@ -167,6 +283,8 @@ def test_without_bf16_a_job_on_the_default_profile_runs_a_runtime_that_passed_th
     choice, why = choose(measured)
     chosen = next(r for r in measured["candidates"] if (r["runtime"], r["dtype"]) == (choice.runtime, choice.dtype))
     assert chosen["verdict"] == "pass"
+    gated = [r for r in measured["candidates"][1:] if r["verdict"] != "too slow"]  # fast enough to be chosen
+    assert all(r["figures"] for r in gated) and measured["seconds"] > 0
     summary = " ".join(done.stderr.split())  # the summary table wraps its long cells
     assert "profile auto" in summary and "runtime of tiny" in summary
     assert "measuring tiny's runtimes" in done.stderr

@@ -1,17 +1,31 @@
 """`auto`'s runtime x dtype per model: the fastest candidate whose gate verdict here is `pass`.
 
 The verdicts are measured once per model and kind of machine, then cached
-under the Shoal cache (``verdicts/FINGERPRINT-SIGNATURE.json``): a model's
-fingerprint (its weights and settings) and the machine signature
+under the Shoal cache (``verdicts/FINGERPRINT-SIGNATURE-tTHREADS.json``): a
+model's fingerprint (its weights and settings) and the machine signature
 (configs/machine.py: CPU model, cores, features, GPUs, runtime versions).
-Measuring is the quality gate on its sample, each candidate against fp32
-torch (pipeline/tuning/quality_gate.py; Kendall's tau for rerankers), then
-the candidates that pass timed in back-to-back pairs with fp32 at the
-layout's threads per worker, where the job will run them. It runs in a child
-process, so the command's own process (the embedded scheduler's) never
-imports torch.
 
-    python -m pipeline.tuning.auto_runtime PROFILE.yaml < SPEC.json   # what a command runs, once
+Measuring takes seconds, not minutes, because it does only what can change
+the choice. Candidates the hardware cannot make fast are not offered (bf16
+without bf16 hardware). fp32 torch is the reference, never checked against
+itself. Every other candidate is first timed in back-to-back pairs with fp32
+torch, at the layout's threads per worker, on the gate's small sample; only
+one fast enough to be chosen (beating fp32 by MIN_GAIN, and a reduced
+precision also the fastest full-precision candidate that passed by
+LOSSY_GAIN) goes through the quality gate (pipeline/tuning/quality_gate.py:
+cosine on the sample and nDCG@10 on the judged set; Kendall's tau for
+rerankers). An int8 graph is the cached fp32 export quantized, and the export
+is the one the job's workers load afterwards. The sample and the judged set
+are package data (``gate_sample/``), so an installed Shoal measures without a
+checkout's datasets/.
+
+It runs in a child process, so the command's own process (the embedded
+scheduler's) never imports torch. A measurement that fails is cached too,
+with its reason: the command runs fp32 torch and says why, and later
+commands do not retry it (delete the file, or a new MEASUREMENT format, to
+measure again).
+
+    python -m pipeline.tuning.auto_runtime PROFILE.yaml VERDICTS.json < SPEC.json   # what a command runs, once
 """
 
 from __future__ import annotations
@@ -21,7 +35,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
+import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +47,10 @@ from configs import ModelSpec, Profile, RuntimeChoice, load_profile
 from configs.auto import NAME, cache_dir, save
 from configs.machine import Machine, probe
 
-SAMPLE_TEXTS = 128  # the gate's sample: enough for its minimum cosine, seconds to embed on a small model
-TIMED_TEXTS = 64  # each timed run: long enough to dwarf a call's fixed cost
+MEASUREMENT = 2  # the record's format; a record of another (an older way of measuring) is measured again
+GATE_SAMPLE = Path(__file__).with_name("gate_sample")  # package data: sample.parquet and a BEIR judged set
+TIMED_PAIRS = 3  # back-to-back pairs per candidate, their median ratio its speed
+TIMED_TEXTS = 32  # of the sample, per timed run: timing took most of a first use at 64 (docs/BENCHMARKS.md)
 MIN_GAIN = 0.05  # a candidate must beat fp32 by this much to replace it (timing noise is a few percent)
 # A reduced-precision candidate (bf16, fp16, int8) changes the vectors, within the gate: it must also beat the
 # fastest full-precision one by this much (a tiny model's int8 at 1.08x is not worth its rounding).
@@ -45,39 +63,79 @@ def verdict_path(fingerprint: str, machine: Machine, threads: int) -> Path:
 
 
 def read_verdicts(fingerprint: str, machine: Machine, threads: int) -> dict[str, Any] | None:
-    """The cached measurement for this model on this kind of machine at `threads` per worker, or None."""
+    """The cached measurement (or failure) for this model on this kind of machine at `threads`, or None."""
     path = verdict_path(fingerprint, machine, threads)
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) and record.get("measurement") == MEASUREMENT else None
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Written whole or not at all: concurrent commands read a complete record or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.{os.getpid()}")
+    staged.write_text(json.dumps(record, indent=1))
+    os.replace(staged, path)
+
+
+def failure(model: str, reason: str, details: str = "") -> dict[str, Any]:
+    """The record of a measurement that failed: cached like a result, so it is not retried on every command."""
+    return {
+        "measurement": MEASUREMENT,
+        "model": model,
+        "failed": reason,
+        "details": details,
+        "checked": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def gate_texts() -> list[str]:
+    """The gate's sample: 64 paragraphs of the demo corpus, shipped with the package."""
+    import pyarrow.parquet as pq
+
+    return [str(t) for t in pq.read_table(GATE_SAMPLE / "sample.parquet", columns=["text"]).column("text").to_pylist()]
+
+
+def label(row: dict[str, Any]) -> str:
+    return f"{row['runtime']} {row['dtype']}"
 
 
 def choose(record: dict[str, Any]) -> tuple[RuntimeChoice, str]:
     """The fastest passing candidate beating fp32 by MIN_GAIN (else fp32 torch), and why, from a measurement."""
+    if "failed" in record:
+        return RuntimeChoice(runtime="torch", dtype="float32"), (
+            f"measuring failed ({record['failed']}; {record['checked']}): fp32 torch"
+        )
     rows = record["candidates"]
     passing = [r for r in rows if r["verdict"] == "pass" and r.get("speed_vs_fp32") is not None]
     faster = [r for r in passing if (r["runtime"], r["dtype"]) != ("torch", "float32")]
     exact = max((r["speed_vs_fp32"] for r in passing if r["dtype"] == "float32"), default=1.0)
     worth = [r for r in faster if r["dtype"] == "float32" or r["speed_vs_fp32"] >= exact * (1 + LOSSY_GAIN)]
     best = max(worth, key=lambda r: r["speed_vs_fp32"], default=None)
-    refused = [f"{r['runtime']} {r['dtype']}" for r in rows if r["verdict"] != "pass"]
+    refused = [label(r) for r in rows if r["verdict"] == "refused"]
+    slow = [f"{label(r)} {r['speed_vs_fp32']:.2f}x" for r in rows if r["verdict"] == "too slow"]
     threads = record["threads"]
     at = f"at {threads} thread{'s' * (threads > 1)} per worker, measured {record['checked']}"
     if best is None or best["speed_vs_fp32"] < 1 + MIN_GAIN:
-        if not faster and refused:
+        if not faster and refused and not slow:
             why = f"no candidate passed the gate ({', '.join(refused)} refused): fp32 torch"
         else:
             why = (
                 f"no candidate that passed the gate beat fp32 by {MIN_GAIN:.0%} "
-                f"(reduced precision by {LOSSY_GAIN:.0%} more; {at}): fp32 torch"
+                f"(reduced precision by {LOSSY_GAIN:.0%} more; {at}"
+                + (f"; too slow to gate: {', '.join(slow)}" if slow else "")
+                + (f"; refused: {', '.join(refused)}" if refused else "")
+                + "): fp32 torch"
             )
         return RuntimeChoice(runtime="torch", dtype="float32"), why
     figures = ", ".join(f"{k} {v:.4f}" for k, v in best["figures"].items() if k != "ndcg@10_fp32")
     why = (
-        f"{best['runtime']} {best['dtype']}: gate pass ({figures}), {best['speed_vs_fp32']:.2f}x fp32 {at}"
+        f"{label(best)}: gate pass ({figures}), {best['speed_vs_fp32']:.2f}x fp32 {at}"
         + (f"; fastest of {len(faster)} that passed" if len(faster) > 1 else "")
         + (f"; refused: {', '.join(refused)}" if refused else "")
+        + (f"; too slow to gate: {', '.join(slow)}" if slow else "")
     )
     gate = {"verdict": "pass", **best["figures"], "speed_vs_fp32": best["speed_vs_fp32"], "checked": record["checked"]}
     return RuntimeChoice(runtime=best["runtime"], dtype=best["dtype"], gate=gate), why
@@ -92,6 +150,8 @@ def cached_choice(spec: ModelSpec, machine: Machine, threads: int) -> str:
     record = read_verdicts(model_fingerprint(spec), machine, threads)
     if record is None:
         return "on first use"
+    if "failed" in record:
+        return f"torch float32 (measuring failed: {record['failed']})"
     choice, _ = choose(record)
     speed = (choice.gate or {}).get("speed_vs_fp32")
     return f"{choice.runtime} {choice.dtype}" + (f" ({speed:.2f}x fp32)" if speed else " (none faster passed)")
@@ -104,124 +164,177 @@ def resolve(profile: Profile, spec: ModelSpec, console: Console | None = None) -
     from pipeline.jobs.fingerprints import model_fingerprint
 
     machine = profile._machine or probe()
-    fingerprint = model_fingerprint(spec)
-    threads = profile.torch_threads(machine.cores)
+    fingerprint, threads = model_fingerprint(spec), profile.torch_threads(machine.cores)
+    path = verdict_path(fingerprint, machine, threads)
     record = read_verdicts(fingerprint, machine, threads)
     if record is None:
-        path = verdict_path(fingerprint, machine, threads)
-        (console or Console(stderr=True)).print(
+        console = console or Console(stderr=True)
+        console.print(
             f"auto: measuring {spec.name}'s runtimes on this kind of machine (once; cached in {path.parent})",
             highlight=False,
         )
-        failed = measure_in_child(profile, spec)
+        crashed = measure_in_child(profile, spec, path)
         record = read_verdicts(fingerprint, machine, threads)
-        if record is None:  # the job still runs, on the reference runtime, and says why
-            profile.runtimes[spec.name] = RuntimeChoice(runtime="torch", dtype="float32")
-            profile.reasons[spec.name] = f"measuring failed ({failed or f'nothing written to {path}'}): fp32 torch"
-            save(profile)
-            return
+        if record is None:  # the child died before writing: cached all the same
+            record = failure(spec.name, crashed or f"nothing written to {path}")
+            try:
+                write_record(path, record)
+            except OSError:
+                pass  # a read-only cache: measured again next time
+        if "failed" in record:
+            console.print(
+                f"auto: measuring {spec.name} failed ({record['failed']}): it runs on fp32 torch; "
+                f"delete {path} to measure again",
+                highlight=False,
+            )
     choice, why = choose(record)
     profile.runtimes[spec.name] = choice
     profile.reasons[spec.name] = why
     save(profile)
 
 
-def measure_in_child(profile: Profile, spec: ModelSpec) -> str:
-    """`measure` in a fresh interpreter (torch and the model stay out of this process); why it failed, or ""."""
+def measure_in_child(profile: Profile, spec: ModelSpec, path: Path) -> str:
+    """`measure` in a fresh interpreter, writing `path` (torch and the model stay out of this process).
+
+    Why it died without writing, or "".
+    """
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "pipeline.tuning.auto_runtime", profile.path or NAME]
+    command = [sys.executable, "-m", "pipeline.tuning.auto_runtime", profile.path or NAME, str(path)]
     done = subprocess.run(command, input=spec.model_dump_json(), text=True, env=env, stdout=subprocess.DEVNULL)
-    return f"exit {done.returncode}; see the lines above" if done.returncode else ""
+    return f"the measuring process exited with {done.returncode}" if done.returncode else ""
 
 
-def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> dict[str, Any]:
-    """Every offered candidate through the gate, those passing timed against fp32; the record to cache."""
-    from dataclasses import replace
+def offered(plan_kind: str, machine: Machine) -> list[RuntimeChoice]:
+    """The candidates this machine could make fast, fp32 torch (the reference) left out."""
+    from pipeline.tuning.quality_gate import REFERENCE, candidates
+    from workers.runtimes import RuntimeNotInstalled, require_installed
 
-    from pipeline.jobs.fingerprints import model_fingerprint
-    from pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, candidates
-    from pipeline.tuning.runtimes import embed_texts, paired_speedup, score_texts
-    from pipeline.tuning.sample import draw_sample
-    from pipeline.tuning.tune import DEMO_INPUT
-    from workers.devices import apply_torch_threads, detect_device
-    from workers.runtimes import RuntimeNotInstalled, load_runtime, require_installed
-
-    plan = detect_device(profile, {})
-    offered = []
-    for choice in candidates(plan.kind):
-        if choice.dtype == "bfloat16" and not machine.bf16:
-            continue
+    chosen = []
+    for choice in candidates(plan_kind):
+        if choice == REFERENCE or (choice.dtype == "bfloat16" and not machine.bf16):
+            continue  # bf16 without bf16 hardware is emulated: many times slower than fp32
         try:
             require_installed(choice.runtime)
         except RuntimeNotInstalled:
             continue
-        offered.append(choice)
-    with tempfile.TemporaryDirectory(prefix="shoal-auto-") as folder:
-        texts = draw_sample(DEMO_INPUT, SAMPLE_TEXTS, Path(folder)).texts
-    # The gate's figures do not depend on threads: it runs on every core, the timing at the layout's.
-    gate_plan = replace(plan, threads=max(plan.threads, machine.cores))
-    apply_torch_threads(gate_plan)
-    gate = PrecisionGate(spec, gate_plan, texts)
-    verdicts = [gate.check(choice) for choice in offered]
-    apply_torch_threads(plan)
+        chosen.append(choice)
+    return chosen
+
+
+def judge(
+    speeds: dict[tuple[str, str], float], check: Callable[[RuntimeChoice], tuple[dict[str, float], list[str]]]
+) -> list[dict[str, Any]]:
+    """The record's rows: fp32 torch, then each timed candidate, gated by `check` only if it could be chosen.
+
+    A candidate goes through the gate only when, were it to pass, `choose` would take it: it beats the
+    fastest that passed before it (at least fp32 by MIN_GAIN), and a reduced precision also the fastest
+    full-precision one that passed by LOSSY_GAIN. Full precision goes first, each kind fastest first.
+    """
+    rows: list[dict[str, Any]] = [
+        {"runtime": "torch", "dtype": "float32", "verdict": "pass", "figures": {}, "failures": [], "speed_vs_fp32": 1.0}
+    ]
+    best, exact = 1 + MIN_GAIN, 1.0
+    for (runtime, dtype), speed in sorted(speeds.items(), key=lambda item: (item[0][1] != "float32", -item[1])):
+        row: dict[str, Any] = {"runtime": runtime, "dtype": dtype, "speed_vs_fp32": round(speed, 3)}
+        needed = best if dtype == "float32" else max(best, exact * (1 + LOSSY_GAIN))
+        if speed < needed:
+            rows.append({**row, "verdict": "too slow", "figures": {}, "failures": [f"{speed:.2f}x < {needed:.2f}x"]})
+            continue
+        figures, failures = check(RuntimeChoice.model_validate({"runtime": runtime, "dtype": dtype}))
+        rows.append({**row, "verdict": "refused" if failures else "pass", "figures": figures, "failures": failures})
+        if not failures:
+            best = max(best, speed)
+            exact = max(exact, speed) if dtype == "float32" else exact
+    return rows
+
+
+def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> dict[str, Any]:
+    """Each offered candidate timed against fp32; those fast enough to be chosen through the gate; the record."""
+    from dataclasses import replace
+
+    from pipeline.tuning.quality_gate import REFERENCE, PrecisionGate
+    from pipeline.tuning.runtimes import embed_texts, paired_speedup, score_texts
+    from workers.devices import apply_torch_threads, detect_device
+    from workers.runtimes import load_runtime
+
+    began = mark = time.perf_counter()
+    steps: dict[str, float] = {}  # seconds per step, for the record: what a first use costs, and where
+
+    def step(name: str) -> None:
+        nonlocal mark
+        steps[name], mark = round(time.perf_counter() - mark, 2), time.perf_counter()
+
+    plan = detect_device(profile, {})
+    texts = gate_texts()
     work = embed_texts if spec.kind == "embedder" else score_texts
 
     def load(choice: RuntimeChoice):
         return load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan)
 
-    speeds: dict[tuple[str, str], float] = {(REFERENCE.runtime, REFERENCE.dtype): 1.0}
-    passing = [v.choice for v in verdicts if v.passed and v.choice != REFERENCE]
-    if passing:
+    speeds: dict[tuple[str, str], float] = {}
+    choices = offered(plan.kind, machine)
+    if choices:
+        apply_torch_threads(plan)
         reference = load(REFERENCE)
+        step("load fp32 torch")
         try:
-            for choice in passing:
+            for choice in choices:
                 candidate = load(choice)
                 try:
-                    speeds[(choice.runtime, choice.dtype)] = paired_speedup(
-                        candidate, reference, texts[:TIMED_TEXTS], work=work
+                    speeds[choice.runtime, choice.dtype] = paired_speedup(
+                        candidate, reference, texts[:TIMED_TEXTS], TIMED_PAIRS, work
                     )
                 finally:
                     candidate.close()
+                step(f"load and time {choice.runtime} {choice.dtype}")
         finally:
             reference.close()
-    rows = [
-        {
-            "runtime": v.choice.runtime,
-            "dtype": v.choice.dtype,
-            "verdict": "pass" if v.passed else "refused",
-            "figures": {k: round(x, 5) for k, x in v.figures.items()},
-            "failures": v.failures,
-            "speed_vs_fp32": round(speeds[key], 3) if (key := (v.choice.runtime, v.choice.dtype)) in speeds else None,
-        }
-        for v in verdicts
-    ]
+    gate: PrecisionGate | None = None
+
+    def check(choice: RuntimeChoice) -> tuple[dict[str, float], list[str]]:
+        nonlocal gate
+        if gate is None:  # built only when a candidate needs it: its reference outputs take most of the time
+            # The gate's figures do not depend on threads: it runs on every core, the timing at the layout's.
+            gate_plan = replace(plan, threads=max(plan.threads, machine.cores))
+            apply_torch_threads(gate_plan)
+            gate = PrecisionGate(spec, gate_plan, texts, judged_set=str(GATE_SAMPLE))
+            step("gate: fp32 torch's outputs")
+        verdict = gate.check(choice)
+        step(f"gate: {choice.runtime} {choice.dtype}")
+        return {k: round(x, 5) for k, x in verdict.figures.items()}, verdict.failures
+
+    rows = judge(speeds, check)
     return {
+        "measurement": MEASUREMENT,
         "model": spec.name,
-        "fingerprint": model_fingerprint(spec),
         "machine": machine.signature(),
         "described": machine.describe(),
         "device": plan.kind,
         "threads": plan.threads,
         "texts": len(texts),
         "candidates": rows,
+        "seconds": round(time.perf_counter() - began, 1),
+        "steps": steps,
         "checked": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
 def main() -> None:
-    profile = load_profile(sys.argv[1])
+    """The child: measure, or record why measuring failed; either way write the record where the parent reads it."""
+    profile, path = load_profile(sys.argv[1]), Path(sys.argv[2])
     spec = ModelSpec.model_validate_json(sys.stdin.read())
-    machine = probe()
-    record = measure(spec, profile, machine)
-    path = verdict_path(record["fingerprint"], machine, record["threads"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.{os.getpid()}")
-    staged.write_text(json.dumps(record, indent=1))
-    os.replace(staged, path)
     console = Console(stderr=True)
+    try:
+        record = measure(spec, profile, probe())
+    except Exception as exc:  # any reason at all: cached with it, so no later command retries it
+        write_record(path, failure(spec.name, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        return
+    write_record(path, record)
     for row in record["candidates"]:
-        speed = f"{row['speed_vs_fp32']:.2f}x fp32" if row["speed_vs_fp32"] is not None else "not timed"
-        console.print(f"auto: {spec.name} {row['runtime']} {row['dtype']}: {row['verdict']}, {speed}", highlight=False)
+        console.print(
+            f"auto: {spec.name} {label(row)}: {row['verdict']}, {row['speed_vs_fp32']:.2f}x fp32", highlight=False
+        )
+    console.print(f"auto: measured {spec.name} in {record['seconds']:.1f} s", highlight=False)
 
 
 if __name__ == "__main__":
