@@ -15,9 +15,9 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from configs import LEASE_SECONDS, MAX_ATTEMPTS, Catalog, ModelSpec
+from pipeline.tuning.profile import ProfileFields
 
 # Assumptions, stated once; each one appears in the derivation it feeds.
 EFFICIENCY = 0.30  # achieved share of dense FP16 peak: skinny (d <= 1024) GEMMs, eager PyTorch
@@ -98,7 +98,7 @@ class Shape:
         return 2 * (2 * self.heads * tokens + self.ffn + 4 * self.hidden)
 
 
-def derive(key: str, catalog: Catalog, models: list[str]) -> tuple[dict[str, Any], list[str]]:
+def derive(key: str, catalog: Catalog, models: list[str]) -> tuple[ProfileFields, list[str]]:
     """Profile fields for GPU `key`, sized for `models` (the first sets the layout), and the working."""
     gpu = GPUS[key]
     peak = gpu.fp16_tflops * 1e12

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from rich.table import Table
 
 from configs import ConfigError, RuntimeDType, RuntimeName, load_profile
-from pipeline.tuning.profile import profile_fields, profile_path, write_profile
+from pipeline.tuning.profile import ProfileFields, profile_fields, profile_path, write_profile
 from pipeline.tuning.quality_gate import Verdict
 
 
@@ -56,7 +56,7 @@ def record_verdict(profile: str, verdict: Verdict, note: str) -> Path:
     if not verdict.passed and verdict.model in runtimes:
         return path
     gate: dict[str, Any] = verdict.evidence()
-    entry: dict[str, Any] = {"runtime": verdict.choice.runtime, "dtype": verdict.choice.dtype, "gate": gate}
+    entry: ProfileFields = {"runtime": verdict.choice.runtime, "dtype": verdict.choice.dtype, "gate": gate}
     if not verdict.passed:  # kept as evidence; the model runs on fp32 torch
         entry.update(runtime="torch", dtype="float32")
         gate["refused_candidate"] = f"{verdict.choice.runtime} {verdict.choice.dtype}"

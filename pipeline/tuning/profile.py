@@ -17,6 +17,9 @@ import yaml
 
 from configs import CONFIG_DIR, GatewaySettings, Profile, load_profile
 
+# A profile's fields as its YAML file holds them: what tuning writes, `load_profile` validates.
+ProfileFields = dict[str, Any]
+
 
 def profile_path(name_or_path: str) -> Path:
     """configs/NAME.yaml for a name, the path itself for a .yaml/.yml path."""
@@ -26,7 +29,7 @@ def profile_path(name_or_path: str) -> Path:
     return CONFIG_DIR / f"{name_or_path}.yaml"
 
 
-def profile_fields(profile: Profile) -> dict[str, Any]:
+def profile_fields(profile: Profile) -> ProfileFields:
     """The profile as YAML-ready fields, leaving out sections still at their defaults."""
     fields = profile.model_dump()
     if fields["gateway"] == GatewaySettings().model_dump():
@@ -37,7 +40,7 @@ def profile_fields(profile: Profile) -> dict[str, Any]:
     return fields
 
 
-def write_profile(path: Path, fields: dict[str, Any], comments: list[str]) -> Profile:
+def write_profile(path: Path, fields: ProfileFields, comments: list[str]) -> Profile:
     """Write `fields` under a comment block, validated first; the profile as loaded back."""
     header = "".join(f"# {line}".rstrip() + "\n" for line in comments)
     text = header + yaml.safe_dump(fields, sort_keys=False, width=100)

@@ -34,6 +34,7 @@ from pipeline.jobs.embed import EmbedRequest, embed_job
 from pipeline.jobs.engine import model_for, prepare_job, run_prepared
 from pipeline.tuning.meter import MachineMeter
 from pipeline.tuning.probe import OnlineProbe
+from pipeline.tuning.profile import ProfileFields
 from pipeline.tuning.sample import Sample
 from pipeline.tuning.search import Config, Outcome
 
@@ -136,10 +137,10 @@ class ClusterTrials:
     trials: int = field(default=0, init=False)
     _cluster: tuple[tuple, LocalCluster, Client, str | None] | None = field(default=None, init=False)
 
-    def profile_fields(self, config: Config) -> dict[str, Any]:
+    def profile_fields(self, config: Config) -> ProfileFields:
         """The profile fields a configuration stands for."""
         workers, threads = config["layout"]
-        fields: dict[str, Any] = {"workers": workers, "threads_per_worker": threads, "prefetch": config["prefetch"]}
+        fields: ProfileFields = {"workers": workers, "threads_per_worker": threads, "prefetch": config["prefetch"]}
         if "rows_per_item" in config:
             fields["rows_per_item"] = config["rows_per_item"]
         if "models_per_device" in config:
@@ -187,7 +188,7 @@ class ClusterTrials:
 
     # -- internals --------------------------------------------------------------
 
-    def _write_profile(self, fields: dict[str, Any]) -> Profile:
+    def _write_profile(self, fields: ProfileFields) -> Profile:
         data = {**self.base.model_dump(), **fields, "name": "tune-trial"}
         path = self.scratch / f"trial-{self.trials:03d}.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False))

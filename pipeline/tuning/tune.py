@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import psutil
 from rich.console import Console
@@ -45,7 +45,7 @@ from pipeline.tuning.profile import profile_fields, profile_path, write_profile
 from pipeline.tuning.quality_gate import JUDGED_SET
 from pipeline.tuning.runtimes import RuntimeSearch, choose_runtime, retime
 from pipeline.tuning.sample import draw_sample
-from pipeline.tuning.search import CoordinateSearch, Dimension, Outcome, SearchResult, Trial
+from pipeline.tuning.search import Config, CoordinateSearch, Dimension, Outcome, SearchResult, Trial
 from pipeline.tuning.trials import ClusterTrials, EmbedderTrials
 
 DEMO_INPUT = str(REPO_ROOT / "datasets" / "demo")
@@ -98,11 +98,21 @@ class TuneRequest:
     max_memory_fraction: float = 0.5
 
 
+class TrialRow(TypedDict, total=False):
+    """A row of tune's table: one trial."""
+
+    phase: str
+    trial: Trial
+    config: str  # as printed
+    vs_start: float  # times the phase's first trial's score
+    chosen: bool
+
+
 @dataclass
 class TuneReport:
     path: Path
     profile: Profile
-    rows: list[dict[str, Any]] = field(default_factory=list)  # every trial, for the table
+    rows: list[TrialRow] = field(default_factory=list)  # every trial, for the table
     seconds: float = 0.0
     trials: int = 0
     grid: int = 0
@@ -120,7 +130,7 @@ class Tuner:
             self.catalog.get(name)
         self.began = time.monotonic()
         self.deadline = self.began + request.budget_minutes * 60
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[TrialRow] = []
         self.other_cpu: list[float] = []
 
     def run(self) -> TuneReport:
@@ -300,7 +310,7 @@ class Tuner:
         else:  # processes sharing one GPU: they overlap each other's tokenizing and Python
             layouts = tuple((w, max(1, cores // w)) for w in (1, 2, 3, 4))
         dims: list[Dimension] = []
-        start: dict[str, Any] = {}
+        start: Config = {}
         if self.request.online_rate and trials.p99_target_ms:  # first: it decides which keep the p99 target
             item_sizes = tuple(r for r in ROWS_PER_ITEM if r <= len(trials.sample.texts) // 2) or ROWS_PER_ITEM[:1]
             dims.append(Dimension("rows_per_item", item_sizes))  # at least two items, so two workers can share
