@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import click
 from rich.console import Console
@@ -23,7 +22,7 @@ from pipeline.cli_options import (
 )
 from pipeline.cluster import connect
 from pipeline.jobs.reindex import load_job
-from pipeline.status import cluster_state, output_state, render_cluster, render_output
+from pipeline.status import StatusState, cluster_state, output_state, render_cluster, render_output
 
 
 @click.command()
@@ -38,7 +37,7 @@ def status(job: str | None, scheduler: str | None, as_json: bool, profile: str |
     JOB filters the jobs by id. A job file (JOB.yaml) shows that job's runs
     and its output too: _CURRENT, versions, lock holder, last manifest.
     """
-    state: dict[str, Any] = {}
+    state: StatusState = {}
     pattern = job
     if job and job.endswith((".yaml", ".yml")):
         job_file = load_job(job)

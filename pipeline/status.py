@@ -78,6 +78,13 @@ class OutputState(TypedDict):
     manifest: Manifest | None  # the current version's
 
 
+class StatusState(TypedDict, total=False):
+    """What `shoal status` shows (and prints with --json): a job file's output, the cluster's overview."""
+
+    output: OutputState
+    cluster: Overview
+
+
 def output_state(job: ReindexJob) -> OutputState:
     """The reindexed output as readers and the next run see it."""
     layout = VersionedOutput(job.output, job.storage_options)
