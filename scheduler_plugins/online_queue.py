@@ -47,6 +47,7 @@ from .worker_views import WorkerView, can_host
 logger = logging.getLogger("shoal.online")
 
 MAX_ONLINE_BATCH = 512
+FIRST_LOAD_GRACE_SECONDS = 30.0  # a model's first load on a worker, whose time nobody measured yet
 GATEWAY_GONE_SECONDS = 30.0  # a remote gateway that stops asking for answers this long is forgotten
 
 
@@ -149,9 +150,7 @@ class OnlineQueue:
             items = self.core.queues.take(model, ONLINE, MAX_ONLINE_BATCH) if model else []
             if not (model and items):
                 return None
-            # A short lease would lapse while the model loads (a first load imports torch, holding the
-            # worker's loop): a worker without it loaded gets the expected load on top, this once.
-            grace = 0.0 if model in view.loaded else self.core.placement.load_seconds(view, model)
+            grace = 0.0 if model in view.loaded else load_grace(view, model)
             for work in items:
                 self.core.lease(work, worker, grace=grace)
             self.core.hold(view, model)  # a holder now, loaded or not
@@ -285,6 +284,17 @@ class OnlineQueue:
         if self.pending(model) >= settings.max_queue_depth:
             return {"status": 429, "error": f"too many requests waiting for {model!r}"}
         return None
+
+
+def load_grace(view: WorkerView, model: str) -> float:
+    """Seconds added to a request's short lease on a worker that must load its model first.
+
+    A load can hold the worker's loop for seconds (a first load imports torch,
+    whose native initialisation keeps the GIL), so no renewal leaves meanwhile:
+    twice the load this worker measured, else FIRST_LOAD_GRACE_SECONDS.
+    """
+    measured = view.load_seconds.get(model)
+    return 2 * measured + 1.0 if measured else FIRST_LOAD_GRACE_SECONDS
 
 
 class RemoteGateway:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from configs import GatewaySettings
+from scheduler_plugins.online_queue import FIRST_LOAD_GRACE_SECONDS, load_grace
+from scheduler_plugins.worker_views import WorkerView
 from tests.support.fake_scheduler import running_queue
 
 SETTINGS = GatewaySettings(request_timeout_seconds=30, online_lease_seconds=0.2)
@@ -16,11 +20,11 @@ def test_a_worker_that_must_load_the_model_gets_the_load_on_top_of_its_first_lea
         async with running_queue(("w1", "w2"), MODELS) as plugin:
             first, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
             assert (await plugin.online.pull("w1", held=[], loaded=[], timeout=0))["items"]
-            await asyncio.sleep(0.5)  # past the 0.2 s lease, within the 1 s load on top of it
+            await asyncio.sleep(0.5)  # past the 0.2 s lease, within the first load's grace on top of it
             plugin.expire_leases()
             assert first.worker == "w1" and first.attempts == 1
             plugin.extend("w1", [first.id])  # a renewal keeps the grace, never shortens the lease
-            assert first.deadline - first.leased_at >= 1.0
+            assert first.deadline - first.leased_at == pytest.approx(0.2 + FIRST_LOAD_GRACE_SECONDS)
 
             second, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
             assert (await plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=0))["items"]
@@ -29,3 +33,8 @@ def test_a_worker_that_must_load_the_model_gets_the_load_on_top_of_its_first_lea
             assert second.worker is None and "lease on w2 expired" in second.errors[0]
 
     asyncio.run(go())
+
+
+def test_the_grace_is_twice_the_load_the_worker_measured():
+    view = WorkerView("w1", load_seconds={"m": 2.0})
+    assert load_grace(view, "m") == 5.0 and load_grace(view, "n") == FIRST_LOAD_GRACE_SECONDS
