@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from typing import Any
+from typing import TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +27,24 @@ from pipeline.retrieval.beir import RetrievalSet
 from pipeline.retrieval.run import RunOutcome, run_pipeline
 from pipeline.retrieval.spec import EmbedStage, JobSpec, RerankStage, RetrieveStage, TextSource
 from workers.storage import atomic_write, open_fs
+
+
+class EvalReport(TypedDict, total=False):
+    """``metrics.json`` of `shoal eval`, and what it prints."""
+
+    dataset: str
+    corpus: int  # passages
+    queries: int  # judged queries
+    judgments: int
+    model: str
+    reranker: str | None
+    top_k: int
+    rerank_k: int | None
+    prompts: dict[str, str]  # queries, corpus: the prompt text each was embedded with
+    metrics: dict[str, dict[str, float]]  # retrieval, reranked: nDCG@10, recall@100
+    complete: bool
+    metrics_url: str
+
 
 METRICS_NAME = "metrics.json"
 
@@ -69,7 +87,7 @@ def run_eval(
     console: Console,
     query_prompt: dict[str, str] | None = None,
     document_prompt: dict[str, str] | None = None,
-) -> tuple[dict[str, Any], RunOutcome]:
+) -> tuple[EvalReport, RunOutcome]:
     """`query_prompt`, `document_prompt`: {"prompt_name": …} or {"prompt": …} in place of the model's own."""
     output = output.rstrip("/")
     judged = {q for q, j in dataset.qrels.items() if any(g > 0 for g in j.values())}
@@ -87,7 +105,7 @@ def run_eval(
     )
     outcome = run_pipeline(client, spec, profile, catalog, console)
     prompts = outcome.record["prompts"]
-    report: dict[str, Any] = {
+    report: EvalReport = {
         "dataset": dataset.name,
         "corpus": dataset.corpus.num_rows,
         "queries": queries.num_rows,
@@ -120,7 +138,7 @@ def _rankings(ranked: pa.Table, rank_column: str) -> dict[str, list[str]]:
     return rankings
 
 
-def print_report(report: dict[str, Any], console: Console) -> None:
+def print_report(report: EvalReport, console: Console) -> None:
     table = Table(title=f"shoal eval: {report['dataset']} ({report['queries']} queries, {report['corpus']:,} passages)")
     table.add_column("system")
     names = sorted(

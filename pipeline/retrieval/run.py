@@ -21,7 +21,7 @@ import io
 import json
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -45,10 +45,47 @@ RANKED_NAME = "ranked.parquet"
 RUN_NAME = "_run.json"
 
 
+class JobStageRecord(TypedDict):
+    """An embed or rerank stage: its manifest and what it says."""
+
+    manifest: str
+    rows: int
+    complete: bool
+    rejected_rows: int
+    seconds: float
+
+
+class RetrieveRecord(TypedDict):
+    queries: int
+    corpus: int
+    corpus_rows: int
+    top_k: int
+    skipped_queries: int
+    skipped_corpus_rows: int
+    seconds: float
+
+
+class RankedRecord(TypedDict):
+    url: str | None
+    rows: int
+
+
+class RunRecord(TypedDict, total=False):
+    """``_run.json``: what a `shoal run` did, stage by stage."""
+
+    name: str
+    spec: dict[str, object]  # the job file's fields, storage options left out
+    stages: dict[str, JobStageRecord | RetrieveRecord]
+    failed: list[str]  # the stages that did not complete
+    rejected_rows: int
+    prompts: dict[str, str]  # the prompt text each embed stage used
+    ranked: RankedRecord
+
+
 @dataclass
 class RunOutcome:
     ranked_url: str | None
-    record: dict[str, Any]
+    record: RunRecord
     stages: dict[str, JobOutcome] = field(default_factory=dict)
 
     @property
@@ -58,7 +95,7 @@ class RunOutcome:
 
 def run_pipeline(client: Client, spec: JobSpec, profile: Profile, catalog: Catalog, console: Console) -> RunOutcome:
     output = spec.output.rstrip("/")
-    record: dict[str, Any] = {
+    record: RunRecord = {
         "name": spec.name,
         "spec": spec.model_dump(exclude={"storage_options"}),  # no credentials in the record
         "stages": {},
