@@ -45,16 +45,6 @@ class QueueState:
         self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead, taken_back
         self._unplaceable_since: dict[str, float] = {}
 
-    # -- what the online route hears (OnlineQueue, through PullQueue) -------------
-
-    def online_work_queued(self, model: str) -> None:
-        """Requests of `model` wait: wake the one online pull that should take them."""
-
-    def view_changed(self, view: WorkerView) -> None:
-        """A worker reported or was given a model: its waiting online pull is filed anew."""
-
-    # -- transitions ----------------------------------------------------------------
-
     @property
     def model_stats(self) -> ModelStats:
         """Rows and compute seconds per model from batch acks: placement's estimates, the metrics' rates."""
@@ -67,6 +57,16 @@ class QueueState:
     @property
     def leased_by_worker(self) -> dict[str, dict[str, WorkItem]]:
         return self.leases.by_worker
+
+    # -- what the online route hears (OnlineQueue, through PullQueue) -------------
+
+    def online_work_queued(self, model: str) -> None:
+        """Requests of `model` wait: wake the one online pull that should take them."""
+
+    def view_changed(self, view: WorkerView) -> None:
+        """A worker reported or was given a model: its waiting online pull is filed anew."""
+
+    # -- transitions ----------------------------------------------------------------
 
     def add_specs(self, models: dict[str, dict[str, Any]]) -> None:
         """Model specs join the plugin-wide table that pulls send with items."""
