@@ -30,7 +30,7 @@ test: install
 test-fast: install
 	$(VENV)/bin/pytest -q -m unit
 
-# What CI checks besides the tests: ruff's lint and format, mypy on the library packages (pyproject.toml).
+# What CI checks besides the tests: ruff's lint and format, mypy on the library, tests/ and benchmarks/ (pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

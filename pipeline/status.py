@@ -49,7 +49,7 @@ def render_cluster(view: Overview, console: Console) -> None:
     console.print(jobs if jobs.row_count else "no running job")
     workers = Table(title="workers")
     for column in ("worker", "loaded models", "leased items", "free model memory"):
-        workers.add_column(column)
+        workers.add_column(column, no_wrap=column == "worker")  # an address is never cut, however many models
     for address, info in sorted(view["workers"].items()):
         free = info.get("free_bytes")
         workers.add_row(

@@ -4,7 +4,7 @@ real S3 API). What tests share besides fixtures is in tests/support/, imported a
 Two tiers
 ---------
 `make test-fast` (`pytest -m unit`): the unit tests only, in seconds. A unit test starts no Dask cluster
-or client, loads no model (not even the tiny ones `model_factory` builds), starts no S3 server and no
+or client, loads no model (not even the tiny ones tests/support/models.py builds), starts no S3 server and no
 process: the scheduler plugin, the model pool, the device thread, configs, planning and formats are
 driven in-process with fakes (tests/support/fake_scheduler.py).
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support.cli import embed_args, run_shoal
+from tests.support.cli import embed_args, invoke_shoal, run_shoal
 from tests.support.files import read_output, write_shards
 
 
@@ -20,7 +20,7 @@ def shoal(cluster, tiny_catalog, test_profile):
     def run(source, output, *extra: str, model: str = "tiny"):
         """`shoal embed` of `source` into `output` on the cluster, with the test profile."""
         on_cluster = {"scheduler": client.scheduler.address, "profile": test_profile, "model": model}
-        return run_shoal(*embed_args(source, output, tiny_catalog, *extra, **on_cluster))
+        return invoke_shoal(*embed_args(source, output, tiny_catalog, *extra, **on_cluster))
 
     return run
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support.cli import embed_args, run_shoal
+from tests.support.cli import embed_args, invoke_shoal, run_shoal
 from tests.support.files import read_output, write_shards
 
 
@@ -64,7 +64,7 @@ def test_parts_are_split_by_row_groups_and_named_by_range(cluster, tiny_catalog,
         pa.table({"id": list(range(700)), "text": demo_texts[:700]}), tmp_path / "one.parquet", row_group_size=700
     )
     on_cluster = {"scheduler": client.scheduler.address, "profile": test_profile}
-    result = run_shoal(*embed_args(tmp_path / "one.parquet", tmp_path / "out", tiny_catalog, **on_cluster))
+    result = invoke_shoal(*embed_args(tmp_path / "one.parquet", tmp_path / "out", tiny_catalog, **on_cluster))
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet"))
     # one 700-row group, 200 rows per item: split by row ranges

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from configs import ModelSpec
-from tests.support.cli import run_shoal, shoal_options
+from tests.support.cli import invoke_shoal, shoal_options
 from tests.support.files import read_output
 from workers.devices import DevicePlan
 
@@ -65,7 +65,7 @@ def rerank_on(cluster, catalog, source, output, *options: str) -> subprocess.Com
     """`shoal rerank` of `source` into `output` with tiny-reranker of `catalog` on the shared cluster."""
     _, client = cluster
     options = (*options, *shoal_options(catalog, client.scheduler.address))
-    return run_shoal("rerank", str(source), str(output), "--model", "tiny-reranker", *options)
+    return invoke_shoal("rerank", str(source), str(output), "--model", "tiny-reranker", *options)
 
 
 def test_pairs_job_scores_equal_direct(cluster, tiny_catalog, direct, demo_texts, tmp_path):
@@ -232,11 +232,11 @@ def test_usage_errors_exit_2(cluster, tiny_catalog, tmp_path):
     pq.write_table(pa.table({"id": [1], "query": ["q"], "passage": ["p"]}), tmp_path / "x.parquet")
     missing = rerank_on(cluster, tiny_catalog, tmp_path / "x.parquet", tmp_path / "out", "--candidates-column", "cands")
     assert missing.returncode == 2 and "no column 'cands' (columns are: id, query, passage)" in missing.stderr
-    wrong_kind = run_shoal(
+    wrong_kind = invoke_shoal(
         "rerank", str(tmp_path / "x.parquet"), str(tmp_path / "out"), "--model", "tiny", "--catalog", str(tiny_catalog)
     )
     assert wrong_kind.returncode == 2 and "kind 'embedder'" in wrong_kind.stderr
-    both = run_shoal(
+    both = invoke_shoal(
         "rerank",
         str(tmp_path / "x.parquet"),
         str(tmp_path / "out"),

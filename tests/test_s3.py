@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import s3fs
 
-from tests.support.cli import embed_args, run_shoal
+from tests.support.cli import embed_args, invoke_shoal
 from tests.support.files import read_output, write_shards
 from tests.support.s3 import s3_options
 
@@ -23,9 +23,9 @@ def test_s3_job_equals_local_job(cluster, tiny_catalog, test_profile, demo_texts
         fs.put_file(str(path), f"shoal-test/docs/{path.name}")
 
     on_cluster = {"scheduler": client.scheduler.address, "profile": test_profile}
-    local = run_shoal(*embed_args(tmp_path / "in", tmp_path / "local-out", tiny_catalog, **on_cluster))
+    local = invoke_shoal(*embed_args(tmp_path / "in", tmp_path / "local-out", tiny_catalog, **on_cluster))
     assert local.returncode == 0, local.stderr
-    remote = run_shoal(
+    remote = invoke_shoal(
         *embed_args(
             "s3://shoal-test/docs/*.parquet",
             "s3://shoal-test/vectors/",
