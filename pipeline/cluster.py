@@ -55,8 +55,28 @@ def start_local_cluster(
         "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
         "distributed.admin.event-loop": event_loop(),
     }
-    with dask.config.set(settings):
+    with dask.config.set(settings), _spawned_without_main():
         return _local_cluster(profile, catalog, n_workers, **kwargs)
+
+
+@contextmanager
+def _spawned_without_main() -> Iterator[None]:
+    """Worker processes spawned meanwhile skip importing the command's script, which they never use.
+
+    A spawned process first imports its parent's ``__main__`` file (multiprocessing's spawn): for the
+    ``shoal`` script that is the whole CLI (click, rich, the job code), 0.7-1.1 s per worker process on
+    the loaded 2-core VM (docs/BENCHMARKS.md). A main module without ``__file__`` is not imported.
+    """
+    main = sys.modules["__main__"]
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None:  # `python -m`: imported by name, left as is
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 def event_loop() -> str:
