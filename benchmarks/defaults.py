@@ -18,6 +18,12 @@ drifts within minutes, so only ratios measured in alternation count):
   MiniLM (the child process a command starts), from an empty cache (the ONNX
   export included), its steps from the record; the parts after it use that
   cache;
+* ``stages``: a no-flag ``shoal embed --verbose`` of --stage-texts texts, this
+  tree against ``--code-before`` in turn (four per round), each stage's median;
+* ``online``: ``shoal serve --models minilm`` with no profile against infinity
+  (``--infinity-venv``, installed apart: pip ``torch==2.13.0`` first, then
+  ``infinity-emb[server,torch]``), 32 concurrent single-text clients, the same
+  client (online_latency.closed_loop), each server alone, in turn;
 * ``onnx-load``: what a worker's ONNX model load costs, a fresh process from
   interpreter start to the first vectors, this tree against ``--code-before``
   (an older tree, e.g. ``git archive COMMIT | tar -x -C DIR``), in turn.
@@ -36,8 +42,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -188,13 +198,18 @@ def part_onnx_load(rounds: int, code_before: str | None) -> dict[str, Any]:
     """A worker's ONNX load, a fresh interpreter each time (the export cached): this tree against an older one."""
     trees = {"this tree": str(ROOT), **({"before": code_before} if code_before else {})}
     for tree in trees.values():  # each tree's export (its own format) made once, outside the timing
-        subprocess.run([sys.executable, "-c", ONNX_LOAD_SCRIPT], env=_tree_env(tree), check=True, capture_output=True)
+        subprocess.run([sys.executable, "-c", ONNX_LOAD_SCRIPT], cwd=tree, env=_tree_env(tree), check=True)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
     names = list(trees)
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            out = subprocess.run(
-                [sys.executable, "-c", ONNX_LOAD_SCRIPT], env=_tree_env(trees[name]), check=True, capture_output=True
+            out = subprocess.run(  # in the tree's folder: `-c` puts the working folder first on sys.path
+                [sys.executable, "-c", ONNX_LOAD_SCRIPT],
+                cwd=trees[name],
+                env=_tree_env(trees[name]),
+                check=True,
+                capture_output=True,
+                text=True,
             )
             load, first, torch, transformers = out.stdout.split()
             runs[name].append(
@@ -203,6 +218,126 @@ def part_onnx_load(rounds: int, code_before: str | None) -> dict[str, Any]:
             )
             print(f"  round {r + 1} onnx load, {name}: {runs[name][-1]}", flush=True)
     return {name: {"best_load_s": min(x["load_s"] for x in rs), "runs": rs} for name, rs in runs.items()}
+
+
+SHOAL_SCRIPT = "import sys\nfrom pipeline.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n"
+
+
+def part_stages(texts: list[str], rounds: int, scratch: Path, code_before: str, before_cache: str) -> dict[str, Any]:
+    """A no-flag `shoal embed --verbose` of `texts`, this tree against an older one in turn: each stage's seconds.
+
+    Both run as the `shoal` script does (a file importing pipeline.cli: worker processes spawned from it
+    import it again unless told not to). The older tree reads its own verdicts and export from
+    `before_cache` (its formats), this one from SHOAL_CACHE_DIR.
+    """
+    inputs = scratch / "stages-input"
+    inputs.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"text": texts}), inputs / "part-0.parquet")
+    script = scratch / "shoal_script.py"
+    script.write_text(SHOAL_SCRIPT)
+    trees = {"this tree": (str(ROOT), os.environ.get("SHOAL_CACHE_DIR", "")), "before": (code_before, before_cache)}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    for r in range(rounds):
+        for name in list(trees)[r % 2 :] + list(trees)[: r % 2]:
+            tree, cache = trees[name]
+            shutil.rmtree(scratch / "stages-out", ignore_errors=True)
+            command = [sys.executable, str(script), "embed", str(inputs), str(scratch / "stages-out")]
+            env = {**_tree_env(tree), "SHOAL_PROFILE": "", **({"SHOAL_CACHE_DIR": cache} if cache else {})}
+            done = subprocess.run(
+                [*command, "--model", "minilm", "--verbose"], cwd=tree, env=env, capture_output=True, text=True
+            )
+            if done.returncode != 0 or "measuring" in done.stderr:
+                raise RuntimeError(
+                    f"{name}: exit {done.returncode}, or measured (no cached verdicts):\n{done.stderr[-3000:]}"
+                )
+            runs[name].append(stages(done.stderr))
+            print(f"  round {r + 1} stages, {name}: {runs[name][-1]}", flush=True)
+    return {
+        name: {"median": {k: round(float(np.median([x[k] for x in rs if k in x])), 2) for k in rs[0]}, "runs": rs}
+        for name, rs in runs.items()
+    }
+
+
+def part_online(seconds: float, rounds: int, infinity_venv: Path) -> dict[str, Any]:
+    """`shoal serve --models minilm` with no profile against infinity (torch engine, CPU), 32 concurrent clients.
+
+    The same client for both (online_latency.closed_loop: kept-alive HTTP/1.1, each client sending its next
+    single-text request when the last is answered), the same 6-10-word queries, each server alone on the
+    machine while it is measured, in turn, `rounds` windows of `seconds` each.
+    """
+    import asyncio
+    import json as json_
+
+    from online_latency import closed_loop, encode_message, short_queries
+
+    model_path = load_catalog().get("minilm").resolve_path()
+    queries = short_queries(512)
+    results: dict[str, list[dict[str, Any]]] = {"shoal serve (no flags: auto)": [], "infinity": []}
+    for r in range(rounds):
+        for name in list(results)[r % 2 :] + list(results)[: r % 2]:
+            if name == "infinity":
+                server = _start_infinity(infinity_venv, model_path)
+                host = "127.0.0.1:7997"
+                body = [json_.dumps({"model": "minilm", "input": [q]}).encode() for q in queries]
+                messages = [
+                    f"POST /embeddings HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(b)}\r\n\r\n".encode()
+                    + b
+                    for b in body
+                ]
+                url = f"http://{host}"
+            else:
+                server, url = _start_shoal_serve()
+                messages = [encode_message(url, "minilm", [q]) for q in queries]
+            try:
+                asyncio.run(closed_loop(url, messages[:64], 32, 5))  # warm: batches of every size seen once
+                result = asyncio.run(closed_loop(url, messages, 32, seconds))
+            finally:
+                server.send_signal(signal.SIGTERM)
+                server.wait(120)
+            results[name].append(result)
+            print(f"  round {r + 1} online, {name}: {result}", flush=True)
+    return {name: {"best_rps": max(x["achieved_rps"] for x in rs), "runs": rs} for name, rs in results.items()}
+
+
+def _start_shoal_serve() -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [harness.venv_command("shoal"), "serve", "--models", "minilm", "--port", "0"],
+        cwd=ROOT,
+        env={**os.environ, "SHOAL_PROFILE": ""},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    stderr = proc.stderr
+    assert stderr is not None
+    threading.Thread(target=lambda: lines.extend(iter(stderr.readline, "")), daemon=True).start()
+    deadline = time.monotonic() + 600
+    while not any("serving" in line for line in lines):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("shoal serve did not start:\n" + "".join(lines))
+        time.sleep(0.1)
+    found = re.search(r"on (http://\S+)", next(line for line in lines if "serving" in line))
+    assert found
+    return proc, found.group(1)
+
+
+def _start_infinity(venv: Path, model_path: str) -> subprocess.Popen:
+    command = [str(venv / "bin" / "infinity_emb"), "v2", "--model-id", model_path, "--served-model-name", "minilm"]
+    command += ["--port", "7997", "--engine", "torch", "--device", "cpu", "--batch-size", "32"]
+    proc = subprocess.Popen(
+        command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:7997/health", timeout=5):
+                return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"infinity did not start (exit {proc.poll()})") from None
+            time.sleep(0.5)
 
 
 def _tree_env(tree: str) -> dict[str, str]:
@@ -287,6 +422,27 @@ def markdown(results: dict[str, Any]) -> str:
                 ],
             )
         )
+    if "stages" in results:
+        out.append("\nNo-flag `shoal embed --verbose`, stage medians (s), this tree against --code-before:\n")
+        names = list(results["stages"])
+        keys = list(results["stages"][names[0]]["median"])
+        out.extend(
+            markdown_table(
+                ["stage", *names], [[k, *(results["stages"][n]["median"].get(k, "-") for n in names)] for k in keys]
+            )
+        )
+    if "online" in results:
+        out.append("\n32 concurrent single-text clients, MiniLM, requests/s (each window):\n")
+        out.extend(
+            markdown_table(
+                ["server", "best req/s", "req/s", "p50 ms", "p99 ms"],
+                [
+                    [name, d["best_rps"], ", ".join(str(x["achieved_rps"]) for x in d["runs"])]
+                    + [", ".join(str(x["p50_ms"]) for x in d["runs"]), ", ".join(str(x["p99_ms"]) for x in d["runs"])]
+                    for name, d in results["online"].items()
+                ],
+            )
+        )
     if "first_use" in results:
         out.append("\n`auto`'s first measurement of minilm:\n")
         d = results["first_use"]
@@ -301,7 +457,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--scratch", default=str(ROOT / "out" / "bench-defaults"))
     parser.add_argument("--fastembed-scratch", default=str(ROOT / "out" / "bench-runtimes"))
-    parser.add_argument("--code-before", default=None, help="an older tree for onnx-load's before column")
+    parser.add_argument("--code-before", default=None, help="an older tree for onnx-load's and stages' before column")
+    parser.add_argument("--cache-before", default=str(Path("~/.cache/shoal").expanduser()), help="its Shoal cache")
+    parser.add_argument("--stage-texts", type=int, default=500)
+    parser.add_argument("--online-seconds", type=float, default=20)
+    parser.add_argument("--infinity-venv", default=str(ROOT / "out" / "infinity" / "venv"))
     parser.add_argument("--json", default=DEFAULT_JSON)
     args = parser.parse_args()
     scratch = Path(args.scratch)
@@ -312,6 +472,13 @@ def main() -> None:
         results["first_use"] = part_first_use(scratch)
     if "onnx-load" in parts:
         results["onnx_load"] = part_onnx_load(3 * args.rounds, args.code_before)  # a load is short: three per round
+    if "stages" in parts:
+        if not args.code_before:
+            parser.error("stages needs --code-before")
+        texts = sample_texts(args.stage_texts)
+        results["stages"] = part_stages(texts, 4 * args.rounds, scratch, args.code_before, args.cache_before)
+    if "online" in parts:
+        results["online"] = part_online(args.online_seconds, 2 * args.rounds, Path(args.infinity_venv))
     if "batch" in parts:
         results["batch"] = part_batch(sample_texts(args.limit), args.rounds, scratch, Path(args.fastembed_scratch))
     if "demo" in parts:
