@@ -16,7 +16,8 @@
     TCP: the scheduler's CPU per item, comms included, and the worker
     processes' CPU per item; both net of their idle CPU too. ``--batch-model
     minilm --item-rows 512`` runs the shipped MiniLM on the same items
-    instead of the simulated model (no compute).
+    instead of the simulated model (no compute); their texts are runs of
+    "x", a single token to MiniLM's tokenizer, so that is a floor.
 (c) Online over real comms: the same scheduler and workers, a load generator
     in its own process keeping 1, 8 and 64 requests in flight (one text of
     ``--text-bytes`` each) through the embedded gateway (in the scheduler, as
