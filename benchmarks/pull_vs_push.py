@@ -240,7 +240,7 @@ class PushScheduler(PullQueue):
         await super().start(scheduler)
         scheduler.handlers["shoal_pull_online"] = self.pull_online
 
-    def _work_queued(self, model: str, priority: int, count: int) -> None:
+    def work_queued(self, model: str, priority: int, count: int) -> None:
         for pull in list(self.batch_pulls.all.values()):
             self.batch_pulls.discard(pull)
             pull.wake()
