@@ -232,7 +232,7 @@ def part_stages(texts: list[str], rounds: int, scratch: Path, code_before: str, 
     """
     inputs = scratch / "stages-input"
     inputs.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"text": texts}), inputs / "part-0.parquet")
+    pq.write_table(pa.table({"id": [f"t{i}" for i in range(len(texts))], "text": texts}), inputs / "part-0.parquet")
     script = scratch / "shoal_script.py"
     script.write_text(SHOAL_SCRIPT)
     trees = {"this tree": (str(ROOT), os.environ.get("SHOAL_CACHE_DIR", "")), "before": (code_before, before_cache)}
