@@ -29,7 +29,7 @@ def test_tiny_model_every_row_once_and_equal_to_direct(cluster, tiny_model, tiny
     ids = write_shards(
         tmp_path / "in", texts, shards=3, row_group_size=150, source=[f"s{i}" for i in range(len(texts))]
     )
-    result = run_shoal(
+    result = invoke_shoal(
         *embed_args(
             tmp_path / "in",
             tmp_path / "out",

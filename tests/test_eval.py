@@ -10,7 +10,7 @@ import pytest
 from pipeline.jobs.planner import PlanError
 from pipeline.retrieval.beir import load_beir
 from pipeline.retrieval.evaluation import evaluate, ndcg_at_k, recall_at_k
-from tests.support.cli import run_shoal, shoal_options
+from tests.support.cli import invoke_shoal, run_shoal, shoal_options
 from tests.support.paths import ROOT
 
 PYDOC_SECTIONS = ROOT / "datasets" / "pydoc-sections"
@@ -76,7 +76,7 @@ def test_eval_with_a_reranker_reports_both_systems(cluster, tiny_catalog, tmp_pa
     (data / "qrels.jsonl").write_text(
         "".join(json.dumps({"query_id": q, "corpus_id": d, "score": 1}) + "\n" for q, d in qrels)
     )
-    result = run_shoal(
+    result = invoke_shoal(
         "eval",
         str(data),
         "--model",

@@ -48,7 +48,7 @@ POISON = "\ud800"  # a lone surrogate: JSON's "\ud800" escape allows it, UTF-8 h
 
 
 class Gateway:
-    """The gateway in the module cluster's scheduler, restartable with other settings on one port."""
+    """The gateway in the shared cluster's scheduler, restartable with other settings on one port."""
 
     def __init__(self, client, models: dict) -> None:
         self.client, self.models = client, models

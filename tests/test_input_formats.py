@@ -183,13 +183,13 @@ def test_jsonl_and_csv_on_s3_embed_like_the_same_rows_in_parquet(
     write_jsonl(tmp_path / "jsonl-gz", texts, shards=2, gz=True)
     write_csv(tmp_path / "csv", texts, shards=2)
     on_cluster = {"scheduler": client.scheduler.address, "profile": test_profile}
-    local = run_shoal(*embed_args(tmp_path / "parquet", tmp_path / "parquet-out", tiny_catalog, **on_cluster))
+    local = invoke_shoal(*embed_args(tmp_path / "parquet", tmp_path / "parquet-out", tiny_catalog, **on_cluster))
     assert local.returncode == 0, local.stderr
     expected = vectors_by_id(read_output(tmp_path / "parquet-out"))
     for kind in ("jsonl", "jsonl-gz", "csv"):
         for path in sorted((tmp_path / kind).iterdir()):
             fs.put_file(str(path), f"shoal-formats/{kind}/{path.name}")
-        result = run_shoal(
+        result = invoke_shoal(
             *embed_args(
                 f"s3://shoal-formats/{kind}/",
                 f"s3://shoal-formats/{kind}-out/",
@@ -319,7 +319,7 @@ def test_rerank_reads_csv_pairs_and_jsonl_candidates_as_it_reads_parquet(cluster
 
     def rerank(source, *extra) -> list[dict]:
         output = tmp_path / f"out-{source.name}"
-        result = run_shoal("rerank", str(source), str(output), "--model", "tiny-reranker", *options, *extra)
+        result = invoke_shoal("rerank", str(source), str(output), "--model", "tiny-reranker", *options, *extra)
         assert result.returncode == 0, result.stderr
         return read_output(output).sort_by("id").to_pylist()
 

@@ -13,7 +13,7 @@ import yaml
 from configs import ConfigError
 from pipeline.retrieval.spec import load_job_spec
 from pipeline.retrieval.top_k import top_k
-from tests.support.cli import run_shoal
+from tests.support.cli import invoke_shoal
 
 TOLERANCE = 1e-4
 
@@ -88,7 +88,7 @@ def test_run_embeds_retrieves_and_reranks(cluster, tiny_model, tiny_reranker, ti
     pq.write_table(
         pa.table({"qid": list(range(21)), "question": pa.array(questions, pa.string())}), tmp_path / "queries.parquet"
     )
-    result = run_shoal(
+    result = invoke_shoal(
         "run", write_job(tmp_path / "job.yaml"), "--catalog", str(tiny_catalog), "--scheduler", client.scheduler.address
     )
     assert result.returncode == 0, result.stderr
@@ -122,7 +122,7 @@ def test_run_embeds_retrieves_and_reranks(cluster, tiny_model, tiny_reranker, ti
 
 
 def test_run_refuses_a_bad_spec_before_starting(tiny_catalog, tmp_path):
-    result = run_shoal(
+    result = invoke_shoal(
         "run", write_job(tmp_path / "job.yaml", embed={"model": "tiny-reranker"}), "--catalog", str(tiny_catalog)
     )
     assert result.returncode == 2 and "kind 'reranker'" in result.stderr
