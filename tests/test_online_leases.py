@@ -15,24 +15,21 @@ SETTINGS = GatewaySettings(request_timeout_seconds=30, online_lease_seconds=0.2)
 MODELS = {"m": {"name": "m", "kind": "sim", "load_seconds": 1.0}}
 
 
-def test_a_worker_that_must_load_the_model_gets_the_load_on_top_of_its_first_lease_only():
-    async def go() -> None:
-        async with running_queue(("w1", "w2"), MODELS) as plugin:
-            first, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
-            assert (await plugin.online.pull("w1", held=[], loaded=[], timeout=0))["items"]
-            await asyncio.sleep(0.5)  # past the 0.2 s lease, within the first load's grace on top of it
-            plugin.expire_leases()
-            assert first.worker == "w1" and first.attempts == 1
-            plugin.extend("w1", [first.id])  # a renewal keeps the grace, never shortens the lease
-            assert first.deadline - first.leased_at == pytest.approx(0.2 + FIRST_LOAD_GRACE_SECONDS)
+async def test_a_worker_that_must_load_the_model_gets_the_load_on_top_of_its_first_lease_only():
+    async with running_queue(("w1", "w2"), MODELS) as plugin:
+        first, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        assert (await plugin.online.pull("w1", held=[], loaded=[], timeout=0))["items"]
+        await asyncio.sleep(0.5)  # past the 0.2 s lease, within the first load's grace on top of it
+        plugin.expire_leases()
+        assert first.worker == "w1" and first.attempts == 1
+        plugin.extend("w1", [first.id])  # a renewal keeps the grace, never shortens the lease
+        assert first.deadline - first.leased_at == pytest.approx(0.2 + FIRST_LOAD_GRACE_SECONDS)
 
-            second, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
-            assert (await plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=0))["items"]
-            await asyncio.sleep(0.35)  # loaded already: the short lease alone, and nobody renews it
-            plugin.expire_leases()
-            assert second.worker is None and "lease on w2 expired" in second.errors[0]
-
-    asyncio.run(go())
+        second, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        assert (await plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=0))["items"]
+        await asyncio.sleep(0.35)  # loaded already: the short lease alone, and nobody renews it
+        plugin.expire_leases()
+        assert second.worker is None and "lease on w2 expired" in second.errors[0]
 
 
 def test_the_grace_is_twice_the_load_the_worker_measured():
