@@ -563,7 +563,8 @@ def test_a_model_named_twice_runs_once(shoal, tmp_path):
 
 def test_ctrl_c_exits_130_and_the_rerun_finishes_the_job(cluster, sim_catalog, test_profile, demo_texts, tmp_path):
     _, client = cluster
-    ids = write_shards(tmp_path / "in", demo_texts[:400], shards=4, row_group_size=25)
+    # 16 parts: the job runs for seconds after its first part is written, however fast the workers start.
+    ids = write_shards(tmp_path / "in", demo_texts[:1600], shards=16, row_group_size=25)
     on_cluster = {"scheduler": client.scheduler.address, "profile": test_profile, "model": "slowish"}
     args = [SHOAL, *embed_args(tmp_path / "in", tmp_path / "out", sim_catalog, **on_cluster)]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
