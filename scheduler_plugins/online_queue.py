@@ -141,10 +141,16 @@ class OnlineQueue:
         claim: str | None = None  # the model whose requests woke this pull
 
         def take() -> PullReply | None:
+            nonlocal claim
             if worker not in self.core.scheduler.workers:
                 if claim is not None:
                     self.wake(claim)
                 return {"items": [], "reason": "unknown worker"}
+            if view.silent:  # a lease of its lapsed since this pull came: its requests go to another
+                if claim is not None:
+                    woken_for, claim = claim, None
+                    self.wake(woken_for)
+                return None
             model = claim if claim and self.core.queues.waiting_items(claim, ONLINE) else None
             model = model or self.core.placement.online_model_for(view, busy, self.pulls, self._claims)
             items = self.core.queues.take(model, ONLINE, MAX_ONLINE_BATCH) if model else []
@@ -179,7 +185,9 @@ class OnlineQueue:
         held = bool(self.core.views.holders.get(model))
         spec = self.core.model_specs.get(model, {})
         while (
-            pull := self.pulls.take(model, held, lambda view: model in view.held or can_host(spec, view))
+            pull := self.pulls.take(
+                model, held, lambda view: not view.silent and (model in view.held or can_host(spec, view))
+            )
         ) is not None:
             if pull.wake(model):  # else its timeout woke it: it leaves the index and the next one is asked
                 self._claims[model] = pull

@@ -194,6 +194,8 @@ class PullQueue(QueueState, SchedulerPlugin):
         def take() -> PullReply | None:
             if worker not in self.scheduler.workers:
                 return {"items": [], "reason": "unknown worker"}
+            if view.silent:
+                return None
             items = self._lease_next(view, max(1, room))
             if not items and in_hand == 0:
                 items = self._take_back(view)
@@ -223,6 +225,7 @@ class PullQueue(QueueState, SchedulerPlugin):
         """
         lost: list[str] = []
         try:
+            self.spoke(worker)
             lost += [item_id for item_id in started if not self.start_item(worker, item_id)]
             for item_id, result in acks:
                 self.ack(worker, item_id, result)

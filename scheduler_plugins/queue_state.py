@@ -175,6 +175,9 @@ class QueueState:
         """Put back the items whose lease ran out (their worker froze, or died unseen); O(1) when none did."""
         for work in self.leases.expired(time.monotonic()):
             worker = work.worker
+            view = self.views.views.get(worker or "")
+            if view is not None:
+                view.silent = True
             self.unlease(work)
             self.revoke(worker, [work.id])
             work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
@@ -196,7 +199,15 @@ class QueueState:
         if changed:
             self.placement.holder_changed(worker)
             self.view_changed(view)
+        self.spoke(worker)
         return view
+
+    def spoke(self, worker: str) -> None:
+        """A message from `worker` (a pull, its events): if a lease of its had lapsed, it is back."""
+        view = self.views.views.get(worker)
+        if view is not None and view.silent:
+            view.silent = False
+            self.view_changed(view)  # its waiting online pull may take the requests queued meanwhile
 
     def hold(self, view: WorkerView, model: str) -> None:
         """The worker was given `model`'s work: it loads it now, so count it as a holder before
@@ -239,7 +250,9 @@ class QueueState:
             self.online_work_queued(model)
             return
         spec = self.model_specs.get(model, {})
-        self.batch_pulls.wake(model, count, lambda view: model in view.held or can_host(spec, view))
+        self.batch_pulls.wake(
+            model, count, lambda view: not view.silent and (model in view.held or can_host(spec, view))
+        )
 
     def _batch_work_changed(self, model: str) -> None:
         self.placement.model_changed(model)

@@ -27,6 +27,9 @@ class WorkerView:
     budget: int | None = None
     free_bytes: int | None = None
     load_seconds: dict[str, float] = field(default_factory=dict)
+    # A lease of its lapsed and it has not spoken since (frozen, paused): pulls it left waiting take
+    # nothing until a message of its own says it is back; they would hold more work it cannot start.
+    silent: bool = False
 
     @property
     def capability(self) -> tuple[int | None, frozenset[tuple[str, float]]]:

@@ -35,3 +35,23 @@ async def test_a_worker_that_must_load_the_model_gets_the_load_on_top_of_its_fir
 def test_the_grace_is_twice_the_load_the_worker_measured():
     view = WorkerView("w1", load_seconds={"m": 2.0})
     assert load_grace(view, "m") == 5.0 and load_grace(view, "n") == FIRST_LOAD_GRACE_SECONDS
+
+
+async def test_a_worker_whose_lease_lapsed_takes_nothing_more_until_it_speaks_again():
+    async with running_queue(("w1", "w2"), MODELS) as plugin:
+        request, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
+        # w1 freezes, with an online pull it sent before (waiting here) and no renewal after.
+        frozen_pull = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=1.5))
+        await asyncio.sleep(0.45)  # the 0.2 s lease lapses; the lease checker runs every 100 ms
+        assert plugin.views.views["w1"].silent and "lease on w1 expired" in request.errors[0]
+        assert request.worker is None  # requeued, not leased again to the frozen worker's waiting pull
+        reply = await plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=0)
+        assert [m["id"] for m in reply["items"]] == [request.id]
+        assert plugin.online.ack("w2", request.id, {"tokens": 1}, 0.01)
+        assert (await frozen_pull)["items"] == []
+
+        plugin.worker_events("w1", extend=[])  # any message of its own: it is back
+        assert not plugin.views.views["w1"].silent
+        again, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"][0]["id"] == again.id
