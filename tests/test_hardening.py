@@ -8,6 +8,7 @@ scheduler to show a refusal comes before any cluster is reached.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -567,7 +568,11 @@ def test_ctrl_c_exits_130_and_the_rerun_finishes_the_job(cluster, sim_catalog, t
     ids = write_shards(tmp_path / "in", demo_texts[:1600], shards=16, row_group_size=25)
     on_cluster = {"scheduler": client.scheduler.address, "profile": test_profile, "model": "slowish"}
     args = [SHOAL, *embed_args(tmp_path / "in", tmp_path / "out", sim_catalog, **on_cluster)]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # SIGINT as in a terminal, even when the tests run in the background (which starts them with it ignored).
+    interruptible = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    proc = subprocess.Popen(
+        args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible
+    )
     wait_for(  # interrupted mid-job, once a part is written
         lambda: list((tmp_path / "out").glob("part-*.parquet")) or proc.poll() is not None,
         timeout=120,
