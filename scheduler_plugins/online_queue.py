@@ -302,7 +302,7 @@ def load_grace(view: WorkerView, model: str) -> float:
     twice the load this worker measured, else FIRST_LOAD_GRACE_SECONDS.
     """
     measured = view.load_seconds.get(model)
-    return 2 * measured + 1.0 if measured else FIRST_LOAD_GRACE_SECONDS
+    return 2 * measured + 1.0 if measured is not None else FIRST_LOAD_GRACE_SECONDS  # 0.0: a load under 1 ms
 
 
 class RemoteGateway:

@@ -33,8 +33,9 @@ async def test_a_worker_that_must_load_the_model_gets_the_load_on_top_of_its_fir
 
 
 def test_the_grace_is_twice_the_load_the_worker_measured():
-    view = WorkerView("w1", load_seconds={"m": 2.0})
+    view = WorkerView("w1", load_seconds={"m": 2.0, "fast": 0.0})
     assert load_grace(view, "m") == 5.0 and load_grace(view, "n") == FIRST_LOAD_GRACE_SECONDS
+    assert load_grace(view, "fast") == 1.0  # measured, under a millisecond: not the unmeasured 30 s
 
 
 async def test_a_worker_whose_lease_lapsed_takes_nothing_more_until_it_speaks_again():
