@@ -6,14 +6,18 @@ import threading
 import time
 
 import pytest
-import yaml
 from distributed import Client
 
 from configs import load_profile
 from pipeline.cluster import pull_queue, start_local_cluster
 from tests.support.files import read_output, write_profile
 from tests.support.waiting import wait_for
-from tests.support.worker_loss import embed_killing_a_worker, kill_worker
+from tests.support.worker_loss import (
+    embed_killing_a_worker,
+    holder_of_an_online_request,
+    kill_worker,
+    serving_pinned,
+)
 
 pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
 
@@ -84,20 +88,8 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
     model = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 10**6, "batch_fixed_seconds": 0.2}
     # A long pull timeout: a survivor that learned of requeued requests only when its waiting
     # online pull timed out would answer them seconds late.
-    profile = load_profile(str(write_profile(tmp_path, name="kill-burst", lease_seconds=30, pull_timeout_seconds=10)))
-    catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(yaml.safe_dump({"models": {"steady": model}}))
-    pin = ["--shoal-pin", "steady"]  # both workers hold the model before the kill
-    with start_local_cluster(profile, str(catalog), preload_argv=pin) as cluster, Client(cluster) as client:
-        client.wait_for_workers(2)
-        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
-        url = client.sync(
-            pull_queue(client).gateway_start,
-            settings={"port": 0, "request_timeout_seconds": 30},
-            models={"steady": {"name": "steady", **model}},
-        )["url"]
-        with OnlineClient(url, timeout=60) as online:
-            online.encode("steady", ["warm"])
+    fields = {"name": "kill-burst", "lease_seconds": 30, "pull_timeout_seconds": 10}
+    with serving_pinned(tmp_path, model, request_timeout=30, **fields) as (cluster, client, plugin, url):
         # Batch work fills every worker's batch slots, so only its waiting online pull can take
         # the requeued requests (a waiting batch pull would take them too).
         batch = [
@@ -118,18 +110,10 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
 
         with ThreadPoolExecutor(6) as pool:
             answers = [pool.submit(ask, n) for n in range(6)]
-            victim = wait_for(
-                lambda: next(
-                    (w for w, items in plugin.leased_by_worker.items() for i in items if i.startswith("online-")), None
-                ),
-                timeout=60,
-                what="an online request leased to a worker",
-                step=0.005,
-            )
+            victim = holder_of_an_online_request(plugin)
             killed_at = time.monotonic()
             kill_worker(cluster, victim)
             answered_at = [a.result(timeout=60) for a in answers]
         client.sync(pull_queue(client).job_release, job="background")
-        client.sync(pull_queue(client).gateway_stop)
     assert plugin.events["lost"] >= 1
     assert max(answered_at) - killed_at < 2.0, [round(t - killed_at, 2) for t in answered_at]

@@ -6,14 +6,17 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from tests.support.cli import embed_args
 from tests.support.files import write_profile, write_shards
 from tests.support.paths import ROOT, SHOAL
+from tests.support.waiting import wait_for
 
 # A simulated model slow enough (about 0.5 s per 100-row item) for a worker to be killed while a job runs.
 SLOW_SIM = {
@@ -81,3 +84,45 @@ def embed_killing_a_worker(
         kill_busy_worker(cluster, job)
         _, stderr = job.communicate(timeout=300)
         return ids, job.returncode, stderr, plugin.events["lost"]
+
+
+@contextmanager
+def serving_pinned(
+    tmp_path: Path, model: dict[str, Any], request_timeout: float, **profile_fields: Any
+) -> Iterator[tuple[Any, Any, Any, str]]:
+    """A local cluster of two workers that both hold `model` (named "steady", pinned), its gateway serving
+    it, warmed by one request: (cluster, client, plugin, gateway url). The gateway stops on exit."""
+    from distributed import Client
+
+    from configs import load_profile
+    from pipeline.client import OnlineClient
+    from pipeline.cluster import pull_queue, start_local_cluster
+
+    profile = load_profile(str(write_profile(tmp_path, **profile_fields)))
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": {"steady": model}}))
+    pin = ["--shoal-pin", "steady"]  # both workers hold the model before any fault
+    with start_local_cluster(profile, str(catalog), preload_argv=pin) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
+        url = client.sync(
+            pull_queue(client).gateway_start,
+            settings={"port": 0, "request_timeout_seconds": request_timeout},
+            models={"steady": {"name": "steady", **model}},
+        )["url"]
+        with OnlineClient(url, timeout=60) as online:
+            online.encode("steady", ["warm"])
+        yield cluster, client, plugin, url
+        client.sync(pull_queue(client).gateway_stop)
+
+
+def holder_of_an_online_request(plugin: Any) -> str:
+    """The address of a worker holding an online request, once one does (polled every 5 ms)."""
+    return wait_for(
+        lambda: next(
+            (str(w) for w, items in plugin.leased_by_worker.items() for i in items if i.startswith("online-")), ""
+        ),
+        timeout=60,
+        what="an online request leased to a worker",
+        step=0.005,
+    )
