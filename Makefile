@@ -6,7 +6,7 @@ DEMO_OUT ?= out/demo-embeddings
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast lint bench tune bench-tuned bench-runtimes bench-defaults image clean
+.PHONY: typecheck-tree install demo test test-fast lint bench tune bench-tuned bench-runtimes bench-defaults image clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,8 +30,15 @@ test: install
 test-fast: install
 	$(VENV)/bin/pytest -q -m unit
 
+# mypy reads the packages as the wheel lays them out (shoal/pipeline, shoal/workers, …), from links, because
+# it cannot follow the editable install's import hook (pyproject.toml's package-dir).
+typecheck-tree:
+	rm -rf out/typecheck && mkdir -p out/typecheck/shoal
+	ln -s ../../../shoal/__init__.py out/typecheck/shoal/__init__.py
+	for p in pipeline workers scheduler_plugins configs; do ln -s ../../../$$p out/typecheck/shoal/$$p; done
+
 # What CI checks besides the tests: ruff's lint and format, mypy on the library, tests/ and benchmarks/ (pyproject.toml).
-lint: install
+lint: install typecheck-tree
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

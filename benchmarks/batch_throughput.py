@@ -13,7 +13,7 @@ Same corpus, same model, same cores, one run. Measures side by side:
   MALLOC_TRIM_THRESHOLD_=65536 that Dask's nanny gives workers by default,
   which the embedded cluster removes);
 * optionally (``--sweep-budgets``) our worker's compute alone, in this process:
-  ``workers.embedder.SentenceEmbedder`` item by item, for several token budgets,
+  ``shoal.workers.runtimes.embedder.SentenceEmbedder`` item by item, for several token budgets,
   paired with a direct encode of the same item.
 
 Runs are interleaved (direct B0, ours round 1, direct B1.., ours round 2, ...)
@@ -49,10 +49,10 @@ import pyarrow.parquet as pq
 import yaml
 from harness import ROOT, Meter, wait_for_idle
 
-from configs import load_catalog, load_profile
-from pipeline.jobs.embed import EmbedRequest, plan_embed
-from workers.parquet_slices import read_slice, text_column
-from workers.token_batching import padding_fraction, plan_batches
+from shoal.configs import load_catalog, load_profile
+from shoal.pipeline.jobs.embed import EmbedRequest, plan_embed
+from shoal.workers.batching.token_batching import padding_fraction, plan_batches
+from shoal.workers.data.parquet_slices import read_slice, text_column
 
 DEFAULT_INPUT = str(ROOT / "datasets" / "demo" / "*.parquet")
 DEFAULT_JSON = str(harness.result_path("batch_throughput"))
@@ -99,7 +99,7 @@ def write_limited(items: list[dict], text_col: str, limit: int, folder: Path) ->
 
 
 def has_column(shards, name: str) -> bool:
-    from workers.storage import open_fs
+    from shoal.workers.data.storage import open_fs
 
     fs, path = open_fs(shards[0].url, None)
     with fs.open(path, "rb") as f:
@@ -143,9 +143,9 @@ def ours_padding(items: list[dict], item_lengths: list[np.ndarray], budget: int,
 # The CLI with the embedded cluster started as plain Dask would: the nanny's default
 # MALLOC_TRIM_THRESHOLD_ left in place.
 DASK_MALLOC_TRIM_LAUNCHER = (
-    "import sys; import pipeline.cluster as c; "
+    "import sys; import shoal.pipeline.cluster as c; "
     "c.start_local_cluster = lambda p, cat=None, n=None, **k: c._local_cluster(p, cat, n, **k); "
-    "from pipeline.cli import main; sys.argv[0] = 'shoal'; main()"
+    "from shoal.pipeline.cli import main; sys.argv[0] = 'shoal'; main()"
 )
 
 
@@ -287,8 +287,8 @@ def sweep_budgets(
     and round. A config's rows/s uses its best time per item; its ratio vs
     direct is the median of the paired (same item, same round) time ratios.
     """
-    from workers.devices import DevicePlan
-    from workers.embedder import SentenceEmbedder
+    from shoal.workers.devices import DevicePlan
+    from shoal.workers.runtimes.embedder import SentenceEmbedder
 
     plan = DevicePlan("cpu", "cpu", "float32", 10**10)
     texts_by_item = [[t for t in item["texts"] if t is not None] for item in items]

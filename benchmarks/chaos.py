@@ -54,9 +54,9 @@ from distributed import Client
 from harness import ROOT
 from rich.console import Console
 
-from configs import load_catalog, load_profile
-from pipeline.cluster import pull_queue, start_local_cluster
-from pipeline.jobs.embed import EmbedRequest, run_embed
+from shoal.configs import load_catalog, load_profile
+from shoal.pipeline.cluster import pull_queue, start_local_cluster
+from shoal.pipeline.jobs.embed import EmbedRequest, run_embed
 
 DEMO = ROOT / "datasets" / "demo"
 SIM = {

@@ -2,10 +2,10 @@
 """Compact vectors: bytes per vector against retrieval quality, for every --precision and a few --dim.
 
 * data: datasets/pydoc-sections (431 passages, 167 judged queries), BEIR metrics
-  (`pipeline.retrieval.evaluation`, nDCG@10 and recall@10).
+  (`shoal.pipeline.retrieval.evaluation`, nDCG@10 and recall@10).
 * model: all-MiniLM-L6-v2 (catalog `minilm`, 384 dims) through the worker's
   runtime; corpus and queries are stored the way `shoal embed --precision P
-  --dim D` stores them (`workers.vector_precision.compact`, int8/uint8 ranges
+  --dim D` stores them (`shoal.workers.data.vector_precision.compact`, int8/uint8 ranges
   from the corpus, as a job calibrates them on its first item), and scored as
   a vector store would: dot products of the stored values (binary/ubinary
   unpacked to +-1, the same order as Hamming distance).
@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow.parquet as pq
 from harness import ROOT
 
-from configs import load_catalog
-from pipeline.retrieval.evaluation import evaluate
-from workers.vector_precision import PRECISIONS, VectorFormat, compact, ranges_of
+from shoal.configs import load_catalog
+from shoal.pipeline.retrieval.evaluation import evaluate
+from shoal.workers.data.vector_precision import PRECISIONS, VectorFormat, compact, ranges_of
 
 DATA = ROOT / "datasets" / "pydoc-sections"
 DIMS = (None, 256, 128)
@@ -52,8 +52,8 @@ def main() -> int:
     parser.add_argument("--json", default=str(harness.result_path("compact_vectors")))
     args = parser.parse_args()
 
-    from workers.devices import DevicePlan
-    from workers.embedder import SentenceEmbedder
+    from shoal.workers.devices import DevicePlan
+    from shoal.workers.runtimes.embedder import SentenceEmbedder
 
     runtime = SentenceEmbedder(load_catalog().get("minilm"), DevicePlan("cpu", "cpu", "float32", 10**10))
     corpus = pq.read_table(DATA / "corpus.parquet").to_pylist()

@@ -31,12 +31,12 @@ from distributed import Client
 from harness import ROOT  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
 from rich.console import Console
 
-from configs import GatewaySettings, load_catalog, load_profile
-from pipeline.cluster import pull_queue, start_local_cluster
-from pipeline.jobs.embed import EmbedRequest, run_embed
-from pipeline.jobs.engine import model_for
-from pipeline.tuning.probe import OnlineProbe
-from pipeline.tuning.sample import draw_sample
+from shoal.configs import GatewaySettings, load_catalog, load_profile
+from shoal.pipeline.cluster import pull_queue, start_local_cluster
+from shoal.pipeline.jobs.embed import EmbedRequest, run_embed
+from shoal.pipeline.jobs.engine import model_for
+from shoal.pipeline.tuning.probe import OnlineProbe
+from shoal.pipeline.tuning.sample import draw_sample
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

@@ -58,9 +58,9 @@ import pyarrow.parquet as pq
 from harness import ROOT, Meter, markdown_table
 from runtimes import DIRECT_SCRIPT, FASTEMBED_SCRIPT, read_ours, sample_texts
 
-from configs import load_catalog
-from pipeline.jobs.stages import STAGE_PREFIX
-from pipeline.tuning.quality_gate import judge_vectors
+from shoal.configs import load_catalog
+from shoal.pipeline.jobs.stages import STAGE_PREFIX
+from shoal.pipeline.tuning.quality_gate import judge_vectors
 
 DEFAULT_JSON = str(harness.result_path("defaults"))
 NO_FLAGS = "shoal embed (no --profile: auto)"
@@ -182,9 +182,9 @@ def part_demo(rounds: int, scratch: Path) -> dict[str, Any]:
 ONNX_LOAD_SCRIPT = """
 import sys, time
 began = time.perf_counter()
-from configs import RuntimeChoice, load_catalog
-from workers.devices import DevicePlan
-from workers.runtimes import load_runtime
+from shoal.configs import RuntimeChoice, load_catalog
+from shoal.workers.devices import DevicePlan
+from shoal.workers.runtimes import load_runtime
 spec = load_catalog().get("minilm")
 spec = spec.model_copy(update={"runtimes": {"cpu": RuntimeChoice(runtime="onnx", dtype="float32")}})
 runtime = load_runtime(spec, DevicePlan("cpu", "cpu", "float32", 10**10, 2))
@@ -220,13 +220,13 @@ def part_onnx_load(rounds: int, code_before: str | None) -> dict[str, Any]:
     return {name: {"best_load_s": min(x["load_s"] for x in rs), "runs": rs} for name, rs in runs.items()}
 
 
-SHOAL_SCRIPT = "import sys\nfrom pipeline.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n"
+SHOAL_SCRIPT = "import sys\nfrom shoal.pipeline.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n"
 
 
 def part_stages(texts: list[str], rounds: int, scratch: Path, code_before: str, before_cache: str) -> dict[str, Any]:
     """A no-flag `shoal embed --verbose` of `texts`, this tree against an older one in turn: each stage's seconds.
 
-    Both run as the `shoal` script does (a file importing pipeline.cli: worker processes spawned from it
+    Both run as the `shoal` script does (a file importing shoal.pipeline.cli: worker processes spawned from it
     import it again unless told not to). The older tree reads its own verdicts and export from
     `before_cache` (its formats), this one from SHOAL_CACHE_DIR.
     """
@@ -349,10 +349,10 @@ def part_first_use(scratch: Path) -> dict[str, Any]:
 
     Its cache stays SHOAL_CACHE_DIR for the parts after it: their no-flag commands find the verdicts.
     """
-    from configs import load_catalog, load_profile
-    from configs.machine import probe
-    from pipeline.jobs.fingerprints import model_fingerprint
-    from pipeline.tuning.auto_runtime import measure_in_child, verdict_path
+    from shoal.configs import load_catalog, load_profile
+    from shoal.configs.machine import probe
+    from shoal.pipeline.jobs.fingerprints import model_fingerprint
+    from shoal.pipeline.tuning.auto_runtime import measure_in_child, verdict_path
 
     cache = scratch / "first-use-cache"
     shutil.rmtree(cache, ignore_errors=True)

@@ -17,8 +17,8 @@ from pathlib import Path
 import yaml
 from distributed import Client
 
-from configs import load_profile
-from pipeline.cluster import start_local_cluster
+from shoal.configs import load_profile
+from shoal.pipeline.cluster import start_local_cluster
 from tests.support.cli import embed_args, invoke_shoal, run_shoal
 from tests.support.files import write_profile, write_shards
 from tests.support.gateway import SIM

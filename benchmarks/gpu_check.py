@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from configs.machine import probe  # noqa: E402  (torch-free: the refusal imports nothing heavy)
+from shoal.configs.machine import probe  # noqa: E402  (torch-free: the refusal imports nothing heavy)
 
 MODEL = "minilm-shaped"
 SHAPE: dict[str, Any] = {
@@ -117,8 +117,8 @@ def timed(call) -> tuple[Any, float]:
 
 
 def check_auto(catalog_path: Path, figures: dict[str, Any]) -> None:
-    from configs import load_catalog, load_profile
-    from pipeline.tuning.auto_runtime import resolve
+    from shoal.configs import load_catalog, load_profile
+    from shoal.pipeline.tuning.auto_runtime import resolve
 
     profile = load_profile("auto")
     spec = load_catalog(str(catalog_path)).get(MODEL)
@@ -137,10 +137,10 @@ def check_gate_and_speed(catalog_path: Path, figures: dict[str, Any]) -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from configs import RuntimeChoice, load_catalog, load_profile
-    from pipeline.tuning.quality_gate import PrecisionGate
-    from workers.devices import detect_device
-    from workers.runtimes import Scorer, load_runtime
+    from shoal.configs import RuntimeChoice, load_catalog, load_profile
+    from shoal.pipeline.tuning.quality_gate import PrecisionGate
+    from shoal.workers.devices import detect_device
+    from shoal.workers.runtimes import Scorer, load_runtime
 
     profile = load_profile("auto")
     plan = detect_device(profile, {})
@@ -176,10 +176,10 @@ def check_gate_and_speed(catalog_path: Path, figures: dict[str, Any]) -> None:
 def check_packing(catalog_path: Path, figures: dict[str, Any]) -> None:
     import torch
 
-    from configs import load_catalog, load_profile
-    from workers.devices import detect_device
-    from workers.model_pool import ModelPool
-    from workers.runtimes import load_runtime
+    from shoal.configs import load_catalog, load_profile
+    from shoal.workers.devices import detect_device
+    from shoal.workers.model_pool import ModelPool
+    from shoal.workers.runtimes import load_runtime
 
     profile = load_profile("auto")
     plan = detect_device(profile, {})
@@ -205,7 +205,7 @@ def check_packing(catalog_path: Path, figures: dict[str, Any]) -> None:
 
 
 def check_commands(catalog_path: Path, scratch: Path, figures: dict[str, Any]) -> None:
-    shoal = [sys.executable, "-c", "from pipeline.cli import main; main()"]
+    shoal = [sys.executable, "-c", "from shoal.pipeline.cli import main; main()"]
     env = {**os.environ, "SHOAL_CATALOG": str(catalog_path), "SHOAL_PROFILE": ""}
     command = [*shoal, "embed", str(ROOT / "datasets" / "demo"), str(scratch / "embed"), "--model", MODEL]
     done, seconds = timed(
@@ -238,7 +238,7 @@ def check_commands(catalog_path: Path, scratch: Path, figures: dict[str, Any]) -
 
 
 async def burst(url: str, texts: list[str]) -> dict[str, Any]:
-    from pipeline.client import AsyncOnlineClient
+    from shoal.pipeline.client import AsyncOnlineClient
 
     answered, failed = 0, 0
     stop = time.perf_counter() + BURST_SECONDS

@@ -7,7 +7,7 @@ a benchmark imports it before anything of Shoal's.
 
 - ``Meter``: wall time, this process's CPU (its children's included), and what
   the rest of the machine did meanwhile. Built on the tuner's
-  ``pipeline.tuning.meter.MachineMeter``, which owns the reading of
+  ``shoal.pipeline.tuning.meter.MachineMeter``, which owns the reading of
   ``/proc/stat``; the meter adds the per-process view (system time, page
   faults), steal time and the load average.
 - ``ProcessClock``: the CPU of another process (a server, a scheduler) over a
@@ -49,7 +49,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import psutil  # noqa: E402
 
-from pipeline.tuning.meter import MachineMeter, process_tree_cpu_seconds  # noqa: E402
+from shoal.pipeline.tuning.meter import MachineMeter, process_tree_cpu_seconds  # noqa: E402
 
 # -- meters ---------------------------------------------------------------------
 

@@ -32,10 +32,10 @@ import numpy as np
 import pyarrow.parquet as pq
 from harness import ROOT, Meter
 
-from configs import load_catalog
-from pipeline.retrieval.evaluation import evaluate
-from pipeline.retrieval.top_k import Vectors, top_k, top_k_documents
-from workers.chunking import ChunkSettings, token_windows
+from shoal.configs import load_catalog
+from shoal.pipeline.retrieval.evaluation import evaluate
+from shoal.pipeline.retrieval.top_k import Vectors, top_k, top_k_documents
+from shoal.workers.data.chunking import ChunkSettings, token_windows
 
 DATA = ROOT / "datasets" / "pydoc-sections"
 
@@ -71,8 +71,8 @@ def main() -> int:
 
     import torch
 
-    from workers.devices import DevicePlan
-    from workers.embedder import SentenceEmbedder
+    from shoal.workers.devices import DevicePlan
+    from shoal.workers.runtimes.embedder import SentenceEmbedder
 
     torch.set_num_threads(harness.usable_cores())
     spec = load_catalog().get("minilm")

@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 import yaml
 from harness import ROOT, ProcessClock, load_average, markdown_table
 
-from pipeline.cluster import pull_queue
+from shoal.pipeline.cluster import pull_queue
 
 DEFAULT_JSON = str(harness.result_path("online_latency"))
 SIM = {"kind": "sim", "dim": 384, "max_seq_length": 256, "memory_bytes": 1_000_000}

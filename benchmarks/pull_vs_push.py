@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Pull vs push (issue 3): Shoal's pull queue against two baselines, on simulated devices.
 
-SIMULATION: every model is catalog kind ``sim`` (workers/sim_runtime.py). A
+SIMULATION: every model is catalog kind ``sim`` (workers/runtimes/sim_runtime.py). A
 load sleeps the model's ``load_seconds`` and claims ``memory_bytes`` of the
 worker's pool; a token-budget batch sleeps ``batch_fixed_seconds +
 per_token_seconds x padded tokens``. Batch items use the ``sim`` operation
-(workers/sim_operation.py: no storage); online requests use the ``encode``
+(workers/operations/sim_operation.py: no storage); online requests use the ``encode``
 online operation, as the gateway does. Sleeps release the GIL, so 16 workers
 share one process on two cores and only the scheduling differs.
 
@@ -64,16 +64,16 @@ import numpy as np
 from distributed import Client, LocalCluster, get_worker
 from harness import RESULTS, Meter
 
-from configs import GatewaySettings, ModelSpec
-from pipeline.cluster import pull_queue  # noqa: E402
-from scheduler_plugins.online_queue import MAX_ONLINE_BATCH, OnlineQueue
-from scheduler_plugins.protocol import OnlineAck, PullReply
-from scheduler_plugins.pull_queue import PullQueue
-from scheduler_plugins.work_items import BATCH, ONLINE, ItemState, WorkItem
-from scheduler_plugins.worker_views import WorkerView
-from workers import online_operations, sim_operation
-from workers.sim_runtime import CHARS_PER_TOKEN, SimulatedRuntime
-from workers.token_batching import plan_batches
+from shoal.configs import GatewaySettings, ModelSpec
+from shoal.pipeline.cluster import pull_queue  # noqa: E402
+from shoal.scheduler_plugins.online_queue import MAX_ONLINE_BATCH, OnlineQueue
+from shoal.scheduler_plugins.protocol import OnlineAck, PullReply
+from shoal.scheduler_plugins.pull_queue import PullQueue
+from shoal.scheduler_plugins.work_items import BATCH, ONLINE, ItemState, WorkItem
+from shoal.scheduler_plugins.worker_views import WorkerView
+from shoal.workers.batching.token_batching import plan_batches
+from shoal.workers.operations import online_operations, sim_operation
+from shoal.workers.runtimes.sim_runtime import CHARS_PER_TOKEN, SimulatedRuntime
 
 VARIANTS = ("pull", "push", "push1", "dask")
 MAIN_VARIANTS = "pull,push,push1,dask"
@@ -403,7 +403,10 @@ async def _cluster(cfg: Config, variant: str) -> LocalCluster:
     kwargs: dict[str, Any] = {}
     if variant != "dask":
         plugins = [PushScheduler(replicas=replicas(cfg, variant))] if variant.startswith("push") else []
-        kwargs = {"scheduler_kwargs": {"preload": ["scheduler_plugins"], "plugins": plugins}, "preload": ["workers"]}
+        kwargs = {
+            "scheduler_kwargs": {"preload": ["shoal.scheduler_plugins"], "plugins": plugins},
+            "preload": ["shoal.workers"],
+        }
     return await LocalCluster(
         n_workers=cfg.workers,
         threads_per_worker=1,

@@ -47,10 +47,10 @@ import yaml
 from harness import ROOT, Meter, markdown_table
 from online_latency import Connection, Server, post_message, short_queries
 
-from configs import RuntimeChoice, load_catalog, load_profile
-from pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, candidates, judge_vectors
-from pipeline.tuning.runtimes import paired_speedup
-from workers.runtimes import load_runtime
+from shoal.configs import RuntimeChoice, load_catalog, load_profile
+from shoal.pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, candidates, judge_vectors
+from shoal.pipeline.tuning.runtimes import paired_speedup
+from shoal.workers.runtimes import load_runtime
 
 DEFAULT_JSON = str(harness.result_path("runtimes"))
 DEMO = ROOT / "datasets" / "demo"
@@ -83,7 +83,7 @@ def sample_texts(limit: int) -> list[str]:
 
 
 def part_runtimes(texts: list[str], profile_name: str) -> list[dict[str, Any]]:
-    from workers.devices import apply_torch_threads, detect_device
+    from shoal.workers.devices import apply_torch_threads, detect_device
 
     profile = load_profile(profile_name)
     plan = detect_device(profile, {})

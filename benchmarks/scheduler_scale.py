@@ -55,7 +55,7 @@ from pathlib import Path
 import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
 from harness import ProcessClock
 
-from pipeline.tuning.meter import process_tree_cpu_seconds
+from shoal.pipeline.tuning.meter import process_tree_cpu_seconds
 
 # -- (a) the plugin alone ------------------------------------------------------------------
 
@@ -160,8 +160,8 @@ async def plugin_alone(
     CPU is `time.process_time()` (this process, to the nanosecond), not the
     harness's ProcessClock: that counts clock ticks, too coarse for the idle phase.
     """
-    from configs import GatewaySettings
-    from scheduler_plugins.pull_queue import PullQueue
+    from shoal.configs import GatewaySettings
+    from shoal.scheduler_plugins.pull_queue import PullQueue
 
     rng = random.Random(seed)
     names = [f"w{i}" for i in range(workers)]
@@ -260,7 +260,7 @@ async def plugin_alone(
 def part_a(args) -> list[dict]:
     if args.code:
         sys.path.insert(0, str(Path(args.code).resolve()))
-    import scheduler_plugins
+    from shoal import scheduler_plugins
 
     print(f"(a) plugin alone, code from {Path(scheduler_plugins.__file__).parent.parent}", flush=True)
     rows = []
@@ -318,7 +318,7 @@ def code_env(code: str | None, **extra: str) -> dict[str, str]:
 
 
 def start_scheduler(folder: Path, catalog: Path, code: str | None = None) -> tuple[subprocess.Popen, str]:
-    """`dask scheduler --preload scheduler_plugins` on loopback; its address once it is up."""
+    """`dask scheduler --preload shoal.scheduler_plugins` on loopback; its address once it is up."""
     scheduler_file = folder / "scheduler.json"
     scheduler_file.unlink(missing_ok=True)
     env = code_env(code, SHOAL_CATALOG=str(catalog))
@@ -335,7 +335,7 @@ def start_scheduler(folder: Path, catalog: Path, code: str | None = None) -> tup
             "--scheduler-file",
             str(scheduler_file),
             "--preload",
-            "scheduler_plugins",
+            "shoal.scheduler_plugins",
         ],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -354,7 +354,7 @@ WORKERS_SCRIPT = """
 import asyncio, sys
 from distributed import Worker
 async def main(address, count, model):
-    workers = [Worker(address, nthreads=1, host="127.0.0.1", preload=["workers"], preload_argv=["--shoal-pin", model])
+    workers = [Worker(address, nthreads=1, host="127.0.0.1", preload=["shoal.workers"], preload_argv=["--shoal-pin", model])
                for _ in range(count)]
     await asyncio.gather(*workers)
     await asyncio.Event().wait()
@@ -403,7 +403,7 @@ def write_profile(folder: Path) -> Path:
 def part_b(args, folder: Path) -> list[dict]:
     from distributed import Client
 
-    from pipeline.cluster import pull_queue
+    from shoal.pipeline.cluster import pull_queue
 
     catalog, profile = write_catalog(folder), write_profile(folder)
     spec = model_spec(args.batch_model)
@@ -599,7 +599,7 @@ def part_c(args, folder: Path) -> list[dict]:
     flight and text size: requests/s, latency, and CPU per request of every process, net of its idle."""
     from distributed import Client
 
-    from pipeline.cluster import pull_queue
+    from shoal.pipeline.cluster import pull_queue
 
     catalog, profile = write_catalog(folder), write_profile(folder)
     model = args.online_model

@@ -193,7 +193,7 @@ class Profile(BaseModel):
     # the job summary and `shoal serve`'s start line print it.
     reasons: dict[str, str] = Field(default_factory=dict)
     _path: str = PrivateAttr(default="")
-    _machine: Any = PrivateAttr(default=None)  # configs.machine.Machine, for `auto`
+    _machine: Any = PrivateAttr(default=None)  # shoal.configs.machine.Machine, for `auto`
 
     @model_validator(mode="after")
     def _one_worker_in_process(self) -> Profile:

@@ -1,12 +1,12 @@
 #!/bin/sh
 # The image's entry point. `dask scheduler …` and `dask worker …` run with Shoal's preloads added
-# (--preload scheduler_plugins, --preload workers); anything else (`shoal …`) runs as given.
+# (--preload shoal.scheduler_plugins, --preload shoal.workers); anything else (`shoal …`) runs as given.
 # A worker given no address first (the Dask operator passes it in DASK_SCHEDULER_ADDRESS) gets that address put
 # first, where the `--shoal-…` options need it (docs/DEPLOY.md, "Worker options").
 set -eu
 if [ "${1:-}" = dask ] && [ "${2:-}" = scheduler ]; then
     shift 2
-    exec dask scheduler --preload scheduler_plugins "$@"
+    exec dask scheduler --preload shoal.scheduler_plugins "$@"
 fi
 if [ "${1:-}" = dask ] && [ "${2:-}" = worker ]; then
     shift 2
@@ -14,6 +14,6 @@ if [ "${1:-}" = dask ] && [ "${2:-}" = worker ]; then
         -*) address="${DASK_SCHEDULER_ADDRESS:-}" ;;
         *) address="$1"; shift ;;
     esac
-    exec dask worker ${address:+"$address"} --preload workers "$@"
+    exec dask worker ${address:+"$address"} --preload shoal.workers "$@"
 fi
 exec "$@"

@@ -14,9 +14,9 @@ import sys
 import click
 from rich.console import Console
 
-from configs import ConfigError, load_catalog, load_profile
-from configs.prompts import model_prompts
-from pipeline.cli_options import (
+from shoal.configs import ConfigError, load_catalog, load_profile
+from shoal.configs.prompts import model_prompts
+from shoal.pipeline.cli_options import (
     USER_ERRORS,
     cluster_options,
     model_names,
@@ -30,21 +30,21 @@ from pipeline.cli_options import (
     text_column_option,
     user_errors,
 )
-from pipeline.cluster import connect
-from pipeline.jobs.embed import EmbedRequest, check_embed_options, run_embed, run_embed_models
-from pipeline.jobs.engine import model_for, preflight
-from pipeline.jobs.lance_output import LanceTarget
-from pipeline.jobs.lock import LockHeld
-from pipeline.jobs.planner import check_apart, check_output
-from pipeline.jobs.reindex import ReindexJob, job_config, load_job, plan_reindex, run_reindex
-from pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank
-from pipeline.jobs.schedule import check_expression, run_on_schedule
-from pipeline.retrieval.beir import load_beir
-from pipeline.retrieval.evaluation import print_report, run_eval
-from pipeline.retrieval.run import embed_requests, run_pipeline
-from pipeline.retrieval.spec import load_job_spec
-from workers.input_formats import INPUT_FORMATS
-from workers.vector_precision import PRECISIONS, Precision, VectorFormat
+from shoal.pipeline.cluster import connect
+from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, run_embed, run_embed_models
+from shoal.pipeline.jobs.engine import model_for, preflight
+from shoal.pipeline.jobs.lance_output import LanceTarget
+from shoal.pipeline.jobs.lock import LockHeld
+from shoal.pipeline.jobs.planner import check_apart, check_output
+from shoal.pipeline.jobs.reindex import ReindexJob, job_config, load_job, plan_reindex, run_reindex
+from shoal.pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank
+from shoal.pipeline.jobs.schedule import check_expression, run_on_schedule
+from shoal.pipeline.retrieval.beir import load_beir
+from shoal.pipeline.retrieval.evaluation import print_report, run_eval
+from shoal.pipeline.retrieval.run import embed_requests, run_pipeline
+from shoal.pipeline.retrieval.spec import load_job_spec
+from shoal.workers.data.input_formats import INPUT_FORMATS
+from shoal.workers.data.vector_precision import PRECISIONS, Precision, VectorFormat
 
 RESUMABLE = ("embed", "rerank", "run", "reindex", "eval")
 """The commands whose interrupted run keeps its written parts: the same command again resumes it."""

@@ -8,8 +8,8 @@ import sys
 import click
 from rich.console import Console
 
-from configs import load_catalog, load_profile
-from pipeline.cli_options import (
+from shoal.configs import load_catalog, load_profile
+from shoal.pipeline.cli_options import (
     GATEWAY_PROFILE,
     catalog_option,
     json_option,
@@ -20,9 +20,9 @@ from pipeline.cli_options import (
     scheduler_option,
     user_errors,
 )
-from pipeline.cluster import connect
-from pipeline.jobs.reindex import load_job
-from pipeline.status import StatusState, cluster_state, output_state, render_cluster, render_output
+from shoal.pipeline.cluster import connect
+from shoal.pipeline.jobs.reindex import load_job
+from shoal.pipeline.status import StatusState, cluster_state, output_state, render_cluster, render_output
 
 
 @click.command()
@@ -84,7 +84,7 @@ def serve(
     SIGTERM stops accepting, finishes what is in flight, and exits 0. The
     protocol is in docs/PROTOCOL.md.
     """
-    from pipeline.serve import serve as run_serve
+    from shoal.pipeline.serve import serve as run_serve
 
     console = Console(stderr=True, soft_wrap=True)
     profile_config, catalog_config = load_profile(profile), load_catalog(catalog)
@@ -104,7 +104,7 @@ def gateway(scheduler: str, profile: str | None, host: str | None, port: int | N
     scheduler: run several, behind any load balancer, to serve one cluster.
     Waits for the scheduler if it is not up yet; SIGINT or SIGTERM exits 0.
     """
-    from pipeline.gateway_process import gateway as run_gateway
+    from shoal.pipeline.gateway_process import gateway as run_gateway
 
     console = Console(stderr=True, soft_wrap=True)
     sys.exit(run_gateway(load_profile(profile), load_catalog(catalog), scheduler, host, port, console))
@@ -118,7 +118,7 @@ def gateway(scheduler: str, profile: str | None, host: str | None, port: int | N
 @user_errors()
 def list_models(catalog: str | None, catalog_only: bool, as_json: bool, profile: str | None) -> None:
     """List catalog models and cached Hugging Face models with their resolved kind, dim, window, normalize."""
-    from pipeline.model_listing import model_rows, render_models
+    from shoal.pipeline.model_listing import model_rows, render_models
 
     rows = model_rows(load_catalog(catalog), load_profile(profile), include_cache=not catalog_only)
     if as_json:

@@ -22,11 +22,11 @@ import click
 from pydantic import ValidationError
 from rich.console import Console
 
-from configs import ConfigError
-from pipeline.cluster import ClusterError
-from pipeline.jobs.planner import PlanError
-from scheduler_plugins.protocol import StorageOptions
-from workers.chunking import ChunkSettings
+from shoal.configs import ConfigError
+from shoal.pipeline.cluster import ClusterError
+from shoal.pipeline.jobs.planner import PlanError
+from shoal.scheduler_plugins.protocol import StorageOptions
+from shoal.workers.data.chunking import ChunkSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -93,7 +93,7 @@ storage_options_option = click.option(
 
 
 def _start_stages(ctx: click.Context, param: click.Parameter, verbose: bool) -> None:
-    from pipeline.jobs.stages import STAGES
+    from shoal.pipeline.jobs.stages import STAGES
 
     STAGES.start(verbose)
 

@@ -8,13 +8,13 @@ from typing import get_args
 import click
 from rich.console import Console
 
-from configs import RuntimeDType, RuntimeName, load_catalog
-from pipeline.cli_options import catalog_option, model_names, parse_columns, text_column_option, user_errors
-from pipeline.tuning.derived import GPUS
-from pipeline.tuning.derived import derive as derive_gpu
-from pipeline.tuning.profile import profile_path, write_profile
-from pipeline.tuning.tune import DEMO_INPUT, TuneRequest
-from pipeline.tuning.tune import tune as tune_profile
+from shoal.configs import RuntimeDType, RuntimeName, load_catalog
+from shoal.pipeline.cli_options import catalog_option, model_names, parse_columns, text_column_option, user_errors
+from shoal.pipeline.tuning.derived import GPUS
+from shoal.pipeline.tuning.derived import derive as derive_gpu
+from shoal.pipeline.tuning.profile import profile_path, write_profile
+from shoal.pipeline.tuning.tune import DEMO_INPUT, TuneRequest
+from shoal.pipeline.tuning.tune import tune as tune_profile
 
 
 @click.command()
@@ -124,7 +124,7 @@ def check_precision(
     """Gate a runtime/dtype against fp32 torch: cosine mean >= 0.999 and min >= 0.99 (and nDCG@10 within 0.005)
     for embedders, Kendall tau >= 0.99 for rerankers. With --profile, one candidate's verdict is written into it.
     Exit 1 when a single candidate is refused."""
-    from pipeline.tuning.gate_record import gate_candidates, record_verdict, verdict_table
+    from shoal.pipeline.tuning.gate_record import gate_candidates, record_verdict, verdict_table
 
     console = Console(stderr=True, soft_wrap=True)
     with user_errors(ValueError):  # besides USER_ERRORS: a model or sample the gate cannot use

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import msgpack
 import numpy as np
 
-from scheduler_plugins.protocol import ServedModel
+from shoal.scheduler_plugins.protocol import ServedModel
 
 if TYPE_CHECKING:
     import aiohttp

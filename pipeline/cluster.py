@@ -2,7 +2,7 @@
 
 The embedded cluster is the Dask way with Shoal's plugins preloaded, so one
 command works on a laptop and the same code joins a real cluster started
-with ``dask scheduler --preload scheduler_plugins``.
+with ``dask scheduler --preload shoal.scheduler_plugins``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import dask
 from distributed import Client, LocalCluster
 from rich.console import Console
 
-from configs import ConfigError, Profile
-from configs.auto import NAME as AUTO
-from pipeline.jobs.stages import STAGES
-from scheduler_plugins.protocol import NAME as PULL_QUEUE
-from scheduler_plugins.protocol import PullQueueClient
+from shoal.configs import ConfigError, Profile
+from shoal.configs.auto import NAME as AUTO
+from shoal.pipeline.jobs.stages import STAGES
+from shoal.scheduler_plugins.protocol import NAME as PULL_QUEUE
+from shoal.scheduler_plugins.protocol import PullQueueClient
 
 LOOPBACK = "127.0.0.1"  # where everything the embedded cluster starts listens, unless the caller says otherwise
 IN_PROCESS_SWITCH_SECONDS = 0.0005  # the interpreter's thread switch interval with in-process workers
@@ -97,8 +97,8 @@ def event_loop() -> str:
 def _local_cluster(profile: Profile, catalog: str | None, n_workers: int | None, **kwargs) -> LocalCluster:
     common = dict(
         threads_per_worker=1,
-        scheduler_kwargs={"preload": ["scheduler_plugins"]},
-        preload=["workers"],
+        scheduler_kwargs={"preload": ["shoal.scheduler_plugins"]},
+        preload=["shoal.workers"],
         # The dashboard serves /metrics, logs and worker pages without the gateway's token: loopback
         # only, as Dask's scheduler, nanny and worker listeners already are in a LocalCluster.
         dashboard_address=kwargs.pop("dashboard_address", f"{LOOPBACK}:0"),
@@ -162,7 +162,7 @@ def check_runtimes(profile: Profile) -> None:
         return
     from rich.markup import escape
 
-    from workers.runtimes import RuntimeNotInstalled, require_installed
+    from shoal.workers.runtimes import RuntimeNotInstalled, require_installed
 
     for model, choice in profile.runtimes.items():
         try:
@@ -193,7 +193,7 @@ def check_plugin(client: Client) -> None:
     if not client.run_on_scheduler(has_shoal_plugin):
         raise ClusterError(
             f"the scheduler at {client.scheduler.address} has no Shoal plugin; start it "
-            "with `dask scheduler --preload scheduler_plugins`"
+            "with `dask scheduler --preload shoal.scheduler_plugins`"
         )
 
 
@@ -246,8 +246,8 @@ def choose_runtimes(profile: Profile, catalog: str | None, models: Sequence[str]
     """
     if profile.name != AUTO or not models:
         return
-    from configs import load_catalog
-    from pipeline.tuning.auto_runtime import resolve
+    from shoal.configs import load_catalog
+    from shoal.pipeline.tuning.auto_runtime import resolve
 
     specs = load_catalog(catalog)
     for name in dict.fromkeys(models):

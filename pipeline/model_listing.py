@@ -13,12 +13,12 @@ from typing import TypedDict
 from rich.console import Console
 from rich.table import Table
 
-from configs import Catalog, ConfigError, ModelSpec, Profile
-from configs.auto import auto_profile
-from configs.machine import probe
-from configs.model_resolution import cached_models, hub_cache_dir
-from configs.prompts import model_prompts
-from pipeline.tuning.auto_runtime import cached_choice
+from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
+from shoal.configs.auto import auto_profile
+from shoal.configs.machine import probe
+from shoal.configs.model_resolution import cached_models, hub_cache_dir
+from shoal.configs.prompts import model_prompts
+from shoal.pipeline.tuning.auto_runtime import cached_choice
 
 
 class PromptFields(TypedDict, total=False):

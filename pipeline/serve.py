@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from distributed import Client
 from rich.console import Console
 
-from configs import Catalog, ConfigError, Profile
-from pipeline.cluster import check_plugin, connect, contact_address, pull_queue, start_local_cluster
-from pipeline.jobs.engine import choice_lines
-from pipeline.tuning.auto_runtime import resolve as resolve_runtime
+from shoal.configs import Catalog, ConfigError, Profile
+from shoal.pipeline.cluster import check_plugin, connect, contact_address, pull_queue, start_local_cluster
+from shoal.pipeline.jobs.engine import choice_lines
+from shoal.pipeline.tuning.auto_runtime import resolve as resolve_runtime
 
 
 @contextmanager

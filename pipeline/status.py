@@ -16,11 +16,11 @@ from distributed import Client
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.cluster import pull_queue
-from pipeline.jobs.lock import JobLock, LockRecord
-from pipeline.jobs.manifest import Manifest, read_manifest
-from pipeline.jobs.reindex import ReindexJob, VersionedOutput
-from scheduler_plugins.protocol import Overview
+from shoal.pipeline.cluster import pull_queue
+from shoal.pipeline.jobs.lock import JobLock, LockRecord
+from shoal.pipeline.jobs.manifest import Manifest, read_manifest
+from shoal.pipeline.jobs.reindex import ReindexJob, VersionedOutput
+from shoal.scheduler_plugins.protocol import Overview
 
 
 def cluster_state(client: Client, pattern: str | None = None) -> Overview:

@@ -1,4 +1,4 @@
-"""Shoal's scheduler side: load with ``dask scheduler --preload scheduler_plugins``.
+"""Shoal's scheduler side: load with ``dask scheduler --preload shoal.scheduler_plugins``.
 
 Runs inside the Dask scheduler process and never imports torch. With
 ``--shoal-gateway-port PORT`` (or the Dask config ``shoal.gateway.enabled:
@@ -14,7 +14,7 @@ import gc
 import click
 import dask.config
 
-from configs import GatewaySettings, load_catalog, load_profile
+from shoal.configs import GatewaySettings, load_catalog, load_profile
 
 from .protocol import NAME
 

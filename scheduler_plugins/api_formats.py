@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from configs import GatewaySettings
+from shoal.configs import GatewaySettings
 
 from .protocol import EncodePayload, OnlineResult, Precision, ScorePayload, SpecFields
 from .wire import MSGPACK, RequestError

@@ -35,7 +35,7 @@ from aiohttp.http_exceptions import (
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from configs import GatewaySettings
+from shoal.configs import GatewaySettings
 
 from . import api_formats as api
 from .gateway_auth import BearerAuth

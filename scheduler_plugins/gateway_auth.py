@@ -10,7 +10,7 @@ import hmac
 import os
 from pathlib import Path
 
-from configs import ConfigError, GatewaySettings
+from shoal.configs import ConfigError, GatewaySettings
 
 
 class BearerAuth:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from distributed.core import rpc
 
-from configs import GatewaySettings
+from shoal.configs import GatewaySettings
 
 from .protocol import OnlineResult, PullQueueClient, RemoteRequest, RemoteSettings, SpecFields
 from .work_items import unsendable

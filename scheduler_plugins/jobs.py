@@ -6,7 +6,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from configs import LEASE_SECONDS, MAX_ATTEMPTS, UNPLACEABLE_SECONDS
+from shoal.configs import LEASE_SECONDS, MAX_ATTEMPTS, UNPLACEABLE_SECONDS
 
 from .protocol import JobStatus
 from .work_items import ItemState, WorkItem

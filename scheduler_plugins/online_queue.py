@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from configs import GatewaySettings
+from shoal.configs import GatewaySettings
 
 from .online_requests import OnlineFailure, OnlineJob
 from .placement import online_rank

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from configs import GatewaySettings
+from shoal.configs import GatewaySettings
 
 from .work_items import ItemState, WorkItem
 

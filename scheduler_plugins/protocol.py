@@ -53,14 +53,14 @@ GatewayFields = dict[str, Any]  # configs.GatewaySettings.model_dump(), likewise
 
 
 class ChunkFields(TypedDict, total=False):
-    """workers.chunking.ChunkSettings as it travels."""
+    """shoal.workers.data.chunking.ChunkSettings as it travels."""
 
     tokens: Required[int]
     overlap: int
 
 
 class VectorFields(TypedDict, total=False):
-    """workers.vector_precision.VectorFormat as it travels: how vectors are stored."""
+    """shoal.workers.data.vector_precision.VectorFormat as it travels: how vectors are stored."""
 
     precision: Precision
     dim: int

@@ -43,7 +43,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from configs import GatewaySettings
+from shoal.configs import GatewaySettings
 
 from .dashboard import start_dashboard
 from .gateway import Gateway

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from configs import load_catalog, load_profile
-from configs.auto import cpu_layout, gpu_layout
-from configs.machine import NO_BF16_ENV, Gpu, Machine, probe
-from pipeline.tuning import REPO_ROOT
-from pipeline.tuning.auto_runtime import GATE_SAMPLE, choose, gate_texts, judge
+from shoal.configs import load_catalog, load_profile
+from shoal.configs.auto import cpu_layout, gpu_layout
+from shoal.configs.machine import NO_BF16_ENV, Gpu, Machine, probe
+from shoal.pipeline.tuning import REPO_ROOT
+from shoal.pipeline.tuning.auto_runtime import GATE_SAMPLE, choose, gate_texts, judge
 from tests.support.cli import embed_args, invoke_shoal, run_shoal
 from tests.support.files import write_shards
 
@@ -75,7 +75,7 @@ def test_bf16_is_offered_where_the_hardware_computes_it_unless_switched_off():
 @pytest.fixture
 def no_gpu_probe(monkeypatch):
     """probe() without nvidia-smi: a unit test starts no process."""
-    monkeypatch.setattr("configs.machine._gpus", lambda: ())
+    monkeypatch.setattr("shoal.configs.machine._gpus", lambda: ())
 
 
 def test_the_no_bf16_switch_is_read_and_makes_another_kind_of_machine(monkeypatch, no_gpu_probe):
@@ -148,10 +148,10 @@ def test_a_cache_that_cannot_be_written_leaves_auto_by_name(tmp_path, monkeypatc
 
 
 def test_a_failed_measurement_runs_fp32_says_why_and_is_not_retried(tmp_path, monkeypatch, no_gpu_probe):
-    from pipeline.tuning import auto_runtime
+    from shoal.pipeline.tuning import auto_runtime
 
     monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("pipeline.jobs.fingerprints.model_fingerprint", lambda spec: "f" * 64)
+    monkeypatch.setattr("shoal.pipeline.jobs.fingerprints.model_fingerprint", lambda spec: "f" * 64)
     tries = []
 
     def killed(profile, spec, path):  # a measuring process that died before writing anything
@@ -173,7 +173,7 @@ def test_a_failed_measurement_runs_fp32_says_why_and_is_not_retried(tmp_path, mo
 
 
 def test_the_measuring_process_caches_why_it_failed(tmp_path, monkeypatch, no_gpu_probe):
-    from pipeline.tuning import auto_runtime
+    from shoal.pipeline.tuning import auto_runtime
 
     def fails(spec, profile, machine):
         raise FileNotFoundError("no folder datasets/demo")
@@ -231,7 +231,7 @@ def test_the_gate_sample_ships_in_the_package_and_its_judged_set_is_the_reposito
     for name in ("corpus.parquet", "queries.parquet", "qrels.parquet"):
         assert (GATE_SAMPLE / name).read_bytes() == (REPO_ROOT / "datasets" / "pydoc-sections" / name).read_bytes()
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-    assert "gate_sample/*" in pyproject["tool"]["setuptools"]["package-data"]["pipeline.tuning"]
+    assert "gate_sample/*" in pyproject["tool"]["setuptools"]["package-data"]["shoal.pipeline.tuning"]
 
 
 @pytest.mark.integration
@@ -241,7 +241,7 @@ def test_an_installed_shoal_without_datasets_measures_from_its_package_data(tmp_
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO_ROOT / name, source / name)
-    for package in ("configs", "pipeline", "scheduler_plugins", "workers"):
+    for package in ("shoal", "configs", "pipeline", "scheduler_plugins", "workers"):
         shutil.copytree(REPO_ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     site = tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-compile"]
@@ -251,7 +251,7 @@ def test_an_installed_shoal_without_datasets_measures_from_its_package_data(tmp_
     verdicts = tmp_path / "verdicts.json"
     env = {**os.environ, "PYTHONPATH": str(site), "SHOAL_CACHE_DIR": str(tmp_path / "cache"), "SHOAL_PROFILE": ""}
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.tuning.auto_runtime", "auto", str(verdicts)],
+        [sys.executable, "-m", "shoal.pipeline.tuning.auto_runtime", "auto", str(verdicts)],
         input=spec.model_dump_json(),
         capture_output=True,
         text=True,
@@ -264,7 +264,7 @@ def test_an_installed_shoal_without_datasets_measures_from_its_package_data(tmp_
     assert "failed" not in record, record.get("details")
     assert record["texts"] == 64 and record["candidates"][0]["speed_vs_fp32"] == 1.0
     assert f"auto: measured tiny in {record['seconds']:.1f} s" in done.stderr
-    assert not (tmp_path / "datasets").exists() and (site / "pipeline" / "tuning" / "gate_sample").is_dir()
+    assert not (tmp_path / "datasets").exists() and (site / "shoal" / "pipeline" / "tuning" / "gate_sample").is_dir()
 
 
 @pytest.mark.integration

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from shoal.workers.data.chunking import ChunkSettings, token_windows
 from tests.support.cli import embed_args, invoke_shoal, reindex_job
 from tests.support.files import read_output, write_profile
 from tests.support.models import TINY_MAX_SEQ
-from workers.chunking import ChunkSettings, token_windows
 
 TOKENS, OVERLAP = 48, 12
 

@@ -1,6 +1,6 @@
 import pytest
 
-from configs import ConfigError, load_catalog, load_profile
+from shoal.configs import ConfigError, load_catalog, load_profile
 
 
 def test_shipped_catalog_and_profile_load():

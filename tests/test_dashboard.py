@@ -40,8 +40,8 @@ def metric(text: str, name: str, **labels: str) -> float | None:
 @pytest.fixture(scope="module")
 def running_job(cluster, tmp_path_factory, demo_texts, test_profile, tiny_catalog):
     """A job over the demo corpus, running in a thread while the tests look."""
-    from configs import load_catalog, load_profile
-    from pipeline.jobs.embed import EmbedRequest, run_embed
+    from shoal.configs import load_catalog, load_profile
+    from shoal.pipeline.jobs.embed import EmbedRequest, run_embed
 
     local, client = cluster
     folder = tmp_path_factory.mktemp("dashboard")

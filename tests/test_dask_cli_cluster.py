@@ -30,4 +30,4 @@ def test_scheduler_without_plugin_is_refused(tmp_path, tiny_catalog):
         (tmp_path / "a.parquet").write_bytes(b"")
         result = run_shoal(*embed_args(tmp_path / "a.parquet", tmp_path / "out", tiny_catalog, scheduler=address))
         assert result.returncode == 2
-        assert "has no Shoal plugin" in result.stderr and "--preload scheduler_plugins" in result.stderr
+        assert "has no Shoal plugin" in result.stderr and "--preload shoal.scheduler_plugins" in result.stderr

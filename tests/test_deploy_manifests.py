@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from configs import load_profile
-from pipeline.jobs.reindex import load_job
+from shoal.configs import load_profile
+from shoal.pipeline.jobs.reindex import load_job
 from tests.support.paths import ROOT
 
 K8S = ROOT / "deploy" / "k8s"
@@ -200,7 +200,7 @@ def test_entrypoint_gives_the_scheduler_its_preload(tmp_path):
     argv = through_entrypoint(scheduler["args"], tmp_path)
     assert argv[:2] == ["dask", "scheduler"]
     params = dask_scheduler.make_context("scheduler", argv[2:]).params
-    assert params["preload"] == ("scheduler_plugins",)
+    assert params["preload"] == ("shoal.scheduler_plugins",)
     assert params["host"] == "0.0.0.0"
 
 
@@ -208,7 +208,7 @@ def test_entrypoint_gives_the_scheduler_its_preload(tmp_path):
 def test_entrypoint_puts_the_operators_scheduler_address_first_for_the_shoal_options(tmp_path):
     from distributed.cli.dask_worker import main as dask_worker
 
-    from workers import dask_setup
+    from shoal.workers import dask_setup
 
     (worker,) = cluster_pods()["worker"]["containers"]
     address = "tcp://shoal-scheduler.default.svc.cluster.local:8786"  # what the operator sets
@@ -217,7 +217,7 @@ def test_entrypoint_puts_the_operators_scheduler_address_first_for_the_shoal_opt
     )
     params = dask_worker.make_context("worker", argv[2:]).params
     assert params["scheduler"] == address
-    assert params["preload"] == ("workers",)
+    assert params["preload"] == ("shoal.workers",)
     assert params["name"] == "shoal-default-worker-7d4c"
     assert params["resources"] == "GPU=1,VRAM=80e9"
     assert params["nthreads"] == 1
@@ -228,5 +228,5 @@ def test_entrypoint_puts_the_operators_scheduler_address_first_for_the_shoal_opt
 @pytest.mark.integration
 def test_entrypoint_keeps_an_address_given_first_and_runs_other_commands_as_given(tmp_path):
     argv = through_entrypoint(["dask", "worker", "tcp://10.0.0.5:8786", "--nthreads", "1"], tmp_path)
-    assert argv == ["dask", "worker", "tcp://10.0.0.5:8786", "--preload", "workers", "--nthreads", "1"]
+    assert argv == ["dask", "worker", "tcp://10.0.0.5:8786", "--preload", "shoal.workers", "--nthreads", "1"]
     assert through_entrypoint(["dask", "--version"], tmp_path) == ["dask", "--version"]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from configs import Profile
-from workers.devices import plan_device
+from shoal.configs import Profile
+from shoal.workers.devices import plan_device
 
 GB = 10**9
 

@@ -101,8 +101,8 @@ def test_real_minilm_on_embedded_cluster(demo_texts, tmp_path):
 
 def test_embedded_cluster_warms_the_job_model_before_the_job(tiny_catalog, tmp_path):
     """Workers load the job's model as they join, while the client plans; a model that cannot load does not stop them."""
-    from configs import load_profile
-    from pipeline.cluster import connect
+    from shoal.configs import load_profile
+    from shoal.pipeline.cluster import connect
     from tests.support.files import write_profile
 
     profile = load_profile(str(write_profile(tmp_path, name="warm", workers=1)))

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from pipeline.jobs.planner import PlanError
-from pipeline.retrieval.beir import load_beir
-from pipeline.retrieval.evaluation import evaluate, ndcg_at_k, recall_at_k
+from shoal.pipeline.jobs.planner import PlanError
+from shoal.pipeline.retrieval.beir import load_beir
+from shoal.pipeline.retrieval.evaluation import evaluate, ndcg_at_k, recall_at_k
 from tests.support.cli import invoke_shoal, run_shoal, shoal_options
 from tests.support.paths import ROOT
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipeline.client import OnlineClient
+from shoal.pipeline.client import OnlineClient
 from tests.support.worker_loss import holder_of_an_online_request, serving_pinned
 
 pytestmark = pytest.mark.integration  # it starts a cluster (conftest.py, "Two tiers")

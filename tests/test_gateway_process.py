@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.client import OnlineClient, OnlineError
+from shoal.pipeline.client import OnlineClient, OnlineError
 from tests.support.dask_cli import dask_cli_cluster
 from tests.support.gateway import SIM, requests_in_flight
 from tests.support.paths import ROOT, SHOAL

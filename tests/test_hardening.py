@@ -30,9 +30,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from configs import load_catalog
-from pipeline.client import OnlineClient
-from pipeline.cluster import pull_queue
+from shoal.configs import load_catalog
+from shoal.pipeline.client import OnlineClient
+from shoal.pipeline.cluster import pull_queue
 from tests.support.cli import embed_args, invoke_shoal
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.gateway import SIM
@@ -484,10 +484,10 @@ def test_a_glob_matching_nothing_is_refused_before_the_cluster_is_reached(tiny_c
 
 
 def test_a_refused_part_write_is_permanent_and_a_refused_manifest_still_ends_with_a_summary(tmp_path):
-    from pipeline.jobs.engine import BatchJob, _write_manifest
-    from workers.operations import PERMANENT_ERRORS
-    from workers.parquet_slices import write_part
-    from workers.storage import OutputRefused
+    from shoal.pipeline.jobs.engine import BatchJob, _write_manifest
+    from shoal.workers.data.parquet_slices import write_part
+    from shoal.workers.data.storage import OutputRefused
+    from shoal.workers.operations import PERMANENT_ERRORS
 
     with read_only_folder(tmp_path / "ro") as ro:
         with pytest.raises(OutputRefused) as info:
@@ -517,7 +517,7 @@ def test_a_refused_part_write_is_permanent_and_a_refused_manifest_still_ends_wit
 
 
 def test_underscore_and_dot_folders_in_the_input_are_not_input(tmp_path):
-    from pipeline.jobs.planner import PlanError, list_shards
+    from shoal.pipeline.jobs.planner import PlanError, list_shards
 
     for folder in ("", "_staging/", ".cache/", "keep/"):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)

@@ -13,14 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.jobs.planner import PlanError, PlannedItem, list_shards, plan_items, read_footers
-from scheduler_plugins.protocol import EmbedPayload
+from shoal.pipeline.jobs.planner import PlanError, PlannedItem, list_shards, plan_items, read_footers
+from shoal.scheduler_plugins.protocol import EmbedPayload
+from shoal.workers.data.input_formats import INDEX_LINES, read_input
+from shoal.workers.data.parquet_slices import InputError
 from tests.support.cli import embed_args, invoke_shoal, run_shoal
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.s3 import s3_options
 from tests.support.worker_loss import embed_killing_a_worker
-from workers.input_formats import INDEX_LINES, read_input
-from workers.parquet_slices import InputError
 
 
 def write_jsonl(directory: Path, texts: list, shards: int, row_group_size: int = 0, gz: bool = False) -> list[str]:

@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from shoal.workers.data.lance_fragments import lance_storage_options
 from tests.support.cli import embed_args, invoke_shoal, reindex_job
 from tests.support.files import write_profile, write_shards
 from tests.support.paths import ROOT, SHOAL
 from tests.support.s3 import s3_options
 from tests.support.waiting import wait_for
 from tests.support.worker_loss import embed_killing_a_worker
-from workers.lance_fragments import lance_storage_options
 
 lance = pytest.importorskip("lance")
 

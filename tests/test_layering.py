@@ -18,9 +18,9 @@ HEAVY = [
     "torch",
     "sentence_transformers",
     "aiohttp",
-    "workers.worker_plugin",
-    "workers.pull_loop",
-    "scheduler_plugins.pull_queue",
+    "shoal.workers.worker_plugin",
+    "shoal.workers.pull_loop",
+    "shoal.scheduler_plugins.pull_queue",
 ]
 
 
@@ -33,30 +33,32 @@ def imported_after(*modules: str) -> set[str]:
 
 def test_the_modules_every_side_shares_load_neither_plugin_nor_torch():
     shared = [
-        "scheduler_plugins.protocol",
-        "workers.storage",
-        "workers.chunking",
-        "workers.vector_precision",
-        "configs",
+        "shoal.scheduler_plugins.protocol",
+        "shoal.workers.data.storage",
+        "shoal.workers.data.chunking",
+        "shoal.workers.data.vector_precision",
+        "shoal.configs",
     ]
     assert imported_after(*shared) == set()
 
 
 def test_the_client_side_of_a_batch_job_loads_no_plugin():
-    assert imported_after("pipeline.jobs.embed", "pipeline.jobs.rerank", "pipeline.status") <= {"aiohttp"}
+    assert imported_after("shoal.pipeline.jobs.embed", "shoal.pipeline.jobs.rerank", "shoal.pipeline.status") <= {
+        "aiohttp"
+    }
 
 
 def test_the_scheduler_side_never_imports_torch():
-    loaded = imported_after("scheduler_plugins.pull_queue", "scheduler_plugins.gateway")
+    loaded = imported_after("shoal.scheduler_plugins.pull_queue", "shoal.scheduler_plugins.gateway")
     assert "torch" not in loaded and "sentence_transformers" not in loaded
-    assert "scheduler_plugins.pull_queue" in loaded  # the check itself saw the plugin load
+    assert "shoal.scheduler_plugins.pull_queue" in loaded  # the check itself saw the plugin load
 
 
 def test_importing_the_shared_modules_leaves_the_environment_alone():
     """The worker's offline settings are set by its entry point (`workers.dask_setup`), not by an import."""
     code = (
         "import os, json\nbefore = dict(os.environ)\n"
-        "import workers, workers.storage, workers.chunking, configs, scheduler_plugins.protocol\n"
+        "import workers, shoal.workers.data.storage, shoal.workers.data.chunking, configs, shoal.scheduler_plugins.protocol\n"
         "print(json.dumps(sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k))))"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM")}

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from configs import ModelSpec
+from shoal.configs import ModelSpec
+from shoal.workers.model_pool import ModelPool, ModelTooLarge
 from tests.support.waiting import async_wait_for
-from workers.model_pool import ModelPool, ModelTooLarge
 
 
 def spec(name: str, size: int) -> ModelSpec:

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from configs import ConfigError, load_catalog
-from configs.model_resolution import ModelFiles
+from shoal.configs import ConfigError, load_catalog
+from shoal.configs.model_resolution import ModelFiles
 from tests.support.cli import invoke_shoal
 from tests.support.files import read_output, write_shards
 
@@ -54,8 +54,8 @@ def hub_cache(tmp_path_factory, tiny_model):
 def cluster(hub_cache, test_profile, tiny_catalog):
     from distributed import Client
 
-    from configs import load_profile
-    from pipeline.cluster import start_local_cluster
+    from shoal.configs import load_profile
+    from shoal.pipeline.cluster import start_local_cluster
 
     with start_local_cluster(load_profile(str(test_profile)), str(tiny_catalog)) as local, Client(local) as client:
         client.wait_for_workers(2)
@@ -178,8 +178,8 @@ def test_a_catalog_entry_states_only_what_it_overrides(hub_cache, tiny_model, tm
 
 
 def test_a_cached_hub_id_is_served_online_under_its_id(cluster, hub_cache, tiny_model):
-    from pipeline.client import OnlineClient
-    from pipeline.cluster import pull_queue
+    from shoal.pipeline.client import OnlineClient
+    from shoal.pipeline.cluster import pull_queue
 
     _, client = cluster
     spec = load_catalog().get(REPO_ID)

@@ -14,9 +14,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from configs import load_catalog
-from pipeline.client import AsyncOnlineClient, OnlineClient, OnlineError
-from pipeline.cluster import pull_queue
+from shoal.configs import load_catalog
+from shoal.pipeline.client import AsyncOnlineClient, OnlineClient, OnlineError
+from shoal.pipeline.cluster import pull_queue
 from tests.support.cli import embed_args, run_shoal
 from tests.support.files import read_output, write_shards
 

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from configs import GatewaySettings
-from scheduler_plugins.online_queue import FIRST_LOAD_GRACE_SECONDS, load_grace
-from scheduler_plugins.worker_views import WorkerView
+from shoal.configs import GatewaySettings
+from shoal.scheduler_plugins.online_queue import FIRST_LOAD_GRACE_SECONDS, load_grace
+from shoal.scheduler_plugins.worker_views import WorkerView
 from tests.support.fake_scheduler import running_queue
 
 SETTINGS = GatewaySettings(request_timeout_seconds=30, online_lease_seconds=0.2)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.client import OnlineClient, OnlineError
+from shoal.pipeline.client import OnlineClient, OnlineError
 from tests.support.cli import embed_args
 from tests.support.dask_cli import dask_cli_cluster
 from tests.support.files import read_output, write_profile, write_shards

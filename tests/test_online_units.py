@@ -15,20 +15,20 @@ import msgpack
 import numpy as np
 import pytest
 
-from configs import GatewaySettings, ModelSpec
-from scheduler_plugins import api_formats as api
-from scheduler_plugins.gateway_auth import BearerAuth
-from scheduler_plugins.online_requests import OnlineFailure
-from scheduler_plugins.pull_queue import PullQueue
-from scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
+from shoal.configs import GatewaySettings, ModelSpec
+from shoal.scheduler_plugins import api_formats as api
+from shoal.scheduler_plugins.gateway_auth import BearerAuth
+from shoal.scheduler_plugins.online_requests import OnlineFailure
+from shoal.scheduler_plugins.pull_queue import PullQueue
+from shoal.scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
+from shoal.workers.batching.device_thread import DeviceThread
+from shoal.workers.batching.online_groups import OnlineGroups
+from shoal.workers.model_pool import ModelPool
+from shoal.workers.operations import online_operations
+from shoal.workers.runtimes.sim_runtime import SimulatedRuntime
+from shoal.workers.scheduler_stream import SchedulerStream
 from tests.support.fake_scheduler import RecordingStream, running_queue
 from tests.support.waiting import async_wait_for, wait_for
-from workers import online_operations
-from workers.device_thread import DeviceThread
-from workers.model_pool import ModelPool
-from workers.online_groups import OnlineGroups
-from workers.scheduler_stream import SchedulerStream
-from workers.sim_runtime import SimulatedRuntime
 
 LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
 SETTINGS = GatewaySettings(request_timeout_seconds=5, max_attempts=2, online_lease_seconds=5)  # nobody renews here

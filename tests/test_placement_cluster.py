@@ -60,9 +60,9 @@ def start(profile_path, catalog, workers: dict[str, dict]) -> SpecCluster:
 
     os.environ["SHOAL_PROFILE"] = str(profile_path)
     os.environ["SHOAL_CATALOG"] = str(catalog)
-    scheduler = {"cls": Scheduler, "options": {"preload": ["scheduler_plugins"], "dashboard_address": ":0"}}
+    scheduler = {"cls": Scheduler, "options": {"preload": ["shoal.scheduler_plugins"], "dashboard_address": ":0"}}
     spec = {
-        name: {"cls": Worker, "options": {"nthreads": 1, "preload": ["workers"], "resources": resources}}
+        name: {"cls": Worker, "options": {"nthreads": 1, "preload": ["shoal.workers"], "resources": resources}}
         for name, resources in workers.items()
     }
     return SpecCluster(scheduler=scheduler, workers=spec)

@@ -2,7 +2,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.jobs.planner import PlanError, list_shards, part_name, plan_items, read_footers, slices
+from shoal.pipeline.jobs.planner import PlanError, list_shards, part_name, plan_items, read_footers, slices
 
 
 def test_slices_group_row_groups_and_split_large_ones():

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from configs import RuntimeChoice, load_catalog, load_profile
-from pipeline.tuning.quality_gate import PrecisionGate, judge_retrieval, judge_scores, judge_vectors
-from workers.devices import DevicePlan
+from shoal.configs import RuntimeChoice, load_catalog, load_profile
+from shoal.pipeline.tuning.quality_gate import PrecisionGate, judge_retrieval, judge_scores, judge_vectors
+from shoal.workers.devices import DevicePlan
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 PLAN = DevicePlan("cpu", "cpu", "float32", 10**9, 2)

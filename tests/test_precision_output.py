@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from shoal.workers.data.vector_precision import PRECISIONS
 from tests.support.cli import embed_args, invoke_shoal, reindex_job
 from tests.support.files import read_output, write_shards
-from workers.vector_precision import PRECISIONS
 
 
 def embeddings(directory, ids: list[str]) -> np.ndarray:

@@ -18,22 +18,22 @@ import pytest
 import yaml
 from rich.console import Console
 
-from configs import ConfigError, GatewaySettings, ModelSpec, load_catalog
-from configs.prompts import ModelPrompts, PromptError, model_prompts
-from pipeline.jobs.embed import EmbedRequest, check_embed_options, embed_job, with_prompt
-from pipeline.jobs.resume import job_params
-from pipeline.model_listing import render_models
-from pipeline.retrieval.run import embed_requests
-from pipeline.retrieval.spec import JobSpec
-from scheduler_plugins import api_formats
-from scheduler_plugins.wire import RequestError
+from shoal.configs import ConfigError, GatewaySettings, ModelSpec, load_catalog
+from shoal.configs.prompts import ModelPrompts, PromptError, model_prompts
+from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, embed_job, with_prompt
+from shoal.pipeline.jobs.resume import job_params
+from shoal.pipeline.model_listing import render_models
+from shoal.pipeline.retrieval.run import embed_requests
+from shoal.pipeline.retrieval.spec import JobSpec
+from shoal.scheduler_plugins import api_formats
+from shoal.scheduler_plugins.wire import RequestError
+from shoal.workers.data.chunking import ChunkSettings
+from shoal.workers.operations import embed_operation, online_operations
+from shoal.workers.operations.embed_operation import EmbedInput
+from shoal.workers.runtimes.sim_runtime import SimulatedRuntime
 from tests.support.cli import invoke_shoal, shoal_options
 from tests.support.files import read_output, write_profile
 from tests.support.models import TINY_DIM, TINY_MAX_SEQ, TINY_PROMPTS, build_tiny_embedder
-from workers import embed_operation, online_operations
-from workers.chunking import ChunkSettings
-from workers.embed_operation import EmbedInput
-from workers.sim_runtime import SimulatedRuntime
 
 # Short, non-ASCII, and one past the window once the prompt is in: the prompt's tokens cut the text, not it.
 TEXTS = [
@@ -231,8 +231,8 @@ def test_models_lists_each_model_s_prompts_from_its_files_by_catalog_name_or_pat
 def test_every_runtime_gives_encode_vectors_and_token_counts_with_each_prompt(prompted, name):
     from sentence_transformers import SentenceTransformer
 
-    from workers.devices import DevicePlan
-    from workers.runtimes import load_runtime
+    from shoal.workers.devices import DevicePlan
+    from shoal.workers.runtimes import load_runtime
 
     model, catalog = prompted
     runtime = load_runtime(load_catalog(catalog).get(name), DevicePlan("cpu", "cpu", "float32", 10**9, 1))
@@ -266,8 +266,8 @@ def test_every_runtime_gives_encode_vectors_and_token_counts_with_each_prompt(pr
 def prompt_cluster(prompted, tmp_path_factory):
     from distributed import Client
 
-    from configs import load_profile
-    from pipeline.cluster import start_local_cluster
+    from shoal.configs import load_profile
+    from shoal.pipeline.cluster import start_local_cluster
 
     _, catalog = prompted
     profile = load_profile(str(write_profile(tmp_path_factory.mktemp("profile"), name="prompts", workers=1)))
@@ -327,8 +327,8 @@ def test_online_requests_equal_encode_with_their_prompt_on_every_runtime(prompte
     import http.client
     from urllib.parse import urlsplit
 
-    from pipeline.client import OnlineClient, OnlineError
-    from pipeline.cluster import pull_queue
+    from shoal.pipeline.client import OnlineClient, OnlineError
+    from shoal.pipeline.cluster import pull_queue
 
     model, catalog = prompted
     models = {n: s.model_dump() for n, s in load_catalog(catalog).models.items()}

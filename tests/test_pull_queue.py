@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from scheduler_plugins.protocol import EVENTS
-from scheduler_plugins.pull_queue import PullQueue
-from scheduler_plugins.work_items import ONLINE
+from shoal.scheduler_plugins.protocol import EVENTS
+from shoal.scheduler_plugins.pull_queue import PullQueue
+from shoal.scheduler_plugins.work_items import ONLINE
 from tests.support.fake_scheduler import running_queue, worker_state
 from tests.support.waiting import async_wait_for
 

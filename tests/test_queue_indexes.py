@@ -11,10 +11,10 @@ from contextlib import AbstractAsyncContextManager
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from configs import GatewaySettings
-from scheduler_plugins.pull_queue import PullQueue
-from scheduler_plugins.work_items import BATCH, ONLINE, ItemState
-from scheduler_plugins.worker_views import can_host
+from shoal.configs import GatewaySettings
+from shoal.scheduler_plugins.pull_queue import PullQueue
+from shoal.scheduler_plugins.work_items import BATCH, ONLINE, ItemState
+from shoal.scheduler_plugins.worker_views import can_host
 from tests.support.fake_scheduler import running_queue, worker_state
 
 SETTINGS = GatewaySettings(request_timeout_seconds=30, max_attempts=2)

@@ -15,9 +15,9 @@ import s3fs
 import yaml
 from rich.console import Console
 
-from pipeline.jobs.lock import JobLock, LockHeld
-from pipeline.jobs.reindex import load_job, run_reindex
-from pipeline.jobs.schedule import run_on_schedule
+from shoal.pipeline.jobs.lock import JobLock, LockHeld
+from shoal.pipeline.jobs.reindex import load_job, run_reindex
+from shoal.pipeline.jobs.schedule import run_on_schedule
 from tests.support.cli import invoke_shoal, reindex_job, run_shoal
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.s3 import s3_options

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from configs import ModelSpec
+from shoal.configs import ModelSpec
+from shoal.workers.devices import DevicePlan
 from tests.support.cli import invoke_shoal, shoal_options
 from tests.support.files import read_output
-from workers.devices import DevicePlan
 
 TOLERANCE = 1e-4
 
@@ -49,7 +49,7 @@ def assert_same_order(ranked: list, scores: np.ndarray) -> None:
 
 
 def test_scorer_batches_by_tokens_and_equals_direct(tiny_reranker, direct, demo_texts):
-    from workers.cross_encoder import CrossEncoderScorer
+    from shoal.workers.runtimes.cross_encoder import CrossEncoderScorer
 
     scorer = CrossEncoderScorer(tiny_spec(tiny_reranker, budget=600), DevicePlan("cpu", "cpu", "float32", 10**9))
     queries = [demo_texts[i][:80] for i in range(0, 300, 3)]

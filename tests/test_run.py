@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from configs import ConfigError
-from pipeline.retrieval.spec import load_job_spec
-from pipeline.retrieval.top_k import top_k
+from shoal.configs import ConfigError
+from shoal.pipeline.retrieval.spec import load_job_spec
+from shoal.pipeline.retrieval.top_k import top_k
 from tests.support.cli import invoke_shoal
 
 TOLERANCE = 1e-4

@@ -18,13 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from configs import ModelSpec, Profile, RuntimeChoice, load_catalog
-from pipeline.tuning.quality_gate import judge_scores, judge_vectors
-from workers import onnx_cache
-from workers.chunking import ChunkSettings, token_windows
-from workers.devices import DevicePlan
-from workers.runtimes import RuntimeNotInstalled, load_runtime
-from workers.token_counts import count_tokens
+from shoal.configs import ModelSpec, Profile, RuntimeChoice, load_catalog
+from shoal.pipeline.tuning.quality_gate import judge_scores, judge_vectors
+from shoal.workers.data.chunking import ChunkSettings, token_windows
+from shoal.workers.devices import DevicePlan
+from shoal.workers.runtimes import RuntimeNotInstalled, load_runtime, onnx_cache
+from shoal.workers.runtimes.token_counts import count_tokens
 
 PLAN = DevicePlan("cpu", "cpu", "float32", 10**9, 2)
 
@@ -99,9 +98,9 @@ def test_cross_encoder_on_every_runtime_is_judged_by_score_order(
 NO_TORCH_WORKER = """
 import json, sys
 import numpy as np
-from configs import ModelSpec
-from workers.devices import DevicePlan
-from workers.runtimes import load_runtime
+from shoal.configs import ModelSpec
+from shoal.workers.devices import DevicePlan
+from shoal.workers.runtimes import load_runtime
 request = json.loads(sys.stdin.read())
 runtime = load_runtime(ModelSpec.model_validate(request["spec"]), DevicePlan("cpu", "cpu", "float32", 10**9, 2))
 np.save(request["out"], runtime.embed(request["texts"])[0])
@@ -190,7 +189,7 @@ def test_profile_choice_reaches_the_spec_and_bad_pairs_are_refused():
 
 
 def test_without_a_choice_gpu_workers_keep_half_precision_torch():
-    from workers.runtimes import choice_for
+    from shoal.workers.runtimes import choice_for
 
     spec = load_catalog().get("minilm")
     assert choice_for(spec, DevicePlan("cuda:0", "cuda", "float16", 10**9)) == ("torch", "float16")

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-from scheduler_plugins.protocol import EVENTS
-from workers.scheduler_stream import SchedulerStream
+from shoal.scheduler_plugins.protocol import EVENTS
+from shoal.workers.scheduler_stream import SchedulerStream
 
 
 @contextmanager

@@ -42,7 +42,7 @@ def sim_catalog(tmp_path):
 
 def _model_options() -> list[tuple[str, str, int]]:
     """(command, option, its required arguments) for every option of every command that names models."""
-    from pipeline.cli import main
+    from shoal.pipeline.cli import main
 
     found = []
     for name, command in sorted(main.commands.items()):
@@ -110,7 +110,7 @@ def test_output_and_input_that_overlap_are_refused_before_anything_is_written(
 
 
 def test_output_beside_input_and_a_file_beside_its_parts_pass_the_preflight(tmp_path):
-    from pipeline.jobs.engine import preflight
+    from shoal.pipeline.jobs.engine import preflight
 
     write_shards(tmp_path / "data", ["a", "b"], shards=1, row_group_size=2)
     for source, output in (("data", "data-vectors"), ("data/shard-000.parquet", "data"), ("data", "database")):
@@ -174,7 +174,7 @@ class Served:
     unhandled error (a task's exception never retrieved) is kept in `loop_errors`."""
 
     def __init__(self) -> None:
-        from scheduler_plugins.pull_queue import PullQueue
+        from shoal.scheduler_plugins.pull_queue import PullQueue
 
         self.loop = asyncio.new_event_loop()
         self.loop_errors: list[str] = []

@@ -6,10 +6,10 @@ import json
 
 import yaml
 
-from configs import load_catalog, load_profile
-from pipeline.cluster import pull_queue
-from pipeline.jobs.embed import EmbedRequest, embed_job
-from pipeline.jobs.engine import model_for, plan_job
+from shoal.configs import load_catalog, load_profile
+from shoal.pipeline.cluster import pull_queue
+from shoal.pipeline.jobs.embed import EmbedRequest, embed_job
+from shoal.pipeline.jobs.engine import model_for, plan_job
 from tests.support.cli import invoke_shoal
 from tests.support.files import write_shards
 from tests.support.waiting import wait_for

@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.token_batching import padding_fraction, plan_batches
+from shoal.workers.batching.token_batching import padding_fraction, plan_batches
 
 
 @given(

@@ -7,9 +7,9 @@ import time
 import pytest
 import yaml
 
-from configs import ConfigError, load_catalog, load_profile
-from pipeline.tuning.derived import GPUS, derive
-from pipeline.tuning.profile import write_profile
+from shoal.configs import ConfigError, load_catalog, load_profile
+from shoal.pipeline.tuning.derived import GPUS, derive
+from shoal.pipeline.tuning.profile import write_profile
 from tests.support.cli import run_shoal
 
 
@@ -101,7 +101,7 @@ def test_profile_tuned_applies_budget_and_batch_cap():
 def test_every_command_takes_a_profile():
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from shoal.pipeline.cli import main
 
     for name, command in main.commands.items():
         assert any("--profile" in param.opts for param in command.params), name

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from pipeline.tuning.search import CoordinateSearch, Dimension, Outcome, beats
+from shoal.pipeline.tuning.search import CoordinateSearch, Dimension, Outcome, beats
 
 BUDGETS = Dimension("budget", (1024, 2048, 4096, 8192, 16384, 32768))
 BATCH = Dimension("batch", (16, 32, 64, 128, 256))

@@ -8,8 +8,8 @@ import time
 import pytest
 from distributed import Client
 
-from configs import load_profile
-from pipeline.cluster import pull_queue, start_local_cluster
+from shoal.configs import load_profile
+from shoal.pipeline.cluster import pull_queue, start_local_cluster
 from tests.support.files import read_output, write_profile
 from tests.support.waiting import wait_for
 from tests.support.worker_loss import (
@@ -35,9 +35,9 @@ def test_online_request_of_a_killed_worker_is_answered_by_another(tmp_path):
     """kill -9 of the worker computing a request: the gateway's caller still gets the right answer."""
     import numpy as np
 
-    from configs import ModelSpec
-    from pipeline.client import OnlineClient
-    from workers.sim_runtime import SimulatedRuntime
+    from shoal.configs import ModelSpec
+    from shoal.pipeline.client import OnlineClient
+    from shoal.workers.runtimes.sim_runtime import SimulatedRuntime
 
     slow = {
         "name": "slow-online",
@@ -83,7 +83,7 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
     them at once (its waiting online pull is woken by the requeue), not at its next pull timeout."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.client import OnlineClient
+    from shoal.pipeline.client import OnlineClient
 
     model = {"kind": "sim", "dim": 8, "max_seq_length": 64, "memory_bytes": 10**6, "batch_fixed_seconds": 0.2}
     # A long pull timeout: a survivor that learned of requeued requests only when its waiting

@@ -1,11 +1,11 @@
-"""Shoal's worker side: load with ``dask worker tcp://… --preload workers``.
+"""Shoal's worker side: load with ``dask worker tcp://… --preload shoal.workers``.
 
 Adds the ShoalWorker plugin, whose pull loop takes work items from the
 scheduler plugin's queues and runs them on models loaded here. Importing
 this package loads nothing else and changes nothing: the worker's
 environment (offline hub) is set and the plugin and its operations are
 imported when Dask calls `dask_setup`, so the client can use
-`workers.storage`, `workers.chunking` and the like without torch, the pull
+`shoal.workers.data.storage`, `shoal.workers.data.chunking` and the like without torch, the pull
 loop or a changed environment.
 """
 
@@ -40,7 +40,7 @@ async def dask_setup(
 ) -> None:
     for name, value in WORKER_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    from workers.worker_plugin import ShoalWorker
+    from shoal.workers.worker_plugin import ShoalWorker
 
     plugin = ShoalWorker(profile=shoal_profile, pinned=shoal_pin, warm=shoal_warm, catalog=shoal_catalog)
     await worker.plugin_add(plugin, name=ShoalWorker.name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from configs import Profile
+from shoal.configs import Profile
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from configs import ModelSpec
+from shoal.configs import ModelSpec
 
 logger = logging.getLogger("shoal.worker.pool")
 

@@ -22,12 +22,12 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from configs import ModelSpec, Profile
-from scheduler_plugins.protocol import REVOKE, ItemMessage, PullQueueClient, PullReply, SpecFields, WorkerReport
+from shoal.configs import ModelSpec, Profile
+from shoal.scheduler_plugins.protocol import REVOKE, ItemMessage, PullQueueClient, PullReply, SpecFields, WorkerReport
 
-from .device_thread import DeviceThread
+from .batching.device_thread import DeviceThread
+from .batching.online_groups import OnlineGroups
 from .model_pool import ModelPool
-from .online_groups import OnlineGroups
 from .operations import ONLINE_OPERATIONS, OPERATIONS, PERMANENT_ERRORS
 from .scheduler_stream import SchedulerStream
 

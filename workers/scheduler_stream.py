@@ -23,7 +23,7 @@ import logging
 import time
 from typing import Any
 
-from scheduler_plugins.protocol import EVENTS, ItemResult, OnlineAck, WorkerEvents
+from shoal.scheduler_plugins.protocol import EVENTS, ItemResult, OnlineAck, WorkerEvents
 
 logger = logging.getLogger("shoal.worker")
 

@@ -14,9 +14,9 @@ from functools import partial
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from configs import Catalog, Profile, load_catalog, load_profile
+from shoal.configs import Catalog, Profile, load_catalog, load_profile
 
-from .device_thread import DeviceThread
+from .batching.device_thread import DeviceThread
 from .devices import detect_device
 from .model_pool import ModelPool
 from .pull_loop import PullLoop

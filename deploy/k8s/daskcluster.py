@@ -2,7 +2,7 @@
 
 The operator's own `make_cluster_spec` lays out the resource (scheduler Service, ports, the scheduler's
 /health probes, DASK_WORKER_NAME); Shoal changes what runs in it. The image's entry point adds the preloads
-(`--preload scheduler_plugins`, `--preload workers`) and puts the operator's DASK_SCHEDULER_ADDRESS first in
+(`--preload shoal.scheduler_plugins`, `--preload shoal.workers`) and puts the operator's DASK_SCHEDULER_ADDRESS first in
 the worker's command line, so the `--shoal-…` options work. Workers are GPU pods: one `nvidia.com/gpu` each,
 the h100 profile's eight worker processes on it, each with the Dask resources GPU=1 and the device's memory.
 

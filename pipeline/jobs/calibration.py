@@ -19,10 +19,10 @@ from collections.abc import Callable
 
 import pyarrow.parquet as pq
 
-from pipeline.jobs.planner import PlanError, PlannedItem
-from scheduler_plugins.protocol import JobStatus, StorageOptions
-from workers.storage import atomic_write, open_fs
-from workers.vector_precision import VectorFormat, ranges_of
+from shoal.pipeline.jobs.planner import PlanError, PlannedItem
+from shoal.scheduler_plugins.protocol import JobStatus, StorageOptions
+from shoal.workers.data.storage import atomic_write, open_fs
+from shoal.workers.data.vector_precision import VectorFormat, ranges_of
 
 CALIBRATION_NAME = "_calibration.json"
 SAMPLE_NAME = "_calibration-sample.parquet"

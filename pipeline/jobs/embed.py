@@ -1,7 +1,7 @@
 """Batch embed jobs: Parquet text in, one vector per row (or per chunk) out.
 
 An `EmbedRequest` becomes a `BatchJob` of the `embed` operation (run by
-workers/embed_operation.py); the engine plans, submits, follows and writes
+workers/operations/embed_operation.py); the engine plans, submits, follows and writes
 the manifest. Several models over one input share the cluster at once.
 """
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass, field, replace
 from distributed import Client
 from rich.console import Console
 
-from configs import Catalog, ConfigError, ModelSpec, Profile
-from configs.prompts import model_prompts
-from pipeline.jobs.engine import BatchJob, JobOutcome, model_for, output_folder, plan_job, run_job
-from pipeline.jobs.planner import Plan
-from scheduler_plugins.protocol import StorageOptions
-from workers.chunking import ChunkSettings
-from workers.vector_precision import VectorFormat
+from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
+from shoal.configs.prompts import model_prompts
+from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, output_folder, plan_job, run_job
+from shoal.pipeline.jobs.planner import Plan
+from shoal.scheduler_plugins.protocol import StorageOptions
+from shoal.workers.data.chunking import ChunkSettings
+from shoal.workers.data.vector_precision import VectorFormat
 
 
 @dataclass
@@ -35,7 +35,7 @@ class EmbedRequest:
     chunk: ChunkSettings | None = None  # split long texts into token windows
     vectors: VectorFormat = field(default_factory=VectorFormat)  # stored precision and dimension
     lance: str | None = None  # a Lance dataset URI: rows go there, `output` holds the markers (lance_output)
-    input_format: str | None = None  # parquet, jsonl or csv; None: by each file's name (workers/input_formats.py)
+    input_format: str | None = None  # parquet, jsonl or csv; None: by each file's name (workers/data/input_formats.py)
     prompt_name: str | None = None  # one of the model's prompts before every text (configs/prompts.py)
     prompt: str | None = None  # or the prompt text itself; neither: the model's default prompt
 

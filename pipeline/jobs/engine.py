@@ -18,15 +18,15 @@ from typing import cast
 from distributed import Client
 from rich.console import Console
 
-from configs import Catalog, ConfigError, ModelSpec, Profile
-from configs.auto import LAYOUT
-from configs.auto import NAME as AUTO
-from pipeline.cluster import ClusterError, pull_queue
-from pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
-from pipeline.jobs.fingerprints import model_fingerprint
-from pipeline.jobs.follower import follow, summarize
-from pipeline.jobs.lance_output import commit_parts
-from pipeline.jobs.manifest import (
+from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
+from shoal.configs.auto import LAYOUT
+from shoal.configs.auto import NAME as AUTO
+from shoal.pipeline.cluster import ClusterError, pull_queue
+from shoal.pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
+from shoal.pipeline.jobs.fingerprints import model_fingerprint
+from shoal.pipeline.jobs.follower import follow, summarize
+from shoal.pipeline.jobs.lance_output import commit_parts
+from shoal.pipeline.jobs.manifest import (
     Columns,
     LanceRecord,
     Manifest,
@@ -35,10 +35,18 @@ from pipeline.jobs.manifest import (
     remove_manifest,
     write_manifest,
 )
-from pipeline.jobs.planner import Plan, PlannedItem, check_columns, check_output, list_shards, plan_items, read_footers
-from pipeline.jobs.resume import Inventory, PartStore, current_parts, job_params, stamp_items
-from pipeline.jobs.stages import STAGES
-from scheduler_plugins.protocol import (
+from shoal.pipeline.jobs.planner import (
+    Plan,
+    PlannedItem,
+    check_columns,
+    check_output,
+    list_shards,
+    plan_items,
+    read_footers,
+)
+from shoal.pipeline.jobs.resume import Inventory, PartStore, current_parts, job_params, stamp_items
+from shoal.pipeline.jobs.stages import STAGES
+from shoal.scheduler_plugins.protocol import (
     DeadLetter,
     EmbedPayload,
     ItemResult,
@@ -48,7 +56,7 @@ from scheduler_plugins.protocol import (
     SubmittedItem,
     VectorFields,
 )
-from workers.vector_precision import VectorFormat
+from shoal.workers.data.vector_precision import VectorFormat
 
 SHOWN_REJECTIONS = 10
 

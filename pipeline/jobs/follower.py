@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from pipeline.cluster import pull_queue
-from pipeline.jobs.stages import STAGES
-from scheduler_plugins.protocol import JobStatus, WorkerSummary
+from shoal.pipeline.cluster import pull_queue
+from shoal.pipeline.jobs.stages import STAGES
+from shoal.scheduler_plugins.protocol import JobStatus, WorkerSummary
 
 POLL_SECONDS = 0.5
 LAST_POLL_SECONDS = 0.05  # near the end the poll tightens: the command ends within this of the last ack
@@ -50,7 +50,7 @@ def follow(client: Client, job: str, console: Console, label: str) -> JobStatus:
             if not warned and idle and not _pulling_workers(client):
                 progress.console.print(
                     "[yellow]warning:[/yellow] no Shoal worker has asked for work; were the "
-                    "workers started with `--preload workers`?"
+                    "workers started with `--preload shoal.workers`?"
                 )
                 warned = True
             rate = status["rows_done"] / status["elapsed"] if status["elapsed"] else 0.0

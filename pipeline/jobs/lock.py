@@ -27,8 +27,8 @@ import time
 import uuid
 from typing import TypedDict
 
-from scheduler_plugins.protocol import StorageOptions
-from workers.storage import atomic_write, open_fs
+from shoal.scheduler_plugins.protocol import StorageOptions
+from shoal.workers.data.storage import atomic_write, open_fs
 
 
 class LockRecord(TypedDict, total=False):

@@ -14,9 +14,9 @@ import datetime as dt
 import json
 from typing import TypedDict
 
-from pipeline.jobs.planner import Shard
-from scheduler_plugins.protocol import DeadLetter, PartRecord, StorageOptions, VectorFields
-from workers.storage import atomic_write, open_fs
+from shoal.pipeline.jobs.planner import Shard
+from shoal.scheduler_plugins.protocol import DeadLetter, PartRecord, StorageOptions, VectorFields
+from shoal.workers.data.storage import atomic_write, open_fs
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT_VERSION = 1

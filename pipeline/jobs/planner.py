@@ -5,7 +5,7 @@ an OUTPUT inside the folder INPUT lists, or that folder inside OUTPUT, is
 refused (`check_apart`). They are split by row groups into items of at most `rows_per_item` rows; a row
 group larger than that is split by row ranges. JSON Lines and CSV shards are
 split by rows too, each item a newline-aligned byte range found by one scan
-of the file (workers/input_formats.py); a gzipped one is one item. Each item's output part is
+of the file (workers/data/input_formats.py); a gzipped one is one item. Each item's output part is
 named from (shard, row range), so a retried or re-run item writes the same
 object. Footers are read in parallel; a shard whose footer cannot be read
 still becomes one item, so the failure is reported by the worker that tries
@@ -24,9 +24,9 @@ from typing import TypedDict
 
 import pyarrow.parquet as pq
 
-from scheduler_plugins.protocol import SlicePayload, StorageOptions
-from workers.input_formats import LineIndex, format_of, header_lines, is_gzip, scan
-from workers.storage import atomic_write, open_fs
+from shoal.scheduler_plugins.protocol import SlicePayload, StorageOptions
+from shoal.workers.data.input_formats import LineIndex, format_of, header_lines, is_gzip, scan
+from shoal.workers.data.storage import atomic_write, open_fs
 
 GLOB_CHARS = "*?["
 FOOTER_READERS = 8
@@ -45,7 +45,7 @@ class Shard:
     row_groups: list[int] = field(default_factory=list)
     columns: list[str] = field(default_factory=list)
     error: str | None = None
-    format: str = "parquet"  # or jsonl, csv (workers/input_formats.py)
+    format: str = "parquet"  # or jsonl, csv (workers/data/input_formats.py)
     lines: LineIndex | None = None  # a text shard's rows, once scanned
 
     @property

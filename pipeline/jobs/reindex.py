@@ -30,18 +30,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
-from configs import Catalog, Profile, explain, load_catalog, load_profile, read_yaml
-from pipeline.cluster import connect
-from pipeline.jobs.embed import EmbedRequest, check_embed_options, embed_job
-from pipeline.jobs.engine import JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
-from pipeline.jobs.fingerprints import model_fingerprint
-from pipeline.jobs.lance_output import LanceTarget
-from pipeline.jobs.lock import JobLock, LockHeld
-from pipeline.jobs.resume import job_params
-from scheduler_plugins.protocol import StorageOptions
-from workers.chunking import ChunkSettings
-from workers.storage import atomic_write, open_fs
-from workers.vector_precision import Precision, VectorFormat
+from shoal.configs import Catalog, Profile, explain, load_catalog, load_profile, read_yaml
+from shoal.pipeline.cluster import connect
+from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, embed_job
+from shoal.pipeline.jobs.engine import JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
+from shoal.pipeline.jobs.fingerprints import model_fingerprint
+from shoal.pipeline.jobs.lance_output import LanceTarget
+from shoal.pipeline.jobs.lock import JobLock, LockHeld
+from shoal.pipeline.jobs.resume import job_params
+from shoal.scheduler_plugins.protocol import StorageOptions
+from shoal.workers.data.chunking import ChunkSettings
+from shoal.workers.data.storage import atomic_write, open_fs
+from shoal.workers.data.vector_precision import Precision, VectorFormat
 
 CURRENT = "_CURRENT"
 LOCK = "_lock.json"

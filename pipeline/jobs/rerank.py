@@ -1,7 +1,7 @@
 """A batch rerank job: (query, passage) rows, or a query with its candidates.
 
 The request is turned into a `BatchJob` of the `rerank` operation (see
-workers/rerank_operation.py for the output schema) and run through the same
+workers/operations/rerank_operation.py for the output schema) and run through the same
 submit/follow/manifest path as embedding.
 """
 
@@ -13,9 +13,9 @@ from typing import Literal
 from distributed import Client
 from rich.console import Console
 
-from configs import Catalog, ConfigError, Profile
-from pipeline.jobs.engine import BatchJob, JobOutcome, model_for, run_job
-from scheduler_plugins.protocol import RerankPayload, StorageOptions
+from shoal.configs import Catalog, ConfigError, Profile
+from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, run_job
+from shoal.scheduler_plugins.protocol import RerankPayload, StorageOptions
 
 DEFAULT_MAX_CANDIDATES = 1000
 
@@ -33,7 +33,7 @@ class RerankRequest:
     keep_columns: list[str] = field(default_factory=list)
     max_candidates: int = DEFAULT_MAX_CANDIDATES
     storage_options: StorageOptions = field(default_factory=dict)
-    input_format: str | None = None  # parquet, jsonl or csv; None: by each file's name (workers/input_formats.py)
+    input_format: str | None = None  # parquet, jsonl or csv; None: by each file's name (workers/data/input_formats.py)
 
     def __post_init__(self) -> None:
         if self.passage_column and self.candidates_column:

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.jobs.manifest import Manifest
-from pipeline.jobs.planner import Plan, PlannedItem, Shard
-from scheduler_plugins.protocol import PartRecord, SlicePayload, StorageOptions
-from workers.storage import open_fs
+from shoal.pipeline.jobs.manifest import Manifest
+from shoal.pipeline.jobs.planner import Plan, PlannedItem, Shard
+from shoal.scheduler_plugins.protocol import PartRecord, SlicePayload, StorageOptions
+from shoal.workers.data.storage import open_fs
 
 STAMP_PREFIX = "shoal."
 PART_NAME = re.compile(r"^part-.+-[0-9a-f]{8}-\d{10}-\d{10}\.parquet$")

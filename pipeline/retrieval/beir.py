@@ -24,9 +24,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.jobs.planner import PlanError
-from scheduler_plugins.protocol import StorageOptions
-from workers.storage import open_fs
+from shoal.pipeline.jobs.planner import PlanError
+from shoal.scheduler_plugins.protocol import StorageOptions
+from shoal.workers.data.storage import open_fs
 
 
 @dataclass

@@ -22,11 +22,11 @@ from distributed import Client
 from rich.console import Console
 from rich.table import Table
 
-from configs import Catalog, Profile
-from pipeline.retrieval.beir import RetrievalSet
-from pipeline.retrieval.run import RunOutcome, run_pipeline
-from pipeline.retrieval.spec import EmbedStage, JobSpec, RerankStage, RetrieveStage, TextSource
-from workers.storage import atomic_write, open_fs
+from shoal.configs import Catalog, Profile
+from shoal.pipeline.retrieval.beir import RetrievalSet
+from shoal.pipeline.retrieval.run import RunOutcome, run_pipeline
+from shoal.pipeline.retrieval.spec import EmbedStage, JobSpec, RerankStage, RetrieveStage, TextSource
+from shoal.workers.data.storage import atomic_write, open_fs
 
 
 class EvalReport(TypedDict, total=False):

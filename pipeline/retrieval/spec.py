@@ -12,10 +12,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from configs import explain, read_yaml
-from pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES
-from scheduler_plugins.protocol import StorageOptions
-from workers.chunking import ChunkSettings
+from shoal.configs import explain, read_yaml
+from shoal.pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES
+from shoal.scheduler_plugins.protocol import StorageOptions
+from shoal.workers.data.chunking import ChunkSettings
 
 
 class _Strict(BaseModel):

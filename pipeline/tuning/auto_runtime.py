@@ -25,7 +25,7 @@ with its reason: the command runs fp32 torch and says why, and later
 commands do not retry it (delete the file, or a new MEASUREMENT format, to
 measure again).
 
-    python -m pipeline.tuning.auto_runtime PROFILE.yaml VERDICTS.json < SPEC.json   # what a command runs, once
+    python -m shoal.pipeline.tuning.auto_runtime PROFILE.yaml VERDICTS.json < SPEC.json   # what a command runs, once
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from typing import Any
 
 from rich.console import Console
 
-from configs import ModelSpec, Profile, RuntimeChoice, load_profile
-from configs.auto import NAME, cache_dir, save
-from configs.machine import Machine, probe
+from shoal.configs import ModelSpec, Profile, RuntimeChoice, load_profile
+from shoal.configs.auto import NAME, cache_dir, save
+from shoal.configs.machine import Machine, probe
 
 MEASUREMENT = 2  # the record's format; a record of another (an older way of measuring) is measured again
 GATE_SAMPLE = Path(__file__).with_name("gate_sample")  # package data: sample.parquet and a BEIR judged set
@@ -145,7 +145,7 @@ def cached_choice(spec: ModelSpec, machine: Machine, threads: int) -> str:
     """`shoal models`' column: auto's runtime for `spec` here, short, or that it is measured on first use."""
     if spec.kind not in ("embedder", "reranker"):
         return "-"
-    from pipeline.jobs.fingerprints import model_fingerprint
+    from shoal.pipeline.jobs.fingerprints import model_fingerprint
 
     record = read_verdicts(model_fingerprint(spec), machine, threads)
     if record is None:
@@ -161,7 +161,7 @@ def resolve(profile: Profile, spec: ModelSpec, console: Console | None = None) -
     """Set `auto`'s runtime for `spec`'s model, measuring once if this machine has no verdicts for it."""
     if profile.name != NAME or spec.kind not in ("embedder", "reranker") or spec.name in profile.runtimes:
         return
-    from pipeline.jobs.fingerprints import model_fingerprint
+    from shoal.pipeline.jobs.fingerprints import model_fingerprint
 
     machine = profile._machine or probe()
     fingerprint, threads = model_fingerprint(spec), profile.torch_threads(machine.cores)
@@ -199,15 +199,15 @@ def measure_in_child(profile: Profile, spec: ModelSpec, path: Path) -> str:
     Why it died without writing, or "".
     """
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "pipeline.tuning.auto_runtime", profile.path or NAME, str(path)]
+    command = [sys.executable, "-m", "shoal.pipeline.tuning.auto_runtime", profile.path or NAME, str(path)]
     done = subprocess.run(command, input=spec.model_dump_json(), text=True, env=env, stdout=subprocess.DEVNULL)
     return f"the measuring process exited with {done.returncode}" if done.returncode else ""
 
 
 def offered(plan_kind: str, machine: Machine) -> list[RuntimeChoice]:
     """The candidates this machine could make fast, fp32 torch (the reference) left out."""
-    from pipeline.tuning.quality_gate import REFERENCE, candidates
-    from workers.runtimes import RuntimeNotInstalled, require_installed
+    from shoal.pipeline.tuning.quality_gate import REFERENCE, candidates
+    from shoal.workers.runtimes import RuntimeNotInstalled, require_installed
 
     chosen = []
     for choice in candidates(plan_kind):
@@ -252,10 +252,10 @@ def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> dict[str, An
     """Each offered candidate timed against fp32; those fast enough to be chosen through the gate; the record."""
     from dataclasses import replace
 
-    from pipeline.tuning.quality_gate import REFERENCE, PrecisionGate
-    from pipeline.tuning.runtimes import embed_texts, paired_speedup, score_texts
-    from workers.devices import apply_torch_threads, detect_device
-    from workers.runtimes import load_runtime
+    from shoal.pipeline.tuning.quality_gate import REFERENCE, PrecisionGate
+    from shoal.pipeline.tuning.runtimes import embed_texts, paired_speedup, score_texts
+    from shoal.workers.devices import apply_torch_threads, detect_device
+    from shoal.workers.runtimes import load_runtime
 
     began = mark = time.perf_counter()
     steps: dict[str, float] = {}  # seconds per step, for the record: what a first use costs, and where

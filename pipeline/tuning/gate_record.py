@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow.parquet as pq
 from rich.table import Table
 
-from configs import ConfigError, RuntimeDType, RuntimeName, load_profile
-from pipeline.tuning.profile import ProfileFields, profile_fields, profile_path, write_profile
-from pipeline.tuning.quality_gate import Verdict
+from shoal.configs import ConfigError, RuntimeDType, RuntimeName, load_profile
+from shoal.pipeline.tuning.profile import ProfileFields, profile_fields, profile_path, write_profile
+from shoal.pipeline.tuning.quality_gate import Verdict
 
 
 def read_sample(path: str, limit: int, text_column: str = "text", seed: int = 0) -> list[str]:
@@ -91,11 +91,11 @@ def gate_candidates(
     The candidate is the one named, else the profile's choice for the model,
     else every candidate for the profile's kind of device.
     """
-    from configs import RuntimeChoice, load_catalog
-    from pipeline.tuning.quality_gate import PrecisionGate, candidates
-    from pipeline.tuning.sample import draw_sample
-    from pipeline.tuning.tune import DEMO_INPUT
-    from workers.devices import apply_torch_threads, detect_device
+    from shoal.configs import RuntimeChoice, load_catalog
+    from shoal.pipeline.tuning.quality_gate import PrecisionGate, candidates
+    from shoal.pipeline.tuning.sample import draw_sample
+    from shoal.pipeline.tuning.tune import DEMO_INPUT
+    from shoal.workers.devices import apply_torch_threads, detect_device
 
     loaded = load_profile(profile)
     spec = loaded.tuned(load_catalog(catalog).get(model))

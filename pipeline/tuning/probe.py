@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from pipeline.client import AsyncOnlineClient
+from shoal.pipeline.client import AsyncOnlineClient
 
 
 class OnlineProbe:

@@ -9,7 +9,7 @@ the user's own texts (or the demo corpus):
   nDCG@10 with the same metric code as ``shoal eval``) within 0.005 of fp32;
 - rerankers: Kendall's tau between the two score lists >= 0.99.
 
-Both sides run through the worker's own runtimes (workers/runtimes.py), so the
+Both sides run through the worker's own runtimes (workers/runtimes/__init__.py), so the
 figures describe exactly what a job would compute. The verdict and figures are
 written into the profile beside the choice (``runtimes.MODEL.gate``), so a
 reader of the profile sees why a model runs as it does.
@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from configs import ModelSpec, RuntimeChoice
-from pipeline.retrieval.beir import RetrievalSet, load_beir
-from pipeline.retrieval.evaluation import evaluate
-from pipeline.retrieval.top_k import top_k
-from pipeline.tuning import REPO_ROOT
+from shoal.configs import ModelSpec, RuntimeChoice
+from shoal.pipeline.retrieval.beir import RetrievalSet, load_beir
+from shoal.pipeline.retrieval.evaluation import evaluate
+from shoal.pipeline.retrieval.top_k import top_k
+from shoal.pipeline.tuning import REPO_ROOT
 
 JUDGED_SET = str(REPO_ROOT / "datasets" / "pydoc-sections")
 COSINE_MEAN_AT_LEAST = 0.999
@@ -111,7 +111,7 @@ class PrecisionGate:
     """Checks candidates for one model against its fp32 torch runtime, loaded once."""
 
     def __init__(self, spec: ModelSpec, plan, texts: list[str], judged_set: str | None = JUDGED_SET) -> None:
-        from workers.runtimes import load_runtime
+        from shoal.workers.runtimes import load_runtime
 
         if spec.kind not in ("embedder", "reranker"):
             raise ValueError(

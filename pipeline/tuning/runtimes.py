@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from configs import ModelSpec, RuntimeChoice
-from pipeline.tuning.meter import MachineMeter
-from pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, Verdict, candidates
+from shoal.configs import ModelSpec, RuntimeChoice
+from shoal.pipeline.tuning.meter import MachineMeter
+from shoal.pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, Verdict, candidates
 
 PAIRS = 3
 
@@ -81,7 +81,7 @@ def paired_speedup(
 
 def choose_runtime(spec: ModelSpec, plan, texts: list[str], min_gain: float, judged_set: str | None) -> RuntimeSearch:
     """The fastest candidate the gate accepts for `spec` on this device (fp32 torch when none beats it)."""
-    from workers.runtimes import RuntimeNotInstalled, require_installed
+    from shoal.workers.runtimes import RuntimeNotInstalled, require_installed
 
     offered = []
     for choice in candidates(plan.kind):
@@ -108,7 +108,7 @@ def retime(search: RuntimeSearch, spec: ModelSpec, plan, texts: list[str], min_g
 
 def time_passing(search: RuntimeSearch, spec: ModelSpec, plan, texts: list[str], min_gain: float) -> RuntimeSearch:
     """Each candidate that passed the gate timed against fp32 torch; the fastest beating it by `min_gain` chosen."""
-    from workers.runtimes import load_runtime
+    from shoal.workers.runtimes import load_runtime
 
     passing = [v.choice for v in search.verdicts if v.passed and v.choice != REFERENCE]
     if not passing:

@@ -16,8 +16,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.jobs.planner import PlanError, list_shards
-from scheduler_plugins.protocol import StorageOptions
+from shoal.pipeline.jobs.planner import PlanError, list_shards
+from shoal.scheduler_plugins.protocol import StorageOptions
 
 ROW_GROUP = 64
 

@@ -1,7 +1,7 @@
 """The tuner's two kinds of trial, each an objective for the coordinate search.
 
 `EmbedderTrials` times one model's token budget and batch cap on the
-worker's own runtime (workers.runtimes.load_runtime) in this process, on
+worker's own runtime (shoal.workers.runtimes.load_runtime) in this process, on
 the fixed sample: those knobs only change the model's compute, so a trial
 needs seconds and no cluster.
 
@@ -28,15 +28,15 @@ import yaml
 from distributed import Client, LocalCluster
 from rich.console import Console
 
-from configs import Catalog, GatewaySettings, ModelSpec, Profile, load_profile
-from pipeline.cluster import pull_queue, start_local_cluster
-from pipeline.jobs.embed import EmbedRequest, embed_job
-from pipeline.jobs.engine import model_for, prepare_job, run_prepared
-from pipeline.tuning.meter import MachineMeter
-from pipeline.tuning.probe import OnlineProbe
-from pipeline.tuning.profile import ProfileFields
-from pipeline.tuning.sample import Sample
-from pipeline.tuning.search import Config, Outcome
+from shoal.configs import Catalog, GatewaySettings, ModelSpec, Profile, load_profile
+from shoal.pipeline.cluster import pull_queue, start_local_cluster
+from shoal.pipeline.jobs.embed import EmbedRequest, embed_job
+from shoal.pipeline.jobs.engine import model_for, prepare_job, run_prepared
+from shoal.pipeline.tuning.meter import MachineMeter
+from shoal.pipeline.tuning.probe import OnlineProbe
+from shoal.pipeline.tuning.profile import ProfileFields
+from shoal.pipeline.tuning.sample import Sample
+from shoal.pipeline.tuning.search import Config, Outcome
 
 WARMUP_TEXTS = 64
 WORKER_START_TIMEOUT = 300
@@ -54,7 +54,7 @@ class EmbedderTrials:
     def __init__(
         self, spec: ModelSpec, plan, texts: list[str], rows_per_item: int, reference: Config, repeats: int = 2
     ) -> None:
-        from workers.runtimes import Scorer, load_runtime
+        from shoal.workers.runtimes import Scorer, load_runtime
 
         self.spec = spec
         embedder = load_runtime(spec, plan)  # the runtime and dtype phase 0 chose
@@ -103,7 +103,7 @@ class EmbedderTrials:
         return meter
 
     def _padding(self, config: Config) -> float:
-        from workers.token_batching import plan_batches
+        from shoal.workers.batching.token_batching import plan_batches
 
         budget, max_batch = int(config["token_budget"]), int(config["max_batch_size"])
         computed = sum(

@@ -39,14 +39,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from configs import Catalog, Profile, load_catalog, load_profile
-from pipeline.tuning import REPO_ROOT
-from pipeline.tuning.profile import profile_fields, profile_path, write_profile
-from pipeline.tuning.quality_gate import JUDGED_SET
-from pipeline.tuning.runtimes import RuntimeSearch, choose_runtime, retime
-from pipeline.tuning.sample import draw_sample
-from pipeline.tuning.search import Config, CoordinateSearch, Dimension, Outcome, SearchResult, Trial
-from pipeline.tuning.trials import ClusterTrials, EmbedderTrials
+from shoal.configs import Catalog, Profile, load_catalog, load_profile
+from shoal.pipeline.tuning import REPO_ROOT
+from shoal.pipeline.tuning.profile import profile_fields, profile_path, write_profile
+from shoal.pipeline.tuning.quality_gate import JUDGED_SET
+from shoal.pipeline.tuning.runtimes import RuntimeSearch, choose_runtime, retime
+from shoal.pipeline.tuning.sample import draw_sample
+from shoal.pipeline.tuning.search import Config, CoordinateSearch, Dimension, Outcome, SearchResult, Trial
+from shoal.pipeline.tuning.trials import ClusterTrials, EmbedderTrials
 
 DEMO_INPUT = str(REPO_ROOT / "datasets" / "demo")
 PHASE1_SHARE = 0.3
@@ -134,7 +134,7 @@ class Tuner:
         self.other_cpu: list[float] = []
 
     def run(self) -> TuneReport:
-        from workers.devices import apply_torch_threads, detect_device
+        from shoal.workers.devices import apply_torch_threads, detect_device
 
         plan = detect_device(self.base, {})
         apply_torch_threads(plan)

@@ -21,7 +21,7 @@ def invoke_shoal(*args: str) -> subprocess.CompletedProcess:
     """The `shoal` CLI run in this process: what `run_shoal` returns, without a process start per call."""
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from shoal.pipeline.cli import main
 
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     return subprocess.CompletedProcess(["shoal", *args], result.exit_code, result.stdout, result.stderr)

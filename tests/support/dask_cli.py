@@ -33,8 +33,8 @@ def dask_cli_cluster(
     env: dict[str, str] | None = None,
     tag: str = "",
 ) -> Iterator[tuple[str, list[subprocess.Popen]]]:
-    """`dask scheduler` (with `--preload scheduler_plugins` unless not `plugins`) on 127.0.0.1:`port` and, when
-    `workers`, one `dask worker --nworkers workers --preload workers --shoal-profile profile`, as in the README.
+    """`dask scheduler` (with `--preload shoal.scheduler_plugins` unless not `plugins`) on 127.0.0.1:`port` and, when
+    `workers`, one `dask worker --nworkers workers --preload shoal.workers --shoal-profile profile`, as in the README.
 
     Yields the scheduler address and the processes, scheduler first (append more: they are stopped first);
     on exit every one still running is stopped. `env` is laid over this process's environment; `tag` names
@@ -49,14 +49,18 @@ def dask_cli_cluster(
         )
 
     scheduler = [DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0"]
-    scheduler += ["--scheduler-file", str(scheduler_file), *(["--preload", "scheduler_plugins"] if plugins else [])]
+    scheduler += [
+        "--scheduler-file",
+        str(scheduler_file),
+        *(["--preload", "shoal.scheduler_plugins"] if plugins else []),
+    ]
     procs = [start([*scheduler, *scheduler_args])]
     try:
         address = wait_for_address(scheduler_file)
         if workers:
             # The address comes first: dask passes the options it does not know to the preload.
             worker = [DASK, "worker", address, "--nthreads", "1", "--nworkers", str(workers), *worker_args]
-            worker += ["--preload", "workers", "--shoal-profile", str(profile)]
+            worker += ["--preload", "shoal.workers", "--shoal-profile", str(profile)]
             procs.append(start(worker))
         yield address, procs
     finally:

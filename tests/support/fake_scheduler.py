@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from scheduler_plugins.pull_queue import PullQueue
+from shoal.scheduler_plugins.pull_queue import PullQueue
 
 
 class RecordingStream:

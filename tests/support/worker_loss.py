@@ -63,8 +63,8 @@ def embed_killing_a_worker(
     and the scheduler's count of lost workers."""
     from distributed import Client
 
-    from configs import load_profile
-    from pipeline.cluster import start_local_cluster
+    from shoal.configs import load_profile
+    from shoal.pipeline.cluster import start_local_cluster
 
     profile = load_profile(str(write_profile(tmp_path, name=name, rows_per_item=100, lease_seconds=30)))
     ids = write(tmp_path / "in", texts, shards=4, row_group_size=50)
@@ -94,9 +94,9 @@ def serving_pinned(
     it, warmed by one request: (cluster, client, plugin, gateway url). The gateway stops on exit."""
     from distributed import Client
 
-    from configs import load_profile
-    from pipeline.client import OnlineClient
-    from pipeline.cluster import pull_queue, start_local_cluster
+    from shoal.configs import load_profile
+    from shoal.pipeline.client import OnlineClient
+    from shoal.pipeline.cluster import pull_queue, start_local_cluster
 
     profile = load_profile(str(write_profile(tmp_path, **profile_fields)))
     catalog = tmp_path / "catalog.yaml"

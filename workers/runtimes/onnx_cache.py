@@ -17,7 +17,7 @@ graphs are the cached fp32 graph after ONNX Runtime's dynamic quantization
 question (pipeline/tuning/quality_gate.py).
 
 The model's fast tokenizer is saved beside the graph (``tokenizer.json``,
-its per-call settings in the record) and read by workers/onnx_tokenizer.py:
+its per-call settings in the record) and read by workers/runtimes/onnx_tokenizer.py:
 the export, its check and the ONNX runtimes all tokenize through it, so the
 graph is checked on exactly the inputs it will be given, and a worker that
 runs it never imports transformers or torch.
@@ -43,8 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from configs import ModelSpec
-from configs.model_resolution import folder_digest
+from shoal.configs import ModelSpec
+from shoal.configs.model_resolution import folder_digest
 
 from .onnx_tokenizer import GRAPH_INPUTS, TOKENIZER_FILE, GraphTokenizer, TokenizerSettings
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from scheduler_plugins.protocol import ItemResult, SlicePayload, StorageOptions
+from shoal.scheduler_plugins.protocol import ItemResult, SlicePayload, StorageOptions
 
 from .storage import atomic_write, open_fs
 

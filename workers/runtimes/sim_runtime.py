@@ -15,11 +15,10 @@ import time
 
 import numpy as np
 
-from configs import ModelSpec
-from configs.prompts import model_prompts
-
-from .device_thread import DeviceThread
-from .token_batching import BatchedRuntime, Measured
+from shoal.configs import ModelSpec
+from shoal.configs.prompts import model_prompts
+from shoal.workers.batching.device_thread import DeviceThread
+from shoal.workers.batching.token_batching import BatchedRuntime, Measured
 
 CHARS_PER_TOKEN = 4
 

@@ -3,7 +3,7 @@
 SIMULATION, for cluster experiments (benchmarks/pull_vs_push.py): an item
 describes how many texts of how many tokens it holds instead of naming a
 Parquet slice, so nothing is read or written and only the simulated device's
-sleeps (workers/sim_runtime.py) cost time. It goes through the same pull
+sleeps (workers/runtimes/sim_runtime.py) cost time. It goes through the same pull
 loop, model pool and queue as `embed`.
 
 Payload, one of:
@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from configs import ModelSpec
-from scheduler_plugins.protocol import ItemResult, SimPayload
-
-from .runtimes import Embedder
-from .sim_runtime import CHARS_PER_TOKEN
+from shoal.configs import ModelSpec
+from shoal.scheduler_plugins.protocol import ItemResult, SimPayload
+from shoal.workers.runtimes import Embedder
+from shoal.workers.runtimes.sim_runtime import CHARS_PER_TOKEN
 
 # SimulatedRuntime counts 2 + len(text) // CHARS_PER_TOKEN tokens per text.
 _SPECIAL_TOKENS = 2

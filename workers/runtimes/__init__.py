@@ -17,12 +17,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from configs import ModelSpec, RuntimeChoice
-from configs.prompts import ModelPrompts
-
-from .device_thread import DeviceThread
-from .devices import DevicePlan, apply_torch_threads
-from .token_batching import Measured
+from shoal.configs import ModelSpec, RuntimeChoice
+from shoal.configs.prompts import ModelPrompts
+from shoal.workers.batching.device_thread import DeviceThread
+from shoal.workers.batching.token_batching import Measured
+from shoal.workers.devices import DevicePlan, apply_torch_threads
 
 logger = logging.getLogger("shoal.worker.runtimes")
 

@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from configs import ModelSpec
-from scheduler_plugins.protocol import ItemMessage, OnlineAck, OnlineResult
+from shoal.configs import ModelSpec
+from shoal.scheduler_plugins.protocol import ItemMessage, OnlineAck, OnlineResult
+from shoal.workers.model_pool import ModelPool
+from shoal.workers.operations import ONLINE_OPERATIONS, PERMANENT_ERRORS
+from shoal.workers.runtimes import Runtime
+from shoal.workers.scheduler_stream import SchedulerStream
 
 from .device_thread import DeviceThread
-from .model_pool import ModelPool
-from .operations import ONLINE_OPERATIONS, PERMANENT_ERRORS
-from .runtimes import Runtime
-from .scheduler_stream import SchedulerStream
 
 logger = logging.getLogger("shoal.worker.online")
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from configs import ModelSpec
-
-from .device_thread import DeviceThread
-from .devices import DevicePlan
-from .token_batching import BatchedRuntime
+from shoal.configs import ModelSpec
+from shoal.workers.batching.device_thread import DeviceThread
+from shoal.workers.batching.token_batching import BatchedRuntime
+from shoal.workers.devices import DevicePlan
 
 
 class TorchModel(BatchedRuntime):

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from configs import ModelSpec
-from configs.prompts import model_prompts
+from shoal.configs import ModelSpec
+from shoal.configs.prompts import model_prompts
+from shoal.workers.batching.device_thread import DeviceThread
+from shoal.workers.batching.token_batching import Measured
+from shoal.workers.devices import DevicePlan
 
-from .device_thread import DeviceThread
-from .devices import DevicePlan
-from .token_batching import Measured
 from .token_counts import count_tokens
 from .torch_model import TorchModel
 

@@ -14,14 +14,14 @@ import json
 
 import numpy as np
 
-from configs import ModelSpec
-from configs.prompts import model_prompts
+from shoal.configs import ModelSpec
+from shoal.configs.prompts import model_prompts
+from shoal.workers.batching.device_thread import DeviceThread
+from shoal.workers.batching.token_batching import BatchedRuntime, Measured
+from shoal.workers.devices import DevicePlan
 
-from .device_thread import DeviceThread
-from .devices import DevicePlan
 from .onnx_cache import RECORD_FILE, Artifact, ensure_artifact
 from .onnx_tokenizer import TOKENIZER_FILE, GraphTokenizer, TokenizerSettings
-from .token_batching import BatchedRuntime, Measured
 from .token_counts import count_tokens
 
 

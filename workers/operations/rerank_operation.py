@@ -25,12 +25,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from configs import ModelSpec
-from scheduler_plugins.protocol import ItemResult, RerankPayload
-
-from .input_formats import read_input
-from .parquet_slices import InputError, identity_columns, part_ack, part_table, rejection, text_column, write_part
-from .runtimes import Scorer
+from shoal.configs import ModelSpec
+from shoal.scheduler_plugins.protocol import ItemResult, RerankPayload
+from shoal.workers.data.input_formats import read_input
+from shoal.workers.data.parquet_slices import (
+    InputError,
+    identity_columns,
+    part_ack,
+    part_table,
+    rejection,
+    text_column,
+    write_part,
+)
+from shoal.workers.runtimes import Scorer
 
 
 @dataclass

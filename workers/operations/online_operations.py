@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from configs.prompts import PromptError
-from scheduler_plugins.protocol import EncodePayload, OnlineResult, ScorePayload
-
-from .runtimes import Embedder, Runtime, Scorer
-from .vector_precision import VectorFormat, compact
+from shoal.configs.prompts import PromptError
+from shoal.scheduler_plugins.protocol import EncodePayload, OnlineResult, ScorePayload
+from shoal.workers.data.vector_precision import VectorFormat, compact
+from shoal.workers.runtimes import Embedder, Runtime, Scorer
 
 WIRE_DTYPES = {"float32": "<f4", "float16": "<f2"}
 

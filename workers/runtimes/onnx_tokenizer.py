@@ -7,7 +7,7 @@ settings transformers applies on each call (pad token, padding and truncation
 sides); this class applies them as transformers' fast tokenizers do (set the
 backend's truncation and padding, then ``encode_batch``), so ids, counts,
 offsets and word ids are those the torch runtimes see. It answers the calls
-Shoal makes of a tokenizer (workers/token_counts.py, workers/chunking.py, the
+Shoal makes of a tokenizer (workers/runtimes/token_counts.py, workers/data/chunking.py, the
 graph's inputs), on lists of texts, not the whole of transformers' API.
 """
 

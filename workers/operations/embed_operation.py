@@ -15,15 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from configs import ModelSpec
-from scheduler_plugins.protocol import EmbedPayload, ItemResult
-
-from .chunking import ChunkSettings, Windows, token_windows
-from .input_formats import read_input
-from .lance_fragments import write_fragment
-from .parquet_slices import identity_columns, part_ack, part_table, rejection, text_column, write_part
-from .runtimes import Embedder
-from .vector_precision import VectorFormat, compact
+from shoal.configs import ModelSpec
+from shoal.scheduler_plugins.protocol import EmbedPayload, ItemResult
+from shoal.workers.data.chunking import ChunkSettings, Windows, token_windows
+from shoal.workers.data.input_formats import read_input
+from shoal.workers.data.lance_fragments import write_fragment
+from shoal.workers.data.parquet_slices import identity_columns, part_ack, part_table, rejection, text_column, write_part
+from shoal.workers.data.vector_precision import VectorFormat, compact
+from shoal.workers.runtimes import Embedder
 
 
 @dataclass

@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from configs import ModelSpec
-from scheduler_plugins.protocol import ItemResult, OnlineResult
+from shoal.configs import ModelSpec
+from shoal.scheduler_plugins.protocol import ItemResult, OnlineResult
+from shoal.workers.data.parquet_slices import InputError
+from shoal.workers.data.storage import OutputRefused
+from shoal.workers.model_pool import ModelTooLarge
 
 from . import embed_operation, online_operations, rerank_operation, sim_operation
-from .model_pool import ModelTooLarge
-from .parquet_slices import InputError
-from .storage import OutputRefused
 
 P = TypeVar("P", contravariant=True)  # the payload
 R = TypeVar("R", contravariant=True)  # the runtime
