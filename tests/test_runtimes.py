@@ -22,7 +22,8 @@ from shoal.configs import ModelSpec, Profile, RuntimeChoice, load_catalog
 from shoal.pipeline.tuning.quality_gate import judge_scores, judge_vectors
 from shoal.workers.data.chunking import ChunkSettings, token_windows
 from shoal.workers.devices import DevicePlan
-from shoal.workers.runtimes import RuntimeNotInstalled, load_runtime, onnx_cache
+from shoal.workers.runtimes import RuntimeNotInstalled, load_runtime, onnx_cache, onnx_export
+from shoal.workers.runtimes.onnx_check import ExportCheckFailed
 from shoal.workers.runtimes.token_counts import count_tokens
 
 PLAN = DevicePlan("cpu", "cpu", "float32", 10**9, 2)
@@ -156,17 +157,17 @@ def test_second_start_reuses_the_export_and_a_truncated_graph_is_rebuilt(tiny_ca
 
 def test_export_check_catches_a_model_left_in_training_mode(tiny_catalog, monkeypatch):
     """The trap: an export that leaves dropout on must never be cached."""
-    real = onnx_cache._embedder_graph
+    real = onnx_export._embedder_graph
 
     def left_in_train_mode(spec):
-        model, wrapper, inputs = real(spec)
+        model, wrapper = real(spec)
         wrapper.train()
         wrapper.eval = lambda: wrapper  # as a wrapper nobody put in eval mode
-        return model, wrapper, inputs
+        return model, wrapper
 
-    monkeypatch.setattr(onnx_cache, "_embedder_graph", left_in_train_mode)
+    monkeypatch.setattr(onnx_export, "_embedder_graph", left_in_train_mode)
     spec = _spec(tiny_catalog, "tiny", "onnx", "float32").model_copy(update={"max_seq_length": 100})
-    with pytest.raises(onnx_cache.ExportCheckFailed, match="training mode|does not reproduce"):
+    with pytest.raises(ExportCheckFailed, match="training mode|does not reproduce"):
         load_runtime(spec, PLAN)
     assert not onnx_cache.entry_for(spec, "float32").exists()
 

@@ -1,16 +1,15 @@
 """ONNX Runtime behind the same interface as the torch runtimes.
 
-The graph comes from the export cache (onnx_cache): exported and checked once
-per model fingerprint, reused on every later start. Texts are tokenized by the
-model's own tokenizer, saved beside the graph and read with the `tokenizers`
-library (onnx_tokenizer), so a worker running ONNX imports neither torch nor
-transformers; they are cut into the same token-budget batches as the torch
-path, and run one batch per device turn.
+The graph comes from the export cache (onnx_cache): exported (onnx_export)
+and checked (onnx_check) once per model fingerprint, reused on every later
+start. Texts are tokenized by the model's own tokenizer, saved beside the
+graph and read with the `tokenizers` library (onnx_tokenizer), so a worker
+running ONNX imports neither torch nor transformers; they are cut into the
+same token-budget batches as the torch path, and run one batch per device
+turn.
 """
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 
@@ -20,8 +19,8 @@ from shoal.workers.batching.device_thread import DeviceThread
 from shoal.workers.batching.token_batching import BatchedRuntime, Measured
 from shoal.workers.devices import DevicePlan
 
-from .onnx_cache import RECORD_FILE, Artifact, ensure_artifact
-from .onnx_tokenizer import TOKENIZER_FILE, GraphTokenizer, TokenizerSettings
+from .onnx_cache import Artifact, ensure_artifact
+from .onnx_tokenizer import TOKENIZER_FILE, GraphTokenizer
 from .token_counts import count_tokens
 
 
@@ -33,11 +32,9 @@ class OnnxModel(BatchedRuntime):
 
         super().__init__(spec, plan.kind, device_thread)
         self.artifact: Artifact = ensure_artifact(spec, dtype)
-        record = json.loads((self.artifact.directory / RECORD_FILE).read_text())
-        self.input_names: list[str] = record["inputs"]
-        self.tokenizer = GraphTokenizer(
-            self.artifact.directory / TOKENIZER_FILE, TokenizerSettings(**record["tokenizer"])
-        )
+        record = self.artifact.record()
+        self.input_names = record.inputs
+        self.tokenizer = GraphTokenizer(self.artifact.directory / TOKENIZER_FILE, record.tokenizer)
         options = ort.SessionOptions()
         options.intra_op_num_threads = plan.threads
         options.inter_op_num_threads = 1

@@ -2,7 +2,7 @@
 
 transformers' AutoTokenizer imports torch (about 1.3 s and a few hundred MB
 per worker process), which an ONNX worker otherwise never needs. The export
-(onnx_cache) saves the model's fast tokenizer beside the graph, with the
+(onnx_export) saves the model's fast tokenizer beside the graph, with the
 settings transformers applies on each call (pad token, padding and truncation
 sides); this class applies them as transformers' fast tokenizers do (set the
 backend's truncation and padding, then ``encode_batch``), so ids, counts,
@@ -14,11 +14,14 @@ graph's inputs), on lists of texts, not the whole of transformers' API.
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tokenizers import Encoding
 
 TOKENIZER_FILE = "tokenizer.json"
 # What a graph may take, in transformers' names; a tokenizer's model_input_names says which it gives.
@@ -46,14 +49,15 @@ class TokenizerSettings:
             truncation_side=tokenizer.truncation_side,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+
+# One field of a call's result: a row per text, as lists, or as one padded int64 array (return_tensors="np").
+EncodedField = list[list[int]] | list[list[tuple[int, int]]] | np.ndarray
 
 
-class Encoded(dict[str, Any]):
+class Encoded(dict[str, EncodedField]):
     """A call's result: transformers' BatchEncoding as far as Shoal reads it (its fields, word ids per text)."""
 
-    def __init__(self, fields: dict[str, Any], encodings: list) -> None:
+    def __init__(self, fields: dict[str, EncodedField], encodings: list[Encoding]) -> None:
         super().__init__(fields)
         self.encodings = encodings
 
@@ -123,7 +127,7 @@ class GraphTokenizer:
                     pad_token=self.settings.pad_token,
                 )
             encodings = self.backend.encode_batch(batch, add_special_tokens=add_special_tokens)
-        fields: dict[str, Any] = {"input_ids": [e.ids for e in encodings]}
+        fields: dict[str, EncodedField] = {"input_ids": [e.ids for e in encodings]}
         if return_token_type_ids:
             fields["token_type_ids"] = [e.type_ids for e in encodings]
         if return_attention_mask:
@@ -141,4 +145,4 @@ class GraphTokenizer:
         encoded = self(
             first, second, truncation="longest_first", max_length=max_length, padding=True, return_tensors="np"
         )
-        return {name: encoded[name] for name in names}
+        return {name: np.asarray(encoded[name]) for name in names}  # arrays already: no copy
