@@ -67,9 +67,9 @@ from harness import RESULTS, Meter
 from shoal.configs import GatewaySettings, ModelSpec
 from shoal.pipeline.cluster import pull_queue  # noqa: E402
 from shoal.scheduler_plugins.online_queue import MAX_ONLINE_BATCH, OnlineQueue
-from shoal.scheduler_plugins.protocol import OnlineAck, PullReply
+from shoal.scheduler_plugins.protocol import Lane, OnlineAck, PullReply
 from shoal.scheduler_plugins.pull_queue import PullQueue
-from shoal.scheduler_plugins.work_items import BATCH, ONLINE, ItemState, WorkItem
+from shoal.scheduler_plugins.work_items import ItemState, WorkItem
 from shoal.scheduler_plugins.worker_views import WorkerView
 from shoal.workers.batching.token_batching import plan_batches
 from shoal.workers.operations import online_operations, sim_operation
@@ -228,9 +228,9 @@ class PushScheduler(PullQueue):
     def __init__(self, replicas: int = 2, **kwargs) -> None:
         super().__init__(**kwargs)
         self.replicas = replicas
-        # worker address -> priority -> model -> FIFO
-        self.routed: dict[str, dict[int, dict[str, deque[WorkItem]]]] = defaultdict(
-            lambda: {ONLINE: defaultdict(deque), BATCH: defaultdict(deque)}
+        # worker address -> lane -> model -> FIFO
+        self.routed: dict[str, dict[Lane, dict[str, deque[WorkItem]]]] = defaultdict(
+            lambda: {Lane.ONLINE: defaultdict(deque), Lane.BATCH: defaultdict(deque)}
         )
         self.routes: dict[str, list[str]] = {}
         self._queued = asyncio.Event()  # set by every queued item: push wakes every waiting pull
@@ -240,7 +240,7 @@ class PushScheduler(PullQueue):
         await super().start(scheduler)
         scheduler.handlers["shoal_pull_online"] = self.pull_online
 
-    def work_queued(self, model: str, priority: int, count: int) -> None:
+    def work_queued(self, model: str, lane: Lane, count: int) -> None:
         for pull in list(self.batch_pulls.all.values()):
             self.batch_pulls.discard(pull)
             pull.wake()
@@ -270,13 +270,13 @@ class PushScheduler(PullQueue):
     def _route(self) -> None:
         for model in self.queues.models():
             targets = self.targets(model)
-            for priority in (ONLINE, BATCH):
-                for work in self.queues.take(model, priority, 1 << 30):
+            for lane in Lane:
+                for work in self.queues.take(model, lane, 1 << 30):
                     target = min(targets, key=lambda a: (self._backlog(a), targets.index(a)))
-                    self.routed[target][priority][model].append(work)
+                    self.routed[target][lane][model].append(work)
 
-    def _serve(self, view: WorkerView, priority: int, limit: int) -> list[WorkItem]:
-        fifos = self.routed[view.address][priority]
+    def _serve(self, view: WorkerView, lane: Lane, limit: int) -> list[WorkItem]:
+        fifos = self.routed[view.address][lane]
         heads: dict[str, WorkItem] = {}
         for model in list(fifos):
             fifo = fifos[model]
@@ -302,7 +302,7 @@ class PushScheduler(PullQueue):
 
     def _lease_next(self, worker: WorkerView, room: int) -> list[WorkItem]:
         self._route()
-        return self._serve(worker, ONLINE, MAX_ONLINE_BATCH) or self._serve(worker, BATCH, room)
+        return self._serve(worker, Lane.ONLINE, MAX_ONLINE_BATCH) or self._serve(worker, Lane.BATCH, room)
 
     def _take_back(self, worker: WorkerView) -> list[WorkItem]:
         return []
@@ -328,7 +328,7 @@ class PushScheduler(PullQueue):
             if worker not in self.scheduler.workers:
                 return {"items": [], "reason": "unknown worker"}
             self._route()
-            items = self._serve(view, ONLINE, MAX_ONLINE_BATCH)
+            items = self._serve(view, Lane.ONLINE, MAX_ONLINE_BATCH)
             if items:
                 return self.items_reply(items)
             remaining = deadline - time.monotonic()

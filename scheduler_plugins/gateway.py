@@ -1,6 +1,6 @@
 """The online gateway: HTTP in front of the pull queue.
 
-A request is checked (auth, size, shape, limits), becomes an ONLINE item on its
+A request is checked (auth, size, shape, limits), becomes an online item on its
 model's queue, and waits for a worker's answer. The gateway reaches the queue
 through a backend (gateway_link.GatewayBackend): in the scheduler's process
 (`shoal serve`) it calls the queue directly, with no message and no thread
@@ -336,7 +336,7 @@ class Gateway:
         return spec
 
     async def _run(self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall) -> OnlineResult:
-        """Queue the call as one ONLINE item and wait for a worker's answer."""
+        """Queue the call as one online item and wait for a worker's answer."""
         timeout = self._timeout(request)
         # The backend takes and gives plain dicts for now (gateway_link.GatewayBackend.answer).
         payload = cast("dict[str, Any]", call.payload())

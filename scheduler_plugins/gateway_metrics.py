@@ -16,17 +16,17 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 
 
 class _QueueDepths:
-    """A collector asking the queue at scrape time: {(model, priority name): depth}."""
+    """A collector asking the queue at scrape time: {(model, lane): depth}."""
 
     def __init__(self, depths: Callable[[], dict[tuple[str, str], int]]) -> None:
         self._depths = depths
 
     def collect(self) -> Iterable[Metric]:
         family = GaugeMetricFamily(
-            "shoal_queue_depth", "Items waiting in the pull queue, by model and priority", labels=["model", "priority"]
+            "shoal_queue_depth", "Items waiting in the pull queue, by model and lane", labels=["model", "lane"]
         )
-        for (model, priority), depth in sorted(self._depths().items()):
-            family.add_metric([model, priority], depth)
+        for (model, lane), depth in sorted(self._depths().items()):
+            family.add_metric([model, lane], depth)
         yield family
 
 

@@ -98,7 +98,7 @@ class ShoalMetrics:
     def collect(self) -> Iterable[Metric]:
         figures = self.figures()
         models, workers = figures["models"], figures["workers"]
-        depth = GaugeMetricFamily("shoal_queue_depth", "Items waiting in the pull queue", labels=["model", "priority"])
+        depth = GaugeMetricFamily("shoal_queue_depth", "Items waiting in the pull queue", labels=["model", "lane"])
         pending = GaugeMetricFamily(
             "shoal_online_pending", "Online requests not answered yet (queued or leased)", labels=["model"]
         )

@@ -1,6 +1,6 @@
-"""Waiting items: one FIFO per (model, priority), shared fairly between jobs.
+"""Waiting items: one FIFO per (model, lane), shared fairly between jobs.
 
-Within a model and priority each job has its own FIFO and takes are served
+Within a model and lane each job has its own FIFO and takes are served
 round-robin across jobs, so a large job cannot starve a small one submitted
 after it. Items are removed lazily: an item that finished or died while
 queued (a late ack from a worker thought lost) is skipped at the head, and
@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable
 
-from .work_items import BATCH, ONLINE, ItemState, WorkItem
+from .protocol import Lane
+from .work_items import ItemState, WorkItem
 
 
 class _JobFifos:
-    """One (model, priority) queue: a FIFO per job, served in rotation."""
+    """One (model, lane) queue: a FIFO per job, served in rotation."""
 
     def __init__(self) -> None:
         self.fifos: OrderedDict[str, deque[WorkItem]] = OrderedDict()
@@ -55,30 +56,30 @@ class _JobFifos:
 
 
 class ModelQueues:
-    """Waiting items per model and priority, with counts kept as items come and go.
+    """Waiting items per model and lane, with counts kept as items come and go.
 
     `on_change`: called with a model whose waiting batch work changed (the
     steal index orders models by it).
     """
 
     def __init__(self, on_change: Callable[[str], None] = lambda model: None) -> None:
-        self._queues: dict[str, dict[int, _JobFifos]] = defaultdict(lambda: defaultdict(_JobFifos))
-        self._rows: Counter[tuple[str, int]] = Counter()
-        self._items: Counter[tuple[str, int]] = Counter()
-        self._backlog: dict[int, dict[str, None]] = defaultdict(dict)  # priority -> models with items waiting
+        self._queues: dict[str, dict[Lane, _JobFifos]] = defaultdict(lambda: defaultdict(_JobFifos))
+        self._rows: Counter[tuple[str, Lane]] = Counter()
+        self._items: Counter[tuple[str, Lane]] = Counter()
+        self._backlog: dict[Lane, dict[str, None]] = defaultdict(dict)  # lane -> models with items waiting
         self._on_change = on_change
 
     def push(self, item: WorkItem, front: bool = False) -> None:
-        self._queues[item.model][item.priority].push(item, front)
+        self._queues[item.model][item.lane].push(item, front)
         self._count(item, +1)
 
-    def head(self, model: str, priority: int) -> WorkItem | None:
-        """The oldest waiting item of a model at one priority."""
-        queue = self._queues.get(model, {}).get(priority)
+    def head(self, model: str, lane: Lane) -> WorkItem | None:
+        """The oldest waiting item of a model in one lane."""
+        queue = self._queues.get(model, {}).get(lane)
         return queue.head() if queue is not None else None
 
-    def take(self, model: str, priority: int, limit: int) -> list[WorkItem]:
-        queue = self._queues.get(model, {}).get(priority)
+    def take(self, model: str, lane: Lane, limit: int) -> list[WorkItem]:
+        queue = self._queues.get(model, {}).get(lane)
         taken = queue.take(limit) if queue is not None else []
         for item in taken:
             self._count(item, -1)
@@ -89,42 +90,42 @@ class ModelQueues:
         self._count(item, -1)
 
     def _count(self, item: WorkItem, delta: int) -> None:
-        key = (item.model, item.priority)
+        key = (item.model, item.lane)
         self._rows[key] += delta * item.rows
         self._items[key] += delta
         if self._items[key] > 0:
-            self._backlog[item.priority][item.model] = None
+            self._backlog[item.lane][item.model] = None
         else:
             del self._items[key], self._rows[key]
-            self._backlog[item.priority].pop(item.model, None)
-            queue = self._queues.get(item.model, {}).get(item.priority)
+            self._backlog[item.lane].pop(item.model, None)
+            queue = self._queues.get(item.model, {}).get(item.lane)
             if queue is not None and not len(queue):
-                del self._queues[item.model][item.priority]
+                del self._queues[item.model][item.lane]
                 if not self._queues[item.model]:
                     del self._queues[item.model]
-        if item.priority != ONLINE:
+        if item.lane is not Lane.ONLINE:
             self._on_change(item.model)
 
-    def depth(self, model: str, priority: int | None = None) -> int:
+    def depth(self, model: str, lane: Lane | None = None) -> int:
         """Entries waiting (stale ones count until they reach a head)."""
-        per_priority = self._queues.get(model, {})
-        if priority is not None:
-            queue = per_priority.get(priority)
+        per_lane = self._queues.get(model, {})
+        if lane is not None:
+            queue = per_lane.get(lane)
             return len(queue) if queue is not None else 0
-        return sum(len(q) for q in per_priority.values())
+        return sum(len(q) for q in per_lane.values())
 
-    def waiting_items(self, model: str, priority: int | None = None) -> int:
-        if priority is not None:
-            return self._items.get((model, priority), 0)
-        return self._items.get((model, ONLINE), 0) + self._items.get((model, BATCH), 0)
+    def waiting_items(self, model: str, lane: Lane | None = None) -> int:
+        if lane is not None:
+            return self._items.get((model, lane), 0)
+        return self._items.get((model, Lane.ONLINE), 0) + self._items.get((model, Lane.BATCH), 0)
 
-    def waiting_rows(self, model: str, priority: int | None = None) -> int:
-        if priority is not None:
-            return self._rows.get((model, priority), 0)
-        return self._rows.get((model, ONLINE), 0) + self._rows.get((model, BATCH), 0)
+    def waiting_rows(self, model: str, lane: Lane | None = None) -> int:
+        if lane is not None:
+            return self._rows.get((model, lane), 0)
+        return self._rows.get((model, Lane.ONLINE), 0) + self._rows.get((model, Lane.BATCH), 0)
 
-    def models(self, priority: int | None = None) -> list[str]:
-        """Models with items waiting (at `priority`, or at any)."""
-        if priority is not None:
-            return list(self._backlog[priority])
-        return list(dict.fromkeys([*self._backlog[ONLINE], *self._backlog[BATCH]]))
+    def models(self, lane: Lane | None = None) -> list[str]:
+        """Models with items waiting (in `lane`, or in either)."""
+        if lane is not None:
+            return list(self._backlog[lane])
+        return list(dict.fromkeys([*self._backlog[Lane.ONLINE], *self._backlog[Lane.BATCH]]))

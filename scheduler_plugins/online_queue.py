@@ -1,6 +1,6 @@
 """The online path of the pull queue: requests in, online pulls, group acks, answers out.
 
-An online request is an ONLINE-priority item on its model's queue (see
+An online request is an item in its model's online lane (see
 online_requests), so it shares leases, retries and worker-loss handling with
 batch items. Each worker keeps one online pull waiting beside its batch
 pulls; a new request wakes the one waiting pull placement ranks best for it
@@ -38,10 +38,10 @@ from shoal.configs import GatewaySettings
 
 from .online_requests import OnlineFailure, OnlineJob
 from .placement import online_rank
-from .protocol import OnlineAck, PullReply, RemoteAnswers, RemoteModels, RemoteQueued, RemoteRequest
+from .protocol import Lane, OnlineAck, PullReply, RemoteAnswers, RemoteModels, RemoteQueued, RemoteRequest
 from .queue_state import QueueState
 from .waiting_pulls import WaitingOnlinePulls, WaitingPull
-from .work_items import BATCH, ONLINE, ItemState, WorkItem, unsendable
+from .work_items import ItemState, WorkItem, unsendable
 from .worker_views import WorkerView, can_host
 
 logger = logging.getLogger("shoal.online")
@@ -83,7 +83,7 @@ class OnlineQueue:
             job = self.jobs[model] = OnlineJob(model, settings, self._forget)
         elif job.settings is not settings:
             job.configure(settings)
-        item, future = job.new_item(op, payload, rows, ONLINE)
+        item, future = job.new_item(op, payload, rows)
         self.core.items[item.id] = item
         self.core.queues.push(item)
         self.wake(model)
@@ -151,9 +151,9 @@ class OnlineQueue:
                     woken_for, claim = claim, None
                     self.wake(woken_for)
                 return None
-            model = claim if claim and self.core.queues.waiting_items(claim, ONLINE) else None
+            model = claim if claim and self.core.queues.waiting_items(claim, Lane.ONLINE) else None
             model = model or self.core.placement.online_model_for(view, busy, self.pulls, self._claims)
-            items = self.core.queues.take(model, ONLINE, MAX_ONLINE_BATCH) if model else []
+            items = self.core.queues.take(model, Lane.ONLINE, MAX_ONLINE_BATCH) if model else []
             if not (model and items):
                 return None
             grace = 0.0 if model in view.loaded else load_grace(view, model)
@@ -180,7 +180,7 @@ class OnlineQueue:
 
     def wake(self, model: str) -> None:
         """Wake the one waiting pull that should take `model`'s queued requests, if none is on its way."""
-        if model in self._claims or not self.core.queues.waiting_items(model, ONLINE):
+        if model in self._claims or not self.core.queues.waiting_items(model, Lane.ONLINE):
             return
         held = bool(self.core.views.holders.get(model))
         spec = self.core.model_specs.get(model, {})
@@ -199,7 +199,7 @@ class OnlineQueue:
         if self.pulls.refile(view.address) is None:
             return
         for model in view.held:
-            if self.core.queues.waiting_items(model, ONLINE) and model not in self._claims:
+            if self.core.queues.waiting_items(model, Lane.ONLINE) and model not in self._claims:
                 self.wake(model)
 
     def ack(self, worker: str, item_id: str, result: dict[str, Any], compute_seconds: float) -> bool:
@@ -396,11 +396,7 @@ class LocalBackend:
 
     def queue_depths(self) -> dict[tuple[str, str], int]:
         queues = self.core.queues
-        return {
-            (model, name): queues.depth(model, priority)
-            for model in self.core.model_specs
-            for priority, name in ((ONLINE, "online"), (BATCH, "batch"))
-        }
+        return {(model, lane.value): queues.depth(model, lane) for model in self.core.model_specs for lane in Lane}
 
     async def answer(
         self, model: str, op: str, payload: dict[str, Any], rows: int, timeout: float, settings: GatewaySettings

@@ -1,6 +1,6 @@
 """Online requests as queue items: one standing job per model, a future per request.
 
-An online request is an ONLINE-priority item on its model's queue, so it goes
+An online request is an item in its model's online lane, so it goes
 through the same leases, retries and worker-loss handling as a batch item.
 What it does not need is a job's result bookkeeping: each model has one
 long-lived `OnlineJob` whose items resolve an asyncio future when acked (or
@@ -15,6 +15,7 @@ from typing import Any
 
 from shoal.configs import GatewaySettings
 
+from .protocol import Lane
 from .work_items import ItemState, WorkItem
 
 
@@ -42,7 +43,7 @@ class OnlineJob:
         self.lease_seconds = settings.online_lease_seconds
         self.max_attempts = settings.max_attempts
 
-    def new_item(self, op: str, payload: dict[str, Any], rows: int, priority: int) -> tuple[WorkItem, asyncio.Future]:
+    def new_item(self, op: str, payload: dict[str, Any], rows: int) -> tuple[WorkItem, asyncio.Future]:
         self._next += 1
         item = WorkItem(
             id=f"{self.id}/{self._next}",
@@ -50,7 +51,7 @@ class OnlineJob:
             model=self.model,
             op=op,
             payload=payload,
-            priority=priority,
+            lane=Lane.ONLINE,
             rows=rows,
             owner=self,
         )

@@ -45,8 +45,9 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from .model_queues import ModelQueues
+from .protocol import Lane
 from .waiting_pulls import WaitingOnlinePulls
-from .work_items import BATCH, ONLINE, WorkItem
+from .work_items import WorkItem
 from .worker_views import WorkerView, WorkerViews, can_host
 
 DEFAULT_ROWS_PER_SECOND = 100.0
@@ -263,29 +264,31 @@ class Placement:
 
     # -- choosing for a batch pull ----------------------------------------------------
 
-    def choose(self, worker: WorkerView) -> tuple[str, int] | None:
-        """(model, priority) for this pull, or None when nothing fits the worker."""
+    def choose(self, worker: WorkerView) -> tuple[str, Lane] | None:
+        """(model, lane) for this pull, or None when nothing fits the worker."""
         heads = [
             (head.enqueued_at, model)
-            for model in self.queues.models(ONLINE)
+            for model in self.queues.models(Lane.ONLINE)
             if (model in worker.held or can_host(self.specs.get(model, {}), worker))
-            and (head := self.queues.head(model, ONLINE)) is not None
+            and (head := self.queues.head(model, Lane.ONLINE)) is not None
         ]
         held = [h for h in heads if h[1] in worker.held]
         if held:
-            return min(held)[1], ONLINE
+            return min(held)[1], Lane.ONLINE
         # Online requests of a model another worker holds wait for it (at most
         # its running batch): a load here would cost them far more.
         unheld = [h for h in heads if not self.views.holders.get(h[1])]
         if unheld:
-            return min(unheld)[1], ONLINE
+            return min(unheld)[1], Lane.ONLINE
         held = [
-            (head.enqueued_at, model) for model in worker.held if (head := self.queues.head(model, BATCH)) is not None
+            (head.enqueued_at, model)
+            for model in worker.held
+            if (head := self.queues.head(model, Lane.BATCH)) is not None
         ]
         if held:
-            return min(held)[1], BATCH
+            return min(held)[1], Lane.BATCH
         steal = self._steal(worker)
-        return (steal, BATCH) if steal is not None else None
+        return (steal, Lane.BATCH) if steal is not None else None
 
     def online_model_for(
         self, view: WorkerView, busy: bool, waiting: WaitingOnlinePulls, claimed: Collection[str]
@@ -297,7 +300,7 @@ class Placement:
         better for it (online_rank), and to one already woken for it.
         """
         best: tuple[bool, float, str] | None = None
-        for model in self.queues.models(ONLINE):
+        for model in self.queues.models(Lane.ONLINE):
             if model in claimed:
                 continue
             here = model in view.held
@@ -307,7 +310,7 @@ class Placement:
             other = waiting.best_rank(model, held)
             if other is not None and other < online_rank(view, model, busy):
                 continue
-            head = self.queues.head(model, ONLINE)
+            head = self.queues.head(model, Lane.ONLINE)
             if head is not None and (best is None or (not here, head.enqueued_at, model) < best):
                 best = (not here, head.enqueued_at, model)
         return best[2] if best is not None else None
@@ -375,11 +378,11 @@ class Placement:
 
     def _refresh_drains(self) -> None:
         for model in self._dirty:
-            items = self.queues.waiting_items(model, BATCH)
+            items = self.queues.waiting_items(model, Lane.BATCH)
             if not items:
                 self._drain_keys.pop(model, None)
                 continue
-            rows = self.queues.waiting_rows(model, BATCH)
+            rows = self.queues.waiting_rows(model, Lane.BATCH)
             holders = self.views.holders.get(model, 0)
             if holders == 0:
                 key = (1, float(rows), float(rows))
@@ -411,7 +414,7 @@ class Placement:
 
     def leased(self, work: WorkItem) -> None:
         """A batch item was leased: a take-back candidate until it starts."""
-        if work.priority == BATCH and work.worker is not None:
+        if work.lane is Lane.BATCH and work.worker is not None:
             self.take_backs.add(work, self._wait_on(work.worker, work.model))
 
     def started(self, work: WorkItem) -> None:

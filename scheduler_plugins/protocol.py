@@ -25,11 +25,20 @@ memory, ready to compute.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Literal, Required, TypedDict, get_args
 
 NAME = "shoal-pull-queue"  # the scheduler plugin's name and its key in `scheduler.extensions`
 EVENTS = "shoal-events"  # worker -> scheduler stream op: WorkerEvents
 REVOKE = "shoal-revoke"  # scheduler -> worker stream op: {"items": [item id, ...]}
+
+
+class Lane(StrEnum):
+    """Which of its model's queues an item waits in: online requests are leased before batch items."""
+
+    ONLINE = "online"
+    BATCH = "batch"
+
 
 # How vectors are stored or sent: batch jobs' outputs and online answers alike.
 Precision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
@@ -232,7 +241,7 @@ class SubmittedItem(TypedDict, total=False):
 
 
 class JobSettings(TypedDict, total=False):
-    priority: int  # work_items.BATCH unless given
+    lane: Lane  # Lane.BATCH unless given
     models: dict[str, SpecFields]  # the specs of the models the job's items name
     lease_seconds: float
     max_attempts: int

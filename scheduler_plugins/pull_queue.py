@@ -57,6 +57,7 @@ from .protocol import (
     GatewayStopped,
     JobSettings,
     JobStatus,
+    Lane,
     Overview,
     PullReply,
     ReleaseReply,
@@ -65,7 +66,7 @@ from .protocol import (
 )
 from .queue_state import QueueState
 from .waiting_pulls import WaitingPull
-from .work_items import BATCH, ONLINE, ItemState, WorkItem
+from .work_items import ItemState, WorkItem
 from .worker_views import WorkerView
 
 logger = logging.getLogger("shoal.scheduler")
@@ -137,7 +138,7 @@ class PullQueue(QueueState, SchedulerPlugin):
         if unknown:
             raise ValueError(f"job {job!r}: no model spec for {sorted(unknown)}")
         settings = settings or {}
-        priority = int(settings.get("priority", BATCH))
+        lane = Lane(settings.get("lane", Lane.BATCH))
         self.add_specs(settings.get("models", {}))
         work = [
             WorkItem(
@@ -146,7 +147,7 @@ class PullQueue(QueueState, SchedulerPlugin):
                 model=spec["model"],
                 op=spec["op"],
                 payload=spec["payload"],
-                priority=priority,
+                lane=lane,
                 rows=int(spec.get("rows", 0)),
             )
             for spec in items
@@ -156,7 +157,7 @@ class PullQueue(QueueState, SchedulerPlugin):
             self.items[item.id] = item
             self.queues.push(item)
         for model, count in Counter(item.model for item in work).items():
-            self.work_queued(model, priority, count)
+            self.work_queued(model, lane, count)
         return {"job": job, "items": len(work)}
 
     async def pull(
@@ -259,8 +260,8 @@ class PullQueue(QueueState, SchedulerPlugin):
         return {
             "queues": {
                 model: {
-                    "online": self.queues.depth(model, ONLINE),
-                    "batch": self.queues.depth(model, BATCH),
+                    "online": self.queues.depth(model, Lane.ONLINE),
+                    "batch": self.queues.depth(model, Lane.BATCH),
                 }
                 for model in self.queues.models()
             },
@@ -336,16 +337,16 @@ class PullQueue(QueueState, SchedulerPlugin):
         choice = self.placement.choose(worker)
         if choice is None:
             return []
-        model, priority = choice
+        model, lane = choice
         # A steal takes one item: the model must load before any of them runs,
         # and meanwhile the rest are better off with the workers that hold it.
-        if priority == ONLINE:
+        if lane is Lane.ONLINE:
             limit = MAX_ONLINE_BATCH
         elif model in worker.held:
             limit = min(room, self._fair_share(model))
         else:
             limit = 1
-        items = self.queues.take(model, priority, limit)
+        items = self.queues.take(model, lane, limit)
         for work in items:
             self.lease(work, worker.address)
         self.hold(worker, model)
@@ -358,7 +359,9 @@ class PullQueue(QueueState, SchedulerPlugin):
         keeps the first pull of a job from leasing what other holders would
         start sooner, so the tail needs few take-backs.
         """
-        return max(1, math.ceil(self.queues.waiting_items(model, BATCH) / max(1, self.views.holders.get(model, 0))))
+        return max(
+            1, math.ceil(self.queues.waiting_items(model, Lane.BATCH) / max(1, self.views.holders.get(model, 0)))
+        )
 
     def _take_back(self, worker: WorkerView) -> list[WorkItem]:
         """An idle worker takes one item another worker leased but has not started.

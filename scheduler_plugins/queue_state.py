@@ -19,9 +19,9 @@ from typing import Any
 from .leases import Leases
 from .model_queues import ModelQueues
 from .placement import ModelStats, Placement
-from .protocol import REVOKE, PullReply
+from .protocol import REVOKE, Lane, PullReply
 from .waiting_pulls import Timeouts, WaitingBatchPulls
-from .work_items import BATCH, ONLINE, ItemState, WorkItem
+from .work_items import ItemState, WorkItem
 from .worker_views import WorkerView, WorkerViews, can_host
 
 logger = logging.getLogger("shoal.scheduler")
@@ -109,7 +109,7 @@ class QueueState:
         self.unlease(work)
         if holder != worker:
             self.revoke(holder, [work.id])
-        if work.priority == BATCH:
+        if work.lane is Lane.BATCH:
             self.placement.stats.record(
                 work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0))
             )
@@ -161,8 +161,8 @@ class QueueState:
                 continue
             since = self._unplaceable_since.setdefault(model, now)
             reason = _unplaceable_reason(model, spec, self.views.largest_budget())
-            for priority in (ONLINE, BATCH):
-                for work in self.queues.take(model, priority, len(self.items)):
+            for lane in Lane:
+                for work in self.queues.take(model, lane, len(self.items)):
                     job = work.settings
                     if now - since >= job.unplaceable_seconds:
                         work.errors.append(reason)
@@ -242,11 +242,11 @@ class QueueState:
             return
         work.requeue()
         self.queues.push(work, front=front)
-        self.work_queued(work.model, work.priority, 1)
+        self.work_queued(work.model, work.lane, 1)
 
-    def work_queued(self, model: str, priority: int, count: int) -> None:
+    def work_queued(self, model: str, lane: Lane, count: int) -> None:
         """Wake the pulls that may take `count` new items of `model`, and no others."""
-        if priority == ONLINE:
+        if lane is Lane.ONLINE:
             self.online_work_queued(model)
             return
         spec = self.model_specs.get(model, {})
@@ -259,7 +259,7 @@ class QueueState:
 
     def _holders_changed(self, model: str) -> None:
         self.placement.model_changed(model)
-        if not self.views.holders.get(model) and self.queues.waiting_items(model, ONLINE):
+        if not self.views.holders.get(model) and self.queues.waiting_items(model, Lane.ONLINE):
             self.online_work_queued(model)  # its requests may now go to any worker
 
     def worker_lost(self, worker: str) -> None:

@@ -13,10 +13,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from .protocol import ItemMessage
-
-ONLINE = 0
-BATCH = 1
+from .protocol import ItemMessage, Lane
 
 
 class ItemOwner(Protocol):
@@ -51,7 +48,7 @@ class WorkItem:
     model: str
     op: str
     payload: dict[str, Any]
-    priority: int = BATCH
+    lane: Lane = Lane.BATCH
     rows: int = 0
     state: ItemState = ItemState.QUEUED
     attempts: int = 0

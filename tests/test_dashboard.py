@@ -93,7 +93,7 @@ def test_dask_metrics_endpoint_carries_shoal_figures(running_job):
     text = get(base + "/metrics")
     assert "dask_scheduler_workers" in text  # Dask's own collectors, same registry
     assert metric(text, "shoal_rows_total", model=MODEL) > 0
-    assert metric(text, "shoal_queue_depth", model=MODEL, priority="batch") is not None
+    assert metric(text, "shoal_queue_depth", model=MODEL, lane="batch") is not None
     assert metric(text, "shoal_queue_events_total", event="leased") > 0
     workers = list(figures["workers"])
     assert sum(metric(text, "shoal_model_loads_total", worker=w) or 0 for w in workers) >= 1

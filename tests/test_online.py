@@ -201,7 +201,7 @@ def test_models_health_readiness_and_metrics(gateway):
     assert 'shoal_online_requests_total{model="tiny",status="200"}' in text
     for stage in ("queue", "compute", "total"):
         assert f'shoal_online_latency_seconds_count{{model="tiny",stage="{stage}"}}' in text
-    assert 'shoal_queue_depth{model="tiny",priority="online"}' in text and "shoal_online_in_flight" in text
+    assert 'shoal_queue_depth{lane="online",model="tiny"}' in text and "shoal_online_in_flight" in text
 
 
 BAD_INPUTS = [

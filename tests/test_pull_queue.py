@@ -8,9 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from shoal.scheduler_plugins.protocol import EVENTS
+from shoal.scheduler_plugins.protocol import EVENTS, Lane
 from shoal.scheduler_plugins.pull_queue import PullQueue
-from shoal.scheduler_plugins.work_items import ONLINE
 from tests.support.fake_scheduler import running_queue, worker_state
 from tests.support.waiting import async_wait_for
 
@@ -193,7 +192,7 @@ async def test_online_before_batch_and_held_models_first(plugin):
     plugin.submit("batch-n", items("n", 2), SPECS)
     # held model first, even though m's backlog is older
     assert (await plugin.pull("w1", held=["n"], timeout=0))["items"][0]["model"] == "n"
-    plugin.submit("online", items("n", 3, rows=1), {**SPECS, "priority": ONLINE})
+    plugin.submit("online", items("n", 3, rows=1), {**SPECS, "lane": Lane.ONLINE})
     # w2 does not hold n while w1 does: the online items wait for w1
     assert [m["model"] for m in (await plugin.pull("w2", held=["m"], room=1, timeout=0))["items"]] == ["m"]
     reply = await plugin.pull("w1", held=["n"], room=1, timeout=0)

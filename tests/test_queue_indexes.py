@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shoal.configs import GatewaySettings
+from shoal.scheduler_plugins.protocol import Lane
 from shoal.scheduler_plugins.pull_queue import PullQueue
-from shoal.scheduler_plugins.work_items import BATCH, ONLINE, ItemState
+from shoal.scheduler_plugins.work_items import ItemState
 from shoal.scheduler_plugins.worker_views import can_host
 from tests.support.fake_scheduler import running_queue, worker_state
 
@@ -159,7 +160,7 @@ def check_indexes(plugin: PullQueue) -> None:
     unstarted = defaultdict(set)
     ahead: dict[str, float] = defaultdict(float)
     for work in leased:
-        if work.priority == BATCH and not work.started:
+        if work.lane is Lane.BATCH and not work.started:
             unstarted[work.worker].add(work.id)
         elif work.started:
             ahead[work.worker] += work.expected_seconds
@@ -178,29 +179,27 @@ def check_indexes(plugin: PullQueue) -> None:
     for model, wait in longest.items():
         assert take_backs._tops[model][0] >= wait  # a model's key may overestimate its longest wait, never less
     for model in MODELS:
-        for priority in (ONLINE, BATCH):
+        for lane in Lane:
             queued = [
-                w
-                for w in plugin.items.values()
-                if w.state is ItemState.QUEUED and w.model == model and w.priority == priority
+                w for w in plugin.items.values() if w.state is ItemState.QUEUED and w.model == model and w.lane is lane
             ]
-            assert plugin.queues.waiting_items(model, priority) == len(queued)
-            assert plugin.queues.waiting_rows(model, priority) == sum(w.rows for w in queued)
-            assert (model in plugin.queues.models(priority)) == bool(queued)
+            assert plugin.queues.waiting_items(model, lane) == len(queued)
+            assert plugin.queues.waiting_rows(model, lane) == sum(w.rows for w in queued)
+            assert (model in plugin.queues.models(lane)) == bool(queued)
 
 
 def best_steal_gain(plugin: PullQueue, view) -> tuple[int, float] | None:
     """The old scan over every model: (unheld, gain) of the best steal, or None."""
     placement, queues = plugin.placement, plugin.queues
     best = None
-    for model in queues.models(BATCH):
+    for model in queues.models(Lane.BATCH):
         if model in view.held or not can_host(plugin.model_specs.get(model, {}), view):
             continue
         holders = plugin.views.holders.get(model, 0)
         if holders == 0:
-            candidate = (1, float(queues.waiting_rows(model, BATCH)))
+            candidate = (1, float(queues.waiting_rows(model, Lane.BATCH)))
         else:
-            drain = queues.waiting_rows(model, BATCH) / (placement.stats.rows_per_second(model) * holders)
+            drain = queues.waiting_rows(model, Lane.BATCH) / (placement.stats.rows_per_second(model) * holders)
             gain = drain - placement.steal_factor * placement.load_seconds(view, model)
             if gain <= 0:
                 continue
@@ -214,7 +213,7 @@ def best_take_back_gain(plugin: PullQueue, thief) -> float | None:
     placement = plugin.placement
     best = None
     for work in leased_items(plugin):
-        if work.worker == thief.address or work.started or work.priority != BATCH:
+        if work.worker == thief.address or work.started or work.lane is not Lane.BATCH:
             continue
         if work.model not in thief.held and not can_host(plugin.model_specs.get(work.model, {}), thief):
             continue
@@ -242,7 +241,7 @@ def check_choices(plugin: PullQueue) -> None:
         else:
             assert chosen is not None, f"no steal where {expected} was best"
             holders = plugin.views.holders.get(chosen, 0)
-            rows = plugin.queues.waiting_rows(chosen, BATCH)
+            rows = plugin.queues.waiting_rows(chosen, Lane.BATCH)
             if expected[0] == 1:
                 assert holders == 0 and rows == expected[1]
             else:
