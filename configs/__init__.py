@@ -44,6 +44,9 @@ RuntimeDType = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 
 
 class RuntimeChoice(BaseModel):
+# The quality gate's evidence beside a choice, as a profile holds it: its verdict, figures (cosine and nDCG@10 for
+# an embedder, Kendall's tau for a reranker), failures, texts and date; pipeline/tuning/quality_gate.py writes it.
+GateEvidence = dict[str, str | int | float | list[str]]
     """Which runtime and number format compute a model, with the quality gate's evidence.
 
     ``gate`` holds the figures and verdict of ``shoal check-precision`` (or
@@ -54,7 +57,7 @@ class RuntimeChoice(BaseModel):
 
     runtime: RuntimeName = "torch"
     dtype: RuntimeDType = "auto"
-    gate: dict[str, Any] | None = None
+    gate: GateEvidence | None = None
 
     @model_validator(mode="after")
     def _supported_pair(self) -> RuntimeChoice:
@@ -85,7 +88,8 @@ class ModelSpec(BaseModel):
     # Named prompts laid over the model's own (config_sentence_transformers.json); see configs/prompts.py.
     prompts: dict[str, str] | None = None
     default_prompt_name: str | None = None
-    # Simulated runtime only: timings of a device that is not there.
+    # Every model: the load time placement expects before a worker has measured one (0: its default guess,
+    # scheduler_plugins/placement.py); the simulated runtime also sleeps it as its load.
     load_seconds: float = 0.0
     batch_fixed_seconds: float = 0.0
     per_token_seconds: float = 0.0

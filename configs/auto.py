@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -54,39 +53,42 @@ def cache_dir() -> Path:
 def auto_profile(machine: Machine | None = None) -> Profile:
     """This machine's `auto` profile, its layout chosen and the reason recorded; no runtimes yet."""
     machine = machine or probe()
-    fields, why = gpu_layout(machine) if machine.gpus else cpu_layout(machine)
-    fields.update(name=NAME, runtimes={}, reasons={LAYOUT: f"{why}; machine: {machine.describe()}"})
-    profile = Profile(**fields)
+    layout, why = gpu_layout(machine) if machine.gpus else cpu_layout(machine)
+    profile = layout.model_copy(
+        update={"name": NAME, "runtimes": {}, "reasons": {LAYOUT: f"{why}; machine: {machine.describe()}"}}
+    )
     profile._machine = machine
     return save(profile)
 
 
-def _base(name: str) -> dict[str, Any]:
+def _base(name: str) -> Profile:
+    """A shipped profile, without its runtimes: they are measured per machine, never inherited."""
     fields = read_yaml(CONFIG_DIR / f"{name}.yaml")
-    fields.pop("runtimes", None)  # measured per machine, never inherited
-    return fields
+    fields.pop("runtimes", None)
+    return Profile.model_validate(fields)
 
 
-def cpu_layout(machine: Machine) -> tuple[dict[str, Any], str]:
+def cpu_layout(machine: Machine) -> tuple[Profile, str]:
     """With bf16 hardware, cpu-2core's one process per core; without, cpu-local's one process per FP32_THREADS cores."""
     if machine.bf16:
-        fields, base, per = _base(CPU_BASE), CPU_BASE, "one worker process per core, one thread each"
+        base, per = CPU_BASE, "one worker process per core, one thread each"
         workers = machine.cores
     else:
-        fields, base, per = _base(FP32_BASE), FP32_BASE, f"one worker process for up to {FP32_THREADS} cores"
+        base, per = FP32_BASE, f"one worker process for up to {FP32_THREADS} cores"
         workers = -(-machine.cores // FP32_THREADS)
     workers = max(1, min(workers, MAX_CPU_WORKERS, machine.memory_bytes // WORKER_MEMORY))
     threads = max(1, machine.cores // workers)
-    fields.update(device="cpu", workers=workers, threads_per_worker=threads, in_process_workers=False)
+    layout = {"device": "cpu", "workers": workers, "threads_per_worker": threads, "in_process_workers": False}
     bf16 = "bf16 hardware" if machine.bf16 else "no bf16 hardware" + (" (switched off)" if machine.no_bf16 else "")
     why = (
         f"{workers} worker{'s' * (workers > 1)} x {threads} thread{'s' * (threads > 1)}: {base}'s layout "
         f"({per}) on {machine.cores} cores, {bf16}"
     )
-    return fields, why
+    return _base(base).model_copy(update=layout), why
 
 
-def gpu_layout(machine: Machine) -> tuple[dict[str, Any], str]:
+def gpu_layout(machine: Machine) -> tuple[Profile, str]:
+    """That GPU's shipped profile (else the nearest in memory), with at most its workers and one per two host cores."""
     gpu = machine.gpus[0]
     named = [key for tag, key in GPU_PROFILES.items() if tag in gpu.name.upper()]
     if named:
@@ -94,10 +96,10 @@ def gpu_layout(machine: Machine) -> tuple[dict[str, Any], str]:
     else:
         key = min(GPU_MEMORY, key=lambda k: abs(GPU_MEMORY[k] - gpu.memory_bytes))
         how = f"{key}'s profile, the shipped GPU nearest in memory to {gpu.name}"
-    fields = _base(key)
-    workers = max(1, min(int(fields.get("workers", 1)), machine.cores // 2))
-    fields.update(device="cuda", workers=workers)
-    return fields, f"{workers} workers x 1 thread on cuda:0: {how} ({machine.cores} host cores)"
+    base = _base(key)
+    workers = max(1, min(base.workers, machine.cores // 2))
+    layout = base.model_copy(update={"device": "cuda", "workers": workers})
+    return layout, f"{workers} workers x 1 thread on cuda:0: {how} ({machine.cores} host cores)"
 
 
 def save(profile: Profile) -> Profile:

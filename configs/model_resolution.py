@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from . import ConfigError, ModelSpec
 
@@ -227,7 +227,17 @@ def resolve_unlisted(name: str, known: list[str]) -> ModelSpec:
     return ModelFiles(snapshot).spec(repo_id, f"{HF_PREFIX}{repo_id}@{revision}")
 
 
-def fields_from_source(name: str, source: str) -> dict[str, Any]:
+class SourceFields(TypedDict):
+    """What a catalog entry may leave out, read from its source's files."""
+
+    kind: str
+    dim: int
+    max_seq_length: int
+    normalize: bool
+    memory_bytes: int
+
+
+def fields_from_source(name: str, source: str) -> SourceFields:
     """What a catalog entry leaves out (kind, dim, window, normalize, memory), read from its source's files."""
     if source.startswith(HF_PREFIX):
         folder = Path(hub_source_path(source))
@@ -237,10 +247,13 @@ def fields_from_source(name: str, source: str) -> dict[str, Any]:
         folder = Path(source).expanduser()
         if not folder.is_dir():
             raise ConfigError(f"source directory {source!r} does not exist")
-    return (
-        ModelFiles(folder)
-        .spec(name, source)
-        .model_dump(include={"kind", "dim", "max_seq_length", "normalize", "memory_bytes"})
+    spec = ModelFiles(folder).spec(name, source)
+    return SourceFields(
+        kind=spec.kind,
+        dim=spec.dim,
+        max_seq_length=spec.max_seq_length,
+        normalize=spec.normalize,
+        memory_bytes=spec.memory_bytes,
     )
 
 

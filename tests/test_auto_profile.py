@@ -27,40 +27,40 @@ GIB = 2**30
 
 
 def test_a_small_cpu_with_bf16_gets_cpu_2core_s_tuned_layout_one_worker_per_core():
-    fields, why = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB, features=frozenset({"avx512_bf16"})))
-    assert (fields["workers"], fields["threads_per_worker"], fields["device"]) == (2, 1, "cpu")
-    assert fields["token_budgets"] == load_profile("cpu-2core").token_budgets  # tuned on 1-thread workers
-    assert "runtimes" not in fields  # measured per machine, never inherited
+    layout, why = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB, features=frozenset({"avx512_bf16"})))
+    assert (layout.workers, layout.threads_per_worker, layout.device) == (2, 1, "cpu")
+    assert layout.token_budgets == load_profile("cpu-2core").token_budgets  # tuned on 1-thread workers
+    assert load_profile("cpu-2core").runtimes and layout.runtimes == {}  # measured per machine, never inherited
     assert "cpu-2core" in why and "2 cores, bf16 hardware" in why
 
 
 def test_without_bf16_one_worker_process_takes_the_cores():
-    fields, why = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB, features=frozenset({"avx2"})))
-    assert (fields["workers"], fields["threads_per_worker"]) == (1, 2)
-    assert "token_budgets" not in fields  # cpu-local's: the catalog's budgets
+    layout, why = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB, features=frozenset({"avx2"})))
+    assert (layout.workers, layout.threads_per_worker) == (1, 2)
+    assert layout.token_budgets == {}  # cpu-local's: the catalog's budgets
     assert "cpu-local" in why and "no bf16 hardware" in why
     switched = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB, features=frozenset({"amx_bf16"}), no_bf16=True))
-    assert switched[0]["workers"] == 1 and "(switched off)" in switched[1]
+    assert switched[0].workers == 1 and "(switched off)" in switched[1]
 
 
 def test_a_large_cpu_caps_the_processes_and_gives_each_the_cores_left():
     bf16 = frozenset({"amx_bf16"})
     large = cpu_layout(Machine(cores=32, memory_bytes=128 * GIB, features=bf16))[0]
-    assert (large["workers"], large["threads_per_worker"]) == (8, 4)
+    assert (large.workers, large.threads_per_worker) == (8, 4)
     short_of_memory = cpu_layout(Machine(cores=8, memory_bytes=3 * GIB, features=bf16))[0]
-    assert (short_of_memory["workers"], short_of_memory["threads_per_worker"]) == (3, 2)
+    assert (short_of_memory.workers, short_of_memory.threads_per_worker) == (3, 2)
     fp32 = cpu_layout(Machine(cores=16, memory_bytes=64 * GIB))[0]
-    assert (fp32["workers"], fp32["threads_per_worker"]) == (4, 4)
+    assert (fp32.workers, fp32.threads_per_worker) == (4, 4)
 
 
 def test_a_gpu_gets_its_shipped_profile_else_the_nearest_in_memory_with_at_most_a_worker_per_two_cores():
     h100 = Machine(cores=26, memory_bytes=200 * GIB, gpus=(Gpu("NVIDIA H100 80GB HBM3", 80 * GIB, (9, 0)),))
-    fields, why = gpu_layout(h100)
-    assert (fields["device"], fields["workers"], fields["memory_fraction"]) == ("cuda", 8, 0.052)
+    layout, why = gpu_layout(h100)
+    assert (layout.device, layout.workers, layout.memory_fraction) == ("cuda", 8, 0.052)
     assert "shipped profile for NVIDIA H100" in why
     t4 = Machine(cores=4, memory_bytes=16 * GIB, gpus=(Gpu("Tesla T4", 15 * GIB, (7, 5)),))
-    fields, why = gpu_layout(t4)
-    assert fields["workers"] == 2 and fields["token_budgets"] == load_profile("l4").token_budgets
+    layout, why = gpu_layout(t4)
+    assert layout.workers == 2 and layout.token_budgets == load_profile("l4").token_budgets
     assert "l4's profile" in why
 
 
@@ -219,6 +219,22 @@ def test_a_candidate_left_ungated_could_not_have_been_chosen(speeds, passes):
     assert (pruned[0].runtime, pruned[0].dtype) == (full[0].runtime, full[0].dtype)
     assert {(r["runtime"], r["dtype"]) for r in rows if r["verdict"] == "too slow"}.isdisjoint(checked)
     assert len(rows) == 4 and rows[0]["figures"] == {}  # fp32 torch is the reference, never checked against itself
+
+
+def test_a_reduced_precision_that_would_win_outright_is_gated_first_and_ends_the_gating_when_it_passes():
+    """int8 at 2.5x beats onnx fp32's 1.5x by more than a quarter: gated first; fp32 only if int8 is refused."""
+    timed = {("onnx", "float32"): 1.5, ("onnx", "int8"): 2.5, ("torch", "bfloat16"): 1.2}
+    for int8_passes, gated in ((True, [("onnx", "int8")]), (False, [("onnx", "int8"), ("onnx", "float32")])):
+        checked = []
+
+        def check(choice, int8_passes=int8_passes):
+            checked.append((choice.runtime, choice.dtype))
+            return {}, [] if int8_passes or choice.dtype != "int8" else ["cosine mean 0.96 < 0.999"]
+
+        rows = judge(timed, check)
+        assert checked == gated
+        assert choose(record_of(rows))[0].dtype == ("int8" if int8_passes else "float32")
+        assert {r["dtype"]: r["verdict"] for r in rows[1:]}["bfloat16"] == "too slow"
 
 
 def record_of(rows: list[dict]) -> dict:
