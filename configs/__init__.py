@@ -41,12 +41,12 @@ class ConfigError(ValueError):
 
 RuntimeName = Literal["torch", "onnx"]
 RuntimeDType = Literal["auto", "float32", "float16", "bfloat16", "int8"]
-
-
-class RuntimeChoice(BaseModel):
 # The quality gate's evidence beside a choice, as a profile holds it: its verdict, figures (cosine and nDCG@10 for
 # an embedder, Kendall's tau for a reranker), failures, texts and date; pipeline/tuning/quality_gate.py writes it.
 GateEvidence = dict[str, str | int | float | list[str]]
+
+
+class RuntimeChoice(BaseModel):
     """Which runtime and number format compute a model, with the quality gate's evidence.
 
     ``gate`` holds the figures and verdict of ``shoal check-precision`` (or
@@ -91,6 +91,7 @@ class ModelSpec(BaseModel):
     # Every model: the load time placement expects before a worker has measured one (0: its default guess,
     # scheduler_plugins/placement.py); the simulated runtime also sleeps it as its load.
     load_seconds: float = 0.0
+    # Simulated runtime only: timings of a device that is not there.
     batch_fixed_seconds: float = 0.0
     per_token_seconds: float = 0.0
 
