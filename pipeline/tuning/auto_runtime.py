@@ -39,11 +39,11 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict, cast, final
 
 from rich.console import Console
 
-from shoal.configs import ModelSpec, Profile, RuntimeChoice, load_profile
+from shoal.configs import GateEvidence, ModelSpec, Profile, RuntimeChoice, load_profile
 from shoal.configs.auto import NAME, cache_dir, save
 from shoal.configs.machine import Machine, probe
 
@@ -57,22 +57,66 @@ MIN_GAIN = 0.05  # a candidate must beat fp32 by this much to replace it (timing
 LOSSY_GAIN = 0.25
 
 
+class Candidate(TypedDict):
+    """One runtime x dtype of a measurement: its speed against fp32 torch, and the gate's verdict if gated."""
+
+    runtime: str
+    dtype: str
+    verdict: Literal["pass", "refused", "too slow"]
+    figures: dict[str, float]  # the gate's (quality_gate.Verdict.figures); none when not gated
+    failures: list[str]
+    speed_vs_fp32: float
+
+
+@final
+class Measurement(TypedDict):
+    """A verdicts file: every candidate for one model on this kind of machine, and what measuring cost."""
+
+    measurement: int  # MEASUREMENT when written
+    model: str
+    machine: str  # Machine.signature()
+    described: str
+    device: str
+    threads: int
+    texts: int
+    candidates: list[Candidate]
+    seconds: float
+    steps: dict[str, float]  # seconds per step of the measurement
+    checked: str
+
+
+@final
+class MeasurementFailed(TypedDict):
+    """A verdicts file for a measurement that failed, cached with its reason so it is not retried."""
+
+    measurement: int
+    model: str
+    failed: str
+    details: str
+    checked: str
+
+
+VerdictsRecord = Measurement | MeasurementFailed
+
+
 def verdict_path(fingerprint: str, machine: Machine, threads: int) -> Path:
     """Keyed by the threads per worker too: they change which runtime is fastest."""
     return cache_dir() / "verdicts" / f"{fingerprint[:16]}-{machine.signature()}-t{threads}.json"
 
 
-def read_verdicts(fingerprint: str, machine: Machine, threads: int) -> dict[str, Any] | None:
+def read_verdicts(fingerprint: str, machine: Machine, threads: int) -> VerdictsRecord | None:
     """The cached measurement (or failure) for this model on this kind of machine at `threads`, or None."""
     path = verdict_path(fingerprint, machine, threads)
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and record.get("measurement") == MEASUREMENT else None
+    if not isinstance(record, dict) or record.get("measurement") != MEASUREMENT:
+        return None
+    return cast(VerdictsRecord, record)  # written by write_record in this format
 
 
-def write_record(path: Path, record: dict[str, Any]) -> None:
+def write_record(path: Path, record: VerdictsRecord) -> None:
     """Written whole or not at all: concurrent commands read a complete record or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staged = path.with_name(f".{path.name}.{os.getpid()}")
@@ -80,7 +124,7 @@ def write_record(path: Path, record: dict[str, Any]) -> None:
     os.replace(staged, path)
 
 
-def failure(model: str, reason: str, details: str = "") -> dict[str, Any]:
+def failure(model: str, reason: str, details: str = "") -> MeasurementFailed:
     """The record of a measurement that failed: cached like a result, so it is not retried on every command."""
     return {
         "measurement": MEASUREMENT,
@@ -98,11 +142,11 @@ def gate_texts() -> list[str]:
     return [str(t) for t in pq.read_table(GATE_SAMPLE / "sample.parquet", columns=["text"]).column("text").to_pylist()]
 
 
-def label(row: dict[str, Any]) -> str:
+def label(row: Candidate) -> str:
     return f"{row['runtime']} {row['dtype']}"
 
 
-def choose(record: dict[str, Any]) -> tuple[RuntimeChoice, str]:
+def choose(record: VerdictsRecord) -> tuple[RuntimeChoice, str]:
     """The fastest passing candidate beating fp32 by MIN_GAIN (else fp32 torch), and why, from a measurement."""
     if "failed" in record:
         return RuntimeChoice(runtime="torch", dtype="float32"), (
@@ -137,8 +181,13 @@ def choose(record: dict[str, Any]) -> tuple[RuntimeChoice, str]:
         + (f"; refused: {', '.join(refused)}" if refused else "")
         + (f"; too slow to gate: {', '.join(slow)}" if slow else "")
     )
-    gate = {"verdict": "pass", **best["figures"], "speed_vs_fp32": best["speed_vs_fp32"], "checked": record["checked"]}
-    return RuntimeChoice(runtime=best["runtime"], dtype=best["dtype"], gate=gate), why
+    gate: GateEvidence = {
+        "verdict": "pass",
+        **best["figures"],
+        "speed_vs_fp32": best["speed_vs_fp32"],
+        "checked": record["checked"],
+    }
+    return RuntimeChoice.model_validate({"runtime": best["runtime"], "dtype": best["dtype"], "gate": gate}), why
 
 
 def cached_choice(spec: ModelSpec, machine: Machine, threads: int) -> str:
@@ -223,22 +272,23 @@ def offered(plan_kind: str, machine: Machine) -> list[RuntimeChoice]:
 
 def judge(
     speeds: dict[tuple[str, str], float], check: Callable[[RuntimeChoice], tuple[dict[str, float], list[str]]]
-) -> list[dict[str, Any]]:
+) -> list[Candidate]:
     """The record's rows: fp32 torch, then each timed candidate, gated by `check` only if it could be chosen.
 
     A candidate goes through the gate only when, were it to pass, `choose` would take it: it beats the
     fastest that passed before it (at least fp32 by MIN_GAIN), and a reduced precision also the fastest
     full-precision one that passed by LOSSY_GAIN. Full precision goes first, each kind fastest first.
     """
-    rows: list[dict[str, Any]] = [
+    rows: list[Candidate] = [
         {"runtime": "torch", "dtype": "float32", "verdict": "pass", "figures": {}, "failures": [], "speed_vs_fp32": 1.0}
     ]
     best, exact = 1 + MIN_GAIN, 1.0
     for (runtime, dtype), speed in sorted(speeds.items(), key=lambda item: (item[0][1] != "float32", -item[1])):
-        row: dict[str, Any] = {"runtime": runtime, "dtype": dtype, "speed_vs_fp32": round(speed, 3)}
+        timed = round(speed, 3)
+        row = Candidate(runtime=runtime, dtype=dtype, verdict="too slow", figures={}, failures=[], speed_vs_fp32=timed)
         needed = best if dtype == "float32" else max(best, exact * (1 + LOSSY_GAIN))
         if speed < needed:
-            rows.append({**row, "verdict": "too slow", "figures": {}, "failures": [f"{speed:.2f}x < {needed:.2f}x"]})
+            rows.append({**row, "failures": [f"{speed:.2f}x < {needed:.2f}x"]})
             continue
         figures, failures = check(RuntimeChoice.model_validate({"runtime": runtime, "dtype": dtype}))
         rows.append({**row, "verdict": "refused" if failures else "pass", "figures": figures, "failures": failures})
@@ -248,7 +298,7 @@ def judge(
     return rows
 
 
-def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> dict[str, Any]:
+def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> Measurement:
     """Each offered candidate timed against fp32; those fast enough to be chosen through the gate; the record."""
     from dataclasses import replace
 
