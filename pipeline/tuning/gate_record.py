@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 from rich.table import Table
 
-from shoal.configs import ConfigError, RuntimeDType, RuntimeName, load_profile
+from shoal.configs import ConfigError, GateEvidence, RuntimeDType, RuntimeName, load_profile
 from shoal.pipeline.tuning.profile import ProfileFields, profile_fields, profile_path, write_profile
 from shoal.pipeline.tuning.quality_gate import Verdict
 
@@ -55,7 +54,7 @@ def record_verdict(profile: str, verdict: Verdict, note: str) -> Path:
     runtimes = dict(fields.get("runtimes") or {})
     if not verdict.passed and verdict.model in runtimes:
         return path
-    gate: dict[str, Any] = verdict.evidence()
+    gate: GateEvidence = verdict.evidence()
     entry: ProfileFields = {"runtime": verdict.choice.runtime, "dtype": verdict.choice.dtype, "gate": gate}
     if not verdict.passed:  # kept as evidence; the model runs on fp32 torch
         entry.update(runtime="torch", dtype="float32")

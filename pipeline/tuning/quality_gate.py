@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from shoal.configs import ModelSpec, RuntimeChoice
+from shoal.configs import GateEvidence, ModelSpec, RuntimeChoice
 from shoal.pipeline.retrieval.beir import RetrievalSet, load_beir
 from shoal.pipeline.retrieval.evaluation import evaluate
 from shoal.pipeline.retrieval.top_k import top_k
@@ -59,7 +58,7 @@ class Verdict:
         verdict = "pass" if self.passed else "refused: " + "; ".join(self.failures)
         return f"{self.model} on {self.choice.runtime} {self.choice.dtype}: {figures} -> {verdict}"
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> GateEvidence:
         """What goes into the profile beside the choice."""
         return {
             "verdict": "pass" if self.passed else "refused",
