@@ -28,6 +28,10 @@ from shoal.pipeline.jobs.planner import PlanError
 from shoal.scheduler_plugins.protocol import StorageOptions
 from shoal.workers.data.storage import open_fs
 
+# One row of a dataset's file as its format gives it (JSON Lines, TSV, Parquet): whatever fields and types the
+# dataset's authors wrote; each read names the field it needs, and a missing one is a PlanError.
+Row = dict[str, Any]
+
 
 @dataclass
 class RetrievalSet:
@@ -54,7 +58,7 @@ def load_beir(location: str, split: str = "test", storage_options: StorageOption
     return RetrievalSet(posixpath.basename(root.rstrip("/")), corpus, queries, qrels)
 
 
-def _rows(fs, path: str) -> list[dict[str, Any]]:
+def _rows(fs, path: str) -> list[Row]:
     with fs.open(path, "rb") as f:
         data = f.read()
     if path.endswith(".parquet"):
@@ -71,7 +75,7 @@ def _rows(fs, path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _field(row: dict[str, Any], names: tuple[str, ...], path: str, number: int) -> Any:
+def _field(row: Row, names: tuple[str, ...], path: str, number: int) -> Any:
     for name in names:
         if name in row:
             return row[name]

@@ -47,6 +47,7 @@ class Outcome:
 
     score: float
     violation: float = 0.0
+    # The objective's figures, for its own report (trials.py, tune.py): the search never reads them.
     figures: dict[str, Any] = field(default_factory=dict)
     note: str = ""
 
