@@ -64,9 +64,9 @@ import numpy as np
 from distributed import Client, LocalCluster, get_worker
 from harness import RESULTS, Meter
 
-from shoal.configs import GatewaySettings, ModelSpec
+from shoal.configs import MAX_ONLINE_BATCH, GatewaySettings, ModelSpec
 from shoal.pipeline.cluster import pull_queue  # noqa: E402
-from shoal.scheduler_plugins.online_queue import MAX_ONLINE_BATCH, OnlineQueue
+from shoal.scheduler_plugins.online_queue import OnlineQueue
 from shoal.scheduler_plugins.protocol import Lane, OnlineAck, PullReply
 from shoal.scheduler_plugins.pull_queue import PullQueue
 from shoal.scheduler_plugins.work_items import ItemState, WorkItem

@@ -160,12 +160,14 @@ async def plugin_alone(
     CPU is `time.process_time()` (this process, to the nanosecond), not the
     harness's ProcessClock: that counts clock ticks, too coarse for the idle phase.
     """
-    from shoal.configs import GatewaySettings
+    from shoal.configs import GatewaySettings, ModelSpec
     from shoal.scheduler_plugins.pull_queue import PullQueue
 
     rng = random.Random(seed)
     names = [f"w{i}" for i in range(workers)]
-    specs = {f"m{i}": {"name": f"m{i}", "kind": "sim", "load_seconds": 2.0} for i in range(models)}
+    specs = {
+        f"m{i}": ModelSpec.model_validate({"name": f"m{i}", **SIM_MODEL, "load_seconds": 2.0}) for i in range(models)
+    }
     plugin = PullQueue(models=specs)
     await plugin.start(StandInScheduler(names))
     sims = [

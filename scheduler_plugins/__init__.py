@@ -47,7 +47,7 @@ async def dask_setup(
     if NAME in scheduler.plugins:
         return
     settings = gateway_settings(shoal_gateway_port, shoal_gateway_host, shoal_profile)
-    models = {n: s.model_dump() for n, s in load_catalog().models.items()} if settings else None
+    models = load_catalog().models if settings else None
     await scheduler.register_scheduler_plugin(PullQueue(gateway=settings, models=models), name=NAME, idempotent=True)
     # The process entry point: what is alive now lives as long as the process. Out of the collector's
     # sight, a full collection no longer scans it (it stalled every request in flight in `shoal serve`).

@@ -18,9 +18,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shoal.configs import GatewaySettings
+from shoal.configs import GatewaySettings, ModelSpec
 
-from .protocol import EncodePayload, OnlineResult, Precision, ScorePayload, SpecFields
+from .protocol import EncodePayload, OnlineResult, Precision, ScorePayload
 from .wire import MSGPACK, RequestError
 
 PACKED = ("binary", "ubinary")  # 1 bit a dimension, 8 to a byte
@@ -56,13 +56,13 @@ class EncodeCall:
             payload["precision"] = self.precision
         return payload
 
-    def check_dim(self, spec: SpecFields) -> None:
+    def check_dim(self, spec: ModelSpec) -> None:
         """A shorter dimension only: the model's vectors cannot be made longer. Packed bits are whole bytes."""
-        if self.dim is not None and self.dim > spec["dim"]:
+        if self.dim is not None and self.dim > spec.dim:
             raise RequestError(
-                400, f"model {self.model!r} gives {spec['dim']} dimensions, fewer than the {self.dim} asked for"
+                400, f"model {self.model!r} gives {spec.dim} dimensions, fewer than the {self.dim} asked for"
             )
-        dim = self.dim or spec["dim"]
+        dim = self.dim or spec.dim
         if self.precision in PACKED and dim % 8:
             raise RequestError(
                 400, f"precision {self.precision} packs 8 dimensions a byte: dim {dim} is not a multiple of 8"

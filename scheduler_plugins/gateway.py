@@ -35,12 +35,12 @@ from aiohttp.http_exceptions import (
 from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from shoal.configs import GatewaySettings
+from shoal.configs import GatewaySettings, ModelSpec
 
 from . import api_formats as api
 from .gateway_auth import BearerAuth
 from .gateway_metrics import GatewayMetrics
-from .protocol import OnlineResult, ServedModel, SpecFields
+from .protocol import OnlineResult, ServedModel
 from .wire import JSON, MSGPACK, RequestError, decode, encode, media_type, response_type
 
 if TYPE_CHECKING:
@@ -324,15 +324,15 @@ class Gateway:
     def _label(self, request: web.Request, model: str) -> None:
         request[MODEL] = model if model in self.backend.specs() else UNKNOWN_MODEL
 
-    def _spec(self, request: web.Request, model: str, kinds: tuple[str, ...], action: str) -> SpecFields:
+    def _spec(self, request: web.Request, model: str, kinds: tuple[str, ...], action: str) -> ModelSpec:
         self._label(request, model)
         specs = self.backend.specs()
         spec = specs.get(model)
         if spec is None:
             known = ", ".join(sorted(specs)) or "none"
             raise RequestError(404, f"unknown model {model!r}; this gateway serves: {known}")
-        if spec["kind"] not in kinds:
-            raise RequestError(400, f"model {model!r} is of kind {spec['kind']!r}; it cannot {action}")
+        if spec.kind not in kinds:
+            raise RequestError(400, f"model {model!r} is of kind {spec.kind!r}; it cannot {action}")
         return spec
 
     async def _run(self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall) -> OnlineResult:
@@ -411,9 +411,9 @@ class Gateway:
                 "id": name,
                 "object": "model",
                 "owned_by": "shoal",
-                "kind": spec["kind"],
-                "dim": spec["dim"],
-                "max_seq_length": spec["max_seq_length"],
+                "kind": spec.kind,
+                "dim": spec.dim,
+                "max_seq_length": spec.max_seq_length,
                 "loaded_workers": loaded.get(name, 0),
             }
             for name, spec in sorted(self.backend.specs().items())

@@ -17,12 +17,14 @@ import asyncio
 import itertools
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from distributed.core import rpc
 
-from shoal.configs import GatewaySettings
+from shoal.configs import GatewaySettings, ModelSpec
 
+from .model_specs import ModelSpecs
 from .protocol import OnlineResult, PullQueueClient, RemoteRequest, RemoteSettings, SpecFields
 from .work_items import unsendable
 
@@ -35,7 +37,7 @@ LATE_ANSWER_SECONDS = 5.0  # past its deadline, a request whose answer never cam
 
 
 class GatewayBackend(Protocol):
-    def specs(self) -> dict[str, SpecFields]:
+    def specs(self) -> Mapping[str, ModelSpec]:
         """The models served, by name."""
 
     def workers(self) -> int:
@@ -74,7 +76,8 @@ class SchedulerLink:
         self.connected = False
         self._rpc = rpc(address, connection_args=connection_args or {})
         self._queue = PullQueueClient(self._rpc)
-        self._specs: dict[str, SpecFields] = dict(self._offered)  # until the scheduler's arrive
+        self._specs = ModelSpecs()  # the scheduler's, from its replies
+        self._specs.add(self._offered, "the gateway's models")  # until the scheduler's arrive
         self._specs_version: int | None = None
         self._workers = 0
         self._loaded: dict[str, int] = {}
@@ -101,7 +104,7 @@ class SchedulerLink:
 
     # -- GatewayBackend --------------------------------------------------------------
 
-    def specs(self) -> dict[str, SpecFields]:
+    def specs(self) -> Mapping[str, ModelSpec]:
         return self._specs
 
     def workers(self) -> int:
@@ -206,7 +209,7 @@ class SchedulerLink:
 
     async def _refresh_models(self, offered: dict[str, SpecFields] | None = None) -> None:
         reply = await self._queue.online_models(offered)
-        self._specs = reply["models"]
+        self._specs.add(reply["models"], f"the scheduler at {self.address}")
         self._specs_version = reply["specs"]
         self._workers = reply["workers"]
         self._loaded = reply["loaded"]

@@ -8,12 +8,12 @@ from typing import Any
 
 from shoal.configs import LEASE_SECONDS, MAX_ATTEMPTS, UNPLACEABLE_SECONDS
 
-from .protocol import JobStatus
+from .protocol import JobSettings, JobStatus
 from .work_items import ItemState, WorkItem
 
 
 class Job:
-    def __init__(self, job_id: str, items: list[WorkItem], settings: dict[str, Any]) -> None:
+    def __init__(self, job_id: str, items: list[WorkItem], settings: JobSettings) -> None:
         self.id = job_id
         self.items = {item.id: item for item in items}
         # Items per (model, state), kept as they move: status is polled while

@@ -31,14 +31,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shoal.configs import GatewaySettings
+from shoal.configs import GatewaySettings, ModelSpec
 
 from .online_requests import OnlineFailure, OnlineJob
 from .placement import online_rank
-from .protocol import Lane, OnlineAck, PullReply, RemoteAnswers, RemoteModels, RemoteQueued, RemoteRequest
+from .protocol import (
+    Lane,
+    OnlineAck,
+    PullReply,
+    RemoteAnswers,
+    RemoteModels,
+    RemoteQueued,
+    RemoteRequest,
+    SpecFields,
+)
 from .queue_state import QueueState
 from .waiting_pulls import WaitingOnlinePulls, WaitingPull
 from .work_items import ItemState, WorkItem, unsendable
@@ -46,7 +55,6 @@ from .worker_views import WorkerView, can_host
 
 logger = logging.getLogger("shoal.online")
 
-MAX_ONLINE_BATCH = 512
 FIRST_LOAD_GRACE_SECONDS = 30.0  # a model's first load on a worker, whose time nobody measured yet
 GATEWAY_GONE_SECONDS = 30.0  # a remote gateway that stops asking for answers this long is forgotten
 
@@ -153,7 +161,9 @@ class OnlineQueue:
                 return None
             model = claim if claim and self.core.queues.waiting_items(claim, Lane.ONLINE) else None
             model = model or self.core.placement.online_model_for(view, busy, self.pulls, self._claims)
-            items = self.core.queues.take(model, Lane.ONLINE, MAX_ONLINE_BATCH) if model else []
+            items = (
+                self.core.queues.take(model, Lane.ONLINE, self.core.model_specs[model].online_batch) if model else []
+            )
             if not (model and items):
                 return None
             grace = 0.0 if model in view.loaded else load_grace(view, model)
@@ -183,7 +193,7 @@ class OnlineQueue:
         if model in self._claims or not self.core.queues.waiting_items(model, Lane.ONLINE):
             return
         held = bool(self.core.views.holders.get(model))
-        spec = self.core.model_specs.get(model, {})
+        spec = self.core.model_specs[model]
         while (
             pull := self.pulls.take(
                 model, held, lambda view: not view.silent and (model in view.held or can_host(spec, view))
@@ -256,18 +266,18 @@ class OnlineQueue:
             remote = self.gateways[gateway] = RemoteGateway(gateway)
         remote.seen()
         answers = await remote.collect(timeout)
-        return {"answers": answers, "workers": len(self.core.scheduler.workers), "specs": self.core.specs_version}
+        return {"answers": answers, "workers": len(self.core.scheduler.workers), "specs": self.core.model_specs.version}
 
-    def remote_models(self, models: dict[str, dict[str, Any]] | None = None) -> RemoteModels:
+    def remote_models(self, models: dict[str, SpecFields] | None = None) -> RemoteModels:
         """What a gateway validates requests against and lists: specs, workers, loaded copies.
 
         `models`: specs the gateway brings from its own catalog (as `shoal serve`
         does for the embedded gateway), added to those known.
         """
-        self.core.add_specs(models or {})
+        self.core.add_specs(models or {}, "a gateway's models")
         return {
-            "models": self.core.model_specs,
-            "specs": self.core.specs_version,
+            "models": self.core.model_specs.fields,
+            "specs": self.core.model_specs.version,
             "workers": len(self.core.scheduler.workers),
             "loaded": dict(self.core.views.loaded),
         }
@@ -384,7 +394,7 @@ class LocalBackend:
         self.online = online
         self.core = online.core
 
-    def specs(self) -> dict[str, dict[str, Any]]:
+    def specs(self) -> Mapping[str, ModelSpec]:
         return self.core.model_specs
 
     def workers(self) -> int:

@@ -41,8 +41,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import defaultdict
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+
+from shoal.configs import ModelSpec
 
 from .model_queues import ModelQueues
 from .protocol import Lane
@@ -240,7 +241,7 @@ class TakeBacks:
 
 class Placement:
     def __init__(
-        self, queues: ModelQueues, views: WorkerViews, specs: dict[str, dict[str, Any]], steal_factor: float = 1.0
+        self, queues: ModelQueues, views: WorkerViews, specs: Mapping[str, ModelSpec], steal_factor: float = 1.0
     ) -> None:
         self.queues = queues
         self.views = views
@@ -269,7 +270,7 @@ class Placement:
         heads = [
             (head.enqueued_at, model)
             for model in self.queues.models(Lane.ONLINE)
-            if (model in worker.held or can_host(self.specs.get(model, {}), worker))
+            if (model in worker.held or can_host(self.specs[model], worker))
             and (head := self.queues.head(model, Lane.ONLINE)) is not None
         ]
         held = [h for h in heads if h[1] in worker.held]
@@ -305,7 +306,7 @@ class Placement:
                 continue
             here = model in view.held
             held = bool(self.views.holders.get(model))
-            if not here and (held or not can_host(self.specs.get(model, {}), view)):
+            if not here and (held or not can_host(self.specs[model], view)):
                 continue
             other = waiting.best_rank(model, held)
             if other is not None and other < online_rank(view, model, busy):
@@ -374,7 +375,7 @@ class Placement:
         return best[1] if best is not None else None
 
     def _may_steal(self, worker: WorkerView, model: str) -> bool:
-        return model not in worker.held and can_host(self.specs.get(model, {}), worker)
+        return model not in worker.held and can_host(self.specs[model], worker)
 
     def _refresh_drains(self) -> None:
         for model in self._dirty:
@@ -401,14 +402,15 @@ class Placement:
         """Steal factor times the catalog's load time: every worker's, unless it measured its own."""
         base = self._base_loads.get(model)
         if base is None:
-            base = self._base_loads[model] = self.steal_factor * (
-                self.specs.get(model, {}).get("load_seconds") or DEFAULT_LOAD_SECONDS
-            )
+            base = self._base_loads[model] = self.steal_factor * self._catalog_load(model)
         return base
 
     def load_seconds(self, worker: WorkerView, model: str) -> float:
         """Measured on this worker, else the catalog's figure, else a default."""
-        return worker.load_seconds.get(model) or self.specs.get(model, {}).get("load_seconds") or DEFAULT_LOAD_SECONDS
+        return worker.load_seconds.get(model) or self._catalog_load(model)
+
+    def _catalog_load(self, model: str) -> float:
+        return self.specs[model].load_seconds or DEFAULT_LOAD_SECONDS
 
     # -- take-back -------------------------------------------------------------------
 
@@ -450,7 +452,7 @@ class Placement:
         return self.take_backs.best(
             thief,
             cost=lambda model: 0.0 if model in thief.loaded else self.steal_factor * self.load_seconds(thief, model),
-            hostable=lambda model: model in thief.held or can_host(self.specs.get(model, {}), thief),
+            hostable=lambda model: model in thief.held or can_host(self.specs[model], thief),
         )
 
     def _wait_on(self, holder: str, model: str) -> float:

@@ -37,22 +37,23 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from shoal.configs import GatewaySettings
+from shoal.configs import GatewaySettings, ModelSpec
 
 from .dashboard import start_dashboard
 from .gateway import Gateway
 from .jobs import Job
 from .metrics import start_metrics
-from .online_queue import MAX_ONLINE_BATCH, OnlineQueue
+from .online_queue import OnlineQueue
 from .protocol import (
     EVENTS,
     NAME,
+    GatewayFields,
     GatewayStarted,
     GatewayStopped,
     JobSettings,
@@ -61,6 +62,7 @@ from .protocol import (
     Overview,
     PullReply,
     ReleaseReply,
+    SpecFields,
     SubmitReply,
     SubmittedItem,
 )
@@ -80,7 +82,7 @@ class PullQueue(QueueState, SchedulerPlugin):
 
     name = NAME
 
-    def __init__(self, gateway: GatewaySettings | None = None, models: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(self, gateway: GatewaySettings | None = None, models: Mapping[str, ModelSpec] | None = None) -> None:
         """`gateway`: start the online gateway with these settings; `models`: specs it serves."""
         super().__init__(models)
         self.jobs: dict[str, Job] = {}
@@ -134,31 +136,31 @@ class PullQueue(QueueState, SchedulerPlugin):
     def submit(self, job: str, items: list[SubmittedItem], settings: JobSettings | None = None) -> SubmitReply:
         if job in self.jobs:
             raise ValueError(f"job {job!r} already exists")
-        unknown = {spec["model"] for spec in items} - set(self.model_specs) - set((settings or {}).get("models", {}))
+        settings = settings or {}
+        unknown = {submitted["model"] for submitted in items} - set(self.model_specs) - set(settings.get("models", {}))
         if unknown:
             raise ValueError(f"job {job!r}: no model spec for {sorted(unknown)}")
-        settings = settings or {}
         lane = Lane(settings.get("lane", Lane.BATCH))
-        self.add_specs(settings.get("models", {}))
-        work = [
+        self.add_specs(settings.get("models", {}), f"job {job!r}")
+        queued = [
             WorkItem(
-                id=f"{job}/{spec['key']}",
+                id=f"{job}/{submitted['key']}",
                 job=job,
-                model=spec["model"],
-                op=spec["op"],
-                payload=spec["payload"],
+                model=submitted["model"],
+                op=submitted["op"],
+                payload=submitted["payload"],
                 lane=lane,
-                rows=int(spec.get("rows", 0)),
+                rows=int(submitted.get("rows", 0)),
             )
-            for spec in items
+            for submitted in items
         ]
-        self.jobs[job] = Job(job, work, dict(settings))
-        for item in work:
+        self.jobs[job] = Job(job, queued, settings)
+        for item in queued:
             self.items[item.id] = item
             self.queues.push(item)
-        for model, count in Counter(item.model for item in work).items():
+        for model, count in Counter(item.model for item in queued).items():
             self.work_queued(model, lane, count)
-        return {"job": job, "items": len(work)}
+        return {"job": job, "items": len(queued)}
 
     async def pull(
         self,
@@ -290,8 +292,8 @@ class PullQueue(QueueState, SchedulerPlugin):
 
     async def gateway_start(
         self,
-        settings: dict[str, Any] | None = None,
-        models: dict[str, dict[str, Any]] | None = None,
+        settings: GatewayFields | None = None,
+        models: dict[str, SpecFields] | None = None,
         replace: bool = False,
     ) -> GatewayStarted:
         """Start the gateway serving `models` besides those known: {"url"}.
@@ -301,7 +303,7 @@ class PullQueue(QueueState, SchedulerPlugin):
         """
         if self.gateway is not None and not replace:
             return {"error": f"this scheduler already serves the online gateway on {self.gateway.url}"}
-        self.add_specs(models or {})
+        self.add_specs(models or {}, "the gateway's models")
         await self.gateway_stop()
         gateway = Gateway(self.online.local_backend(), GatewaySettings(**(settings or {})))
         url = await gateway.start()
@@ -341,7 +343,7 @@ class PullQueue(QueueState, SchedulerPlugin):
         # A steal takes one item: the model must load before any of them runs,
         # and meanwhile the rest are better off with the workers that hold it.
         if lane is Lane.ONLINE:
-            limit = MAX_ONLINE_BATCH
+            limit = self.model_specs[model].online_batch
         elif model in worker.held:
             limit = min(room, self._fair_share(model))
         else:

@@ -13,13 +13,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from shoal.configs import ModelSpec
 
 from .leases import Leases
 from .model_queues import ModelQueues
+from .model_specs import ModelSpecs
 from .placement import ModelStats, Placement
-from .protocol import REVOKE, Lane, PullReply
+from .protocol import REVOKE, Lane, PullReply, SpecFields
 from .waiting_pulls import Timeouts, WaitingBatchPulls
 from .work_items import ItemState, WorkItem
 from .worker_views import WorkerView, WorkerViews, can_host
@@ -32,9 +35,9 @@ class QueueState:
 
     scheduler: Any  # the Dask scheduler: its workers, and its streams to them (set when the plugin starts)
 
-    def __init__(self, models: dict[str, dict[str, Any]] | None = None) -> None:
-        self.model_specs: dict[str, dict[str, Any]] = dict(models or {})
-        self.specs_version = 0  # counts changes to model_specs, for gateways in other processes
+    def __init__(self, models: Mapping[str, ModelSpec] | None = None) -> None:
+        self.model_specs = ModelSpecs()  # its version tells gateways in other processes to refresh theirs
+        self.model_specs.add(models or {}, "the plugin's models")
         self.items: dict[str, WorkItem] = {}
         self.views = WorkerViews(on_holders=self._holders_changed)
         self.queues = ModelQueues(on_change=self._batch_work_changed)
@@ -68,11 +71,10 @@ class QueueState:
 
     # -- transitions ----------------------------------------------------------------
 
-    def add_specs(self, models: dict[str, dict[str, Any]]) -> None:
-        """Model specs join the plugin-wide table that pulls send with items."""
-        if models:
-            self.model_specs.update(models)
-            self.specs_version += 1
+    def add_specs(self, models: Mapping[str, ModelSpec | SpecFields], source: str) -> None:
+        """Model specs join the plugin-wide table that pulls send with items, validated here (a
+        ConfigError naming `source` and the model); those already known as sent cost a comparison."""
+        if self.model_specs.add(models, source):
             self.placement.specs_changed()
 
     def revoke(self, worker: str | None, items: list[str]) -> None:
@@ -155,7 +157,7 @@ class QueueState:
             return
         now = time.monotonic()
         for model in self.queues.models():
-            spec = self.model_specs.get(model, {})
+            spec = self.model_specs[model]
             if self.views.holders.get(model) or self.views.anyone_can_host(spec):
                 self._unplaceable_since.pop(model, None)
                 continue
@@ -226,7 +228,8 @@ class QueueState:
     def items_reply(self, items: list[WorkItem]) -> PullReply:
         """The items with their leases, and their models' specs: an online pull's whole reply, a batch pull's core."""
         messages = [work.to_message(work.settings.lease_seconds) for work in items]
-        return {"items": messages, "models": {m: self.model_specs[m] for m in {work.model for work in items}}}
+        specs = self.model_specs.fields
+        return {"items": messages, "models": {m: specs[m] for m in {work.model for work in items}}}
 
     def unlease(self, work: WorkItem) -> None:
         """`work` leaves its worker's leases (and placement's candidates); its state is the caller's."""
@@ -249,7 +252,7 @@ class QueueState:
         if lane is Lane.ONLINE:
             self.online_work_queued(model)
             return
-        spec = self.model_specs.get(model, {})
+        spec = self.model_specs[model]
         self.batch_pulls.wake(
             model, count, lambda view: not view.silent and (model in view.held or can_host(spec, view))
         )
@@ -277,8 +280,8 @@ class QueueState:
             logger.warning("worker %s lost; %d leased items put back", worker, len(held))
 
 
-def _unplaceable_reason(model: str, spec: dict[str, Any], largest_budget: int | None) -> str:
-    needs = [f"{spec.get('memory_bytes', 0) / 1e9:.2f} GB of model memory"]
-    needs += [f"{resource}={amount:g}" for resource, amount in (spec.get("requires") or {}).items()]
+def _unplaceable_reason(model: str, spec: ModelSpec, largest_budget: int | None) -> str:
+    needs = [f"{spec.memory_bytes / 1e9:.2f} GB of model memory"]
+    needs += [f"{resource}={amount:g}" for resource, amount in spec.requires.items()]
     largest = f"; the largest worker budget is {largest_budget / 1e9:.2f} GB" if largest_budget is not None else ""
     return f"no worker can host model {model!r}: it needs {', '.join(needs)}{largest}"

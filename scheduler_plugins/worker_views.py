@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.configs import ModelSpec
+
 
 @dataclass
 class WorkerView:
@@ -37,11 +39,12 @@ class WorkerView:
         return self.budget, frozenset(self.resources.items())
 
 
-def can_host(spec: dict[str, Any], worker: WorkerView) -> bool:
-    for resource, amount in (spec.get("requires") or {}).items():
-        if worker.resources.get(resource, 0) < amount:
+def can_host(spec: ModelSpec, view: WorkerView) -> bool:
+    """The worker's Dask resources cover what the model `requires`, and its model budget the model's memory."""
+    for resource, amount in spec.requires.items():
+        if view.resources.get(resource, 0) < amount:
             return False
-    return worker.budget is None or spec.get("memory_bytes", 0) <= worker.budget
+    return view.budget is None or spec.memory_bytes <= view.budget
 
 
 class WorkerViews:
@@ -125,7 +128,7 @@ class WorkerViews:
             self._count_capability(view, -1)
         return view
 
-    def anyone_can_host(self, spec: dict[str, Any]) -> bool:
+    def anyone_can_host(self, spec: ModelSpec) -> bool:
         """Some worker's budget and resources admit the model: one check per distinct capability."""
         return any(can_host(spec, view) for _, view in self._capabilities.values())
 

@@ -9,10 +9,10 @@ import pytest
 from shoal.configs import GatewaySettings
 from shoal.scheduler_plugins.online_queue import FIRST_LOAD_GRACE_SECONDS, load_grace
 from shoal.scheduler_plugins.worker_views import WorkerView
-from tests.support.fake_scheduler import running_queue
+from tests.support.fake_scheduler import running_queue, spec
 
 SETTINGS = GatewaySettings(request_timeout_seconds=30, online_lease_seconds=0.2)
-MODELS = {"m": {"name": "m", "kind": "sim", "load_seconds": 1.0}}
+MODELS = {"m": spec("m", load_seconds=1.0)}
 
 
 async def test_a_worker_that_must_load_the_model_gets_the_load_on_top_of_its_first_lease_only():

@@ -27,7 +27,7 @@ from shoal.workers.model_pool import ModelPool
 from shoal.workers.operations import online_operations
 from shoal.workers.runtimes.sim_runtime import SimulatedRuntime
 from shoal.workers.scheduler_stream import SchedulerStream
-from tests.support.fake_scheduler import RecordingStream, running_queue
+from tests.support.fake_scheduler import RecordingStream, running_queue, spec
 from tests.support.waiting import async_wait_for, wait_for
 
 LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
@@ -37,7 +37,7 @@ SETTINGS = GatewaySettings(request_timeout_seconds=5, max_attempts=2, online_lea
 @pytest.fixture
 async def plugin() -> AsyncIterator[PullQueue]:
     """The queue on a fake scheduler of workers w1 and w2, serving the simulated model "m"."""
-    async with running_queue(models={"m": {"name": "m", "kind": "sim"}}) as plugin:
+    async with running_queue(models={"m": spec("m")}) as plugin:
         yield plugin
 
 
@@ -45,7 +45,7 @@ async def test_online_requests_are_pulled_together_and_acked_with_the_next_pull(
     submitted = [plugin.online.submit("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS) for i in range(3)]
     reply = await plugin.online.pull("w1", held=["m"], timeout=0)
     assert [m["id"] for m in reply["items"]] == [item.id for item, _ in submitted]
-    assert reply["models"] == {"m": {"name": "m", "kind": "sim"}}
+    assert reply["models"] == {"m": spec("m").model_dump()}
     assert reply["items"][0]["lease_seconds"] == SETTINGS.online_lease_seconds  # short, renewed by the worker
     acks = [[m["id"], {"n": i}, 0.01] for i, m in enumerate(reply["items"])]
     assert (await plugin.online.pull("w1", held=["m"], timeout=0, acks=acks))["items"] == []
@@ -53,6 +53,17 @@ async def test_online_requests_are_pulled_together_and_acked_with_the_next_pull(
         result = future.result()
         assert result["n"] == i and result["timing"]["compute"] == 0.01 and result["timing"]["queue"] >= 0
     assert not any(i.startswith("online-") for i in plugin.items)  # forgotten once answered
+
+
+async def test_an_online_pull_takes_at_most_the_models_max_batch_size_and_wakes_another_for_the_rest():
+    async with running_queue(models={"m": spec("m", max_batch_size=3)}) as plugin:
+        submitted = [plugin.online.submit("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS)[0] for i in range(7)]
+        taken = [(await plugin.online.pull(w, held=["m"], timeout=0))["items"] for w in ("w1", "w2", "w1")]
+        assert [[m["id"] for m in group] for group in taken] == [
+            [item.id for item in submitted[:3]],
+            [item.id for item in submitted[3:6]],
+            [submitted[6].id],
+        ]
 
 
 async def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason(plugin):
@@ -314,7 +325,7 @@ def test_group_encode_gives_each_request_its_slice():
 async def test_no_workers_and_shutting_down_are_503_with_retry_after():
     import aiohttp
 
-    async with running_queue((), {"m": {"name": "m", "kind": "sim", "dim": 8}}) as plugin:
+    async with running_queue((), {"m": spec("m", dim=8)}) as plugin:
         url = (await plugin.gateway_start({"port": 0, "retry_after_seconds": 3}))["url"]
         assert "already serves" in (await plugin.gateway_start({"port": 0}))["error"]
         async with aiohttp.ClientSession() as session:

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from shoal.configs import ConfigError
 from shoal.scheduler_plugins.protocol import EVENTS, Lane
 from shoal.scheduler_plugins.pull_queue import PullQueue
-from tests.support.fake_scheduler import running_queue, worker_state
+from tests.support.fake_scheduler import running_queue, spec, worker_state
 from tests.support.waiting import async_wait_for
 
 
@@ -18,7 +19,7 @@ def items(model: str, n: int, rows: int = 10) -> list[dict]:
     return [{"key": f"{model}-{i}", "model": model, "op": "embed", "rows": rows, "payload": {"i": i}} for i in range(n)]
 
 
-SPECS = {"models": {"m": {"name": "m"}, "n": {"name": "n"}}}
+SPECS = {"models": {"m": spec("m").model_dump(), "n": spec("n").model_dump()}}
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ async def test_pull_ack_completes_job_with_rows_per_worker(plugin):
     plugin.submit("j", items("m", 3), SPECS)
     reply = await plugin.pull("w1", held=["m"], room=2, timeout=0)
     assert [m["id"] for m in reply["items"]] == ["j/m-0", "j/m-1"]
-    assert reply["models"] == {"m": {"name": "m"}} and reply["items"][0]["lease_seconds"] == 60
+    assert reply["models"] == {"m": spec("m").model_dump()} and reply["items"][0]["lease_seconds"] == 60
     for m in reply["items"]:
         plugin.ack("w1", m["id"], {"rows": 10})
     # w1 now holds m and 10 rows drain faster than a load: w2 gets m only because it holds it too
@@ -200,6 +201,33 @@ async def test_online_before_batch_and_held_models_first(plugin):
     assert [m["model"] for m in reply["items"]] == ["n", "n", "n"]
 
 
+async def test_a_spec_without_memory_bytes_needs_the_catalog_default_not_zero(plugin):
+    """The scheduler reads a spec with ModelSpec's defaults, as workers do: 500 MB unless it says otherwise."""
+    fields = {"name": "m", "kind": "sim", "dim": 8, "max_seq_length": 128}  # no memory_bytes
+    plugin.submit("j", items("m", 1), {"models": {"m": fields}, "unplaceable_seconds": 0})
+    assert (await plugin.pull("w1", held=[], timeout=0, budget=100_000_000))["items"] == []
+    plugin.bury_unplaceable()
+    assert "needs 0.50 GB of model memory" in plugin.job_status("j")["dead_letters"][0]["errors"][0]
+
+
+async def test_a_job_with_a_bad_spec_is_refused_naming_the_job_model_and_field(plugin):
+    bad = {"m": {**spec("m").model_dump(), "memory_bytes": -1}}
+    with pytest.raises(
+        ConfigError, match=r"job 'j': model 'm' has no valid spec: memory_bytes: Input should be greater"
+    ):
+        plugin.submit("j", items("m", 1), {"models": bad})
+    assert "j" not in plugin.jobs and not plugin.items and "m" not in plugin.model_specs
+
+
+async def test_a_batch_pull_of_online_items_takes_the_models_max_batch_size(plugin):
+    plugin.submit(
+        "online",
+        items("m", 5, rows=1),
+        {"models": {"m": spec("m", max_batch_size=2).model_dump()}, "lane": Lane.ONLINE},
+    )
+    assert len((await plugin.pull("w1", held=["m"], room=1, timeout=0))["items"]) == 2
+
+
 async def test_duplicate_job_rejected(plugin):
     plugin.submit("j", items("m", 1), SPECS)
     with pytest.raises(ValueError, match="already exists"):
@@ -223,7 +251,7 @@ async def test_idle_worker_takes_back_an_item_not_yet_started(plugin):
 async def test_a_worker_without_the_model_takes_back_only_what_its_holder_would_start_later(rows, taken_back, plugin):
     """Holder w1 computes an item (rows / 100 rows/s ahead); w2 would first load m (2 s)."""
 
-    specs = {"models": {"m": {"name": "m", "load_seconds": 2.0}}}
+    specs = {"models": {"m": spec("m", load_seconds=2.0).model_dump()}}
     plugin.submit("j", items("m", 2, rows=rows), specs)
     first, second = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=2, timeout=0))["items"]]
     assert plugin.start_item("w1", first) is True
@@ -240,7 +268,12 @@ async def test_jobs_of_one_model_share_it_round_robin(plugin):
 
 async def test_requirements_keep_gpu_models_off_cpu_workers():
     async with running_queue({"cpu": worker_state(), "gpu": worker_state(GPU=1)}) as plugin:
-        specs = {"models": {"g": {"name": "g", "requires": {"GPU": 1}}, "big": {"name": "big", "memory_bytes": 10**10}}}
+        specs = {
+            "models": {
+                "g": spec("g", requires={"GPU": 1}).model_dump(),
+                "big": spec("big", memory_bytes=10**10).model_dump(),
+            }
+        }
         plugin.submit("j", items("g", 1) + items("big", 1), specs)
         assert (await plugin.pull("cpu", timeout=0, budget=10**9))["items"] == []
         assert [m["model"] for m in (await plugin.pull("gpu", timeout=0, budget=10**9, in_hand=1))["items"]] == ["g"]
@@ -249,7 +282,7 @@ async def test_requirements_keep_gpu_models_off_cpu_workers():
 
 
 async def test_stealing_only_when_the_backlog_outweighs_the_load(plugin):
-    plugin.model_specs.update({"m": {"name": "m", "load_seconds": 5.0}})
+    plugin.add_specs({"m": spec("m", load_seconds=5.0)}, "the test")
     plugin.placement.stats.record("m", 100, 1.0)  # 100 rows/s on a holder
     plugin.submit("j", items("m", 2, rows=100), {})  # 200 rows: 2 s to drain on one holder
     await plugin.pull("w1", held=["m"], timeout=0, in_hand=1)

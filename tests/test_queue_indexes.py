@@ -16,14 +16,14 @@ from shoal.scheduler_plugins.protocol import Lane
 from shoal.scheduler_plugins.pull_queue import PullQueue
 from shoal.scheduler_plugins.work_items import ItemState
 from shoal.scheduler_plugins.worker_views import can_host
-from tests.support.fake_scheduler import running_queue, worker_state
+from tests.support.fake_scheduler import running_queue, spec, worker_state
 
 SETTINGS = GatewaySettings(request_timeout_seconds=30, max_attempts=2)
 
 
 def queue(workers: Iterable[str], models: Iterable[str] = ("m", "n")) -> AbstractAsyncContextManager[PullQueue]:
     """The queue on a fake scheduler of `workers`, serving simulated `models`; closed on exit."""
-    return running_queue(workers, {m: {"name": m, "kind": "sim"} for m in models})
+    return running_queue(workers, {m: spec(m) for m in models})
 
 
 def items(model: str, n: int, rows: int = 10, prefix: str = "") -> list[dict]:
@@ -136,7 +136,7 @@ step = st.one_of(
     st.tuples(st.just("expire"), st.integers(0, 50)),
     st.tuples(st.just("remove"), st.sampled_from(POOL)),
     st.tuples(st.just("rejoin"), st.sampled_from(POOL)),
-    st.tuples(st.just("respec"), st.sampled_from(MODELS), st.sampled_from([None, 0.2, 1.0, 3.0])),
+    st.tuples(st.just("respec"), st.sampled_from(MODELS), st.sampled_from([0.0, 0.2, 1.0, 3.0])),  # 0: none given
 )
 
 
@@ -149,8 +149,8 @@ def check_indexes(plugin: PullQueue) -> None:
     assert views.holders == Counter(m for v in views.values() for m in v.held)
     assert views.loaded == Counter(m for v in views.values() for m in v.loaded)
     for model in MODELS:
-        spec = plugin.model_specs.get(model, {})
-        assert views.anyone_can_host(spec) == any(can_host(spec, v) for v in views.values())
+        model_spec = plugin.model_specs[model]
+        assert views.anyone_can_host(model_spec) == any(can_host(model_spec, v) for v in views.values())
     leased = leased_items(plugin)
     by_worker = defaultdict(set)
     for work in leased:
@@ -193,7 +193,7 @@ def best_steal_gain(plugin: PullQueue, view) -> tuple[int, float] | None:
     placement, queues = plugin.placement, plugin.queues
     best = None
     for model in queues.models(Lane.BATCH):
-        if model in view.held or not can_host(plugin.model_specs.get(model, {}), view):
+        if model in view.held or not can_host(plugin.model_specs[model], view):
             continue
         holders = plugin.views.holders.get(model, 0)
         if holders == 0:
@@ -215,7 +215,7 @@ def best_take_back_gain(plugin: PullQueue, thief) -> float | None:
     for work in leased_items(plugin):
         if work.worker == thief.address or work.started or work.lane is not Lane.BATCH:
             continue
-        if work.model not in thief.held and not can_host(plugin.model_specs.get(work.model, {}), thief):
+        if work.model not in thief.held and not can_host(plugin.model_specs[work.model], thief):
             continue
         holder = plugin.views.get(work.worker)
         on_holder = placement._ahead.get(work.worker, 0.0)
@@ -266,10 +266,10 @@ def check_choices(plugin: PullQueue) -> None:
 @given(st.lists(step, min_size=1, max_size=60))
 async def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps):
     models = {
-        "a": {"name": "a", "kind": "sim", "load_seconds": 2.0},
-        "b": {"name": "b", "kind": "sim", "load_seconds": 0.5},
-        "c": {"name": "c", "kind": "sim"},
-        "g": {"name": "g", "kind": "sim", "requires": {"GPU": 1}, "memory_bytes": 10**9},
+        "a": spec("a", load_seconds=2.0, memory_bytes=10**7),  # on every worker; g only on the two large ones
+        "b": spec("b", load_seconds=0.5, memory_bytes=10**7),
+        "c": spec("c", memory_bytes=10**7),
+        "g": spec("g", requires={"GPU": 1}, memory_bytes=10**9),
     }
     workers = {w: worker_state(GPU=1) if w == "w0" else worker_state() for w in POOL}
     removed: dict[str, object] = {}
@@ -325,7 +325,7 @@ async def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps)
                 scheduler.workers[args[0]] = removed.pop(args[0])
             elif op == "respec":  # the catalog's load time changes: steal and take-back keys are built on it
                 model, seconds = args
-                plugin.add_specs({model: {**plugin.model_specs[model], "load_seconds": seconds}})
+                plugin.add_specs({model: {**plugin.model_specs.fields[model], "load_seconds": seconds}}, "the test")
             check_indexes(plugin)
             check_choices(plugin)
             check_indexes(plugin)
@@ -343,7 +343,7 @@ async def test_an_idle_pull_touches_a_bounded_number_of_candidates_at_1024_worke
 
     models = [f"m{i}" for i in range(1000)]
     workers = [f"w{i}" for i in range(1024)]
-    specs = {m: {"name": m, "kind": "sim", "load_seconds": 2.0} for m in models}
+    specs = {m: spec(m, load_seconds=2.0) for m in models}
     async with running_queue([*workers, "idle"], specs) as plugin:
         plugin.submit(
             "leased", [item for i, w in enumerate(workers) for item in items(models[i % 1000], 2, 100, w)], {}
@@ -378,13 +378,12 @@ async def test_a_take_back_looks_past_models_the_thief_cannot_host_or_loads_slow
     "far" (2 s to load here), found below the two models the catalog ranks higher."""
 
     models = {
-        "run": {},
-        "big": {"requires": {"GPU": 1}},
-        "slow": {"load_seconds": 1.0},
-        "far": {"load_seconds": 2.0},
+        "run": spec("run"),
+        "big": spec("big", requires={"GPU": 1}),
+        "slow": spec("slow", load_seconds=1.0),
+        "far": spec("far", load_seconds=2.0),
     }
-    specs = {m: {"name": m, "kind": "sim", **spec} for m, spec in models.items()}
-    async with running_queue({"holder": worker_state(GPU=1), "thief": worker_state()}, specs) as plugin:
+    async with running_queue({"holder": worker_state(GPU=1), "thief": worker_state()}, models) as plugin:
         held = list(models)
         plugin.submit("run", items("run", 4, rows=100), {})
         for message in (await plugin.pull("holder", held=held, room=4, timeout=0))["items"]:
@@ -400,7 +399,7 @@ async def test_a_steal_finds_a_model_the_thief_loads_faster_than_the_catalog_say
     """Both models drain in 3 s on their holder. The catalog says "fast" loads in 4 s and "other" in 1 s,
     but the thief measured "fast" at 0.5 s: stealing it gains 2.5 s, "other" 2 s."""
 
-    specs = {m: {"name": m, "kind": "sim", "load_seconds": s} for m, s in (("fast", 4.0), ("other", 1.0))}
+    specs = {m: spec(m, load_seconds=s) for m, s in (("fast", 4.0), ("other", 1.0))}
     async with running_queue(["holder", "thief"], specs) as plugin:
         await plugin.pull("holder", held=["fast", "other"], timeout=0)
         plugin.submit("j", [*items("fast", 3, rows=100), *items("other", 3, rows=100)], {})
@@ -411,7 +410,7 @@ async def test_a_steal_finds_a_model_the_thief_loads_faster_than_the_catalog_say
 async def test_a_gpu_only_model_is_judged_unplaceable_from_worker_capabilities():
     async with queue(["cpu"]) as plugin:
         plugin.submit(
-            "j", items("m", 1), {"models": {"m": {"name": "m", "requires": {"GPU": 1}}}, "unplaceable_seconds": 0}
+            "j", items("m", 1), {"models": {"m": spec("m", requires={"GPU": 1}).model_dump()}, "unplaceable_seconds": 0}
         )
         await plugin.pull("cpu", held=[], timeout=0, in_hand=1)
         plugin.bury_unplaceable()

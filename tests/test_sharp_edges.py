@@ -174,6 +174,7 @@ class Served:
     unhandled error (a task's exception never retrieved) is kept in `loop_errors`."""
 
     def __init__(self) -> None:
+        from shoal.configs import ModelSpec
         from shoal.scheduler_plugins.pull_queue import PullQueue
 
         self.loop = asyncio.new_event_loop()
@@ -181,7 +182,7 @@ class Served:
         self.loop.set_exception_handler(lambda loop, context: self.loop_errors.append(context["message"]))
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.plugin = PullQueue(models={"sim": {"name": "sim", **SIM}})
+        self.plugin = PullQueue(models={"sim": ModelSpec.model_validate({"name": "sim", **SIM})})
         self.run(self.plugin.start(FakeScheduler()))
         self.port = 0
 

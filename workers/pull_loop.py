@@ -22,8 +22,9 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from shoal.configs import ModelSpec, Profile
-from shoal.scheduler_plugins.protocol import REVOKE, ItemMessage, PullQueueClient, PullReply, SpecFields, WorkerReport
+from shoal.configs import Profile
+from shoal.scheduler_plugins.model_specs import ModelSpecs
+from shoal.scheduler_plugins.protocol import REVOKE, ItemMessage, PullQueueClient, PullReply, WorkerReport
 
 from .batching.device_thread import DeviceThread
 from .batching.online_groups import OnlineGroups
@@ -67,8 +68,7 @@ class PullLoop:
         self.waiting: deque[str] = deque()  # of those, the ones not in hand yet
         self.in_hand: dict[str, asyncio.Task] = {}  # reading, computing or writing
         self.computing: set[str] = set()  # started: a revocation no longer stops them
-        self.specs: dict[str, ModelSpec] = {}
-        self._spec_sources: dict[str, SpecFields] = {}  # the reply dict each of `specs` came from
+        self.specs = ModelSpecs()  # the scheduler's, as its replies send them
         self.contexts: dict[str, dict[str, Any]] = {}
         self._job_items: Counter[str] = Counter()  # items leased here per job: its context stays while any is
         self.drain = DrainRate()
@@ -225,10 +225,7 @@ class PullLoop:
         Every online reply names its model, so a spec is validated again only
         when it changed, not once per request.
         """
-        for name, spec in reply.get("models", {}).items():
-            if self._spec_sources.get(name) != spec:
-                self.specs[name] = ModelSpec(**spec)
-                self._spec_sources[name] = spec
+        self.specs.add(reply.get("models", {}), "the scheduler's pull reply")
 
     def _start_online(self, messages: list[ItemMessage]) -> bool:
         """A pull answered with online requests: they join the next online group here."""

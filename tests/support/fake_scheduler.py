@@ -1,5 +1,6 @@
-"""The scheduler plugin driven in-process for unit tests: a fake of what it uses of a Dask scheduler, and
-`running_queue`, the one way a test starts a `PullQueue` on it (and always closes it)."""
+"""The scheduler plugin driven in-process for unit tests: a fake of what it uses of a Dask scheduler,
+`running_queue`, the one way a test starts a `PullQueue` on it (and always closes it), and `spec`, a valid
+model spec for it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
+from shoal.configs import ModelSpec
 from shoal.scheduler_plugins.pull_queue import PullQueue
 
 
@@ -56,9 +58,17 @@ def worker_state(**resources: float) -> SimpleNamespace:
     return SimpleNamespace(resources=resources)
 
 
+def spec(name: str, **fields: Any) -> ModelSpec:
+    """A simulated model's spec with the catalog's defaults (memory_bytes 500 MB among them), `fields` laid over.
+
+    `.model_dump()` is the spec as a job or gateway sends it.
+    """
+    return ModelSpec(**{"name": name, "kind": "sim", "dim": 8, "max_seq_length": 128, **fields})
+
+
 @asynccontextmanager
 async def running_queue(
-    workers: Iterable[str] | Mapping[str, object] = ("w1", "w2"), models: dict[str, dict[str, Any]] | None = None
+    workers: Iterable[str] | Mapping[str, object] = ("w1", "w2"), models: Mapping[str, ModelSpec] | None = None
 ) -> AsyncIterator[PullQueue]:
     """A `PullQueue` serving `models`, started on a `FakeScheduler` of `workers`; closed on exit, failed or not."""
     plugin = PullQueue(models=models)

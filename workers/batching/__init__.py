@@ -4,8 +4,10 @@ The whole rule, in the order a text meets it:
 
 1. The scheduler leases a worker's work: a batch pull takes whole work
    items (a few hundred to a few thousand rows each); an online pull takes
-   every waiting request of one model, at most ``MAX_ONLINE_BATCH`` (512,
-   scheduler_plugins/online_queue.py) at a time.
+   every waiting request of one model, at most the model spec's
+   ``max_batch_size`` at a time (each request has a text or more, so that
+   is a forward batch's worth), and never more than ``MAX_ONLINE_BATCH``
+   (512, configs): ``ModelSpec.online_batch``. Another pull takes the rest.
 2. One batch item computes at a time on a worker (pull_loop); the next
    item's input is read meanwhile. Online requests wait in `online_groups`:
    each round takes every request of a loaded model that is waiting when the
