@@ -33,9 +33,11 @@ DEFAULT_PROFILE = "auto"  # configs/auto.py: read off this machine
 LEASE_SECONDS = 60.0
 MAX_ATTEMPTS = 3
 UNPLACEABLE_SECONDS = 30.0
-# The most online requests one pull leases, whatever a model's `max_batch_size` (GPU profiles tune it to
-# thousands): it bounds a pull reply's size, and what a worker that freezes holds up.
-MAX_ONLINE_BATCH = 512
+
+
+def cache_dir() -> Path:
+    """The Shoal cache (``$SHOAL_CACHE_DIR``, default ``~/.cache/shoal``): auto profiles, verdicts, ONNX exports."""
+    return Path(os.environ.get("SHOAL_CACHE_DIR") or "~/.cache/shoal").expanduser()
 
 
 class ConfigError(ValueError):
@@ -105,11 +107,6 @@ class ModelSpec(BaseModel):
             if budget <= 0:
                 raise ValueError(f"token_budget.{device} must be positive, got {budget}")
         return budgets
-
-    @property
-    def online_batch(self) -> int:
-        """Online requests one pull leases: a forward batch's worth (a request has a text or more)."""
-        return min(self.max_batch_size, MAX_ONLINE_BATCH)
 
     def budget_for(self, device_kind: str) -> int:
         """Padded tokens per forward pass on this kind of device."""

@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 import yaml
 
-from . import CONFIG_DIR, Profile, read_yaml
+from . import CONFIG_DIR, Profile, cache_dir, read_yaml
 from .machine import Machine, probe
 
 NAME = "auto"
@@ -43,11 +42,6 @@ GPU_MEMORY = {"l4": 24e9, "a100-80gb": 80e9, "h100": 80e9, "h200": 141e9}  # byt
 MAX_CPU_WORKERS = 8  # beyond this, more processes cost start-up and memory more than they add
 WORKER_MEMORY = 2**30  # a CPU worker process with torch and a small model loaded
 LAYOUT = "layout"  # the key of the layout's reason in Profile.reasons
-
-
-def cache_dir() -> Path:
-    """The Shoal cache: ``$SHOAL_CACHE_DIR``, default ``~/.cache/shoal``."""
-    return Path(os.environ.get("SHOAL_CACHE_DIR") or "~/.cache/shoal").expanduser()
 
 
 def auto_profile(machine: Machine | None = None) -> Profile:

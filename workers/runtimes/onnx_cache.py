@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from shoal.configs import ModelSpec
+from shoal.configs import ModelSpec, cache_dir
 from shoal.configs.model_resolution import folder_digest
 
 from .onnx_check import CheckInputs, check_export
@@ -68,16 +68,12 @@ class Artifact:
         return ExportRecord.model_validate_json((self.directory / RECORD_FILE).read_text())
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("SHOAL_CACHE_DIR") or "~/.cache/shoal").expanduser() / "onnx"
-
-
 def entry_for(spec: ModelSpec, dtype: str) -> Path:
     """The cache folder of `spec` in `dtype`: a new model file or setting is a new entry."""
     settings = f"{folder_digest(spec.resolve_path())}|{spec.kind}|{spec.max_seq_length}|{spec.normalize}|{dtype}|{EXPORT_FORMAT}"
     key = hashlib.sha256(settings.encode()).hexdigest()[:20]
     safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name)
-    return cache_root() / f"{safe_name}-{dtype}-{key}"
+    return cache_dir() / "onnx" / f"{safe_name}-{dtype}-{key}"
 
 
 def ensure_artifact(spec: ModelSpec, dtype: str) -> Artifact:
