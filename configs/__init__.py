@@ -33,6 +33,9 @@ DEFAULT_PROFILE = "auto"  # configs/auto.py: read off this machine
 LEASE_SECONDS = 60.0
 MAX_ATTEMPTS = 3
 UNPLACEABLE_SECONDS = 30.0
+# The most online requests one pull leases, whatever a model's `max_batch_size` (GPU profiles tune it to
+# thousands): it bounds a pull reply's size, and what a worker that freezes holds up.
+MAX_ONLINE_BATCH = 512
 
 
 def cache_dir() -> Path:
@@ -107,6 +110,11 @@ class ModelSpec(BaseModel):
             if budget <= 0:
                 raise ValueError(f"token_budget.{device} must be positive, got {budget}")
         return budgets
+
+    @property
+    def online_batch(self) -> int:
+        """Online requests one pull leases: a forward batch's worth (a request has a text or more)."""
+        return min(self.max_batch_size, MAX_ONLINE_BATCH)
 
     def budget_for(self, device_kind: str) -> int:
         """Padded tokens per forward pass on this kind of device."""
