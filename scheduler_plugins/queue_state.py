@@ -179,7 +179,7 @@ class QueueState:
             worker = work.worker
             view = self.views.views.get(worker or "")
             if view is not None:
-                view.silent = True
+                self.views.silence(view)
             self.unlease(work)
             self.revoke(worker, [work.id])
             work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
@@ -208,7 +208,7 @@ class QueueState:
         """A message from `worker` (a pull, its events): if a lease of its had lapsed, it is back."""
         view = self.views.views.get(worker)
         if view is not None and view.silent:
-            view.silent = False
+            self.views.speak(view)
             self.view_changed(view)  # its waiting online pull may take the requests queued meanwhile
 
     def hold(self, view: WorkerView, model: str) -> None:

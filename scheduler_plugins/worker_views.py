@@ -30,7 +30,8 @@ class WorkerView:
     free_bytes: int | None = None
     load_seconds: dict[str, float] = field(default_factory=dict)
     # A lease of its lapsed and it has not spoken since (frozen, paused): pulls it left waiting take
-    # nothing until a message of its own says it is back; they would hold more work it cannot start.
+    # nothing until a message of its own says it is back (they would hold more work it cannot start),
+    # and it counts as no model's holder, so other workers take its models' requests meanwhile.
     silent: bool = False
 
     @property
@@ -56,7 +57,7 @@ class WorkerViews:
 
     def __init__(self, on_holders: Callable[[str], None] = lambda model: None) -> None:
         self.views: dict[str, WorkerView] = {}
-        self.holders: Counter[str] = Counter()  # workers holding each model
+        self.holders: Counter[str] = Counter()  # workers holding each model, silent ones not counted
         self.loaded: Counter[str] = Counter()  # workers with each model loaded now
         self._capabilities: dict[tuple, list[Any]] = {}  # capability -> [workers with it, a view of it]
         self._on_holders = on_holders
@@ -89,10 +90,11 @@ class WorkerViews:
         now_loaded = set(loaded) if loaded is not None else now_held
         changed = now_held != view.held or now_loaded != view.loaded
         if changed:
-            for model in now_held - view.held:
-                self._hold(model, +1)
-            for model in view.held - now_held:
-                self._hold(model, -1)
+            if not view.silent:
+                for model in now_held - view.held:
+                    self._hold(model, +1)
+                for model in view.held - now_held:
+                    self._hold(model, -1)
             for model in now_loaded - view.loaded:
                 _count(self.loaded, model, +1)
             for model in view.loaded - now_loaded:
@@ -116,13 +118,30 @@ class WorkerViews:
         """`view`'s worker was given `model`'s work: a holder from now, before its next pull says so."""
         if model not in view.held:
             view.held.add(model)
-            self._hold(model, +1)
+            if not view.silent:
+                self._hold(model, +1)
+
+    def silence(self, view: WorkerView) -> None:
+        """A lease of its lapsed: until it speaks again it holds nothing, so its models' requests
+        and backlog go to other workers instead of waiting for a holder that does not answer."""
+        if not view.silent:
+            view.silent = True
+            for model in view.held:
+                self._hold(model, -1)
+
+    def speak(self, view: WorkerView) -> None:
+        """A message of its own came: it is back, and holds its models again."""
+        if view.silent:
+            view.silent = False
+            for model in view.held:
+                self._hold(model, +1)
 
     def remove(self, address: str) -> WorkerView | None:
         view = self.views.pop(address, None)
         if view is not None:
-            for model in view.held:
-                self._hold(model, -1)
+            if not view.silent:
+                for model in view.held:
+                    self._hold(model, -1)
             for model in view.loaded:
                 _count(self.loaded, model, -1)
             self._count_capability(view, -1)

@@ -56,3 +56,22 @@ async def test_a_worker_whose_lease_lapsed_takes_nothing_more_until_it_speaks_ag
         assert not plugin.views.views["w1"].silent
         again, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
         assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"][0]["id"] == again.id
+
+
+async def test_requests_of_a_silent_holder_go_to_a_worker_that_does_not_hold_the_model():
+    """The frozen worker was the model's only holder: its requests, and those that come while it
+    is silent, must not wait for it (they did until it thawed: chaos's p99 during freezes)."""
+    async with running_queue(("w1", "w2"), MODELS) as plugin:
+        leased, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
+        other = asyncio.create_task(plugin.online.pull("w2", held=[], loaded=[], timeout=1.5))
+        await asyncio.sleep(0.05)
+        later, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        await asyncio.sleep(0.05)
+        assert not other.done() and later.worker is None  # w1 still holds m: w2's pull is not woken
+        await asyncio.sleep(0.4)  # w1's lease lapses: it is silent, and no longer m's holder
+        assert plugin.views.views["w1"].silent and plugin.views.holders.get("m", 0) == 1  # w2 now
+        assert sorted(m["id"] for m in (await other)["items"]) == sorted([leased.id, later.id])
+
+        plugin.worker_events("w1", extend=[])  # back: a holder again, beside w2
+        assert plugin.views.holders["m"] == 2
