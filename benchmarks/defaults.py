@@ -16,7 +16,8 @@ drifts within minutes, so only ratios measured in alternation count):
   summary, no flags against ``--profile cpu-local`` (today's demo);
 * ``first-use`` (first when asked for): ``auto``'s first measurement of
   MiniLM (the child process a command starts), from an empty cache (the ONNX
-  export included), its steps from the record; the parts after it use that
+  export included), its steps from the record, this tree against
+  ``--code-before`` in turn when given; the parts after it use this tree's
   cache;
 * ``stages``: a no-flag ``shoal embed --verbose`` of --stage-texts texts, this
   tree against ``--code-before`` in turn (four per round), each stage's median;
@@ -31,6 +32,7 @@ drifts within minutes, so only ratios measured in alternation count):
     .venv/bin/python benchmarks/defaults.py                       # 3,000 texts, 1 round, demo row
     .venv/bin/python benchmarks/defaults.py --limit 3000 --rounds 2
     .venv/bin/python benchmarks/defaults.py --parts first-use,onnx-load --code-before /tmp/before --rounds 3
+    .venv/bin/python benchmarks/defaults.py --parts first-use,stages --code-before /tmp/before   # side by side
 
 Prints Markdown and writes JSON to --json.
 """
@@ -344,34 +346,53 @@ def _tree_env(tree: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": tree, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def part_first_use(scratch: Path) -> dict[str, Any]:
+def part_first_use(scratch: Path, rounds: int, code_before: str | None) -> dict[str, Any]:
     """auto's first measurement of MiniLM, as a command starts it, from an empty cache (the ONNX export included).
 
-    Its cache stays SHOAL_CACHE_DIR for the parts after it: their no-flag commands find the verdicts.
+    With `code_before`, that tree's measurement too, the two in turn (each first in every other round),
+    each from its own empty cache. This tree's last cache stays SHOAL_CACHE_DIR for the parts after it:
+    their no-flag commands find the verdicts.
     """
     from shoal.configs import load_catalog, load_profile
     from shoal.configs.machine import probe
     from shoal.pipeline.jobs.fingerprints import model_fingerprint
-    from shoal.pipeline.tuning.auto_runtime import measure_in_child, verdict_path
+    from shoal.pipeline.tuning.auto_runtime import verdict_path
 
-    cache = scratch / "first-use-cache"
-    shutil.rmtree(cache, ignore_errors=True)
-    os.environ["SHOAL_CACHE_DIR"] = str(cache)
     spec, profile, machine = load_catalog().get("minilm"), load_profile("auto"), probe()
-    path = verdict_path(model_fingerprint(spec), machine, profile.torch_threads(machine.cores))
-    with Meter() as meter:
-        failed = measure_in_child(profile, spec, path)
-    if failed:
-        raise RuntimeError(failed)
-    record = json.loads(path.read_text())
-    result = {
-        "seconds": round(meter.seconds, 1),
-        "load_average": harness.load_average(),
-        "steps": record.get("steps"),
-        "rows": [(r["runtime"], r["dtype"], r["verdict"], r["speed_vs_fp32"]) for r in record["candidates"]],
-    }
-    print(f"  first use: {result}", flush=True)
-    return result
+    trees = {"this tree": str(ROOT), **({"before": code_before} if code_before else {})}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    for r in range(rounds):
+        for name in list(trees)[r % len(trees) :] + list(trees)[: r % len(trees)]:
+            cache = scratch / f"first-use-cache-{'before' if name == 'before' else 'this'}"
+            shutil.rmtree(cache, ignore_errors=True)
+            os.environ["SHOAL_CACHE_DIR"] = str(cache)
+            path = verdict_path(model_fingerprint(spec), machine, profile.torch_threads(machine.cores))
+            path.parent.mkdir(parents=True)
+            load = harness.load_average()
+            with Meter() as meter:  # the child a command starts, run from the tree's own folder and code
+                done = subprocess.run(
+                    [sys.executable, "-m", "shoal.pipeline.tuning.auto_runtime", profile.path or "auto", str(path)],
+                    input=spec.model_dump_json(),
+                    cwd=trees[name],
+                    env={**_tree_env(trees[name]), "SHOAL_CACHE_DIR": str(cache)},
+                    capture_output=True,
+                    text=True,
+                )
+            if done.returncode or "failed" in (record := json.loads(path.read_text())):
+                raise RuntimeError(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
+            runs[name].append(
+                {
+                    "seconds": round(meter.seconds, 1),
+                    "load_average": [load, harness.load_average()],
+                    "steps": record.get("steps"),
+                    "rows": [
+                        (r["runtime"], r["dtype"], r["verdict"], r["speed_vs_fp32"]) for r in record["candidates"]
+                    ],
+                }
+            )
+            print(f"  round {r + 1} first use, {name}: {runs[name][-1]}", flush=True)
+    os.environ["SHOAL_CACHE_DIR"] = str(scratch / "first-use-cache-this")
+    return {name: {"best_s": min(x["seconds"] for x in rs), "runs": rs} for name, rs in runs.items()}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -444,9 +465,11 @@ def markdown(results: dict[str, Any]) -> str:
             )
         )
     if "first_use" in results:
-        out.append("\n`auto`'s first measurement of minilm:\n")
-        d = results["first_use"]
-        out.append(f"- {d['seconds']} s (load {d['load_average']}); steps {d['steps']}; rows {d['rows']}")
+        out.append("\n`auto`'s first measurement of minilm, in turn:\n")
+        for name, d in results["first_use"].items():
+            for run_ in d["runs"]:
+                out.append(f"- {name}: {run_['seconds']} s (load {run_['load_average']}); steps {run_['steps']}")
+                out.append(f"  rows {run_['rows']}")
     return "\n".join(out)
 
 
@@ -469,7 +492,7 @@ def main() -> None:
     results: dict[str, Any] = {"conditions": harness.conditions()}
     parts = args.parts.split(",")
     if "first-use" in parts:
-        results["first_use"] = part_first_use(scratch)
+        results["first_use"] = part_first_use(scratch, args.rounds, args.code_before)
     if "onnx-load" in parts:
         results["onnx_load"] = part_onnx_load(3 * args.rounds, args.code_before)  # a load is short: three per round
     if "stages" in parts:

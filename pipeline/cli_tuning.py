@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import get_args
 
 import click
@@ -28,7 +29,10 @@ from shoal.pipeline.tuning.tune import tune as tune_profile
 )
 @click.option("--budget-minutes", default=10.0, show_default=True, help="Stop starting trials after this long.")
 @click.option(
-    "--input", "input_url", default=None, help="Parquet corpus to sample texts from. [default: the demo corpus]"
+    "--input",
+    "input_url",
+    default=None,
+    help="Parquet corpus to sample texts from. [default: a checkout's demo corpus; required in an installed Shoal]",
 )
 @text_column_option
 @click.option(
@@ -76,6 +80,11 @@ def tune(
         write_profile(path, {**fields, "name": path.stem}, comments)
         console.print(f"wrote {path} (derived from published {derive} figures)")
         return
+    if input_url is None and not Path(DEMO_INPUT).is_dir():
+        raise click.UsageError(
+            "no --input, and no demo corpus to sample (an installed Shoal has no datasets/): "
+            "pass --input PATH, a Parquet corpus of your own texts (a few thousand rows or more)"
+        )
     request = TuneRequest(
         name,
         names,
@@ -99,7 +108,8 @@ def tune(
     "texts_file",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Your sample: a .parquet file or one text per line. [default: the demo corpus]",
+    help="Your sample: a .parquet file or one text per line. "
+    "[default: a checkout's demo corpus, else the 64-text gate sample shipped in the package]",
 )
 @click.option("--text-column", default="text", show_default=True, help="The text column of a .parquet sample.")
 @click.option("--sample", default=512, show_default=True, help="Most texts drawn from the sample.")

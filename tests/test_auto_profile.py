@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -19,7 +20,8 @@ from shoal.configs import load_catalog, load_profile
 from shoal.configs.auto import cpu_layout, gpu_layout
 from shoal.configs.machine import NO_BF16_ENV, Gpu, Machine, probe
 from shoal.pipeline.tuning import REPO_ROOT
-from shoal.pipeline.tuning.auto_runtime import GATE_SAMPLE, choose, gate_texts, judge
+from shoal.pipeline.tuning.auto_runtime import choose, gate_texts, judge
+from shoal.pipeline.tuning.quality_gate import GATE_SAMPLE
 from tests.support.cli import embed_args, invoke_shoal, run_shoal
 from tests.support.files import write_shards
 
@@ -129,6 +131,11 @@ def test_reduced_precision_must_beat_the_fastest_full_precision_by_a_quarter():
     assert choose(clear)[0].dtype == "bfloat16"
     alone = record(("torch", "float32", "pass", 1.0), ("onnx", "int8", "pass", 1.08))
     assert choose(alone)[0].dtype == "float32"
+    # A full precision short of MIN_GAIN would not run: bf16 is measured against fp32 torch, not against it.
+    marginal = record(
+        ("torch", "float32", "pass", 1.0), ("onnx", "float32", "pass", 1.01), ("torch", "bfloat16", "pass", 1.25)
+    )
+    assert choose(marginal)[0].dtype == "bfloat16"
 
 
 def test_the_auto_profile_is_written_where_worker_processes_load_it(tmp_path, monkeypatch, no_gpu_probe):
@@ -221,6 +228,22 @@ def test_a_candidate_left_ungated_could_not_have_been_chosen(speeds, passes):
     assert len(rows) == 4 and rows[0]["figures"] == {}  # fp32 torch is the reference, never checked against itself
 
 
+def test_a_reduced_precision_that_would_win_outright_is_gated_first_and_ends_the_gating_when_it_passes():
+    """int8 at 2.5x beats onnx fp32's 1.5x by more than a quarter: gated first; fp32 only if int8 is refused."""
+    timed = {("onnx", "float32"): 1.5, ("onnx", "int8"): 2.5, ("torch", "bfloat16"): 1.2}
+    for int8_passes, gated in ((True, [("onnx", "int8")]), (False, [("onnx", "int8"), ("onnx", "float32")])):
+        checked: list[tuple[str, str]] = []
+
+        def check(choice, int8_passes=int8_passes, checked=checked):
+            checked.append((choice.runtime, choice.dtype))
+            return {}, [] if int8_passes or choice.dtype != "int8" else ["cosine mean 0.96 < 0.999"]
+
+        rows = judge(timed, check)
+        assert checked == gated
+        assert choose(record_of(rows))[0].dtype == ("int8" if int8_passes else "float32")
+        assert {r["dtype"]: r["verdict"] for r in rows[1:]}["bfloat16"] == "too slow"
+
+
 def record_of(rows: list[dict]) -> dict:
     return {"threads": 2, "checked": "2026-12-04 09:00 UTC", "candidates": rows}
 
@@ -234,37 +257,60 @@ def test_the_gate_sample_ships_in_the_package_and_its_judged_set_is_the_reposito
     assert "gate_sample/*" in pyproject["tool"]["setuptools"]["package-data"]["shoal.pipeline.tuning"]
 
 
-@pytest.mark.integration
-def test_an_installed_shoal_without_datasets_measures_from_its_package_data(tmp_path, tiny_catalog):
-    """As in the image: the package pip-installed from its sources alone, run where no datasets/ folder is."""
-    source = tmp_path / "src"  # what the Containerfile's src stage holds
-    source.mkdir()
+@pytest.fixture(scope="module")
+def installed_shoal(tmp_path_factory) -> Path:
+    """As in the image: the package pip-installed from its sources alone (a site folder for PYTHONPATH)."""
+    source = tmp_path_factory.mktemp("src")  # what the Containerfile's src stage holds
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO_ROOT / name, source / name)
     for package in ("shoal", "configs", "pipeline", "scheduler_plugins", "workers"):
         shutil.copytree(REPO_ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
-    site = tmp_path / "site"
+    site = tmp_path_factory.mktemp("site")
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-compile"]
     built = subprocess.run([*pip, "--target", str(site), str(source)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-3000:]
+    assert (site / "shoal" / "pipeline" / "tuning" / "gate_sample").is_dir()
+    return site
+
+
+def run_installed(site: Path, folder: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    """`args` run by the installed copy (`-m MODULE ...`) in `folder`, where no datasets/ is."""
+    env = {**os.environ, "PYTHONPATH": str(site), "SHOAL_CACHE_DIR": str(folder / "cache"), "SHOAL_PROFILE": ""}
+    done = subprocess.run(
+        [sys.executable, *args], input=stdin, capture_output=True, text=True, cwd=folder, env=env, timeout=300
+    )
+    assert not (folder / "datasets").exists()
+    return done
+
+
+@pytest.mark.integration
+def test_an_installed_shoal_without_datasets_measures_from_its_package_data(tmp_path, tiny_catalog, installed_shoal):
     spec = load_catalog(str(tiny_catalog)).get("tiny")
     verdicts = tmp_path / "verdicts.json"
-    env = {**os.environ, "PYTHONPATH": str(site), "SHOAL_CACHE_DIR": str(tmp_path / "cache"), "SHOAL_PROFILE": ""}
-    done = subprocess.run(
-        [sys.executable, "-m", "shoal.pipeline.tuning.auto_runtime", "auto", str(verdicts)],
-        input=spec.model_dump_json(),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=300,
-    )
+    module = ["-m", "shoal.pipeline.tuning.auto_runtime", "auto", str(verdicts)]
+    done = run_installed(installed_shoal, tmp_path, *module, stdin=spec.model_dump_json())
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(verdicts.read_text())
     assert "failed" not in record, record.get("details")
     assert record["texts"] == 64 and record["candidates"][0]["speed_vs_fp32"] == 1.0
     assert f"auto: measured tiny in {record['seconds']:.1f} s" in done.stderr
-    assert not (tmp_path / "datasets").exists() and (site / "shoal" / "pipeline" / "tuning" / "gate_sample").is_dir()
+
+
+CLI = ["-c", "import sys; from shoal.pipeline.cli import main; sys.exit(main())"]
+
+
+@pytest.mark.integration
+def test_an_installed_shoal_checks_precision_on_its_gate_sample_and_tune_asks_for_input(
+    tmp_path, tiny_catalog, installed_shoal
+):
+    check = ["check-precision", "--model", "tiny", "--catalog", str(tiny_catalog), "--runtime", "onnx"]
+    done = run_installed(installed_shoal, tmp_path, *CLI, *check, "--dtype", "float32")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "on 64 texts" in " ".join(done.stdout.split())  # the packaged gate sample, not datasets/demo's 512
+    tune = ["tune", "--profile", str(tmp_path / "mine.yaml"), "--models", "tiny", "--catalog", str(tiny_catalog)]
+    done = run_installed(installed_shoal, tmp_path, *CLI, *tune)
+    assert done.returncode == 2 and "pass --input PATH" in done.stderr and "no datasets/" in done.stderr
+    assert not (tmp_path / "mine.yaml").exists()
 
 
 @pytest.mark.integration

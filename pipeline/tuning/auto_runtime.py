@@ -8,16 +8,18 @@ model's fingerprint (its weights and settings) and the machine signature
 Measuring takes seconds, not minutes, because it does only what can change
 the choice. Candidates the hardware cannot make fast are not offered (bf16
 without bf16 hardware). fp32 torch is the reference, never checked against
-itself. Every other candidate is first timed in back-to-back pairs with fp32
-torch, at the layout's threads per worker, on the gate's small sample; only
-one fast enough to be chosen (beating fp32 by MIN_GAIN, and a reduced
-precision also the fastest full-precision candidate that passed by
-LOSSY_GAIN) goes through the quality gate (pipeline/tuning/quality_gate.py:
-cosine on the sample and nDCG@10 on the judged set; Kendall's tau for
-rerankers). An int8 graph is the cached fp32 export quantized, and the export
-is the one the job's workers load afterwards. The sample and the judged set
-are package data (``gate_sample/``), so an installed Shoal measures without a
-checkout's datasets/.
+itself. Every candidate is loaded once and first timed with fp32 torch, all
+in the same rounds (fp32 runs once a round), at the layout's threads per
+worker, on the gate's small sample; only one fast enough to be chosen
+(beating fp32 by MIN_GAIN, and a reduced precision also the fastest
+full-precision candidate that passed by LOSSY_GAIN) goes through the quality
+gate (pipeline/tuning/quality_gate.py: cosine on the sample, then nDCG@10 on
+the judged set only if cosine passed; Kendall's tau for rerankers), the one
+most likely to be chosen first, and gating stops once nothing left could
+beat a candidate that passed. An int8 graph is the cached fp32 export
+quantized, and the export is the one the job's workers load afterwards. The
+sample and the judged set are package data (``gate_sample/``), so an installed
+Shoal measures without a checkout's datasets/.
 
 It runs in a child process, so the command's own process (the embedded
 scheduler's) never imports torch. A measurement that fails is cached too,
@@ -39,7 +41,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, TypedDict, cast, final
+from typing import Any, Literal, TypedDict, cast, final
 
 from rich.console import Console
 
@@ -48,7 +50,6 @@ from shoal.configs.auto import NAME, cache_dir, save
 from shoal.configs.machine import Machine, probe
 
 MEASUREMENT = 2  # the record's format; a record of another (an older way of measuring) is measured again
-GATE_SAMPLE = Path(__file__).with_name("gate_sample")  # package data: sample.parquet and a BEIR judged set
 TIMED_PAIRS = 3  # back-to-back pairs per candidate, their median ratio its speed
 TIMED_TEXTS = 32  # of the sample, per timed run: timing took most of a first use at 64 (docs/BENCHMARKS.md)
 MIN_GAIN = 0.05  # a candidate must beat fp32 by this much to replace it (timing noise is a few percent)
@@ -139,6 +140,8 @@ def gate_texts() -> list[str]:
     """The gate's sample: 64 paragraphs of the demo corpus, shipped with the package."""
     import pyarrow.parquet as pq
 
+    from shoal.pipeline.tuning.quality_gate import GATE_SAMPLE
+
     return [str(t) for t in pq.read_table(GATE_SAMPLE / "sample.parquet", columns=["text"]).column("text").to_pylist()]
 
 
@@ -155,7 +158,9 @@ def choose(record: VerdictsRecord) -> tuple[RuntimeChoice, str]:
     rows = record["candidates"]
     passing = [r for r in rows if r["verdict"] == "pass" and r.get("speed_vs_fp32") is not None]
     faster = [r for r in passing if (r["runtime"], r["dtype"]) != ("torch", "float32")]
-    exact = max((r["speed_vs_fp32"] for r in passing if r["dtype"] == "float32"), default=1.0)
+    # What runs without a reduced precision: the fastest full precision beating fp32 by MIN_GAIN, else fp32.
+    exact = max((r["speed_vs_fp32"] for r in faster if r["dtype"] == "float32"), default=1.0)
+    exact = exact if exact >= 1 + MIN_GAIN else 1.0
     worth = [r for r in faster if r["dtype"] == "float32" or r["speed_vs_fp32"] >= exact * (1 + LOSSY_GAIN)]
     best = max(worth, key=lambda r: r["speed_vs_fp32"], default=None)
     refused = [label(r) for r in rows if r["verdict"] == "refused"]
@@ -277,13 +282,19 @@ def judge(
 
     A candidate goes through the gate only when, were it to pass, `choose` would take it: it beats the
     fastest that passed before it (at least fp32 by MIN_GAIN), and a reduced precision also the fastest
-    full-precision one that passed by LOSSY_GAIN. Full precision goes first, each kind fastest first.
+    full-precision one that passed by LOSSY_GAIN. A reduced precision beating every full-precision one by
+    LOSSY_GAIN wins if it passes, so those go first, fastest first: the first to pass ends the gating.
+    Then full precision, then reduced, each fastest first.
     """
     rows: list[Candidate] = [
         {"runtime": "torch", "dtype": "float32", "verdict": "pass", "figures": {}, "failures": [], "speed_vs_fp32": 1.0}
     ]
     best, exact = 1 + MIN_GAIN, 1.0
-    for (runtime, dtype), speed in sorted(speeds.items(), key=lambda item: (item[0][1] != "float32", -item[1])):
+    fastest_exact = max((s for (_, dtype), s in speeds.items() if dtype == "float32"), default=1.0)
+    outright = [c for c, s in speeds.items() if c[1] != "float32" and s >= max(best, fastest_exact * (1 + LOSSY_GAIN))]
+    order = sorted(speeds, key=lambda c: (c not in outright, c[1] != "float32", -speeds[c]))
+    for runtime, dtype in order:
+        speed = speeds[runtime, dtype]
         timed = round(speed, 3)
         row = Candidate(runtime=runtime, dtype=dtype, verdict="too slow", figures={}, failures=[], speed_vs_fp32=timed)
         needed = best if dtype == "float32" else max(best, exact * (1 + LOSSY_GAIN))
@@ -299,11 +310,15 @@ def judge(
 
 
 def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> Measurement:
-    """Each offered candidate timed against fp32; those fast enough to be chosen through the gate; the record."""
+    """Each offered candidate timed against fp32; those fast enough to be chosen through the gate; the record.
+
+    Every candidate is loaded once: timed in the same rounds against one fp32 torch (which runs once a
+    round), then handed to the gate with that same reference, so nothing is loaded twice.
+    """
     from dataclasses import replace
 
-    from shoal.pipeline.tuning.quality_gate import REFERENCE, PrecisionGate
-    from shoal.pipeline.tuning.runtimes import embed_texts, paired_speedup, score_texts
+    from shoal.pipeline.tuning.quality_gate import JUDGED_SET, REFERENCE, PrecisionGate
+    from shoal.pipeline.tuning.runtimes import embed_texts, score_texts, speedups
     from shoal.workers.devices import apply_torch_threads, detect_device
     from shoal.workers.runtimes import load_runtime
 
@@ -315,6 +330,8 @@ def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> Measurement:
         steps[name], mark = round(time.perf_counter() - mark, 2), time.perf_counter()
 
     plan = detect_device(profile, {})
+    # The gate's figures do not depend on threads: it runs on every core, the timing at the layout's.
+    gate_plan = replace(plan, threads=max(plan.threads, machine.cores))
     texts = gate_texts()
     work = embed_texts if spec.kind == "embedder" else score_texts
 
@@ -322,38 +339,40 @@ def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> Measurement:
         return load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan)
 
     speeds: dict[tuple[str, str], float] = {}
+    loaded: dict[tuple[str, str], Any] = {}
+    reference: Any = None
     choices = offered(plan.kind, machine)
-    if choices:
-        apply_torch_threads(plan)
-        reference = load(REFERENCE)
-        step("load fp32 torch")
-        try:
+    try:
+        if choices:
+            apply_torch_threads(plan)
+            reference = load(REFERENCE)
+            step("load fp32 torch")
             for choice in choices:
-                candidate = load(choice)
-                try:
-                    speeds[choice.runtime, choice.dtype] = paired_speedup(
-                        candidate, reference, texts[:TIMED_TEXTS], TIMED_PAIRS, work
-                    )
-                finally:
-                    candidate.close()
-                step(f"load and time {choice.runtime} {choice.dtype}")
-        finally:
-            reference.close()
-    gate: PrecisionGate | None = None
+                loaded[choice.runtime, choice.dtype] = load(choice)
+                step(f"load {choice.runtime} {choice.dtype}")
+            timed = speedups(list(loaded.values()), reference, texts[:TIMED_TEXTS], TIMED_PAIRS, work)
+            speeds = dict(zip(loaded, timed))
+            step("time the candidates")
+            if gate_plan.threads != plan.threads:  # an ONNX session keeps the threads it was made with
+                for runtime in loaded.values():
+                    runtime.close()
+                loaded.clear()
+        gate: PrecisionGate | None = None
 
-    def check(choice: RuntimeChoice) -> tuple[dict[str, float], list[str]]:
-        nonlocal gate
-        if gate is None:  # built only when a candidate needs it: its reference outputs take most of the time
-            # The gate's figures do not depend on threads: it runs on every core, the timing at the layout's.
-            gate_plan = replace(plan, threads=max(plan.threads, machine.cores))
-            apply_torch_threads(gate_plan)
-            gate = PrecisionGate(spec, gate_plan, texts, judged_set=str(GATE_SAMPLE))
-            step("gate: fp32 torch's outputs")
-        verdict = gate.check(choice)
-        step(f"gate: {choice.runtime} {choice.dtype}")
-        return {k: round(x, 5) for k, x in verdict.figures.items()}, verdict.failures
+        def check(choice: RuntimeChoice) -> tuple[dict[str, float], list[str]]:
+            nonlocal gate
+            if gate is None:  # built only when a candidate needs it: fp32's outputs on the sample
+                apply_torch_threads(gate_plan)
+                gate = PrecisionGate(spec, gate_plan, texts, JUDGED_SET, reference=reference)
+                step("gate: fp32 torch's outputs")
+            verdict = gate.check(choice, loaded.pop((choice.runtime, choice.dtype), None))
+            step(f"gate: {choice.runtime} {choice.dtype}")
+            return {k: round(x, 5) for k, x in verdict.figures.items()}, verdict.failures
 
-    rows = judge(speeds, check)
+        rows = judge(speeds, check)
+    finally:
+        for runtime in [*loaded.values(), *([reference] if reference is not None else [])]:
+            runtime.close()
     return {
         "measurement": MEASUREMENT,
         "model": spec.name,

@@ -91,6 +91,7 @@ def gate_candidates(
     else every candidate for the profile's kind of device.
     """
     from shoal.configs import RuntimeChoice, load_catalog
+    from shoal.pipeline.tuning.auto_runtime import gate_texts
     from shoal.pipeline.tuning.quality_gate import PrecisionGate, candidates
     from shoal.pipeline.tuning.sample import draw_sample
     from shoal.pipeline.tuning.tune import DEMO_INPUT
@@ -102,11 +103,13 @@ def gate_candidates(
     apply_torch_threads(plan)
     if texts_file:
         texts = read_sample(texts_file, sample, text_column)
-    else:
+    elif Path(DEMO_INPUT).is_dir():  # a checkout's demo corpus
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="shoal-gate-") as folder:
             texts = draw_sample(DEMO_INPUT, sample, Path(folder)).texts
+    else:  # an installed Shoal (the image) has no datasets/: the sample auto's gate uses, shipped in the package
+        texts = gate_texts()[:sample]
     if runtime or dtype:
         chosen = [RuntimeChoice(runtime=runtime or "torch", dtype=dtype or "auto")]
     elif model in loaded.runtimes:

@@ -5,8 +5,9 @@ the reference every other figure in Shoal is measured against, on a sample of
 the user's own texts (or the demo corpus):
 
 - embedders: cosine between the candidate's and fp32's vectors, mean >= 0.999
-  and minimum >= 0.99; and retrieval on a judged set (datasets/pydoc-sections,
-  nDCG@10 with the same metric code as ``shoal eval``) within 0.005 of fp32;
+  and minimum >= 0.99; and retrieval on a judged set (pydoc-sections, shipped
+  in the package as ``gate_sample/``; nDCG@10 with the same metric code as
+  ``shoal eval``) within 0.005 of fp32;
 - rerankers: Kendall's tau between the two score lists >= 0.99.
 
 Both sides run through the worker's own runtimes (workers/runtimes/__init__.py), so the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -26,9 +28,11 @@ from shoal.configs import GateEvidence, ModelSpec, RuntimeChoice
 from shoal.pipeline.retrieval.beir import RetrievalSet, load_beir
 from shoal.pipeline.retrieval.evaluation import evaluate
 from shoal.pipeline.retrieval.top_k import top_k
-from shoal.pipeline.tuning import REPO_ROOT
 
-JUDGED_SET = str(REPO_ROOT / "datasets" / "pydoc-sections")
+# Package data: sample.parquet (64 demo paragraphs) and a BEIR judged set (a copy of datasets/pydoc-sections),
+# so the gate runs the same in an installed Shoal, which has no datasets/.
+GATE_SAMPLE = Path(__file__).with_name("gate_sample")
+JUDGED_SET = str(GATE_SAMPLE)
 COSINE_MEAN_AT_LEAST = 0.999
 COSINE_MIN_AT_LEAST = 0.99
 NDCG_DROP_AT_MOST = 0.005
@@ -107,9 +111,17 @@ def judge_scores(candidate: np.ndarray, reference: np.ndarray) -> tuple[dict[str
 
 
 class PrecisionGate:
-    """Checks candidates for one model against its fp32 torch runtime, loaded once."""
+    """Checks candidates for one model against its fp32 torch runtime, loaded once.
 
-    def __init__(self, spec: ModelSpec, plan, texts: list[str], judged_set: str | None = JUDGED_SET) -> None:
+    Only what can change a verdict is computed: a candidate refused on cosine (or tau) is not run over
+    the judged set, and fp32's own nDCG@10 is computed when the first candidate needs it. The gate
+    holds the reference until `close` (or until it is dropped).
+    """
+
+    def __init__(
+        self, spec: ModelSpec, plan, texts: list[str], judged_set: str | None = JUDGED_SET, reference=None
+    ) -> None:
+        """`reference`: fp32 torch already loaded by the caller (auto's timing), handed over to the gate."""
         from shoal.workers.runtimes import load_runtime
 
         if spec.kind not in ("embedder", "reranker"):
@@ -119,15 +131,15 @@ class PrecisionGate:
         self.spec, self.plan, self.texts = spec, plan, texts
         self._load = load_runtime
         self.judged: RetrievalSet | None = load_beir(judged_set) if judged_set and spec.kind == "embedder" else None
-        reference = self._runtime(REFERENCE)[0]
-        try:
-            self.reference_outputs, self.reference_rate = self._outputs(reference)
-            self.reference_ndcg = self._ndcg(reference, self.judged) if self.judged else None
-        finally:
-            reference.close()
+        self.reference = reference if reference is not None else self._runtime(REFERENCE)[0]
+        self.reference_outputs, self.reference_rate = self._outputs(self.reference)
+        self._reference_ndcg: float | None = None
 
-    def check(self, choice: RuntimeChoice) -> Verdict:
-        runtime, load_seconds = self._runtime(choice)
+    def check(self, choice: RuntimeChoice, runtime=None) -> Verdict:
+        """`choice`'s verdict; `runtime`, when given, is `choice` already loaded (closed here all the same)."""
+        load_seconds = 0.0
+        if runtime is None:
+            runtime, load_seconds = self._runtime(choice)
         try:
             outputs, rate = self._outputs(runtime)
             verdict = Verdict(
@@ -140,14 +152,24 @@ class PrecisionGate:
             )
             judged = (judge_vectors if self.spec.kind == "embedder" else judge_scores)(outputs, self.reference_outputs)
             parts = [judged]
-            if self.judged is not None and self.reference_ndcg is not None:
-                parts.append(judge_retrieval(self._ndcg(runtime, self.judged), self.reference_ndcg))
+            if self.judged is not None and not judged[1]:  # refused on the sample: retrieval cannot save it
+                parts.append(judge_retrieval(self._ndcg(runtime, self.judged), self.reference_ndcg()))
         finally:
             runtime.close()
         for figures, failures in parts:
             verdict.figures.update(figures)
             verdict.failures.extend(failures)
         return verdict
+
+    def reference_ndcg(self) -> float:
+        """fp32 torch's nDCG@10 on the judged set, computed once, when a candidate first needs it."""
+        assert self.judged is not None
+        if self._reference_ndcg is None:
+            self._reference_ndcg = self._ndcg(self.reference, self.judged)
+        return self._reference_ndcg
+
+    def close(self) -> None:
+        self.reference.close()
 
     def _runtime(self, choice: RuntimeChoice):
         import time

@@ -66,17 +66,34 @@ def paired_speedup(
     candidate, reference, texts: list[str], pairs: int = PAIRS, work: Callable[[Any, list[str]], None] = embed_texts
 ) -> float:
     """How many times faster `candidate` does `work` on `texts` than `reference`: the median of back-to-back pairs."""
-    work(candidate, texts[:32])  # warm: kernels picked, caches filled
-    work(reference, texts[:32])
-    ratios = []
+    return speedups([candidate], reference, texts, pairs, work)[0]
+
+
+def speedups(
+    candidates: list,
+    reference,
+    texts: list[str],
+    pairs: int = PAIRS,
+    work: Callable[[Any, list[str]], None] = embed_texts,
+) -> list[float]:
+    """Each candidate's speed against `reference`, all timed in the same rounds: the reference runs once a round.
+
+    A candidate's figure is the median over rounds of the reference's seconds over its own in that round;
+    the order within a round rotates, so none always runs first.
+    """
+    runtimes = [reference, *candidates]
+    for runtime in runtimes:
+        work(runtime, texts[:32])  # warm: kernels picked, caches filled
+    ratios: list[list[float]] = [[] for _ in candidates]
     for r in range(pairs):
-        seconds: dict[bool, float] = {}
-        for is_candidate in (True, False) if r % 2 == 0 else (False, True):
+        seconds = [0.0] * len(runtimes)
+        for i in [(r + k) % len(runtimes) for k in range(len(runtimes))]:
             with MachineMeter() as meter:
-                work(candidate if is_candidate else reference, texts)
-            seconds[is_candidate] = meter.seconds
-        ratios.append(seconds[False] / seconds[True])
-    return float(np.median(ratios))
+                work(runtimes[i], texts)
+            seconds[i] = meter.seconds
+        for k in range(len(candidates)):
+            ratios[k].append(seconds[0] / seconds[k + 1])
+    return [float(np.median(x)) for x in ratios]
 
 
 def choose_runtime(spec: ModelSpec, plan, texts: list[str], min_gain: float, judged_set: str | None) -> RuntimeSearch:
