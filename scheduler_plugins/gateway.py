@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientPayloadError, hdrs, web
 from aiohttp.http_exceptions import (
@@ -338,11 +338,7 @@ class Gateway:
     async def _run(self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall) -> OnlineResult:
         """Queue the call as one online item and wait for a worker's answer."""
         timeout = self._timeout(request)
-        # The backend takes and gives plain dicts for now (gateway_link.GatewayBackend.answer).
-        payload = cast("dict[str, Any]", call.payload())
-        result = cast(
-            OnlineResult, await self.backend.answer(call.model, op, payload, call.inputs, timeout, self.settings)
-        )
+        result = await self.backend.answer(call.model, op, call.payload(), call.inputs, timeout, self.settings)
         if "error" in result:
             raise RequestError(int(result.get("status", 422)), result["error"])
         request[TIMING] = result.get("timing") or {}

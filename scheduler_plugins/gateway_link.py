@@ -25,7 +25,7 @@ from distributed.core import rpc
 from shoal.configs import GatewaySettings, ModelSpec
 
 from .model_specs import ModelSpecs
-from .protocol import OnlineResult, PullQueueClient, RemoteRequest, RemoteSettings, SpecFields
+from .protocol import OnlinePayload, OnlineResult, PullQueueClient, RemoteRequest, RemoteSettings, SpecFields
 from .work_items import unsendable
 
 logger = logging.getLogger("shoal.gateway")
@@ -49,10 +49,9 @@ class GatewayBackend(Protocol):
     def queue_depths(self) -> dict[tuple[str, str], int]:
         """Waiting items by (model, "online"|"batch"), for the gateway's /metrics; may be empty."""
 
-    # An OnlinePayload in, an OnlineResult out; plain dicts until online_queue.LocalBackend takes those types.
     async def answer(
-        self, model: str, op: str, payload: dict[str, Any], rows: int, timeout: float, settings: GatewaySettings
-    ) -> dict[str, Any]:
+        self, model: str, op: str, payload: OnlinePayload, rows: int, timeout: float, settings: GatewaySettings
+    ) -> OnlineResult:
         """The worker's result, or {"status", "error"} for a request that cannot be answered."""
 
     async def close(self) -> None:
@@ -82,7 +81,7 @@ class SchedulerLink:
         self._workers = 0
         self._loaded: dict[str, int] = {}
         self._ids = itertools.count()
-        self._waiting: dict[int, asyncio.Future] = {}
+        self._waiting: dict[int, asyncio.Future[OnlineResult]] = {}
         self._outgoing: list[RemoteRequest] = []
         self._cancelled: list[int] = []
         self._settings: RemoteSettings | None = None
@@ -117,8 +116,8 @@ class SchedulerLink:
         return {}  # the scheduler's /metrics has them; a gateway would only repeat them late
 
     async def answer(
-        self, model: str, op: str, payload: dict[str, Any], rows: int, timeout: float, settings: GatewaySettings
-    ) -> dict[str, Any]:
+        self, model: str, op: str, payload: OnlinePayload, rows: int, timeout: float, settings: GatewaySettings
+    ) -> OnlineResult:
         if not self.connected:
             return {"status": 503, "error": f"the scheduler at {self.address} is not reachable; retry shortly"}
         if not self._workers:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
+from typing import cast
 
 from shoal.configs import LEASE_SECONDS, MAX_ATTEMPTS, UNPLACEABLE_SECONDS
 
-from .protocol import JobSettings, JobStatus
+from .protocol import DeadLetter, ItemResult, JobContext, JobSettings, JobStatus, SlicePayload
 from .work_items import ItemState, WorkItem
 
 
 class Job:
+    """A batch job: the owner of its items (work_items.ItemOwner), their results and dead letters."""
+
     def __init__(self, job_id: str, items: list[WorkItem], settings: JobSettings) -> None:
         self.id = job_id
         self.items = {item.id: item for item in items}
@@ -27,21 +29,21 @@ class Job:
         self.unplaceable_seconds: float = float(settings.get("unplaceable_seconds", UNPLACEABLE_SECONDS))
         # Shared by every item of the job (storage credentials among them):
         # sent to workers with what they pull, never echoed in job status.
-        self.context: dict[str, Any] = dict(settings.get("context") or {})
+        self.context: JobContext = settings.get("context") or {}
         self.client: str | None = settings.get("client")
         self.started = time.time()
         self.finished: float | None = None
         self.rows_total = sum(item.rows for item in items)
         self.rows_done = 0
         self.rows_by_worker: Counter[str] = Counter()
-        self.results: dict[str, dict[str, Any]] = {}
-        self.dead_letters: dict[str, dict[str, Any]] = {}
+        self.results: dict[str, ItemResult] = {}
+        self.dead_letters: dict[str, DeadLetter] = {}
 
     @property
     def complete(self) -> bool:
         return len(self.results) + len(self.dead_letters) == len(self.items)
 
-    def record_done(self, item: WorkItem, worker: str, result: dict[str, Any]) -> None:
+    def record_done(self, item: WorkItem, worker: str, result: ItemResult) -> None:
         """Also a late ack of an item already in dead letters: it leaves them."""
         self.dead_letters.pop(item.id, None)
         item.move(ItemState.DONE)
@@ -58,7 +60,7 @@ class Job:
         self.dead_letters[item.id] = {
             "id": item.id,
             "model": item.model,
-            "payload": item.payload,
+            "payload": cast("SlicePayload", item.payload),  # what its readers (pipeline/jobs) plan; a sim job's too
             "attempts": item.attempts,
             "errors": list(item.errors),
             "rows": item.rows,

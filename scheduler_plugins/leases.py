@@ -22,22 +22,22 @@ class Leases:
         self._order = itertools.count()
         self._count = 0
 
-    def add(self, work: WorkItem) -> None:
-        """`work` was just leased (its worker and deadline set)."""
-        assert work.worker is not None
-        self.by_worker.setdefault(work.worker, {})[work.id] = work
+    def add(self, item: WorkItem) -> None:
+        """`item` was just leased (its worker and deadline set)."""
+        assert item.worker is not None
+        self.by_worker.setdefault(item.worker, {})[item.id] = item
         self._count += 1
-        self._push(work)
+        self._push(item)
 
-    def extended(self, work: WorkItem) -> None:
-        self._push(work)
+    def extended(self, item: WorkItem) -> None:
+        self._push(item)
 
-    def remove(self, work: WorkItem) -> None:
-        held = self.by_worker.get(work.worker or "")
-        if held is not None and held.pop(work.id, None) is not None:
+    def remove(self, item: WorkItem) -> None:
+        held = self.by_worker.get(item.worker or "")
+        if held is not None and held.pop(item.id, None) is not None:
             self._count -= 1
             if not held:
-                del self.by_worker[work.worker or ""]
+                del self.by_worker[item.worker or ""]
 
     def of_worker(self, worker: str) -> dict[str, WorkItem]:
         return self.by_worker.get(worker, {})
@@ -46,20 +46,20 @@ class Leases:
         """Leased items whose deadline passed, oldest first."""
         out = []
         while self._deadlines and self._deadlines[0][0] < now:
-            deadline, _, work = heapq.heappop(self._deadlines)
+            deadline, _, item = heapq.heappop(self._deadlines)
             if (
-                work.state is ItemState.LEASED
-                and work.deadline == deadline
-                and work.id in self.of_worker(work.worker or "")
+                item.state is ItemState.LEASED
+                and item.deadline == deadline
+                and item.id in self.of_worker(item.worker or "")
             ):
-                out.append(work)
+                out.append(item)
         return out
 
     def __len__(self) -> int:
         return self._count
 
-    def _push(self, work: WorkItem) -> None:
-        heapq.heappush(self._deadlines, (work.deadline, next(self._order), work))
+    def _push(self, item: WorkItem) -> None:
+        heapq.heappush(self._deadlines, (item.deadline, next(self._order), item))
         if len(self._deadlines) > 4 * self._count + 1024:
             self._deadlines = [
                 (w.deadline, next(self._order), w) for held in self.by_worker.values() for w in held.values()

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shoal.configs import GatewaySettings, ModelSpec
@@ -41,11 +41,15 @@ from .placement import online_rank
 from .protocol import (
     Lane,
     OnlineAck,
+    OnlinePayload,
+    OnlineResult,
     PullReply,
+    RemoteAnswer,
     RemoteAnswers,
     RemoteModels,
     RemoteQueued,
     RemoteRequest,
+    RemoteSettings,
     SpecFields,
 )
 from .queue_state import QueueState
@@ -83,8 +87,8 @@ class OnlineQueue:
     # -- requests ------------------------------------------------------------------
 
     def submit(
-        self, model: str, op: str, payload: dict[str, Any], rows: int, settings: GatewaySettings
-    ) -> tuple[WorkItem, asyncio.Future]:
+        self, model: str, op: str, payload: OnlinePayload, rows: int, settings: GatewaySettings
+    ) -> tuple[WorkItem, asyncio.Future[OnlineResult]]:
         """Queue one online request; its future gets the worker's result (or OnlineFailure)."""
         job = self.jobs.get(model)
         if job is None:
@@ -167,8 +171,8 @@ class OnlineQueue:
             if not (model and items):
                 return None
             grace = 0.0 if model in view.loaded else load_grace(view, model)
-            for work in items:
-                self.core.lease(work, worker, grace=grace)
+            for item in items:
+                self.core.lease(item, worker, grace=grace)
             self.core.hold(view, model)  # a holder now, loaded or not
             self.wake(model)  # more than one group's worth waits: the next pull takes the rest
             return self.core.items_reply(items)
@@ -212,16 +216,20 @@ class OnlineQueue:
             if self.core.queues.waiting_items(model, Lane.ONLINE) and model not in self._claims:
                 self.wake(model)
 
-    def ack(self, worker: str, item_id: str, result: dict[str, Any], compute_seconds: float) -> bool:
+    def ack(self, worker: str, item_id: str, result: OnlineResult, compute_seconds: float) -> bool:
         """Finish one online item with its worker's result.
 
         The result gets the stage timings the gateway reports: queue (enqueued
         to leased, here) and compute (its group's one model call, on the worker).
         """
-        work = self.core.items.get(item_id)
-        if work is not None and work.state is ItemState.LEASED:
-            result["timing"] = {"queue": work.leased_at - work.enqueued_at, "compute": compute_seconds}
-        return self.core.ack(worker, item_id, result)
+        item = self.core.items.get(item_id)
+        if item is not None and item.state is ItemState.LEASED:
+            result["timing"] = {"queue": item.leased_at - item.enqueued_at, "compute": compute_seconds}
+        item = self.core.finish(worker, item_id)
+        if item is None:
+            return False
+        item.settings.record_done(item, worker, result)
+        return True
 
     # -- gateways in their own processes -------------------------------------------
 
@@ -229,7 +237,7 @@ class OnlineQueue:
         self,
         gateway: str,
         requests: list[RemoteRequest],
-        settings: dict[str, Any] | None = None,
+        settings: RemoteSettings | None = None,
         cancel: list[int] | None = None,
     ) -> RemoteQueued:
         """Queue a gateway's batch of requests: [[request id, model, op, payload, rows, timeout], ...].
@@ -290,7 +298,9 @@ class OnlineQueue:
             for item in self.gateways.pop(name).close():
                 self.cancel(item)
 
-    def refusal(self, model: str, settings: GatewaySettings, payload: Any = None) -> dict[str, Any] | None:
+    def refusal(
+        self, model: str, settings: GatewaySettings, payload: OnlinePayload | None = None
+    ) -> OnlineResult | None:
         """Why a request is answered at once instead of queued: its status and message; None to queue it."""
         reason = unsendable(payload)
         if reason is not None:
@@ -323,13 +333,20 @@ class RemoteGateway:
         self.settings = GatewaySettings()
         self.last_seen = time.monotonic()
         self._requests: dict[int, tuple[WorkItem, asyncio.TimerHandle]] = {}
-        self._answers: list[list[Any]] = []
-        self._waiter: asyncio.Future | None = None
+        self._answers: list[RemoteAnswer] = []
+        self._waiter: asyncio.Future[None] | None = None
 
     def seen(self) -> None:
         self.last_seen = time.monotonic()
 
-    def track(self, request_id: int, item: WorkItem, future: asyncio.Future, timeout: float, cancel) -> None:
+    def track(
+        self,
+        request_id: int,
+        item: WorkItem,
+        future: asyncio.Future[OnlineResult],
+        timeout: float,
+        cancel: Callable[[WorkItem], None],
+    ) -> None:
         loop = asyncio.get_running_loop()
         timer = loop.call_later(timeout, self._expire, request_id, timeout, cancel)
         self._requests[request_id] = (item, timer)
@@ -342,12 +359,12 @@ class RemoteGateway:
         entry[1].cancel()
         return entry[0]
 
-    def answer(self, request_id: int, outcome: dict[str, Any]) -> None:
+    def answer(self, request_id: int, outcome: OnlineResult) -> None:
         self._answers.append([request_id, outcome])
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def collect(self, timeout: float) -> list[list[Any]]:
+    async def collect(self, timeout: float) -> list[RemoteAnswer]:
         if not self._answers and timeout > 0:
             loop = asyncio.get_running_loop()
             self._waiter = loop.create_future()
@@ -368,7 +385,7 @@ class RemoteGateway:
             self._waiter.set_result(None)
         return [item for item in items if item is not None]
 
-    def _resolved(self, request_id: int, future: asyncio.Future) -> None:
+    def _resolved(self, request_id: int, future: asyncio.Future[OnlineResult]) -> None:
         item = self.forget(request_id)
         if item is None or future.cancelled():
             return
@@ -380,7 +397,7 @@ class RemoteGateway:
         else:
             self.answer(request_id, {"status": 500, "error": f"{type(error).__name__}: {error}"})
 
-    def _expire(self, request_id: int, timeout: float, cancel) -> None:
+    def _expire(self, request_id: int, timeout: float, cancel: Callable[[WorkItem], None]) -> None:
         item = self.forget(request_id)
         if item is not None:
             cancel(item)
@@ -409,8 +426,8 @@ class LocalBackend:
         return {(model, lane.value): queues.depth(model, lane) for model in self.core.model_specs for lane in Lane}
 
     async def answer(
-        self, model: str, op: str, payload: dict[str, Any], rows: int, timeout: float, settings: GatewaySettings
-    ) -> dict[str, Any]:
+        self, model: str, op: str, payload: OnlinePayload, rows: int, timeout: float, settings: GatewaySettings
+    ) -> OnlineResult:
         """The worker's result for one request, or {"status", "error"} when it cannot be had."""
         refusal = self.online.refusal(model, settings, payload)
         if refusal is not None:
@@ -435,13 +452,13 @@ class LocalBackend:
         """Nothing to let go of: the queue outlives its gateway."""
 
 
-def _wake(waiter: asyncio.Future) -> None:
+def _wake(waiter: asyncio.Future[None]) -> None:
     """A long poll's timeout: it returns with whatever is there (maybe nothing)."""
     if not waiter.done():
         waiter.set_result(None)
 
 
-def _expire(future: asyncio.Future) -> None:
+def _expire(future: asyncio.Future[OnlineResult]) -> None:
     """A request's deadline: its waiter gets TimeoutError (the gateway then cancels the queued item)."""
     if not future.done():
         future.set_exception(TimeoutError())

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
-from shoal.configs import GatewaySettings
+from shoal.configs import UNPLACEABLE_SECONDS, GatewaySettings
 
-from .protocol import Lane
+from .protocol import Lane, OnlinePayload, OnlineResult
 from .work_items import ItemState, WorkItem
 
 
@@ -26,13 +25,13 @@ class OnlineFailure(RuntimeError):
 class OnlineJob:
     """A model's online requests: the owner of their items (work_items.ItemOwner), not a batch job."""
 
-    unplaceable_seconds = 30.0  # as a batch job's default; a request's own deadline comes first
+    unplaceable_seconds = UNPLACEABLE_SECONDS  # as a batch job's default; a request's own deadline comes first
 
     def __init__(self, model: str, settings: GatewaySettings, forget: Callable[[WorkItem], None]) -> None:
         self.id = f"online-{model}"
         self.model = model
         self.items: dict[str, WorkItem] = {}
-        self.futures: dict[str, asyncio.Future] = {}
+        self.futures: dict[str, asyncio.Future[OnlineResult]] = {}
         self._forget = forget
         self._next = 0
         self.configure(settings)
@@ -43,7 +42,7 @@ class OnlineJob:
         self.lease_seconds = settings.online_lease_seconds
         self.max_attempts = settings.max_attempts
 
-    def new_item(self, op: str, payload: dict[str, Any], rows: int) -> tuple[WorkItem, asyncio.Future]:
+    def new_item(self, op: str, payload: OnlinePayload, rows: int) -> tuple[WorkItem, asyncio.Future[OnlineResult]]:
         self._next += 1
         item = WorkItem(
             id=f"{self.id}/{self._next}",
@@ -60,7 +59,7 @@ class OnlineJob:
         self.futures[item.id] = future
         return item, future
 
-    def record_done(self, item: WorkItem, worker: str, result: dict[str, Any]) -> None:
+    def record_done(self, item: WorkItem, worker: str, result: OnlineResult) -> None:
         item.move(ItemState.DONE)
         item.worker = None
         self._resolve(item, result)
@@ -79,7 +78,7 @@ class OnlineJob:
         item.worker = None
         self._resolve(item, None)
 
-    def _resolve(self, item: WorkItem, outcome: Any) -> None:
+    def _resolve(self, item: WorkItem, outcome: OnlineResult | OnlineFailure | None) -> None:
         self.items.pop(item.id, None)
         future = self.futures.pop(item.id, None)
         self._forget(item)

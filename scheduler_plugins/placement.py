@@ -109,11 +109,11 @@ class TakeBacks:
         self._tops: dict[str, tuple[float, int]] = {}  # model -> (longest wait or more, order of its live entry)
         self._models: list[tuple[float, int, str]] = []  # heap of (-(longest wait - base load), order, model)
 
-    def add(self, work: WorkItem, wait: float) -> None:
-        """`work` is a candidate, in a group that would wait `wait` seconds on its holder."""
-        holder = work.worker or ""
-        self.by_holder.setdefault(holder, {}).setdefault(work.model, {})[work.id] = work
-        self.set_wait(holder, work.model, wait)
+    def add(self, item: WorkItem, wait: float) -> None:
+        """`item` is a candidate, in a group that would wait `wait` seconds on its holder."""
+        holder = item.worker or ""
+        self.by_holder.setdefault(holder, {}).setdefault(item.model, {})[item.id] = item
+        self.set_wait(holder, item.model, wait)
 
     def set_wait(self, holder: str, model: str, wait: float) -> None:
         live = self._waits.get((holder, model))
@@ -132,14 +132,14 @@ class TakeBacks:
             self._models = [(-(w - self.base_load(m)), o, m) for m, (w, o) in self._tops.items()]
             heapq.heapify(self._models)
 
-    def remove(self, holder: str, work: WorkItem) -> bool:
-        """`work` is no candidate now: True if it was one."""
+    def remove(self, holder: str, item: WorkItem) -> bool:
+        """`item` is no candidate now: True if it was one."""
         models = self.by_holder.get(holder, {})
-        group = models.get(work.model, {})
-        if group.pop(work.id, None) is None:
+        group = models.get(item.model, {})
+        if group.pop(item.id, None) is None:
             return False
         if not group:
-            del models[work.model], self._waits[holder, work.model]
+            del models[item.model], self._waits[holder, item.model]
             if not models:
                 del self.by_holder[holder]
         return True
@@ -414,24 +414,24 @@ class Placement:
 
     # -- take-back -------------------------------------------------------------------
 
-    def leased(self, work: WorkItem) -> None:
+    def leased(self, item: WorkItem) -> None:
         """A batch item was leased: a take-back candidate until it starts."""
-        if work.lane is Lane.BATCH and work.worker is not None:
-            self.take_backs.add(work, self._wait_on(work.worker, work.model))
+        if item.lane is Lane.BATCH and item.worker is not None:
+            self.take_backs.add(item, self._wait_on(item.worker, item.model))
 
-    def started(self, work: WorkItem) -> None:
-        """The holder began `work`: the items behind it there now wait longer."""
-        holder = work.worker or ""
-        if self.take_backs.remove(holder, work):
-            work.expected_seconds = work.rows / self.stats.rows_per_second(work.model)
-            self._ahead[holder] += work.expected_seconds
+    def started(self, item: WorkItem) -> None:
+        """The holder began `item`: the items behind it there now wait longer."""
+        holder = item.worker or ""
+        if self.take_backs.remove(holder, item):
+            item.expected_seconds = item.rows / self.stats.rows_per_second(item.model)
+            self._ahead[holder] += item.expected_seconds
             self.holder_changed(holder)
 
-    def unleased(self, work: WorkItem) -> None:
-        """`work` left its holder (acked, failed, lost, taken back): called before its lease is cleared."""
-        holder = work.worker or ""
-        if not self.take_backs.remove(holder, work) and work.started and holder in self._ahead:
-            self._ahead[holder] = max(0.0, self._ahead[holder] - work.expected_seconds)
+    def unleased(self, item: WorkItem) -> None:
+        """`item` left its holder (acked, failed, lost, taken back): called before its lease is cleared."""
+        holder = item.worker or ""
+        if not self.take_backs.remove(holder, item) and item.started and holder in self._ahead:
+            self._ahead[holder] = max(0.0, self._ahead[holder] - item.expected_seconds)
             self.holder_changed(holder)
 
     def worker_removed(self, address: str) -> None:

@@ -48,8 +48,8 @@ PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 # Keyword arguments for fsspec (credentials, endpoint, ...): whatever the store's filesystem takes.
 StorageOptions = dict[str, Any]
 
-# A model spec as it travels: ``configs.ModelSpec.model_dump()``, read back with ``ModelSpec(**fields)``.
-# Plain data on the wire, so this module (and the scheduler) stays free of pydantic models.
+# A model spec as it travels: ``configs.ModelSpec.model_dump()``, read back into a ModelSpec once, where it
+# enters a process (model_specs.ModelSpecs). Plain data on the wire, so this module stays free of pydantic models.
 SpecFields = dict[str, Any]
 GatewayFields = dict[str, Any]  # configs.GatewaySettings.model_dump(), likewise
 
@@ -236,7 +236,7 @@ class SubmittedItem(TypedDict, total=False):
     key: str
     model: str
     op: str  # the operation a worker runs: embed, rerank, ...
-    payload: dict[str, Any]  # a `Payload` (the scheduler's WorkItem holds it untyped, for now)
+    payload: BatchPayload
     rows: int
 
 
@@ -267,8 +267,8 @@ class JobStatus(TypedDict, total=False):
     rows_by_worker: dict[str, int]
     complete: bool
     elapsed: float
-    dead_letters: list[dict[str, Any]]  # `DeadLetter`s (the scheduler's Job holds them untyped, for now)
-    results: list[dict[str, Any]]  # each item's `ItemResult`, when asked for (likewise)
+    dead_letters: list[DeadLetter]
+    results: list[ItemResult]  # when asked for
     models: dict[str, dict[str, int]]  # item states per model (in the overview only)
 
 
@@ -327,7 +327,7 @@ class ItemMessage(TypedDict):
     job: str
     model: str
     op: str
-    payload: dict[str, Any]  # a `Payload`, as in SubmittedItem
+    payload: Payload
     attempt: int
     lease_seconds: float
 
@@ -335,7 +335,7 @@ class ItemMessage(TypedDict):
 class PullReply(TypedDict, total=False):
     items: list[ItemMessage]
     models: dict[str, SpecFields]  # the items' model specs
-    contexts: dict[str, dict[str, Any]]  # the items' jobs' `JobContext`s (batch pulls; the Job holds them untyped)
+    contexts: dict[str, JobContext]  # the items' jobs' contexts (batch pulls)
     demand: dict[str, list[int]]  # per model the worker holds: [waiting items, holders] (batch pulls)
     reason: str  # why nothing came: "unknown worker"
 

@@ -250,11 +250,11 @@ class PullQueue(QueueState, SchedulerPlugin):
         record = self.jobs.pop(job, None)
         if record is None:
             return {"released": False}
-        for item_id, work in record.items.items():
-            if work.state is ItemState.QUEUED:
-                self.queues.forget(work)
-            self.unlease(work)
-            work.move(ItemState.DEAD)
+        for item_id, item in record.items.items():
+            if item.state is ItemState.QUEUED:
+                self.queues.forget(item)
+            self.unlease(item)
+            item.move(ItemState.DEAD)
             self.items.pop(item_id, None)
         return {"released": True}
 
@@ -349,8 +349,8 @@ class PullQueue(QueueState, SchedulerPlugin):
         else:
             limit = 1
         items = self.queues.take(model, lane, limit)
-        for work in items:
-            self.lease(work, worker.address)
+        for item in items:
+            self.lease(item, worker.address)
         self.hold(worker, model)
         return items
 
@@ -373,16 +373,16 @@ class PullQueue(QueueState, SchedulerPlugin):
         holder is told by a REVOKE message; if it started the item meanwhile,
         both compute it and the first ack counts (outputs are idempotent).
         """
-        work = self.placement.take_back(worker)
-        if work is None:
+        item = self.placement.take_back(worker)
+        if item is None:
             return []
-        holder = work.worker
-        self.unlease(work)
-        self.revoke(holder, [work.id])
-        self.lease(work, worker.address, counts_as_attempt=False)
-        self.hold(worker, work.model)
+        holder = item.worker
+        self.unlease(item)
+        self.revoke(holder, [item.id])
+        self.lease(item, worker.address, counts_as_attempt=False)
+        self.hold(worker, item.model)
         self.events["taken_back"] += 1
-        return [work]
+        return [item]
 
     def _pull_reply(self, items: list[WorkItem], view: WorkerView) -> PullReply:
         """A batch pull's reply: the items, their jobs' contexts, and demand for the worker's evictions.
@@ -392,6 +392,6 @@ class PullQueue(QueueState, SchedulerPlugin):
         """
         return {
             **self.items_reply(items),
-            "contexts": {work.job: work.owner.context for work in items if isinstance(work.owner, Job)},
+            "contexts": {item.job: item.owner.context for item in items if isinstance(item.owner, Job)},
             "demand": {m: [self.queues.waiting_items(m), self.views.holders.get(m, 0)] for m in view.held},
         }

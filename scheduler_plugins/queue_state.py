@@ -22,7 +22,7 @@ from .leases import Leases
 from .model_queues import ModelQueues
 from .model_specs import ModelSpecs
 from .placement import ModelStats, Placement
-from .protocol import REVOKE, Lane, PullReply, SpecFields
+from .protocol import REVOKE, ItemResult, Lane, PullReply, SpecFields
 from .waiting_pulls import Timeouts, WaitingBatchPulls
 from .work_items import ItemState, WorkItem
 from .worker_views import WorkerView, WorkerViews, can_host
@@ -86,50 +86,58 @@ class QueueState:
             except Exception as exc:  # noqa: BLE001 - a worker whose stream closed is being removed
                 logger.info("could not revoke %d items on %s: %s", len(items), worker, exc)
 
-    def start_item(self, worker: str, item: str) -> bool:
+    def start_item(self, worker: str, item_id: str) -> bool:
         """True when `worker` still holds the lease: the item is now running there."""
-        work = self.items.get(item)
-        if work is None or work.state is not ItemState.LEASED or work.worker != worker:
+        item = self.items.get(item_id)
+        if item is None or item.state is not ItemState.LEASED or item.worker != worker:
             return False
-        work.started = True
-        self.placement.started(work)
+        item.started = True
+        self.placement.started(item)
         return True
 
-    def ack(self, worker: str, item: str, result: dict[str, Any]) -> bool:
-        """The first ack of an item finishes it, from whichever worker computed it.
+    def ack(self, worker: str, item_id: str, result: ItemResult) -> bool:
+        """A batch pull's item is done (an online request's: OnlineQueue.ack); its rate joins placement's."""
+        item = self.finish(worker, item_id)
+        if item is None:
+            return False
+        if item.lane is Lane.BATCH:
+            self.placement.stats.record(
+                item.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0))
+            )
+            self.placement.model_changed(item.model)
+        item.settings.record_done(item, worker, result)
+        return True
+
+    def finish(self, worker: str, item_id: str) -> WorkItem | None:
+        """The first ack of an item finishes it, from whichever worker computed it: the item, for its
+        owner to record, or None when it is unknown or done already.
 
         Outputs are idempotent, so an item computed twice (its lease expired or
         it was taken back while it started) is counted once; a worker still
         holding it is told to drop it.
         """
-        work = self.items.get(item)
-        if work is None or work.state is ItemState.DONE:
-            return False
-        if work.state is ItemState.QUEUED:
-            self.queues.forget(work)
-        holder = work.worker
-        self.unlease(work)
+        item = self.items.get(item_id)
+        if item is None or item.state is ItemState.DONE:
+            return None
+        if item.state is ItemState.QUEUED:
+            self.queues.forget(item)
+        holder = item.worker
+        self.unlease(item)
         if holder != worker:
-            self.revoke(holder, [work.id])
-        if work.lane is Lane.BATCH:
-            self.placement.stats.record(
-                work.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0))
-            )
-            self.placement.model_changed(work.model)
-        work.settings.record_done(work, worker, result)
+            self.revoke(holder, [item.id])
         self.events["acked"] += 1
-        return True
+        return item
 
-    def fail(self, worker: str, item: str, error: str, permanent: bool = False) -> bool:
-        work = self.items.get(item)
-        if work is None or work.state in (ItemState.DONE, ItemState.DEAD):
+    def fail(self, worker: str, item_id: str, error: str, permanent: bool = False) -> bool:
+        item = self.items.get(item_id)
+        if item is None or item.state in (ItemState.DONE, ItemState.DEAD):
             return False
-        if work.worker != worker:
+        if item.worker != worker:
             return False
-        work.errors.append(f"attempt {work.attempts} on {worker}: {error}")
+        item.errors.append(f"attempt {item.attempts} on {worker}: {error}")
         self.events["failed"] += 1
-        self.unlease(work)
-        self.retry_or_bury(work, permanent)
+        self.unlease(item)
+        self.retry_or_bury(item, permanent)
         return True
 
     def extend(self, worker: str, items: Sequence[str]) -> list[str]:
@@ -137,12 +145,12 @@ class QueueState:
         lost = []
         now = time.monotonic()
         for item_id in items:
-            work = self.items.get(item_id)
-            if work is None or work.state is not ItemState.LEASED or work.worker != worker:
+            item = self.items.get(item_id)
+            if item is None or item.state is not ItemState.LEASED or item.worker != worker:
                 lost.append(item_id)
                 continue
-            work.deadline = max(work.deadline, now + work.settings.lease_seconds)  # a lease's grace stays
-            self.leases.extended(work)
+            item.deadline = max(item.deadline, now + item.settings.lease_seconds)  # a lease's grace stays
+            self.leases.extended(item)
         return lost
 
     def bury_unplaceable(self) -> None:
@@ -164,27 +172,27 @@ class QueueState:
             since = self._unplaceable_since.setdefault(model, now)
             reason = _unplaceable_reason(model, spec, self.views.largest_budget())
             for lane in Lane:
-                for work in self.queues.take(model, lane, len(self.items)):
-                    job = work.settings
+                for item in self.queues.take(model, lane, len(self.items)):
+                    job = item.settings
                     if now - since >= job.unplaceable_seconds:
-                        work.errors.append(reason)
-                        job.record_dead(work)
+                        item.errors.append(reason)
+                        job.record_dead(item)
                         self.events["dead"] += 1
                     else:
-                        self.queues.push(work)
+                        self.queues.push(item)
 
     def expire_leases(self) -> None:
         """Put back the items whose lease ran out (their worker froze, or died unseen); O(1) when none did."""
-        for work in self.leases.expired(time.monotonic()):
-            worker = work.worker
+        for item in self.leases.expired(time.monotonic()):
+            worker = item.worker
             view = self.views.views.get(worker or "")
             if view is not None:
                 self.views.silence(view)
-            self.unlease(work)
-            self.revoke(worker, [work.id])
-            work.errors.append(f"attempt {work.attempts}: lease on {worker} expired")
+            self.unlease(item)
+            self.revoke(worker, [item.id])
+            item.errors.append(f"attempt {item.attempts}: lease on {worker} expired")
             self.events["expired"] += 1
-            self.retry_or_bury(work, permanent=False, front=True)
+            self.retry_or_bury(item, permanent=False, front=True)
 
     def reported(
         self, worker: str, held: list[str] | None, loaded: list[str] | None, **capability: Any
@@ -218,34 +226,34 @@ class QueueState:
             self.views.hold(view, model)
             self.view_changed(view)
 
-    def lease(self, work: WorkItem, worker: str, counts_as_attempt: bool = True, grace: float = 0.0) -> None:
+    def lease(self, item: WorkItem, worker: str, counts_as_attempt: bool = True, grace: float = 0.0) -> None:
         """`grace`: seconds added to this lease only, for what the worker must do first (load the model)."""
-        work.lease(worker, work.settings.lease_seconds + grace, counts_as_attempt)
-        self.leases.add(work)
-        self.placement.leased(work)
+        item.lease(worker, item.settings.lease_seconds + grace, counts_as_attempt)
+        self.leases.add(item)
+        self.placement.leased(item)
         self.events["leased"] += 1
 
     def items_reply(self, items: list[WorkItem]) -> PullReply:
         """The items with their leases, and their models' specs: an online pull's whole reply, a batch pull's core."""
-        messages = [work.to_message(work.settings.lease_seconds) for work in items]
+        messages = [item.to_message(item.settings.lease_seconds) for item in items]
         specs = self.model_specs.fields
-        return {"items": messages, "models": {m: specs[m] for m in {work.model for work in items}}}
+        return {"items": messages, "models": {m: specs[m] for m in {item.model for item in items}}}
 
-    def unlease(self, work: WorkItem) -> None:
-        """`work` leaves its worker's leases (and placement's candidates); its state is the caller's."""
-        if work.worker is not None:
-            self.placement.unleased(work)
-            self.leases.remove(work)
+    def unlease(self, item: WorkItem) -> None:
+        """`item` leaves its worker's leases (and placement's candidates); its state is the caller's."""
+        if item.worker is not None:
+            self.placement.unleased(item)
+            self.leases.remove(item)
 
-    def retry_or_bury(self, work: WorkItem, permanent: bool, front: bool = False) -> None:
-        job = work.settings
-        if permanent or work.attempts >= job.max_attempts:
-            job.record_dead(work)
+    def retry_or_bury(self, item: WorkItem, permanent: bool, front: bool = False) -> None:
+        job = item.settings
+        if permanent or item.attempts >= job.max_attempts:
+            job.record_dead(item)
             self.events["dead"] += 1
             return
-        work.requeue()
-        self.queues.push(work, front=front)
-        self.work_queued(work.model, work.lane, 1)
+        item.requeue()
+        self.queues.push(item, front=front)
+        self.work_queued(item.model, item.lane, 1)
 
     def work_queued(self, model: str, lane: Lane, count: int) -> None:
         """Wake the pulls that may take `count` new items of `model`, and no others."""
@@ -270,12 +278,12 @@ class QueueState:
         self.views.remove(worker)
         self.placement.worker_removed(worker)
         held = list(self.leases.of_worker(worker).values())
-        for work in held:
-            self.leases.remove(work)
-            if work.state is ItemState.LEASED:
-                work.errors.append(f"attempt {work.attempts}: worker {worker} was lost")
+        for item in held:
+            self.leases.remove(item)
+            if item.state is ItemState.LEASED:
+                item.errors.append(f"attempt {item.attempts}: worker {worker} was lost")
                 self.events["lost"] += 1
-                self.retry_or_bury(work, permanent=False, front=True)
+                self.retry_or_bury(item, permanent=False, front=True)
         if held:
             logger.warning("worker %s lost; %d leased items put back", worker, len(held))
 

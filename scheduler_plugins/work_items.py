@@ -9,15 +9,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from .protocol import ItemMessage, Lane
+from .protocol import ItemMessage, Lane, Payload
+
+ResultT = TypeVar("ResultT", contravariant=True)  # what an ack of the owner's items carries
 
 
-class ItemOwner(Protocol):
-    """What an item belongs to: a batch job (jobs.Job), or its model's online requests (OnlineJob).
+class ItemOwner(Protocol[ResultT]):
+    """What an item belongs to: a batch job (jobs.Job, its items acked with an ItemResult), or its
+    model's online requests (OnlineJob, with an OnlineResult).
 
     It holds the settings of its items' leases and takes their outcome.
     """
@@ -26,7 +29,7 @@ class ItemOwner(Protocol):
     max_attempts: int
     unplaceable_seconds: float
 
-    def record_done(self, item: WorkItem, worker: str, result: dict[str, Any]) -> None: ...
+    def record_done(self, item: WorkItem, worker: str, result: ResultT) -> None: ...
 
     def record_dead(self, item: WorkItem) -> None: ...
 
@@ -47,7 +50,7 @@ class WorkItem:
     job: str
     model: str
     op: str
-    payload: dict[str, Any]
+    payload: Payload
     lane: Lane = Lane.BATCH
     rows: int = 0
     state: ItemState = ItemState.QUEUED
@@ -59,10 +62,10 @@ class WorkItem:
     expected_seconds: float = 0.0  # its compute as expected when it started (placement's take-back)
     errors: list[str] = field(default_factory=list)
     enqueued_at: float = field(default_factory=time.monotonic)
-    owner: ItemOwner | None = field(default=None, repr=False, compare=False)
+    owner: ItemOwner[Any] | None = field(default=None, repr=False, compare=False)
 
     @property
-    def settings(self) -> ItemOwner:
+    def settings(self) -> ItemOwner[Any]:
         """Its owner, which every queued item has (set when it is created)."""
         assert self.owner is not None
         return self.owner

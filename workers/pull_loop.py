@@ -20,11 +20,10 @@ import math
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from shoal.configs import Profile
 from shoal.scheduler_plugins.model_specs import ModelSpecs
-from shoal.scheduler_plugins.protocol import REVOKE, ItemMessage, PullQueueClient, PullReply, WorkerReport
+from shoal.scheduler_plugins.protocol import REVOKE, ItemMessage, JobContext, PullQueueClient, PullReply, WorkerReport
 
 from .batching.device_thread import DeviceThread
 from .batching.online_groups import OnlineGroups
@@ -69,7 +68,7 @@ class PullLoop:
         self.in_hand: dict[str, asyncio.Task] = {}  # reading, computing or writing
         self.computing: set[str] = set()  # started: a revocation no longer stops them
         self.specs = ModelSpecs()  # the scheduler's, as its replies send them
-        self.contexts: dict[str, dict[str, Any]] = {}
+        self.contexts: dict[str, JobContext] = {}  # of the jobs of items leased here
         self._job_items: Counter[str] = Counter()  # items leased here per job: its context stays while any is
         self.drain = DrainRate()
         self._room = asyncio.Event()

@@ -371,11 +371,8 @@ def _submit_and_follow(
 
 
 def _delivered(status: JobStatus) -> tuple[list[DeadLetter], list[ItemResult]]:
-    """The status's dead letters and results, typed as the workers and the queue write them.
-
-    The scheduler's Job holds them as plain dicts (protocol.JobStatus); this is where they get their types.
-    """
-    return cast("list[DeadLetter]", status["dead_letters"]), cast("list[ItemResult]", status.get("results", []))
+    """The status's dead letters and results (there when asked for)."""
+    return status["dead_letters"], status.get("results", [])
 
 
 def _report_rejections(manifest: Manifest, console: Console) -> None:

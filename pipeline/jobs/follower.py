@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import cast
 
 from distributed import Client
 from rich.console import Console
@@ -95,7 +96,7 @@ def summarize(status: JobStatus, console: Console, output: str, chosen: Sequence
         ("empty_texts", "empty texts"),
         ("truncated", "texts truncated to max_seq_length"),
     ):
-        count = sum(r.get(key, 0) for r in results)
+        count = sum(cast("dict[str, int]", r).get(key, 0) for r in results)  # an ItemResult's text counts
         if count:
             table.add_row(label, f"{count:,}")
     table.add_row("output", output)
