@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from shoal.pipeline.client import AsyncOnlineClient
+from shoal.pipeline.tuning.search import Figures
 
 
 class OnlineProbe:
@@ -61,7 +62,7 @@ class OnlineProbe:
             return
         self.latencies.append(time.perf_counter() - began)
 
-    def figures(self) -> dict[str, float | int | None]:
+    def figures(self) -> Figures:
         """p50/p99 in milliseconds over the requests answered, and how many failed."""
         if not self.latencies:
             return {"requests": self.failures, "failures": self.failures, "p50_ms": None, "p99_ms": None}

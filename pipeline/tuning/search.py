@@ -23,6 +23,9 @@ Config = dict[str, Any]
 """Knob name -> value. Values are hashable (a configuration measured once is looked up by its items);
 their types are the objective's business: `int` for a token budget, a (workers, threads) pair for a layout."""
 
+Figures = dict[str, float | None]
+"""What a trial measured, by name (rows/s, p99 ms, ...; None: not measured), for the objective's own report."""
+
 
 @dataclass(frozen=True)
 class Dimension:
@@ -47,8 +50,7 @@ class Outcome:
 
     score: float
     violation: float = 0.0
-    # The objective's figures, for its own report (trials.py, tune.py): the search never reads them.
-    figures: dict[str, Any] = field(default_factory=dict)
+    figures: Figures = field(default_factory=dict)  # the search never reads them
     note: str = ""
 
     @property

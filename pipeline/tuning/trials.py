@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 from distributed import Client, LocalCluster
@@ -36,7 +35,7 @@ from shoal.pipeline.tuning.meter import MachineMeter
 from shoal.pipeline.tuning.probe import OnlineProbe
 from shoal.pipeline.tuning.profile import ProfileFields
 from shoal.pipeline.tuning.sample import Sample
-from shoal.pipeline.tuning.search import Config, Outcome
+from shoal.pipeline.tuning.search import Config, Figures, Outcome
 
 WARMUP_TEXTS = 64
 WORKER_START_TIMEOUT = 300
@@ -159,7 +158,7 @@ class ClusterTrials:
         except Exception as exc:  # a layout that cannot run is a result, not a crash
             self.close()
             return Outcome(0.0, math.inf, note=f"{type(exc).__name__}: {exc}"[:200])
-        figures: dict[str, Any] = {
+        figures: Figures = {
             "rows_per_s": round(rows / seconds, 1),
             "cluster_start_s": started,
             "other_cpu": _share(meter.other_share),
@@ -171,7 +170,7 @@ class ClusterTrials:
         if self.online_rate and self.p99_target_ms:
             p99 = online.get("p99_ms")
             violation = math.inf if p99 is None else max(0.0, p99 / self.p99_target_ms - 1)
-            violation += online["failures"] / max(online["requests"], 1)
+            violation += (online.get("failures") or 0) / max(online.get("requests") or 0, 1)
         return Outcome(rows / seconds, violation, figures)
 
     def close(self) -> None:
@@ -213,7 +212,7 @@ class ClusterTrials:
         self._cluster = (key, cluster, client, url)
         return round(meter.seconds, 1), client, url
 
-    def _run_jobs(self, client: Client, profile: Profile, url: str | None) -> tuple[int, float, int, dict[str, Any]]:
+    def _run_jobs(self, client: Client, profile: Profile, url: str | None) -> tuple[int, float, int, Figures]:
         """Every model's job at once; (rows, seconds on the scheduler's clock, failed parts, online figures)."""
         out = self.scratch / f"out-{self.trials:03d}"
         prepared = [

@@ -179,7 +179,8 @@ class Tuner:
                 )
                 memory = plan.memory_budget / self.base.memory_fraction  # host RAM or device memory, per worker
                 fractions = self._fractions(sizes, memory)
-                rate = min(s.best.outcome.figures["rows_per_s"] for s in phase1.values()) / len(self.request.models)
+                slowest = min(s.best.outcome.figures["rows_per_s"] or 0.0 for s in phase1.values())
+                rate = slowest / len(self.request.models)
                 rows = int(
                     min(self.request.sample_rows, max(MIN_CLUSTER_ROWS, rate * CLUSTER_TRIAL_SECONDS)) // 64 * 64
                 )
@@ -360,9 +361,9 @@ class Tuner:
 
     def _recorder(self, phase: str):
         def record(trial: Trial) -> None:
-            figures = trial.outcome.figures
-            if figures.get("other_cpu") is not None:
-                self.other_cpu.append(figures["other_cpu"])
+            other_cpu = trial.outcome.figures.get("other_cpu")
+            if other_cpu is not None:
+                self.other_cpu.append(other_cpu)
             first = next((row["trial"] for row in self.rows if row["phase"] == phase), trial)
             vs_start = trial.outcome.figures.get("vs_start") or trial.outcome.score / max(first.outcome.score, 1e-9)
             self.rows.append(
