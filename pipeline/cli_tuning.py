@@ -12,10 +12,6 @@ from rich.console import Console
 from shoal.configs import RuntimeDType, RuntimeName, load_catalog
 from shoal.pipeline.cli_options import catalog_option, model_names, parse_columns, text_column_option, user_errors
 from shoal.pipeline.tuning.derived import GPUS
-from shoal.pipeline.tuning.derived import derive as derive_gpu
-from shoal.pipeline.tuning.profile import profile_path, write_profile
-from shoal.pipeline.tuning.tune import DEMO_INPUT, TuneRequest
-from shoal.pipeline.tuning.tune import tune as tune_profile
 
 
 @click.command()
@@ -72,6 +68,12 @@ def tune(
     item size and models per device on embedded clusters, by coordinate
     search; the chosen settings and every trial's figures go to the file.
     """
+    # Imported here: every other command (`shoal embed` first) would pay for the tuner's imports at its start.
+    from shoal.pipeline.tuning.derived import derive as derive_gpu
+    from shoal.pipeline.tuning.profile import profile_path, write_profile
+    from shoal.pipeline.tuning.tune import DEMO_INPUT, TuneRequest
+    from shoal.pipeline.tuning.tune import tune as tune_profile
+
     console = Console(stderr=True, soft_wrap=True)
     names = parse_columns(models)
     if derive:
