@@ -12,11 +12,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 from html import escape
-from typing import Any
 
 from tornado import web
 
-from .metrics import RATE_WINDOW_SECONDS, ShoalMetrics
+from .metrics import RATE_WINDOW_SECONDS, Figures, ShoalMetrics
 
 REFRESH_MS = 1000
 PAGE = """<!doctype html>
@@ -45,7 +44,7 @@ setInterval(async () => {{
 """
 
 
-def render(figures: dict[str, Any], address: str) -> str:
+def render(figures: Figures, address: str) -> str:
     """The page's body: tiles, then queues and throughput per model, workers, batch jobs, events."""
     models, workers, jobs = figures["models"], figures["workers"], figures["jobs"]
     now = dt.datetime.now().strftime("%H:%M:%S")

@@ -133,7 +133,7 @@ class SchedulerLink:
             "max_attempts": settings.max_attempts,
             "max_queue_depth": settings.max_queue_depth,
         }
-        self._outgoing.append([request_id, model, op, payload, rows, timeout])
+        self._outgoing.append((request_id, model, op, payload, rows, timeout))
         self._flush_soon()
         # The scheduler answers 504 at the deadline; this only covers an answer lost on the way.
         lost: OnlineResult = {"status": 504, "error": f"no answer within {timeout:g} s"}

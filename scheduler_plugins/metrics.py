@@ -20,11 +20,13 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from tornado.ioloop import PeriodicCallback
+
+from .protocol import QueueDepths, WorkerSummary
 
 if TYPE_CHECKING:
     from .pull_queue import PullQueue
@@ -32,6 +34,40 @@ if TYPE_CHECKING:
 SAMPLE_MS = 1000
 RATE_WINDOW_SECONDS = 10.0
 WORKER_METRIC = "shoal"  # the key workers' pool figures arrive under, in their Dask heartbeat metrics
+
+
+class ModelFigures(QueueDepths):
+    online_pending: int  # requests not answered yet
+    rows_per_second: float  # batch rows, over the last RATE_WINDOW_SECONDS
+    rows_done: float
+    compute_seconds: float
+
+
+class WorkerFigures(WorkerSummary):
+    leased: int
+    loads: int  # from the worker's heartbeat, as are the two below
+    evictions: int
+    load_seconds: dict[str, float]
+    connected: bool
+
+
+class JobFigures(TypedDict):
+    rows_done: int
+    rows_total: int
+    done: int
+    failed: int
+    items: int
+    elapsed: float
+    complete: bool
+
+
+class Figures(TypedDict):
+    """What the dashboard and the metrics show, and /shoal/figures.json serves."""
+
+    models: dict[str, ModelFigures]
+    workers: dict[str, WorkerFigures]
+    jobs: dict[str, JobFigures]
+    events: dict[str, int]
 
 
 class ShoalMetrics:
@@ -54,14 +90,14 @@ class ShoalMetrics:
         seconds = max(t1 - t0, 1e-9)
         return {model: (rows - first.get(model, 0.0)) / seconds for model, rows in last.items()}
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> Figures:
         """Everything the dashboard shows: the queue's overview, workers' pools, throughput."""
         overview = self.queue.overview()
         stats = self.queue.model_stats
         rates = self.rates()
         pending = self.queue.online.pending_by_model()  # requests not answered yet, per model
         models = sorted(set(overview["queues"]) | set(stats.rows) | set(pending))
-        workers = {}
+        workers: dict[str, WorkerFigures] = {}
         for address, view in overview["workers"].items():
             state = self.queue.scheduler.workers.get(address)
             pool = dict((getattr(state, "metrics", None) or {}).get(WORKER_METRIC) or {})
@@ -76,7 +112,7 @@ class ShoalMetrics:
         return {
             "models": {
                 model: {
-                    **overview["queues"].get(model, {"online": 0, "batch": 0}),
+                    **overview["queues"].get(model, QueueDepths(online=0, batch=0)),
                     "online_pending": pending.get(model, 0),
                     "rows_per_second": rates.get(model, 0.0),
                     "rows_done": stats.rows.get(model, 0.0),
@@ -87,8 +123,13 @@ class ShoalMetrics:
             "workers": workers,
             "jobs": {
                 job_id: {
-                    key: job[key]
-                    for key in ("rows_done", "rows_total", "done", "failed", "items", "elapsed", "complete")
+                    "rows_done": job["rows_done"],
+                    "rows_total": job["rows_total"],
+                    "done": job["done"],
+                    "failed": job["failed"],
+                    "items": job["items"],
+                    "elapsed": job["elapsed"],
+                    "complete": job["complete"],
                 }
                 for job_id, job in overview["jobs"].items()
             },
@@ -153,15 +194,21 @@ class ShoalMetrics:
 
 
 class _LatestScheduler:
-    """The collector on the global registry: the figures of the latest started Shoal scheduler."""
+    """The collector on the global registry: the figures of the latest started Shoal scheduler still running.
+
+    One that closes hands /metrics back to the one started before it, as when a test's short-lived
+    queue closes beside a long-lived cluster's.
+    """
 
     def __init__(self) -> None:
-        self.target: weakref.ref[ShoalMetrics] | None = None
+        self.running: list[weakref.ref[ShoalMetrics]] = []
 
     def collect(self) -> Iterable[Metric]:
-        metrics = self.target() if self.target is not None else None
-        if metrics is not None:
-            yield from metrics.collect()
+        for ref in reversed(self.running):
+            metrics = ref()
+            if metrics is not None:
+                yield from metrics.collect()
+                return
 
 
 _COLLECTOR = _LatestScheduler()
@@ -175,5 +222,10 @@ def start_metrics(queue: PullQueue) -> ShoalMetrics:
     queue.scheduler.periodic_callbacks["shoal-metrics"] = sampler  # the scheduler stops it on close
     sampler.start()
     metrics.sample()
-    _COLLECTOR.target = weakref.ref(metrics)
+    _COLLECTOR.running.append(weakref.ref(metrics))
     return metrics
+
+
+def stop_metrics(metrics: ShoalMetrics) -> None:
+    """`metrics`' queue closed: /metrics serves the latest other one still running."""
+    _COLLECTOR.running = [ref for ref in _COLLECTOR.running if ref() not in (None, metrics)]

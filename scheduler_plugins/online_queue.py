@@ -71,7 +71,7 @@ class OnlineQueue:
         self._claims: dict[str, WaitingPull] = {}  # model -> the pull woken for its requests, not yet run
         self.gateways: dict[str, RemoteGateway] = {}
 
-    def handlers(self) -> dict[str, Any]:
+    def handlers(self) -> dict[str, Callable[..., Any]]:
         return {
             "shoal_pull_online": self.pull,
             "shoal_online_submit": self.remote_submit,
@@ -360,7 +360,7 @@ class RemoteGateway:
         return entry[0]
 
     def answer(self, request_id: int, outcome: OnlineResult) -> None:
-        self._answers.append([request_id, outcome])
+        self._answers.append((request_id, outcome))
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 

@@ -265,15 +265,15 @@ class Placement:
 
     # -- choosing for a batch pull ----------------------------------------------------
 
-    def choose(self, worker: WorkerView) -> tuple[str, Lane] | None:
+    def choose(self, view: WorkerView) -> tuple[str, Lane] | None:
         """(model, lane) for this pull, or None when nothing fits the worker."""
         heads = [
             (head.enqueued_at, model)
             for model in self.queues.models(Lane.ONLINE)
-            if (model in worker.held or can_host(self.specs[model], worker))
+            if (model in view.held or can_host(self.specs[model], view))
             and (head := self.queues.head(model, Lane.ONLINE)) is not None
         ]
-        held = [h for h in heads if h[1] in worker.held]
+        held = [h for h in heads if h[1] in view.held]
         if held:
             return min(held)[1], Lane.ONLINE
         # Online requests of a model another worker holds wait for it (at most
@@ -283,12 +283,12 @@ class Placement:
             return min(unheld)[1], Lane.ONLINE
         held = [
             (head.enqueued_at, model)
-            for model in worker.held
+            for model in view.held
             if (head := self.queues.head(model, Lane.BATCH)) is not None
         ]
         if held:
             return min(held)[1], Lane.BATCH
-        steal = self._steal(worker)
+        steal = self._steal(view)
         return (steal, Lane.BATCH) if steal is not None else None
 
     def online_model_for(
@@ -330,7 +330,7 @@ class Placement:
                     self.take_backs.set_wait(holder, model, self._wait_on(holder, model))
                 self.take_backs.base_load_changed(model)
 
-    def _steal(self, worker: WorkerView) -> str | None:
+    def _steal(self, view: WorkerView) -> str | None:
         """Unheld models first (largest backlog), then the largest positive gain.
 
         Held models come off the heap by drain time less their catalog load,
@@ -340,13 +340,13 @@ class Placement:
         """
         self._refresh_drains()
         best: tuple[float, str] | None = None
-        for model, seconds in worker.load_seconds.items():
+        for model, seconds in view.load_seconds.items():
             key = self._drain_keys.get(model)
             if key is None or key[0] != 0 or not seconds or self.steal_factor * seconds >= self._base_load(model):
                 continue
             self._steal_touched += 1
             gain = key[2] - self.steal_factor * seconds
-            if gain > 0 and (best is None or gain > best[0]) and self._may_steal(worker, model):
+            if gain > 0 and (best is None or gain > best[0]) and self._may_steal(view, model):
                 best = (gain, model)
         popped = []
         seen: set[str] = set()
@@ -362,20 +362,20 @@ class Placement:
                 break
             popped.append(heapq.heappop(self._drains))
             seen.add(model)
-            if not self._may_steal(worker, model):
+            if not self._may_steal(view, model):
                 continue
             if tier == 1:
                 best = (float("inf"), model)
                 break
-            gain = amount - self.steal_factor * self.load_seconds(worker, model)
+            gain = amount - self.steal_factor * self.load_seconds(view, model)
             if gain > 0 and (best is None or gain > best[0]):
                 best = (gain, model)
         for entry in popped:
             heapq.heappush(self._drains, entry)
         return best[1] if best is not None else None
 
-    def _may_steal(self, worker: WorkerView, model: str) -> bool:
-        return model not in worker.held and can_host(self.specs[model], worker)
+    def _may_steal(self, view: WorkerView, model: str) -> bool:
+        return model not in view.held and can_host(self.specs[model], view)
 
     def _refresh_drains(self) -> None:
         for model in self._dirty:
@@ -405,9 +405,9 @@ class Placement:
             base = self._base_loads[model] = self.steal_factor * self._catalog_load(model)
         return base
 
-    def load_seconds(self, worker: WorkerView, model: str) -> float:
+    def load_seconds(self, view: WorkerView, model: str) -> float:
         """Measured on this worker, else the catalog's figure, else a default."""
-        return worker.load_seconds.get(model) or self._catalog_load(model)
+        return view.load_seconds.get(model) or self._catalog_load(model)
 
     def _catalog_load(self, model: str) -> float:
         return self.specs[model].load_seconds or DEFAULT_LOAD_SECONDS

@@ -340,9 +340,12 @@ class PullReply(TypedDict, total=False):
     reason: str  # why nothing came: "unknown worker"
 
 
-# An online request's ack, [item id, result, compute seconds of its group]: sent with the worker's
+# Acks and failures travel as MessagePack arrays (a list on arrival, which unpacks as the tuple would).
+# An online request's ack, (item id, result, compute seconds of its group): sent with the worker's
 # next online pull, or among its events when no pull is due soon.
-OnlineAck = list[Any]
+OnlineAck = tuple[str, OnlineResult, float]
+ItemAck = tuple[str, ItemResult]  # a batch item's: (item id, result)
+ItemFailure = tuple[str, str, bool]  # (item id, error, permanent)
 
 
 class WorkerEvents(TypedDict, total=False):
@@ -354,17 +357,17 @@ class WorkerEvents(TypedDict, total=False):
     """
 
     started: list[str]  # item ids whose compute began
-    acks: list[list[Any]]  # [item id, result]
-    failed: list[list[Any]]  # [item id, error, permanent]
+    acks: list[ItemAck]
+    failed: list[ItemFailure]
     extend: list[str]  # item ids whose leases to renew
     online_acks: list[OnlineAck]  # those that could not ride on an online pull
 
 
 # -- gateways in their own processes ----------------------------------------------------
 
-# A request: [request id, model, op, payload, rows, timeout seconds]; an answer: [request id, outcome].
-RemoteRequest = list[Any]
-RemoteAnswer = list[Any]
+# A request: (request id, model, op, payload, rows, timeout seconds); an answer: (request id, outcome).
+RemoteRequest = tuple[int, str, str, OnlinePayload, int, float]
+RemoteAnswer = tuple[int, OnlineResult]
 
 
 class RemoteSettings(TypedDict):

@@ -38,7 +38,6 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
@@ -48,7 +47,7 @@ from shoal.configs import GatewaySettings, ModelSpec
 from .dashboard import start_dashboard
 from .gateway import Gateway
 from .jobs import Job
-from .metrics import start_metrics
+from .metrics import start_metrics, stop_metrics
 from .online_queue import OnlineQueue
 from .protocol import (
     EVENTS,
@@ -56,9 +55,12 @@ from .protocol import (
     GatewayFields,
     GatewayStarted,
     GatewayStopped,
+    ItemAck,
+    ItemFailure,
     JobSettings,
     JobStatus,
     Lane,
+    OnlineAck,
     Overview,
     PullReply,
     ReleaseReply,
@@ -125,6 +127,7 @@ class PullQueue(QueueState, SchedulerPlugin):
             await self.gateway_start(self._gateway_settings.model_dump())
 
     async def close(self) -> None:
+        stop_metrics(self.metrics)
         for checker in self._checkers:
             checker.stop()
         await self.gateway_stop()
@@ -216,10 +219,10 @@ class PullQueue(QueueState, SchedulerPlugin):
         self,
         worker: str,
         started: Sequence[str] = (),
-        acks: Sequence[list[Any]] = (),
-        failed: Sequence[list[Any]] = (),
+        acks: Sequence[ItemAck] = (),
+        failed: Sequence[ItemFailure] = (),
         extend: Sequence[str] = (),
-        online_acks: Sequence[list[Any]] = (),
+        online_acks: Sequence[OnlineAck] = (),
     ) -> None:
         """A worker's coalesced one-way events (protocol.WorkerEvents); revokes what it no longer holds.
 
@@ -232,8 +235,8 @@ class PullQueue(QueueState, SchedulerPlugin):
             lost += [item_id for item_id in started if not self.start_item(worker, item_id)]
             for item_id, result in acks:
                 self.ack(worker, item_id, result)
-            for item_id, result, compute_seconds in online_acks:
-                self.online.ack(worker, item_id, result, compute_seconds)
+            for item_id, answer, compute_seconds in online_acks:
+                self.online.ack(worker, item_id, answer, compute_seconds)
             for item_id, error, permanent in failed:
                 self.fail(worker, item_id, error, permanent)
             lost += self.extend(worker, extend)
@@ -335,8 +338,8 @@ class PullQueue(QueueState, SchedulerPlugin):
         self.bury_unplaceable()
         self.online.forget_gone_gateways()
 
-    def _lease_next(self, worker: WorkerView, room: int) -> list[WorkItem]:
-        choice = self.placement.choose(worker)
+    def _lease_next(self, view: WorkerView, room: int) -> list[WorkItem]:
+        choice = self.placement.choose(view)
         if choice is None:
             return []
         model, lane = choice
@@ -344,14 +347,14 @@ class PullQueue(QueueState, SchedulerPlugin):
         # and meanwhile the rest are better off with the workers that hold it.
         if lane is Lane.ONLINE:
             limit = self.model_specs[model].online_batch
-        elif model in worker.held:
+        elif model in view.held:
             limit = min(room, self._fair_share(model))
         else:
             limit = 1
         items = self.queues.take(model, lane, limit)
         for item in items:
-            self.lease(item, worker.address)
-        self.hold(worker, model)
+            self.lease(item, view.address)
+        self.hold(view, model)
         return items
 
     def _fair_share(self, model: str) -> int:
@@ -365,7 +368,7 @@ class PullQueue(QueueState, SchedulerPlugin):
             1, math.ceil(self.queues.waiting_items(model, Lane.BATCH) / max(1, self.views.holders.get(model, 0)))
         )
 
-    def _take_back(self, worker: WorkerView) -> list[WorkItem]:
+    def _take_back(self, view: WorkerView) -> list[WorkItem]:
         """An idle worker takes one item another worker leased but has not started.
 
         Only where it starts sooner here (see Placement.take_back); never
@@ -373,14 +376,14 @@ class PullQueue(QueueState, SchedulerPlugin):
         holder is told by a REVOKE message; if it started the item meanwhile,
         both compute it and the first ack counts (outputs are idempotent).
         """
-        item = self.placement.take_back(worker)
+        item = self.placement.take_back(view)
         if item is None:
             return []
         holder = item.worker
         self.unlease(item)
         self.revoke(holder, [item.id])
-        self.lease(item, worker.address, counts_as_attempt=False)
-        self.hold(worker, item.model)
+        self.lease(item, view.address, counts_as_attempt=False)
+        self.hold(view, item.model)
         self.events["taken_back"] += 1
         return [item]
 

@@ -77,14 +77,14 @@ class QueueState:
         if self.model_specs.add(models, source):
             self.placement.specs_changed()
 
-    def revoke(self, worker: str | None, items: list[str]) -> None:
-        """Tell `worker` it no longer holds `items`: it drops those not started (one way)."""
-        stream = self.scheduler.stream_comms.get(worker) if worker and items else None
+    def revoke(self, worker: str | None, item_ids: list[str]) -> None:
+        """Tell `worker` it no longer holds `item_ids`: it drops those not started (one way)."""
+        stream = self.scheduler.stream_comms.get(worker) if worker and item_ids else None
         if stream is not None:
             try:
-                stream.send({"op": REVOKE, "items": items})
+                stream.send({"op": REVOKE, "items": item_ids})
             except Exception as exc:  # noqa: BLE001 - a worker whose stream closed is being removed
-                logger.info("could not revoke %d items on %s: %s", len(items), worker, exc)
+                logger.info("could not revoke %d items on %s: %s", len(item_ids), worker, exc)
 
     def start_item(self, worker: str, item_id: str) -> bool:
         """True when `worker` still holds the lease: the item is now running there."""
@@ -140,11 +140,11 @@ class QueueState:
         self.retry_or_bury(item, permanent)
         return True
 
-    def extend(self, worker: str, items: Sequence[str]) -> list[str]:
-        """Renew `worker`'s leases of `items`; the ids it no longer holds."""
+    def extend(self, worker: str, item_ids: Sequence[str]) -> list[str]:
+        """Renew `worker`'s leases of `item_ids`; the ids it no longer holds."""
         lost = []
         now = time.monotonic()
-        for item_id in items:
+        for item_id in item_ids:
             item = self.items.get(item_id)
             if item is None or item.state is not ItemState.LEASED or item.worker != worker:
                 lost.append(item_id)

@@ -388,7 +388,7 @@ async def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_a
 
         await async_wait_for(everything_answered, what="every request answered")
     assert sorted(acked) == ["a", "b", "c"]
-    assert failed == [["poison", "RuntimeError: cannot compute 'poison'", False]]
+    assert failed == [("poison", "RuntimeError: cannot compute 'poison'", False)]
 
 
 async def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400(plugin):

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from prometheus_client import REGISTRY, generate_latest
 
 from shoal.configs import ConfigError
 from shoal.scheduler_plugins.protocol import EVENTS, Lane
@@ -226,6 +227,20 @@ async def test_a_batch_pull_of_online_items_takes_the_models_max_batch_size(plug
         {"models": {"m": spec("m", max_batch_size=2).model_dump()}, "lane": Lane.ONLINE},
     )
     assert len((await plugin.pull("w1", held=["m"], room=1, timeout=0))["items"]) == 2
+
+
+async def test_metrics_serve_the_latest_queue_still_running():
+    """A queue that closes hands /metrics back to the one started before it (a test's beside a cluster's)."""
+
+    def depths() -> str:
+        return "\n".join(line for line in generate_latest(REGISTRY).decode().splitlines() if "queue_depth{" in line)
+
+    async with running_queue(models={"first": spec("first")}) as first:
+        first.submit("j", items("first", 1), {})
+        async with running_queue(models={"second": spec("second")}) as second:
+            second.submit("j", items("second", 1), {})
+            assert 'model="second"' in depths() and 'model="first"' not in depths()
+        assert 'model="first"' in depths() and 'model="second"' not in depths()
 
 
 async def test_duplicate_job_rejected(plugin):

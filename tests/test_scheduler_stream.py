@@ -33,8 +33,8 @@ async def test_events_of_many_items_leave_in_one_message_and_an_ack_drops_its_un
         stream.ack("c", {"rows": 3})  # its start went out already: only the ack is left
         await asyncio.sleep(0.2)
     first, second = sent
-    assert first == {"op": EVENTS, "started": ["c"], "acks": [["a", {"rows": 1}], ["b", {"rows": 2}]]}
-    assert second == {"op": EVENTS, "acks": [["c", {"rows": 3}]]}
+    assert first == {"op": EVENTS, "started": ["c"], "acks": [("a", {"rows": 1}), ("b", {"rows": 2})]}
+    assert second == {"op": EVENTS, "acks": [("c", {"rows": 3})]}
 
 
 async def test_a_failure_goes_out_on_the_next_loop_pass_with_what_has_gathered_and_implies_its_start():
@@ -43,7 +43,7 @@ async def test_a_failure_goes_out_on_the_next_loop_pass_with_what_has_gathered_a
         stream.started("b")
         stream.fail("b", "OSError: reset", False)
         await asyncio.sleep(0.01)
-        assert sent == [{"op": EVENTS, "started": ["a"], "failed": [["b", "OSError: reset", False]]}]
+        assert sent == [{"op": EVENTS, "started": ["a"], "failed": [("b", "OSError: reset", False)]}]
 
 
 async def test_a_short_lease_is_renewed_before_it_lapses_however_long_the_flush_waits():

@@ -21,6 +21,8 @@ import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 
+from distributed import Worker
+
 from shoal.configs import Profile
 from shoal.scheduler_plugins.model_specs import ModelSpecs
 from shoal.scheduler_plugins.protocol import REVOKE, ItemMessage, JobContext, PullQueueClient, PullReply, WorkerReport
@@ -54,10 +56,10 @@ class DrainRate:
 
 
 class PullLoop:
-    def __init__(self, worker, profile: Profile, pool: ModelPool, device_thread: DeviceThread) -> None:
-        self.worker = worker
-        self.queue = PullQueueClient(worker.scheduler)
-        self.stream = SchedulerStream(worker)
+    def __init__(self, dask_worker: Worker, profile: Profile, pool: ModelPool, device_thread: DeviceThread) -> None:
+        self.dask_worker = dask_worker
+        self.queue = PullQueueClient(dask_worker.scheduler)
+        self.stream = SchedulerStream(dask_worker)
         self.profile = profile
         self.pool = pool
         self.device_thread = device_thread
@@ -72,8 +74,8 @@ class PullLoop:
         self._job_items: Counter[str] = Counter()  # items leased here per job: its context stays while any is
         self.drain = DrainRate()
         self._room = asyncio.Event()
-        self.online = OnlineGroups(worker.address, pool, device_thread, self.specs, self.stream)
-        worker.stream_handlers[REVOKE] = self._revoked
+        self.online = OnlineGroups(dask_worker.address, pool, device_thread, self.specs, self.stream)
+        dask_worker.stream_handlers[REVOKE] = self._revoked
 
     async def run(self) -> None:
         self.stream.start()
@@ -87,7 +89,7 @@ class PullLoop:
                     continue
                 try:
                     reply = await self.queue.pull(
-                        self.worker.address,
+                        self.dask_worker.address,
                         room,
                         len(self.leased),
                         self.profile.pull_timeout_seconds,
@@ -245,7 +247,7 @@ class PullLoop:
             self.online.pulling = True
             try:
                 reply = await self.queue.pull_online(
-                    address=self.worker.address,
+                    address=self.dask_worker.address,
                     held=self._held_models(),
                     loaded=self.pool.loaded(),
                     timeout=self.profile.pull_timeout_seconds,

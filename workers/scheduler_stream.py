@@ -35,9 +35,9 @@ RENEW_TICK_SECONDS = 0.05  # how often leases due for renewal are looked for
 
 
 class SchedulerStream:
-    def __init__(self, worker: Any, flush_seconds: float = FLUSH_SECONDS) -> None:
-        """`worker`: the Dask worker, whose ``batched_stream`` reaches the scheduler."""
-        self.worker = worker
+    def __init__(self, dask_worker: Any, flush_seconds: float = FLUSH_SECONDS) -> None:
+        """`dask_worker`: the Dask worker, whose ``batched_stream`` reaches the scheduler."""
+        self.dask_worker = dask_worker
         self.flush_seconds = flush_seconds
         self._events: WorkerEvents = {}
         self._starts: dict[str, None] = {}  # in order; an ack before the flush drops its start
@@ -78,7 +78,7 @@ class SchedulerStream:
         """An ack (or a failure) implies its start: a start not sent yet is dropped, one event less."""
         self.release(item_id)
         self._starts.pop(item_id, None)
-        self._add("acks", [item_id, result])
+        self._add("acks", (item_id, result))
 
     def ack_online(self, acks: list[OnlineAck]) -> None:
         """Online acks that cannot wait for the next online pull: out on the next loop pass."""
@@ -97,7 +97,7 @@ class SchedulerStream:
     def fail(self, item_id: str, error: str, permanent: bool) -> None:
         self.release(item_id)
         self._starts.pop(item_id, None)
-        self._add("failed", [item_id, error, permanent], urgent=True)
+        self._add("failed", (item_id, error, permanent), urgent=True)
 
     def _add(self, kind: str, entry: Any, urgent: bool = False, within: float | None = None) -> None:
         self._events.setdefault(kind, []).append(entry)  # type: ignore[misc]
@@ -125,7 +125,7 @@ class SchedulerStream:
         if not events:
             return
         try:
-            self.worker.batched_stream.send({"op": EVENTS, **events})
+            self.dask_worker.batched_stream.send({"op": EVENTS, **events})
         except Exception as exc:  # noqa: BLE001 - the stream closed: Dask closes this worker, leases lapse
             logger.warning("could not send %d kinds of events to the scheduler: %s", len(events), exc)
 

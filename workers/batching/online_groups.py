@@ -173,8 +173,8 @@ class OnlineGroups:
             if not runtimes:
                 return
             outcomes = await asyncio.wrap_future(self.device_thread.run_online(partial(self._compute, runtimes)))
-            acks = [
-                [message["id"], result, outcome.seconds]
+            acks: list[OnlineAck] = [
+                (message["id"], result, outcome.seconds)
                 for outcome in outcomes
                 if outcome.error is None
                 for message, result in zip(outcome.group, outcome.results or [])
