@@ -114,14 +114,14 @@ class PrecisionGate:
     """Checks candidates for one model against its fp32 torch runtime, loaded once.
 
     Only what can change a verdict is computed: a candidate refused on cosine (or tau) is not run over
-    the judged set, and fp32's own nDCG@10 is computed when the first candidate needs it. The gate
-    holds the reference until `close` (or until it is dropped).
+    the judged set, and fp32's own nDCG@10 is computed when the first candidate needs it, so the gate
+    holds the reference while it lives.
     """
 
     def __init__(
         self, spec: ModelSpec, plan, texts: list[str], judged_set: str | None = JUDGED_SET, reference=None
     ) -> None:
-        """`reference`: fp32 torch already loaded by the caller (auto's timing), handed over to the gate."""
+        """`reference`: fp32 torch already loaded by the caller (auto's timing), used instead of loading another."""
         from shoal.workers.runtimes import load_runtime
 
         if spec.kind not in ("embedder", "reranker"):
@@ -167,9 +167,6 @@ class PrecisionGate:
         if self._reference_ndcg is None:
             self._reference_ndcg = self._ndcg(self.reference, self.judged)
         return self._reference_ndcg
-
-    def close(self) -> None:
-        self.reference.close()
 
     def _runtime(self, choice: RuntimeChoice):
         import time
