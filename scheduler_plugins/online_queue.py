@@ -39,6 +39,7 @@ from shoal.configs import GatewaySettings, ModelSpec
 from .online_requests import OnlineFailure, OnlineJob
 from .placement import online_rank
 from .protocol import (
+    ONLINE_LANE,
     Lane,
     OnlineAck,
     OnlinePayload,
@@ -194,7 +195,7 @@ class OnlineQueue:
 
     def wake(self, model: str) -> None:
         """Wake the one waiting pull that should take `model`'s queued requests, if none is on its way."""
-        if model in self._claims or not self.core.queues.waiting_items(model, Lane.ONLINE):
+        if model in self._claims or not self.core.queues.waiting_items(model, ONLINE_LANE):
             return
         held = bool(self.core.views.holders.get(model))
         spec = self.core.model_specs[model]

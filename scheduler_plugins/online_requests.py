@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from shoal.configs import UNPLACEABLE_SECONDS, GatewaySettings
 
-from .protocol import Lane, OnlinePayload, OnlineResult
+from .protocol import ONLINE_LANE, OnlinePayload, OnlineResult
 from .work_items import ItemState, WorkItem
 
 
@@ -50,7 +50,7 @@ class OnlineJob:
             model=self.model,
             op=op,
             payload=payload,
-            lane=Lane.ONLINE,
+            lane=ONLINE_LANE,
             rows=rows,
             owner=self,
         )
