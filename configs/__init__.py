@@ -171,7 +171,7 @@ class GatewaySettings(BaseModel):
     request_timeout_seconds: float = Field(default=30.0, gt=0)  # then 504
     retry_after_seconds: int = Field(default=1, ge=0)
     # Leases of one request, as for batch items: a request survives two lost, frozen or starved workers.
-    max_attempts: int = Field(default=3, gt=0)
+    max_attempts: int = Field(default=MAX_ATTEMPTS, gt=0)
     # A request's lease on a worker, renewed while the worker holds it: a worker that stops answering
     # (frozen, paused) loses its requests to another within about this long.
     online_lease_seconds: float = Field(default=0.5, gt=0)

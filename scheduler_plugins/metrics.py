@@ -222,10 +222,11 @@ def start_metrics(queue: PullQueue) -> ShoalMetrics:
     queue.scheduler.periodic_callbacks["shoal-metrics"] = sampler  # the scheduler stops it on close
     sampler.start()
     metrics.sample()
+    stop_metrics(queue)  # a queue started again (Dask may start a plugin twice) is listed once, as its latest
     _COLLECTOR.running.append(weakref.ref(metrics))
     return metrics
 
 
-def stop_metrics(metrics: ShoalMetrics) -> None:
-    """`metrics`' queue closed: /metrics serves the latest other one still running."""
-    _COLLECTOR.running = [ref for ref in _COLLECTOR.running if ref() not in (None, metrics)]
+def stop_metrics(queue: PullQueue) -> None:
+    """`queue` closed: /metrics serves the latest other one still running."""
+    _COLLECTOR.running = [ref for ref in _COLLECTOR.running if (m := ref()) is not None and m.queue is not queue]

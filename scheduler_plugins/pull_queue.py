@@ -127,7 +127,7 @@ class PullQueue(QueueState, SchedulerPlugin):
             await self.gateway_start(self._gateway_settings.model_dump())
 
     async def close(self) -> None:
-        stop_metrics(self.metrics)
+        stop_metrics(self)
         for checker in self._checkers:
             checker.stop()
         await self.gateway_stop()

@@ -346,7 +346,7 @@ def _submit_and_follow(
     client.sync(
         queue.submit,
         job_id,
-        cast("list[SubmittedItem]", items),  # the scheduler holds payloads untyped (protocol.SubmittedItem)
+        cast("list[SubmittedItem]", items),  # a PlannedItem is one, its payload read as the slice it starts from
         {
             "lease_seconds": profile.lease_seconds,
             "max_attempts": profile.max_attempts,
