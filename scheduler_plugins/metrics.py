@@ -222,7 +222,6 @@ def start_metrics(queue: PullQueue) -> ShoalMetrics:
     queue.scheduler.periodic_callbacks["shoal-metrics"] = sampler  # the scheduler stops it on close
     sampler.start()
     metrics.sample()
-    stop_metrics(queue)  # a queue started again (Dask may start a plugin twice) is listed once, as its latest
     _COLLECTOR.running.append(weakref.ref(metrics))
     return metrics
 

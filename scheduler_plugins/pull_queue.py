@@ -100,6 +100,10 @@ class PullQueue(QueueState, SchedulerPlugin):
         self.online.view_changed(view)
 
     async def start(self, scheduler) -> None:
+        """Once: Dask starts a plugin that a preload registered again when the scheduler itself starts,
+        and a second start would leave the first one's periodic checks running past `close`."""
+        if self._checkers:
+            return
         self.scheduler = scheduler
         scheduler.handlers.update(
             {

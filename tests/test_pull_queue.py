@@ -243,6 +243,15 @@ async def test_metrics_serve_the_latest_queue_still_running():
         assert 'model="first"' in depths() and 'model="second"' not in depths()
 
 
+async def test_a_second_start_changes_nothing_and_close_stops_every_periodic_check():
+    """Dask starts a plugin a preload registered again when the scheduler starts."""
+    async with running_queue() as plugin:
+        checkers, sampler = list(plugin._checkers), plugin.scheduler.periodic_callbacks["shoal-metrics"]
+        await plugin.start(plugin.scheduler)
+        assert plugin._checkers == checkers and plugin.scheduler.periodic_callbacks["shoal-metrics"] is sampler
+    assert not any(checker.is_running() for checker in checkers)
+
+
 async def test_duplicate_job_rejected(plugin):
     plugin.submit("j", items("m", 1), SPECS)
     with pytest.raises(ValueError, match="already exists"):
