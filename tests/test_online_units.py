@@ -15,7 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from shoal.configs import GatewaySettings, ModelSpec
+from shoal.configs import ConfigError, GatewaySettings, ModelSpec
 from shoal.scheduler_plugins import api_formats as api
 from shoal.scheduler_plugins.gateway_auth import BearerAuth
 from shoal.scheduler_plugins.online_requests import OnlineFailure
@@ -320,6 +320,16 @@ def test_group_encode_gives_each_request_its_slice():
     assert refused["status"] == 422 and "16 tokens" in refused["error"]
     assert third["dtype"] == "float16" and len(third["embeddings"]) == 8 * 2
     assert online_operations.score(runtime, payloads[:1])[0]["status"] == 501
+
+
+async def test_a_gateways_models_are_validated_where_they_enter_and_a_bad_one_is_named(plugin):
+    with pytest.raises(ConfigError, match=r"the gateway's models: model 'bad' has no valid spec: kind: Field required"):
+        await plugin.gateway_start({"port": 0}, models={"bad": {"name": "bad", "dim": 8, "max_seq_length": 64}})
+    with pytest.raises(ConfigError, match=r"a gateway's models: model 'bad' has no valid spec: dim: .*greater than 0"):
+        plugin.online.remote_models({"bad": {**spec("bad").model_dump(), "dim": 0}})
+    assert plugin.gateway is None and "bad" not in plugin.model_specs
+    reply = plugin.online.remote_models({"n": spec("n").model_dump()})  # served with the queue's own
+    assert set(reply["models"]) == {"m", "n"} and reply["models"]["n"] == spec("n").model_dump()
 
 
 async def test_no_workers_and_shutting_down_are_503_with_retry_after():
