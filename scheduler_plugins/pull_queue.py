@@ -38,6 +38,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
@@ -45,7 +46,6 @@ from tornado.ioloop import PeriodicCallback
 from shoal.configs import GatewaySettings, ModelSpec
 
 from .dashboard import start_dashboard
-from .gateway import Gateway
 from .jobs import Job
 from .metrics import start_metrics, stop_metrics
 from .online_queue import OnlineQueue
@@ -72,6 +72,9 @@ from .queue_state import QueueState
 from .waiting_pulls import WaitingPull
 from .work_items import ItemState, WorkItem
 from .worker_views import WorkerView
+
+if TYPE_CHECKING:  # aiohttp, imported when a gateway starts: a batch job's scheduler never starts one
+    from .gateway import Gateway
 
 logger = logging.getLogger("shoal.scheduler")
 
@@ -312,6 +315,8 @@ class PullQueue(QueueState, SchedulerPlugin):
             return {"error": f"this scheduler already serves the online gateway on {self.gateway.url}"}
         self.add_specs(models or {}, "the gateway's models")
         await self.gateway_stop()
+        from .gateway import Gateway
+
         gateway = Gateway(self.online.local_backend(), GatewaySettings(**(settings or {})))
         url = await gateway.start()
         self.gateway = gateway
