@@ -25,6 +25,7 @@ from shoal.scheduler_plugins.protocol import NAME as PULL_QUEUE
 from shoal.scheduler_plugins.protocol import PullQueueClient
 
 LOOPBACK = "127.0.0.1"  # where everything the embedded cluster starts listens, unless the caller says otherwise
+NANNY_KEEPS_ITS_WORKER = "3650 days"  # see keep_restarting_workers
 IN_PROCESS_SWITCH_SECONDS = 0.0005  # the interpreter's thread switch interval with in-process workers
 
 
@@ -110,6 +111,7 @@ def _local_cluster(profile: Profile, catalog: str | None, n_workers: int | None,
                 f"profile {profile.name!r} runs its one worker in process; {n_workers} workers asked for"
             )
         return _in_process_cluster(profile, catalog, **common, **kwargs)
+    keep_restarting_workers()
     return LocalCluster(
         n_workers=n_workers or profile.workers,
         processes=True,
@@ -117,6 +119,19 @@ def _local_cluster(profile: Profile, catalog: str | None, n_workers: int | None,
         **common,
         **kwargs,
     )
+
+
+def keep_restarting_workers() -> None:
+    """A worker that dies again soon after its nanny restarted it is restarted again, for good.
+
+    Dask's SpecCluster closes a worker's nanny when no worker of that name has joined within
+    ``distributed.deploy.lost-worker-timeout`` (15 s) of a worker's removal. A worker killed within
+    15 s of its own restart (a crash loop, an OOM during a model load, the chaos benchmark) leaves its
+    replacement starting when that check runs: the nanny is closed and the cluster is one worker
+    short until the command stops. The nanny restarts its worker itself, so there is nothing for the
+    check to retire. Dask reads the setting when a worker is removed, so it is set for the process.
+    """
+    dask.config.set({"distributed.deploy.lost-worker-timeout": NANNY_KEEPS_ITS_WORKER})
 
 
 def _in_process_cluster(

@@ -117,3 +117,24 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
         client.sync(pull_queue(client).job_release, job="background")
     assert plugin.events["lost"] >= 1
     assert max(answered_at) - killed_at < 2.0, [round(t - killed_at, 2) for t in answered_at]
+
+
+def test_a_killed_worker_is_restarted_even_when_its_restart_is_slower_than_dasks_lost_worker_check(tmp_path):
+    """Dask's SpecCluster closed a worker's nanny when no worker of its name had joined within
+    lost-worker-timeout of a removal: a worker killed again soon after a restart was never replaced
+    (chaos lost a worker slot for good). Shortened here so that any worker start is slower than it."""
+    import dask
+
+    profile = load_profile(str(write_profile(tmp_path, name="restarted", workers=1)))
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "0.1s"}):
+        with start_local_cluster(profile) as cluster, Client(cluster) as client:
+            client.wait_for_workers(1)
+            (killed,) = client.scheduler_info()["workers"]
+            kill_worker(cluster, killed)
+            wait_for(
+                lambda: set(client.scheduler_info()["workers"]) - {killed},
+                timeout=60,
+                what="the nanny's new worker",
+                step=0.2,
+            )
+            assert len(cluster.workers) == 1  # the nanny is still the cluster's
