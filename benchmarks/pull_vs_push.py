@@ -67,7 +67,15 @@ from harness import RESULTS, Meter
 from shoal.configs import MAX_ONLINE_BATCH, GatewaySettings, ModelSpec
 from shoal.pipeline.cluster import pull_queue  # noqa: E402
 from shoal.scheduler_plugins.online_queue import OnlineQueue
-from shoal.scheduler_plugins.protocol import Lane, OnlineAck, PullReply
+from shoal.scheduler_plugins.protocol import (
+    EncodePayload,
+    ItemResult,
+    Lane,
+    OnlineAck,
+    OnlineResult,
+    PullReply,
+    SimPayload,
+)
 from shoal.scheduler_plugins.pull_queue import PullQueue
 from shoal.scheduler_plugins.work_items import ItemState, WorkItem
 from shoal.scheduler_plugins.worker_views import WorkerView
@@ -366,14 +374,14 @@ def _dask_runtime(spec: dict[str, Any], slots: int) -> SimulatedRuntime:
     return runtime
 
 
-def dask_batch_item(spec: dict[str, Any], payload: dict[str, Any], slots: int) -> dict[str, Any]:
+def dask_batch_item(spec: dict[str, Any], payload: SimPayload, slots: int) -> ItemResult:
     runtime = _dask_runtime(spec, slots)
     texts = sim_operation.read(payload)
     computed = sim_operation.compute(runtime, texts)
     return sim_operation.write(payload, texts, computed, ModelSpec(**spec))
 
 
-def dask_online_item(spec: dict[str, Any], payload: dict[str, Any], slots: int) -> dict[str, Any]:
+def dask_online_item(spec: dict[str, Any], payload: EncodePayload, slots: int) -> OnlineResult:
     runtime = _dask_runtime(spec, slots)
     return online_operations.encode(runtime, [payload])[0]
 
@@ -425,7 +433,9 @@ async def _close(cluster: LocalCluster) -> None:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        await cluster.close()
+        closing = cluster.close()
+        if closing is not None:  # a cluster on a running loop closes asynchronously
+            await closing
     finally:
         quiet.setLevel(level)
 
@@ -492,7 +502,7 @@ async def run_shoal(cfg: Config, wl: Workload, variant: str) -> dict[str, Any]:
                     await asyncio.sleep(0.02)
                 await asyncio.gather(*waiting)
                 end = time.monotonic()
-            finished = {j: plugin.jobs[j].finished - wall0 for j in jobs}
+            finished = {j: (plugin.jobs[j].finished or time.time()) - wall0 for j in jobs}
             done = {j: len(plugin.jobs[j].results) for j in jobs}
             dead = {j: len(plugin.jobs[j].dead_letters) for j in jobs}
             rows = sum(plugin.jobs[j].rows_done for j in jobs)

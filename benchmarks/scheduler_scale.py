@@ -51,11 +51,15 @@ import tempfile
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import harness  # before Shoal's imports: the repository on sys.path, the workers' environment defaults
 from harness import ProcessClock
 
 from shoal.pipeline.tuning.meter import process_tree_cpu_seconds
+
+if TYPE_CHECKING:  # the plugin code measured is --code's, imported when a part runs
+    from shoal.scheduler_plugins.protocol import SubmittedItem
 
 # -- (a) the plugin alone ------------------------------------------------------------------
 
@@ -179,7 +183,7 @@ async def plugin_alone(
 
     # Batch: a backlog far larger than what workers take per pull, Zipf over the models.
     per_job = max(20_000, workers * 40)
-    items = [
+    items: list[SubmittedItem] = [
         {"key": str(i), "model": m, "op": "sim", "rows": 1024, "payload": {}}
         for i, m in enumerate(Zipf(models).draw(rng, per_job))
     ]
