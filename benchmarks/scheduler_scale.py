@@ -132,7 +132,15 @@ class SimWorker:
             )
             if reply["items"]:
                 self.hold(reply["items"][0]["model"])
-                self.plugin.online.ack_many(self.address, [[m["id"], {"n": 1}] for m in reply["items"]], 0.001)
+                self.ack_online([m["id"] for m in reply["items"]])
+
+    def ack_online(self, item_ids: list[str]) -> None:
+        online = self.plugin.online
+        if hasattr(online, "ack_many"):  # checkouts before issue 27 (for --code)
+            online.ack_many(self.address, [[i, {"n": 1}] for i in item_ids], 0.001)
+            return
+        for item_id in item_ids:
+            online.ack(self.address, item_id, {"tokens": 1}, 0.001)
 
 
 def still_held(reply: bool | dict) -> bool:
