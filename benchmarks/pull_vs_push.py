@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import importlib.util
 import logging
 import os
 import sys
@@ -851,7 +852,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(sweeps.values()):
         print(f"## Sweeps (run at time scale {sweep_scale}; items/s, load and p99 given in real-time equivalents)\n")
         print(sweep_table(sweeps))
-    if "main" in report and {"pull", "push", "dask"} <= set(variants) & set(sweep_variants) and any(sweeps.values()):
+    plottable = "main" in report and {"pull", "push", "dask"} <= set(variants) & set(sweep_variants)
+    if plottable and any(sweeps.values()) and importlib.util.find_spec("matplotlib") is None:
+        print(f"\nwrote {args.json}; no {args.png}: matplotlib is not installed (pip install '.[bench]')")
+    elif plottable and any(sweeps.values()):
         plot(report, Path(args.png))
         print(f"\nwrote {args.json} and {args.png}")
     else:
