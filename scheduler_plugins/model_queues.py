@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable
 
-from .protocol import ONLINE_LANE, Lane
+from .protocol import Lane
 from .work_items import ItemState, WorkItem
 
 
@@ -103,7 +103,7 @@ class ModelQueues:
                 del self._queues[item.model][item.lane]
                 if not self._queues[item.model]:
                     del self._queues[item.model]
-        if item.lane is not ONLINE_LANE:
+        if item.lane is not Lane.ONLINE:
             self._on_change(item.model)
 
     def depth(self, model: str, lane: Lane | None = None) -> int:

@@ -39,7 +39,6 @@ from shoal.configs import GatewaySettings, ModelSpec
 from .online_requests import OnlineFailure, OnlineJob
 from .placement import online_rank
 from .protocol import (
-    ONLINE_LANE,
     Lane,
     OnlineAck,
     OnlinePayload,
@@ -56,7 +55,7 @@ from .protocol import (
 from .queue_state import QueueState
 from .waiting_pulls import WaitingOnlinePulls, WaitingPull
 from .work_items import ItemState, WorkItem, unsendable
-from .worker_views import WorkerView, can_host
+from .worker_views import WorkerView, may_take
 
 logger = logging.getLogger("shoal.online")
 
@@ -195,15 +194,11 @@ class OnlineQueue:
 
     def wake(self, model: str) -> None:
         """Wake the one waiting pull that should take `model`'s queued requests, if none is on its way."""
-        if model in self._claims or not self.core.queues.waiting_items(model, ONLINE_LANE):
+        if model in self._claims or not self.core.queues.waiting_items(model, Lane.ONLINE):
             return
         held = bool(self.core.views.holders.get(model))
         spec = self.core.model_specs[model]
-        while (
-            pull := self.pulls.take(
-                model, held, lambda view: not view.silent and (model in view.held or can_host(spec, view))
-            )
-        ) is not None:
+        while (pull := self.pulls.take(model, held, lambda view: may_take(view, model, spec))) is not None:
             if pull.wake(model):  # else its timeout woke it: it leaves the index and the next one is asked
                 self._claims[model] = pull
                 return

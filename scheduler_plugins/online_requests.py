@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from shoal.configs import UNPLACEABLE_SECONDS, GatewaySettings
 
-from .protocol import ONLINE_LANE, OnlinePayload, OnlineResult
+from .protocol import Lane, OnlinePayload, OnlineResult
 from .work_items import ItemState, WorkItem
 
 
@@ -50,7 +50,7 @@ class OnlineJob:
             model=self.model,
             op=op,
             payload=payload,
-            lane=ONLINE_LANE,
+            lane=Lane.ONLINE,
             rows=rows,
             owner=self,
         )

@@ -46,7 +46,7 @@ from collections.abc import Callable, Collection, Mapping
 from shoal.configs import ModelSpec
 
 from .model_queues import ModelQueues
-from .protocol import BATCH_LANE, Lane
+from .protocol import Lane
 from .waiting_pulls import WaitingOnlinePulls
 from .work_items import WorkItem
 from .worker_views import WorkerView, WorkerViews, can_host
@@ -416,7 +416,7 @@ class Placement:
 
     def leased(self, item: WorkItem) -> None:
         """A batch item was leased: a take-back candidate until it starts."""
-        if item.lane is BATCH_LANE and item.worker is not None:
+        if item.lane is Lane.BATCH and item.worker is not None:
             self.take_backs.add(item, self._wait_on(item.worker, item.model))
 
     def started(self, item: WorkItem) -> None:

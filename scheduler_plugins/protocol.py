@@ -40,11 +40,6 @@ class Lane(StrEnum):
     BATCH = "batch"
 
 
-# The members bound once, for what runs per item: on Python 3.11 an enum member's lookup (`Lane.BATCH`)
-# is a descriptor call of about 0.1 us, a few of them per item.
-ONLINE_LANE, BATCH_LANE = Lane.ONLINE, Lane.BATCH
-
-
 # How vectors are stored or sent: batch jobs' outputs and online answers alike.
 Precision = Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)

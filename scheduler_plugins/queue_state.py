@@ -22,10 +22,10 @@ from .leases import Leases
 from .model_queues import ModelQueues
 from .model_specs import ModelSpecs
 from .placement import ModelStats, Placement
-from .protocol import BATCH_LANE, ONLINE_LANE, REVOKE, ItemResult, Lane, PullReply, SpecFields
+from .protocol import REVOKE, ItemResult, Lane, PullReply, SpecFields
 from .waiting_pulls import Timeouts, WaitingBatchPulls
 from .work_items import ItemState, WorkItem
-from .worker_views import WorkerView, WorkerViews, can_host
+from .worker_views import WorkerView, WorkerViews, may_take
 
 logger = logging.getLogger("shoal.scheduler")
 
@@ -100,7 +100,7 @@ class QueueState:
         item = self.finish(worker, item_id)
         if item is None:
             return False
-        if item.lane is BATCH_LANE:
+        if item.lane is Lane.BATCH:
             self.placement.stats.record(
                 item.model, int(result.get("rows", 0)), float(result.get("compute_seconds", 0.0))
             )
@@ -257,13 +257,11 @@ class QueueState:
 
     def work_queued(self, model: str, lane: Lane, count: int) -> None:
         """Wake the pulls that may take `count` new items of `model`, and no others."""
-        if lane is ONLINE_LANE:
+        if lane is Lane.ONLINE:
             self.online_work_queued(model)
             return
         spec = self.model_specs[model]
-        self.batch_pulls.wake(
-            model, count, lambda view: not view.silent and (model in view.held or can_host(spec, view))
-        )
+        self.batch_pulls.wake(model, count, lambda view: may_take(view, model, spec))
 
     def _batch_work_changed(self, model: str) -> None:
         self.placement.model_changed(model)

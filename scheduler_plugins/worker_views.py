@@ -48,6 +48,12 @@ def can_host(spec: ModelSpec, view: WorkerView) -> bool:
     return view.budget is None or spec.memory_bytes <= view.budget
 
 
+def may_take(view: WorkerView, model: str, spec: ModelSpec) -> bool:
+    """Whether a waiting pull of `view`'s worker may be woken for `model`'s work: it answers, and it
+    holds the model or could host it."""
+    return not view.silent and (model in view.held or can_host(spec, view))
+
+
 class WorkerViews:
     """Each worker's view, with holder counts per model and the distinct capabilities.
 
