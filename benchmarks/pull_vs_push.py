@@ -852,10 +852,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(sweeps.values()):
         print(f"## Sweeps (run at time scale {sweep_scale}; items/s, load and p99 given in real-time equivalents)\n")
         print(sweep_table(sweeps))
-    plottable = "main" in report and {"pull", "push", "dask"} <= set(variants) & set(sweep_variants)
-    if plottable and any(sweeps.values()) and importlib.util.find_spec("matplotlib") is None:
+    variants_run = set(variants) & set(sweep_variants)
+    plottable = "main" in report and {"pull", "push", "dask"} <= variants_run and any(sweeps.values())
+    if plottable and importlib.util.find_spec("matplotlib") is None:
         print(f"\nwrote {args.json}; no {args.png}: matplotlib is not installed (pip install '.[bench]')")
-    elif plottable and any(sweeps.values()):
+    elif plottable:
         plot(report, Path(args.png))
         print(f"\nwrote {args.json} and {args.png}")
     else:
