@@ -47,14 +47,15 @@ def worker_environment(profile: Profile, catalog: str | None = None) -> dict[str
 
 
 def start_local_cluster(
-    profile: Profile, catalog: str | None = None, n_workers: int | None = None, **kwargs
+    profile: Profile, catalog: str | None = None, n_workers: int | None = None, online: bool = False, **kwargs
 ) -> LocalCluster:
+    """The embedded cluster; `online` when it serves the HTTP gateway (the event loop differs, see `event_loop`)."""
     settings = {
         # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in workers; with it glibc maps and
         # frees every activation tensor anew on each forward pass, which slows every batch
         # (docs/BENCHMARKS.md). None removes the variable for the workers spawned here.
         "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
-        "distributed.admin.event-loop": event_loop(),
+        "distributed.admin.event-loop": event_loop(online),
     }
     with dask.config.set(settings), _spawned_without_main():
         return _local_cluster(profile, catalog, n_workers, **kwargs)
@@ -80,17 +81,22 @@ def _spawned_without_main() -> Iterator[None]:
         main.__file__ = path
 
 
-def event_loop() -> str:
-    """uvloop where it is installed, unless Dask's ``distributed.admin.event-loop`` names another.
+def event_loop(online: bool) -> str:
+    """For a cluster that serves online requests, uvloop where it is installed; else Dask's default.
 
-    The scheduler with the gateway, and each worker, run one event loop that
-    every online request crosses; uvloop's costs less per message, so the
-    gateway answers more requests per second (docs/BENCHMARKS.md). The scheduler's
-    loop is the one created here, the workers' are created by their nannies
-    from this config.
+    An operator's ``distributed.admin.event-loop`` always wins. Online, the
+    scheduler with the gateway and each worker run one event loop that every
+    request crosses; uvloop's costs less per message, so the gateway answers
+    more requests per second (docs/BENCHMARKS.md). A batch job's messages are
+    a few per thousand rows, so nothing is gained there, and uvloop has
+    crashed the process that closes its loop (a segmentation fault in the
+    client's loop thread at a cluster's close, seen once in the test suite;
+    uvloop issue #706 is of that kind): batch commands keep Dask's loop. The
+    scheduler's loop is the one created here, the workers' are created by
+    their nannies from this config.
     """
     chosen = dask.config.get("distributed.admin.event-loop")
-    if chosen != "tornado":  # Dask's default: anything else is an operator's choice
+    if chosen != "tornado" or not online:  # tornado is Dask's default: anything else is an operator's choice
         return chosen
     return "uvloop" if importlib.util.find_spec("uvloop") else chosen
 

@@ -34,7 +34,10 @@ def _cluster(
             yield client, client.scheduler.address
         return
     argv = [arg for name in pinned for arg in ("--shoal-pin", name)]
-    with start_local_cluster(profile, catalog_path, preload_argv=argv) as cluster, Client(cluster) as client:
+    with (
+        start_local_cluster(profile, catalog_path, online=True, preload_argv=argv) as cluster,
+        Client(cluster) as client,
+    ):
         check_plugin(client)
         yield client, contact_address(cluster)
 

@@ -201,7 +201,7 @@ class ClusterTrials:
         self.close()
         argv = [arg for name in pinned for arg in ("--shoal-pin", name)]
         with MachineMeter() as meter:
-            cluster = start_local_cluster(profile, self.catalog_path, preload_argv=argv)
+            cluster = start_local_cluster(profile, self.catalog_path, online=bool(self.online_rate), preload_argv=argv)
             client = Client(cluster)
             client.wait_for_workers(profile.workers, timeout=WORKER_START_TIMEOUT)
             url = None
