@@ -131,6 +131,21 @@ def test_onnx_int8_runs_and_is_smaller(tiny_catalog, demo_texts):
     assert int8.memory_bytes() < fp32.memory_bytes()
 
 
+def test_onnx_int8_weights_have_a_scale_per_output_channel(tiny_catalog):
+    """One scale per matrix lets its largest weights set every weight's step: each linear layer's scale is a vector."""
+    import onnx
+    from onnx import numpy_helper
+
+    int8 = load_runtime(_spec(tiny_catalog, "tiny", "onnx", "int8"), PLAN)
+    graph = onnx.load(str(int8.artifact.graph)).graph
+    weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    layers = [n for n in graph.node if n.op_type == "MatMulInteger"]
+    assert layers
+    for node in layers:
+        scale = next(weights[name] for name in weights if name == node.input[1].replace("_quantized", "_scale"))
+        assert scale.shape == (weights[node.input[1]].shape[1],), node.name
+
+
 def test_second_start_reuses_the_export_and_a_truncated_graph_is_rebuilt(tiny_catalog, demo_texts, monkeypatch):
     spec = _spec(tiny_catalog, "tiny", "onnx", "float32")
     first = load_runtime(spec, PLAN)

@@ -29,7 +29,7 @@ from shoal.configs import ModelSpec, cache_dir
 from shoal.configs.model_resolution import folder_digest
 
 from .onnx_check import CheckInputs, check_export
-from .onnx_export import GRAPH_FILE, export_graph, quantize_graph
+from .onnx_export import GRAPH_FILE, QUANTIZATION, export_graph, quantize_graph
 from .onnx_tokenizer import TOKENIZER_FILE, TokenizerSettings
 
 logger = logging.getLogger("shoal.worker.onnx")
@@ -71,6 +71,8 @@ class Artifact:
 def entry_for(spec: ModelSpec, dtype: str) -> Path:
     """The cache folder of `spec` in `dtype`: a new model file or setting is a new entry."""
     settings = f"{folder_digest(spec.resolve_path())}|{spec.kind}|{spec.max_seq_length}|{spec.normalize}|{dtype}|{EXPORT_FORMAT}"
+    if dtype == "int8":
+        settings += f"|{QUANTIZATION}"
     key = hashlib.sha256(settings.encode()).hexdigest()[:20]
     safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name)
     return cache_dir() / "onnx" / f"{safe_name}-{dtype}-{key}"
