@@ -49,7 +49,9 @@ from shoal.configs import GateEvidence, ModelSpec, Profile, RuntimeChoice, load_
 from shoal.configs.auto import NAME, cache_dir, save
 from shoal.configs.machine import Machine, probe
 
-MEASUREMENT = 3  # the record's format; a record of another (an older way of measuring) is measured again (3: int8 per channel)
+MEASUREMENT = (
+    3  # the record's format; a record of another (an older way of measuring) is measured again (3: int8 per channel)
+)
 TIMED_PAIRS = 3  # back-to-back pairs per candidate, their median ratio its speed
 TIMED_TEXTS = 32  # of the sample, per timed run: timing took most of a first use at 64 (docs/BENCHMARKS.md)
 MIN_GAIN = 0.05  # a candidate must beat fp32 by this much to replace it (timing noise is a few percent)
