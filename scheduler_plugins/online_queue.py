@@ -20,7 +20,11 @@ take them, and its next pull takes them all at once.
 Online leases are short (``GatewaySettings.online_lease_seconds``) and
 renewed by the worker while it holds the requests: a worker that stops
 answering (frozen, a stop-the-world pause) loses them within about a
-second, and they go to another worker.
+second, and they go to another worker. A holder can also stop between two
+pulls, holding no lease to lapse: requests of a held model that no holder's
+pull came for within a lease are then rescued, by the one best waiting pull
+of a worker that does not hold the model (one timer per model, armed only
+while its requests wait for busy or absent holders).
 
 Routes declared here: ``shoal_pull_online``, ``shoal_online_submit``,
 ``shoal_online_answers``, ``shoal_online_models``.
@@ -69,6 +73,7 @@ class OnlineQueue:
         self.jobs: dict[str, OnlineJob] = {}  # one standing job per model
         self.pulls = WaitingOnlinePulls(online_rank)
         self._claims: dict[str, WaitingPull] = {}  # model -> the pull woken for its requests, not yet run
+        self._rescues: dict[str, asyncio.TimerHandle] = {}  # model -> when its holders are passed over
         self.gateways: dict[str, RemoteGateway] = {}
 
     def handlers(self) -> dict[str, Callable[..., Any]]:
@@ -83,6 +88,9 @@ class OnlineQueue:
         for gateway in self.gateways.values():
             gateway.close()
         self.gateways.clear()
+        for timer in self._rescues.values():
+            timer.cancel()
+        self._rescues.clear()
 
     # -- requests ------------------------------------------------------------------
 
@@ -193,15 +201,55 @@ class OnlineQueue:
         return reply or {"items": []}
 
     def wake(self, model: str) -> None:
-        """Wake the one waiting pull that should take `model`'s queued requests, if none is on its way."""
+        """Wake the one waiting pull that should take `model`'s queued requests, if none is on its way.
+
+        While the model has holders only their pulls are asked; when none of
+        theirs waits, the rescue is armed.
+        """
         if model in self._claims or not self.core.queues.waiting_items(model, Lane.ONLINE):
             return
         held = bool(self.core.views.holders.get(model))
+        if not self._wake_one(model, held) and held and model not in self._rescues:
+            self._arm_rescue(model)
+
+    def _wake_one(self, model: str, held: bool) -> bool:
+        """Wake the best waiting pull for `model`: among its holders' if `held`, else among all; False if none."""
         spec = self.core.model_specs[model]
         while (pull := self.pulls.take(model, held, lambda view: may_take(view, model, spec))) is not None:
             if pull.wake(model):  # else its timeout woke it: it leaves the index and the next one is asked
                 self._claims[model] = pull
-                return
+                return True
+        return False
+
+    def _arm_rescue(self, model: str) -> None:
+        """Pass `model`'s holders over once its oldest queued request has waited a lease for them."""
+        head = self.core.queues.head(model, Lane.ONLINE)
+        job = self.jobs.get(model)
+        if head is None or job is None:
+            return
+        delay = max(0.0, head.enqueued_at + job.lease_seconds - time.monotonic())
+        self._rescues[model] = asyncio.get_running_loop().call_later(delay, self._rescue, model)
+
+    def _rescue(self, model: str) -> None:
+        """No holder came for `model`'s requests within a lease (all busy, or one stopped between two pulls,
+        holding no lease to lapse): a worker that does not hold it takes them, loading it if it must."""
+        del self._rescues[model]
+        head = self.core.queues.head(model, Lane.ONLINE)
+        if head is None or model in self._claims:
+            return
+        job = self.jobs[model]
+        waited = time.monotonic() - head.enqueued_at
+        if waited < job.lease_seconds:  # the old head was taken; this one is newer
+            self._arm_rescue(model)
+        elif self._wake_one(model, True) or self._wake_one(model, False):  # a holder's pull, if one waits by now
+            logger.info(
+                "online requests of %s waited %.2f s for its holders: %s takes them",
+                model,
+                waited,
+                self._claims[model].view.address,
+            )
+        else:  # no pull waits at all: asked again after another lease
+            self._rescues[model] = asyncio.get_running_loop().call_later(job.lease_seconds, self._rescue, model)
 
     def view_changed(self, view: WorkerView) -> None:
         """A worker's pull reported or it was given a model: its waiting online pull is filed anew,

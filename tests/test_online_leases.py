@@ -75,3 +75,36 @@ async def test_requests_of_a_silent_holder_go_to_a_worker_that_does_not_hold_the
 
         plugin.worker_events("w1", extend=[])  # back: a holder again, beside w2
         assert plugin.views.holders["m"] == 2
+
+
+async def test_requests_of_a_holder_stopped_between_two_pulls_go_to_another_worker_after_a_lease():
+    """Frozen after an answer and before its next pull, the sole holder has no lease to lapse and no
+    pull to wake: its model's requests waited for it to thaw (or to be removed, minutes later)."""
+    async with running_queue(("w1", "w2"), MODELS) as plugin:
+        first, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
+        assert plugin.online.ack("w1", first.id, {"tokens": 1}, 0.01)  # then w1 stops, no pull sent
+        other = asyncio.create_task(plugin.online.pull("w2", held=[], loaded=[], timeout=2.0))
+        await asyncio.sleep(0.05)
+        later, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        await asyncio.sleep(0.1)
+        assert not other.done() and later.worker is None  # within a lease its holder is waited for
+        reply = await asyncio.wait_for(other, 1.0)  # a lease (0.2 s) after it was queued, w2 takes it
+        assert [m["id"] for m in reply["items"]] == [later.id] and later.worker == "w2"
+        assert not plugin.views.views["w1"].silent and plugin.views.holders["m"] == 2
+
+
+async def test_a_holder_that_pulls_within_a_lease_keeps_its_models_requests():
+    async with running_queue(("w1", "w2"), MODELS) as plugin:
+        first, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
+        assert plugin.online.ack("w1", first.id, {"tokens": 1}, 0.01)
+        other = asyncio.create_task(plugin.online.pull("w2", held=[], loaded=[], timeout=0.6))
+        await asyncio.sleep(0.05)
+        later, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+        await asyncio.sleep(0.1)  # busy with a group, say: its next pull comes within the lease
+        reply = await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0)
+        assert [m["id"] for m in reply["items"]] == [later.id]
+        assert plugin.online.ack("w1", later.id, {"tokens": 1}, 0.01)
+        assert (await other)["items"] == []  # never woken: the rescue found nothing left to rescue
+        assert plugin.views.holders["m"] == 1
