@@ -181,7 +181,7 @@ class ShoalMetrics:
             evictions.add_metric([address], w["evictions"])
         events = CounterMetricFamily(
             "shoal_queue_events",
-            "Pull-queue events: leased, acked, failed, lost, expired, dead, taken_back",
+            "Pull-queue events: leased, acked, failed, lost, expired, dead, taken_back, rescued",
             labels=["event"],
         )
         for event, count in sorted(figures["events"].items()):

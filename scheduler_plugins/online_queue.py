@@ -242,6 +242,7 @@ class OnlineQueue:
         if waited < job.lease_seconds:  # the old head was taken; this one is newer
             self._arm_rescue(model)
         elif self._wake_one(model, True) or self._wake_one(model, False):  # a holder's pull, if one waits by now
+            self.core.events["rescued"] += 1
             logger.info(
                 "online requests of %s waited %.2f s for its holders: %s takes them",
                 model,

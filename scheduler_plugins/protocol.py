@@ -295,7 +295,7 @@ class Overview(TypedDict):
     leased: dict[str, int]  # leased items per worker
     workers: dict[str, WorkerSummary]
     jobs: dict[str, JobStatus]
-    events: dict[str, int]  # leased, acked, failed, lost, expired, dead, taken_back
+    events: dict[str, int]  # leased, acked, failed, lost, expired, dead, taken_back, rescued
 
 
 class GatewayStarted(TypedDict, total=False):

@@ -45,7 +45,7 @@ class QueueState:
         self.leases = Leases()
         self.batch_pulls = WaitingBatchPulls()
         self.timeouts = Timeouts()  # of every waiting pull, batch and online
-        self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead, taken_back
+        self.events: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead, taken_back, rescued
         self._unplaceable_since: dict[str, float] = {}
 
     @property

@@ -92,6 +92,7 @@ async def test_requests_of_a_holder_stopped_between_two_pulls_go_to_another_work
         reply = await asyncio.wait_for(other, 1.0)  # a lease (0.2 s) after it was queued, w2 takes it
         assert [m["id"] for m in reply["items"]] == [later.id] and later.worker == "w2"
         assert not plugin.views.views["w1"].silent and plugin.views.holders["m"] == 2
+        assert plugin.events["rescued"] == 1
 
 
 async def test_a_holder_that_pulls_within_a_lease_keeps_its_models_requests():
@@ -107,4 +108,4 @@ async def test_a_holder_that_pulls_within_a_lease_keeps_its_models_requests():
         assert [m["id"] for m in reply["items"]] == [later.id]
         assert plugin.online.ack("w1", later.id, {"tokens": 1}, 0.01)
         assert (await other)["items"] == []  # never woken: the rescue found nothing left to rescue
-        assert plugin.views.holders["m"] == 1
+        assert plugin.views.holders["m"] == 1 and plugin.events["rescued"] == 0
