@@ -17,14 +17,14 @@ def sleeper(seconds_by_runtime: dict[str, float], calls: list[str]):
 
 def test_a_speed_near_the_bar_is_timed_again_over_twice_as_many_rounds():
     calls: list[str] = []
-    (speed,) = speedups(["same"], "fp32", ["t"] * 4, work=sleeper({"fp32": 0.01, "same": 0.01}, calls), bar=1.05)
+    (speed,) = speedups(["same"], "fp32", ["t"] * 4, work=sleeper({"fp32": 0.01, "same": 0.01}, calls), bars=[1.05])
     assert 0.5 < speed < 2.0
     assert calls.count("same") == 1 + 3 * PAIRS  # the warm-up, then PAIRS rounds and 2 * PAIRS more
 
 
 def test_a_speed_far_from_the_bar_or_without_one_is_timed_once():
     far: list[str] = []
-    speedups(["fast"], "fp32", ["t"] * 4, work=sleeper({"fp32": 0.03, "fast": 0.001}, far), bar=1.05)
+    speedups(["fast"], "fp32", ["t"] * 4, work=sleeper({"fp32": 0.03, "fast": 0.001}, far), bars=[1.05])
     unbarred: list[str] = []
     speedups(["same"], "fp32", ["t"] * 4, work=sleeper({"fp32": 0.01, "same": 0.01}, unbarred))
     assert far.count("fast") == unbarred.count("same") == 1 + PAIRS

@@ -375,7 +375,8 @@ def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> Measurement:
             for choice in choices:
                 loaded[choice.runtime, choice.dtype] = load(choice)
                 step(f"load {choice.runtime} {choice.dtype}")
-            timed = speedups(list(loaded.values()), reference, texts[:TIMED_TEXTS], TIMED_PAIRS, work, 1 + MIN_GAIN)
+            bars = [entry_bar(*choice) for choice in loaded]
+            timed = speedups(list(loaded.values()), reference, texts[:TIMED_TEXTS], TIMED_PAIRS, work, bars)
             speeds = dict(zip(loaded, timed))
             step("time the candidates")
             if gate_plan.threads != plan.threads:  # an ONNX session keeps the threads it was made with

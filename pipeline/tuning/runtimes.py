@@ -11,7 +11,7 @@ figures and the measured ratio go into the profile beside the choice.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +75,7 @@ def paired_speedup(
     bar: float | None = None,
 ) -> float:
     """How many times faster `candidate` does `work` on `texts` than `reference`: the median of back-to-back pairs."""
-    return speedups([candidate], reference, texts, pairs, work, bar)[0]
+    return speedups([candidate], reference, texts, pairs, work, None if bar is None else [bar])[0]
 
 
 def speedups(
@@ -84,13 +84,14 @@ def speedups(
     texts: list[str],
     pairs: int = PAIRS,
     work: Callable[[Any, list[str]], None] = embed_texts,
-    bar: float | None = None,
+    bars: Sequence[float] | None = None,
 ) -> list[float]:
     """Each candidate's speed against `reference`, all timed in the same rounds: the reference runs once a round.
 
     A candidate's figure is the median over rounds of the reference's seconds over its own in that round;
     the order within a round rotates, so none always runs first. When a figure lies within CLOSE_CALL of
-    `bar` (the speed a choice turns on), twice as many rounds more are timed and the median is over all.
+    its bar in `bars` (the speed a choice of it turns on), twice as many rounds more are timed and the
+    median is over all.
     """
     runtimes = [reference, *candidates]
     for runtime in runtimes:
@@ -108,7 +109,7 @@ def speedups(
                 ratios[k].append(seconds[0] / seconds[k + 1])
 
     time_rounds(0, pairs)
-    if bar is not None and any(abs(float(np.median(x)) - bar) < CLOSE_CALL for x in ratios):
+    if bars is not None and any(abs(float(np.median(x)) - bar) < CLOSE_CALL for x, bar in zip(ratios, bars)):
         time_rounds(pairs, 2 * pairs)
     return [float(np.median(x)) for x in ratios]
 
