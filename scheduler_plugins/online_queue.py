@@ -224,9 +224,10 @@ class OnlineQueue:
     def _arm_rescue(self, model: str) -> None:
         """Pass `model`'s holders over once its oldest queued request has waited a lease for them."""
         head = self.core.queues.head(model, Lane.ONLINE)
-        if head is None:
+        job = self.jobs.get(model)
+        if head is None or job is None:
             return
-        delay = max(0.0, head.enqueued_at + self.jobs[model].lease_seconds - time.monotonic())
+        delay = max(0.0, head.enqueued_at + job.lease_seconds - time.monotonic())
         self._rescues[model] = asyncio.get_running_loop().call_later(delay, self._rescue, model)
 
     def _rescue(self, model: str) -> None:
