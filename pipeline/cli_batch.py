@@ -18,6 +18,7 @@ from shoal.configs import ConfigError, load_catalog, load_profile
 from shoal.configs.prompts import model_prompts
 from shoal.pipeline.cli_options import (
     USER_ERRORS,
+    adapt_option,
     cluster_options,
     model_names,
     parse_chunk,
@@ -30,7 +31,7 @@ from shoal.pipeline.cli_options import (
     text_column_option,
     user_errors,
 )
-from shoal.pipeline.cluster import connect
+from shoal.pipeline.cluster import AdaptRange, connect
 from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, run_embed, run_embed_models
 from shoal.pipeline.jobs.engine import model_for, preflight
 from shoal.pipeline.jobs.lance_output import LanceTarget
@@ -113,6 +114,7 @@ def embed(
     id_column: str,
     keep_columns: str,
     scheduler: str | None,
+    adapt: AdaptRange | None,
     storage_options: str | None,
     profile: str | None,
     catalog: str | None,
@@ -156,7 +158,7 @@ def embed(
     if lance:  # named as given: preflight checks the staging folder inside it
         check_apart(request.input, lance.dataset, request.storage_options)
     preflight(request.input, request.output, request.storage_options, input_format)
-    with connect(scheduler, profile_config, catalog, warm=warm) as client:
+    with connect(scheduler, profile_config, catalog, adapt=adapt, warm=warm) as client:
         if len(models) == 1:
             outcomes = [run_embed(client, request, profile_config, catalog_config, console)]
         else:
@@ -195,6 +197,7 @@ def rerank(
     max_candidates: int,
     input_format: str | None,
     scheduler: str | None,
+    adapt: AdaptRange | None,
     storage_options: str | None,
     profile: str | None,
     catalog: str | None,
@@ -226,7 +229,7 @@ def rerank(
         input_format=input_format,
     )
     preflight(request.input, request.output, request.storage_options, input_format)
-    with connect(scheduler, profile_config, catalog, warm=[model]) as client:
+    with connect(scheduler, profile_config, catalog, adapt=adapt, warm=[model]) as client:
         outcome = run_rerank(client, request, profile_config, catalog_config, console)
     sys.exit(outcome.exit_code)
 
@@ -242,9 +245,16 @@ def rerank(
 )
 @click.option("--runs", type=click.IntRange(min=1), default=None, help="With --schedule: stop after this many runs.")
 @scheduler_option("tcp://host:port of a running cluster; overrides the job file.")
+@adapt_option
 @profile_option("Cluster profile name or YAML path; overrides the job file's.")
 def reindex(
-    job_file: str, dry_run: bool, cron: str | None, runs: int | None, scheduler: str | None, profile: str | None
+    job_file: str,
+    dry_run: bool,
+    cron: str | None,
+    runs: int | None,
+    scheduler: str | None,
+    adapt: AdaptRange | None,
+    profile: str | None,
 ) -> None:
     """Bring the output of JOB.yaml in step with its inputs and model.
 
@@ -262,9 +272,9 @@ def reindex(
             plan_reindex(job, *job_config(job)).render(console)
             sys.exit(0)
     if cron is None:
-        sys.exit(_reindex_once(job_file, console, scheduler, profile))
+        sys.exit(_reindex_once(job_file, console, scheduler, profile, adapt))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    failed = run_on_schedule(cron, lambda: _reindex_once(job_file, console, scheduler, profile), runs)
+    failed = run_on_schedule(cron, lambda: _reindex_once(job_file, console, scheduler, profile, adapt), runs)
     sys.exit(1 if failed else 0)
 
 
@@ -274,13 +284,15 @@ def _job(job_file: str, profile: str | None) -> ReindexJob:
     return job.model_copy(update={"profile": profile}) if profile else job
 
 
-def _reindex_once(job_file: str, console: Console, scheduler: str | None, profile: str | None = None) -> int:
+def _reindex_once(
+    job_file: str, console: Console, scheduler: str | None, profile: str | None = None, adapt: AdaptRange | None = None
+) -> int:
     """One run; the job file is read again, so edits apply to the next scheduled run. Its exit code."""
     try:
         job = _job(job_file, profile)
         check_apart(job.input, job.request(job.output).lance or job.output, job.storage_options)  # before the lock
         check_output(job.output, job.storage_options)
-        return run_reindex(job, console, scheduler).exit_code
+        return run_reindex(job, console, scheduler, adapt).exit_code
     except USER_ERRORS as exc:  # reported, and a scheduled run goes on to its next slot
         print_error(exc)
         return 2
@@ -293,7 +305,9 @@ def _reindex_once(job_file: str, console: Console, scheduler: str | None, profil
 @click.argument("job_file", metavar="JOB.yaml", type=click.Path(exists=True, dir_okay=False))
 @cluster_options()
 @user_errors()
-def run_job_file(job_file: str, scheduler: str | None, profile: str | None, catalog: str | None) -> None:
+def run_job_file(
+    job_file: str, scheduler: str | None, adapt: AdaptRange | None, profile: str | None, catalog: str | None
+) -> None:
     """Run a retrieval pipeline: embed corpus and queries, exact top-k by cosine, rerank, write ranked results."""
     console = Console(stderr=True, soft_wrap=True)
     spec = load_job_spec(job_file)
@@ -305,7 +319,7 @@ def run_job_file(job_file: str, scheduler: str | None, profile: str | None, cata
     warm = [spec.embed.model, *([spec.rerank.model] if spec.rerank else [])]
     for stage_input in (spec.corpus.input, spec.queries.input):
         preflight(stage_input, spec.output, spec.storage_options)
-    with connect(scheduler, profile_config, catalog, warm=warm) as client:
+    with connect(scheduler, profile_config, catalog, adapt=adapt, warm=warm) as client:
         outcome = run_pipeline(client, spec, profile_config, catalog_config, console)
     sys.exit(outcome.exit_code)
 
@@ -345,6 +359,7 @@ def evaluate(
     query_prompt: str | None,
     document_prompt: str | None,
     scheduler: str | None,
+    adapt: AdaptRange | None,
     profile: str | None,
     catalog: str | None,
 ) -> None:
@@ -363,7 +378,9 @@ def evaluate(
     if reranker:
         model_for(catalog_config, profile_config, reranker, "reranker")
     data = load_beir(dataset, split)
-    with connect(scheduler, profile_config, catalog, warm=[model, *([reranker] if reranker else [])]) as client:
+    with connect(
+        scheduler, profile_config, catalog, adapt=adapt, warm=[model, *([reranker] if reranker else [])]
+    ) as client:
         report, outcome = run_eval(
             client,
             data,

@@ -11,6 +11,7 @@ from rich.console import Console
 from shoal.configs import load_catalog, load_profile
 from shoal.pipeline.cli_options import (
     GATEWAY_PROFILE,
+    adapt_option,
     catalog_option,
     json_option,
     listen_options,
@@ -20,7 +21,7 @@ from shoal.pipeline.cli_options import (
     scheduler_option,
     user_errors,
 )
-from shoal.pipeline.cluster import connect
+from shoal.pipeline.cluster import AdaptRange, connect
 from shoal.pipeline.jobs.reindex import load_job
 from shoal.pipeline.status import StatusState, cluster_state, output_state, render_cluster, render_output
 
@@ -68,6 +69,7 @@ def status(job: str | None, scheduler: str | None, as_json: bool, profile: str |
 )
 @listen_options
 @scheduler_option("tcp://host:port of a running cluster: the gateway starts in its scheduler.")
+@adapt_option
 @catalog_option
 @user_errors()
 def serve(
@@ -76,6 +78,7 @@ def serve(
     host: str | None,
     port: int | None,
     scheduler: str | None,
+    adapt: AdaptRange | None,
     catalog: str | None,
 ) -> None:
     """Answer online requests (MessagePack or JSON over HTTP) until stopped.
@@ -88,7 +91,9 @@ def serve(
 
     console = Console(stderr=True, soft_wrap=True)
     profile_config, catalog_config = load_profile(profile), load_catalog(catalog)
-    sys.exit(run_serve(profile_config, catalog_config, catalog, parse_columns(models), host, port, scheduler, console))
+    sys.exit(
+        run_serve(profile_config, catalog_config, catalog, parse_columns(models), host, port, scheduler, console, adapt)
+    )
 
 
 @click.command(name="gateway")

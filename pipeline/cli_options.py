@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from shoal.configs import ConfigError
-from shoal.pipeline.cluster import ClusterError
+from shoal.pipeline.cluster import AdaptRange, ClusterError
 from shoal.pipeline.jobs.planner import PlanError
 from shoal.scheduler_plugins.protocol import StorageOptions
 from shoal.workers.data.chunking import ChunkSettings
@@ -107,10 +107,31 @@ verbose_option = click.option(
 )
 
 
+def parse_adapt(ctx: click.Context, param: click.Parameter, value: str | None) -> AdaptRange | None:
+    if value is None:
+        return None
+    try:
+        return AdaptRange.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+adapt_option = click.option(
+    "--adapt",
+    metavar="MIN:MAX",
+    default=None,
+    callback=parse_adapt,
+    help="Embedded cluster: start and retire worker processes between MIN and MAX as the queue needs "
+    "(Dask's adaptive scaling); MIN 0 keeps none while idle.",
+)
+
+
 def cluster_options(*, storage: bool = False) -> Callable[[F], F]:
-    """--scheduler (default: an embedded cluster), --storage-options if `storage`, --profile, --catalog, --verbose."""
+    """--scheduler (default: an embedded cluster), --adapt, --storage-options if `storage`, --profile, --catalog,
+    --verbose."""
     return stack(
         scheduler_option(),
+        adapt_option,
         *([storage_options_option] if storage else []),
         profile_option(),
         catalog_option,

@@ -2,7 +2,9 @@
 
 The embedded cluster is the Dask way with Shoal's plugins preloaded, so one
 command works on a laptop and the same code joins a real cluster started
-with ``dask scheduler --preload shoal.scheduler_plugins``.
+with ``dask scheduler --preload shoal.scheduler_plugins``. With ``--adapt
+MIN:MAX`` it is Dask's adaptive LocalCluster, its size asked of the Shoal
+queue (scheduler_plugins/elastic.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import dask
 from distributed import Client, LocalCluster
@@ -33,6 +36,28 @@ class ClusterError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class AdaptRange:
+    """``--adapt MIN:MAX``: the embedded cluster's worker processes come and go between these counts."""
+
+    minimum: int
+    maximum: int
+
+    @classmethod
+    def parse(cls, text: str) -> AdaptRange:
+        low, sep, high = text.partition(":")
+        try:
+            minimum, maximum = int(low), int(high if sep else low)
+        except ValueError:
+            raise ValueError(f"expected MIN:MAX worker counts, e.g. 0:4; got {text!r}") from None
+        if minimum < 0 or maximum < max(1, minimum):
+            raise ValueError(f"expected 0 <= MIN <= MAX and MAX >= 1; got {text!r}")
+        return cls(minimum, maximum)
+
+    def __str__(self) -> str:
+        return f"{self.minimum}:{self.maximum}"
+
+
 def worker_environment(profile: Profile, catalog: str | None = None) -> dict[str, str]:
     """What every worker process needs to see: profile, catalog, offline mode."""
     env = {
@@ -50,15 +75,43 @@ def start_local_cluster(
     profile: Profile, catalog: str | None = None, n_workers: int | None = None, online: bool = False, **kwargs
 ) -> LocalCluster:
     """The embedded cluster; `online` when it serves the HTTP gateway (the event loop differs, see `event_loop`)."""
-    settings = {
+    with dask.config.set(_spawn_settings(online)), _spawned_without_main():
+        return _local_cluster(profile, catalog, n_workers, **kwargs)
+
+
+@contextmanager
+def local_cluster(
+    profile: Profile, catalog: str | None = None, online: bool = False, adapt: AdaptRange | None = None, **kwargs
+) -> Iterator[LocalCluster]:
+    """The embedded cluster for as long as the block runs; with `adapt`, Dask's adaptive one.
+
+    Adaptive, its worker processes (never the profile's in-process worker) are started and retired
+    between `adapt`'s counts as the queue asks, so what `start_local_cluster` sets for the workers it
+    spawns holds until the cluster closes: the adaptive loop spawns more at any time.
+    """
+    if adapt is None:
+        with start_local_cluster(profile, catalog, online=online, **kwargs) as cluster:
+            yield cluster
+        return
+    processes = profile.model_copy(update={"in_process_workers": False})
+    with (
+        dask.config.set(_spawn_settings(online)),
+        _spawned_without_main(),
+        _local_cluster(processes, catalog, adapt.minimum, **kwargs) as cluster,
+    ):
+        cluster.adapt(minimum=adapt.minimum, maximum=adapt.maximum)
+        yield cluster
+
+
+def _spawn_settings(online: bool) -> dict[str, object]:
+    """What the workers a LocalCluster spawns read from Dask's config while their nannies start."""
+    return {
         # Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in workers; with it glibc maps and
         # frees every activation tensor anew on each forward pass, which slows every batch
         # (docs/BENCHMARKS.md). None removes the variable for the workers spawned here.
         "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
         "distributed.admin.event-loop": event_loop(online),
     }
-    with dask.config.set(settings), _spawned_without_main():
-        return _local_cluster(profile, catalog, n_workers, **kwargs)
 
 
 @contextmanager
@@ -119,7 +172,7 @@ def _local_cluster(profile: Profile, catalog: str | None, n_workers: int | None,
         return _in_process_cluster(profile, catalog, **common, **kwargs)
     keep_restarting_workers()
     return LocalCluster(
-        n_workers=n_workers or profile.workers,
+        n_workers=profile.workers if n_workers is None else n_workers,
         processes=True,
         env=worker_environment(profile, catalog),
         **common,
@@ -220,13 +273,22 @@ def check_plugin(client: Client) -> None:
 
 @contextmanager
 def connect(
-    scheduler: str | None, profile: Profile, catalog: str | None = None, warm: list[str] | tuple[str, ...] = ()
+    scheduler: str | None,
+    profile: Profile,
+    catalog: str | None = None,
+    warm: list[str] | tuple[str, ...] = (),
+    adapt: AdaptRange | None = None,
 ) -> Iterator[Client]:
-    """A client of `scheduler`, or of an embedded cluster whose workers load `warm` before they join.
+    """A client of `scheduler`, or of an embedded cluster whose workers load `warm` before they join,
+    adaptive between `adapt`'s counts when given.
 
     Warming moves a job's model load out of the job and into the cluster's
     start, where it overlaps nothing anyway; a running cluster loads on demand.
     """
+    if scheduler and adapt is not None:
+        raise ClusterError(
+            "--adapt sizes the embedded cluster; a running cluster scales with its own autoscaler (docs/DEPLOY.md)"
+        )
     if scheduler:
         try:
             client = Client(scheduler, timeout=dask.config.get("shoal.connect-timeout", default="20s"))
@@ -242,7 +304,7 @@ def connect(
     STAGES.mark("runtime choice")
     check_runtimes(profile)  # the embedded workers share this machine's packages
     argv = [arg for name in dict.fromkeys(warm) for arg in ("--shoal-warm", name)]
-    with start_local_cluster(profile, catalog, preload_argv=argv) as cluster, Client(cluster) as client:
+    with local_cluster(profile, catalog, preload_argv=argv, adapt=adapt) as cluster, Client(cluster) as client:
         mark_cluster_start(cluster)
         check_plugin(client)
         yield client

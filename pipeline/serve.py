@@ -1,7 +1,10 @@
 """`shoal serve`: the online gateway on a cluster, until SIGINT or SIGTERM.
 
 Without --scheduler the embedded cluster starts with the listed models pinned
-(loaded before the workers join, never evicted); with --scheduler the gateway
+(loaded before the workers join, never evicted); with --adapt its workers
+come and go with the queue, down to MIN (0: none while idle), and the models
+are warmed instead (loaded as each worker starts, evictable), since a pinned
+model keeps a worker from ever retiring; with --scheduler the gateway
 starts in that cluster's scheduler. Either way the catalog's specs reach the
 scheduler with the start call, so the gateway knows every model it may serve.
 On a signal the gateway stops accepting, answers what is in flight, and the
@@ -19,23 +22,24 @@ from distributed import Client
 from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, Profile
-from shoal.pipeline.cluster import check_plugin, connect, contact_address, pull_queue, start_local_cluster
+from shoal.pipeline.cluster import AdaptRange, check_plugin, connect, contact_address, local_cluster, pull_queue
 from shoal.pipeline.jobs.engine import choice_lines
 from shoal.pipeline.tuning.auto_runtime import resolve as resolve_runtime
 
 
 @contextmanager
 def _cluster(
-    scheduler: str | None, profile: Profile, catalog_path: str | None, pinned: list[str]
+    scheduler: str | None, profile: Profile, catalog_path: str | None, pinned: list[str], adapt: AdaptRange | None
 ) -> Iterator[tuple[Client, str]]:
     """A client of the cluster, and the scheduler address to print for job commands."""
     if scheduler:
-        with connect(scheduler, profile, catalog_path) as client:
+        with connect(scheduler, profile, catalog_path, adapt=adapt) as client:
             yield client, client.scheduler.address
         return
-    argv = [arg for name in pinned for arg in ("--shoal-pin", name)]
+    flag = "--shoal-warm" if adapt is not None else "--shoal-pin"
+    argv = [arg for name in pinned for arg in (flag, name)]
     with (
-        start_local_cluster(profile, catalog_path, online=True, preload_argv=argv) as cluster,
+        local_cluster(profile, catalog_path, online=True, adapt=adapt, preload_argv=argv) as cluster,
         Client(cluster) as client,
     ):
         check_plugin(client)
@@ -65,6 +69,7 @@ def serve(
     port: int | None,
     scheduler: str | None,
     console: Console,
+    adapt: AdaptRange | None = None,
 ) -> int:
     pinned = {spec.name: spec for spec in map(catalog.get, models)}  # catalog names, folders, cached HF ids
     if scheduler and models:
@@ -75,7 +80,7 @@ def serve(
     settings = profile.gateway.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
     specs = {name: profile.tuned(spec).model_dump() for name, spec in {**catalog.models, **pinned}.items()}
     stop = _stop_signal()
-    with _cluster(scheduler, profile, catalog_path, list(pinned)) as (client, address):
+    with _cluster(scheduler, profile, catalog_path, list(pinned), adapt) as (client, address):
         try:
             reply = client.sync(pull_queue(client).gateway_start, settings.model_dump(), specs)
         except OSError as exc:
@@ -87,6 +92,8 @@ def serve(
             f"(scheduler {address}, for batch jobs too; Ctrl-C to stop)",
             highlight=False,
         )
+        if adapt is not None:
+            console.print(f"workers: adaptive, {adapt.minimum} to {adapt.maximum} as the queue needs", highlight=False)
         for label, why in choice_lines(profile, [profile.tuned(spec) for spec in pinned.values()]):
             console.print(f"{label}: {why}", highlight=False)
         while not stop.wait(0.5):

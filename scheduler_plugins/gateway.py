@@ -420,9 +420,9 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready: accepting, and at least one Shoal worker is pulling."""
+        """Ready: accepting, and at least one Shoal worker is pulling or an autoscaler may start one."""
         workers = self.backend.workers()
-        ready = self.accepting and workers > 0
+        ready = self.accepting and (workers > 0 or self.backend.workers_coming())
         body = {"ready": ready, "accepting": self.accepting, "workers": workers}
         return web.json_response(body, status=200 if ready else 503)
 

@@ -41,7 +41,10 @@ class GatewayBackend(Protocol):
         """The models served, by name."""
 
     def workers(self) -> int:
-        """Workers connected (0: requests get 503)."""
+        """Workers connected (0: requests get 503, unless workers are coming)."""
+
+    def workers_coming(self) -> bool:
+        """An autoscaler may add workers: a request that finds none waits for one, and the gateway is ready."""
 
     def loaded_counts(self) -> dict[str, int]:
         """Workers with each model loaded, for /v1/models."""
@@ -79,6 +82,7 @@ class SchedulerLink:
         self._specs.add(self._offered, "the gateway's models")  # until the scheduler's arrive
         self._specs_version: int | None = None
         self._workers = 0
+        self._workers_coming = False  # the scheduler's autoscaler may add workers: requests wait for one
         self._loaded: dict[str, int] = {}
         self._ids = itertools.count()
         self._waiting: dict[int, asyncio.Future[OnlineResult]] = {}
@@ -109,6 +113,9 @@ class SchedulerLink:
     def workers(self) -> int:
         return self._workers if self.connected else 0
 
+    def workers_coming(self) -> bool:
+        return self.connected and self._workers_coming
+
     def loaded_counts(self) -> dict[str, int]:
         return self._loaded
 
@@ -120,7 +127,7 @@ class SchedulerLink:
     ) -> OnlineResult:
         if not self.connected:
             return {"status": 503, "error": f"the scheduler at {self.address} is not reachable; retry shortly"}
-        if not self._workers:
+        if not self._workers and not self._workers_coming:
             return {"status": 503, "error": "no workers are connected"}
         reason = unsendable(payload)  # checked alone: in the batch it would fail every request beside it
         if reason is not None:
@@ -211,6 +218,7 @@ class SchedulerLink:
         self._specs.add(reply["models"], f"the scheduler at {self.address}")
         self._specs_version = reply["specs"]
         self._workers = reply["workers"]
+        self._workers_coming = reply.get("workers_coming", False)
         self._loaded = reply["loaded"]
 
     def _resolve(self, request_id: int, outcome: OnlineResult) -> None:

@@ -2,7 +2,8 @@
 
 A worker's items are found without a scan when it leaves or asks to extend;
 the lease checker pops expired deadlines off a heap instead of visiting
-every leased item twice a second. Extending a lease pushes its new deadline;
+every leased item twice a second. Batch items and rows leased per model are
+counted as they come and go, for the scaling count (scaling.py). Extending a lease pushes its new deadline;
 the old entry is skipped when it surfaces, and the heap is rebuilt when
 skipped entries outnumber live ones.
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 
+from .protocol import Lane
 from .work_items import ItemState, WorkItem
 
 
@@ -21,12 +24,15 @@ class Leases:
         self._deadlines: list[tuple[float, int, WorkItem]] = []
         self._order = itertools.count()
         self._count = 0
+        self.batch_items: Counter[str] = Counter()  # model -> batch items leased
+        self.batch_rows: Counter[str] = Counter()  # model -> their rows
 
     def add(self, item: WorkItem) -> None:
         """`item` was just leased (its worker and deadline set)."""
         assert item.worker is not None
         self.by_worker.setdefault(item.worker, {})[item.id] = item
         self._count += 1
+        self._count_batch(item, +1)
         self._push(item)
 
     def extended(self, item: WorkItem) -> None:
@@ -36,6 +42,7 @@ class Leases:
         held = self.by_worker.get(item.worker or "")
         if held is not None and held.pop(item.id, None) is not None:
             self._count -= 1
+            self._count_batch(item, -1)
             if not held:
                 del self.by_worker[item.worker or ""]
 
@@ -57,6 +64,13 @@ class Leases:
 
     def __len__(self) -> int:
         return self._count
+
+    def _count_batch(self, item: WorkItem, delta: int) -> None:
+        if item.lane is Lane.BATCH:
+            self.batch_items[item.model] += delta
+            self.batch_rows[item.model] += delta * item.rows
+            if self.batch_items[item.model] <= 0:
+                del self.batch_items[item.model], self.batch_rows[item.model]
 
     def _push(self, item: WorkItem) -> None:
         heapq.heappush(self._deadlines, (item.deadline, next(self._order), item))

@@ -57,6 +57,7 @@ from .protocol import (
     SpecFields,
 )
 from .queue_state import QueueState
+from .scaling import OnlineLoad
 from .waiting_pulls import WaitingOnlinePulls, WaitingPull
 from .work_items import ItemState, WorkItem, unsendable
 from .worker_views import WorkerView, may_take
@@ -75,6 +76,7 @@ class OnlineQueue:
         self._claims: dict[str, WaitingPull] = {}  # model -> the pull woken for its requests, not yet run
         self._rescues: dict[str, asyncio.TimerHandle] = {}  # model -> when its holders are passed over
         self.gateways: dict[str, RemoteGateway] = {}
+        self.load = OnlineLoad()  # what the online lane asks of the cluster's size (scaling.py)
 
     def handlers(self) -> dict[str, Callable[..., Any]]:
         return {
@@ -104,6 +106,7 @@ class OnlineQueue:
         elif job.settings is not settings:
             job.configure(settings)
         item, future = job.new_item(op, payload, rows)
+        self.load.arrived()
         self.core.items[item.id] = item
         self.core.queues.push(item)
         self.wake(model)
@@ -153,8 +156,7 @@ class OnlineQueue:
         waiting pull a new request wakes, is placement's
         (Placement.online_model_for, online_rank).
         """
-        for item_id, result, compute_seconds in acks:
-            self.ack(worker, item_id, result, compute_seconds)
+        self.ack_all(worker, acks)
         view = self.core.reported(worker, held, loaded)
         if view is None:
             return {"items": [], "reason": "unknown worker"}
@@ -261,6 +263,13 @@ class OnlineQueue:
             if self.core.queues.waiting_items(model, Lane.ONLINE) and model not in self._claims:
                 self.wake(model)
 
+    def ack_all(self, worker: str, acks: Sequence[OnlineAck]) -> None:
+        """Acks of a worker's last groups; each group's one model call counts once towards the online load."""
+        for item_id, result, compute_seconds in acks:
+            self.ack(worker, item_id, result, compute_seconds)
+        for compute_seconds in {compute_seconds for _, _, compute_seconds in acks}:
+            self.load.computed(compute_seconds)
+
     def ack(self, worker: str, item_id: str, result: OnlineResult, compute_seconds: float) -> bool:
         """Finish one online item with its worker's result.
 
@@ -332,6 +341,7 @@ class OnlineQueue:
             "models": self.core.model_specs.fields,
             "specs": self.core.model_specs.version,
             "workers": len(self.core.scheduler.workers),
+            "workers_coming": self.core.workers_coming(),
             "loaded": dict(self.core.views.loaded),
         }
 
@@ -352,7 +362,7 @@ class OnlineQueue:
             return {"status": 400, "error": f"the request cannot be sent to a worker: {reason}"}
         if model not in self.core.model_specs:
             return {"status": 404, "error": f"unknown model {model!r}"}
-        if not self.core.scheduler.workers:
+        if not self.core.scheduler.workers and not self.core.workers_coming():
             return {"status": 503, "error": "no workers are connected"}
         if self.pending(model) >= settings.max_queue_depth:
             return {"status": 429, "error": f"too many requests waiting for {model!r}"}
@@ -463,6 +473,9 @@ class LocalBackend:
         """Shoal workers connected and pulling."""
         return sum(1 for w in self.core.views.views if w in self.core.scheduler.workers)
 
+    def workers_coming(self) -> bool:
+        return self.core.workers_coming()
+
     def loaded_counts(self) -> dict[str, int]:
         return dict(self.core.views.loaded)
 
@@ -484,6 +497,8 @@ class LocalBackend:
             return await future
         except TimeoutError:
             self.online.cancel(item)
+            if not self.core.scheduler.workers:  # scaled to zero, and no worker started in time: try again soon
+                return {"status": 503, "error": f"no worker started within {timeout:g} s; the cluster is scaling up"}
             return {"status": 504, "error": f"no answer within {timeout:g} s"}
         except OnlineFailure as exc:
             return {"status": 502, "error": f"model {model!r} failed: {exc}"}

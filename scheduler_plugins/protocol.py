@@ -295,7 +295,18 @@ class Overview(TypedDict):
     leased: dict[str, int]  # leased items per worker
     workers: dict[str, WorkerSummary]
     jobs: dict[str, JobStatus]
-    events: dict[str, int]  # leased, acked, failed, lost, expired, dead, taken_back, rescued
+    events: dict[str, int]  # leased, acked, failed, lost, expired, dead, taken_back, rescued, handed_back
+    scaling: ScalingStatus
+
+
+class ScalingStatus(TypedDict):
+    """The worker count Dask's autoscalers are told, and why (scheduler_plugins/elastic.py)."""
+
+    target: int
+    current: int  # workers connected now
+    reason: str  # e.g. "backlog of 4,000 items of bge-small at 40 rows/s per worker"
+    asked_seconds_ago: float | None  # since an autoscaler last asked; None: never (a fixed cluster)
+    settings: dict[str, float]  # Dask config shoal.adaptive.*
 
 
 class GatewayStarted(TypedDict, total=False):
@@ -318,6 +329,7 @@ class WorkerReport(TypedDict, total=False):
     budget: int | None  # bytes its models may use
     free_bytes: int | None
     load_seconds: dict[str, float]  # measured load time per model
+    pinned: list[str]  # models it keeps loaded, never evicted: scale-down keeps a holder of each
 
 
 class ItemMessage(TypedDict):
@@ -392,6 +404,7 @@ class RemoteModels(TypedDict):
     models: dict[str, SpecFields]
     specs: int
     workers: int
+    workers_coming: bool  # an autoscaler may add workers: with none connected, requests wait for one
     loaded: dict[str, int]  # workers with each model loaded
 
 
@@ -433,6 +446,13 @@ class PullQueueClient:
     async def pull(self, address: str, room: int, in_hand: int, timeout: float, report: WorkerReport) -> PullReply:
         """Up to `room` batch items for the worker at `address`, waiting up to `timeout` for some."""
         return await self.scheduler.shoal_pull(worker=address, room=room, in_hand=in_hand, timeout=timeout, **report)
+
+    async def retire(self, address: str, timeout: float) -> int:
+        """Drain the worker at `address` of Shoal's work (elastic.Elastic.drain): the items it still holds."""
+        return await self.scheduler.shoal_retire(worker=address, timeout=timeout)
+
+    async def scaling(self) -> ScalingStatus:
+        return await self.scheduler.shoal_scaling()
 
     async def pull_online(
         self,

@@ -22,6 +22,9 @@ Routes (all declared in ``PullQueue.start``):
   (online_queue.py), started beside this plugin
 - ``shoal_gateway_start`` / ``shoal_gateway_stop``: the online HTTP gateway
   (scheduler_plugins/gateway.py), on this scheduler's event loop
+- Dask's own ``adaptive_target``, ``workers_to_close`` and ``retire_workers``,
+  replaced so that Dask's autoscalers see Shoal's queue, with ``shoal_retire``
+  and ``shoal_scaling``: declared by ``Elastic`` (elastic.py)
 
 The state both routes share, and its transitions, are `QueueState`'s
 (queue_state.py); this module is the plugin and the batch route over it.
@@ -46,6 +49,7 @@ from tornado.ioloop import PeriodicCallback
 from shoal.configs import GatewaySettings, ModelSpec
 
 from .dashboard import start_dashboard
+from .elastic import Elastic
 from .jobs import Job
 from .metrics import start_metrics, stop_metrics
 from .online_queue import OnlineQueue
@@ -92,6 +96,7 @@ class PullQueue(QueueState, SchedulerPlugin):
         super().__init__(models)
         self.jobs: dict[str, Job] = {}
         self.online = OnlineQueue(self)
+        self.elastic = Elastic(self, self.online.load)
         self.gateway: Gateway | None = None
         self._gateway_settings = gateway
         self._checkers: list[PeriodicCallback] = []
@@ -101,6 +106,9 @@ class PullQueue(QueueState, SchedulerPlugin):
 
     def view_changed(self, view: WorkerView) -> None:
         self.online.view_changed(view)
+
+    def workers_coming(self) -> bool:
+        return self.elastic.workers_coming()
 
     async def start(self, scheduler) -> None:
         """Once: Dask starts a plugin that a preload registered again when the scheduler itself starts,
@@ -120,6 +128,7 @@ class PullQueue(QueueState, SchedulerPlugin):
                 **self.online.handlers(),
             }
         )
+        self.elastic.install(scheduler)
         scheduler.stream_handlers[EVENTS] = self.worker_events
         scheduler.extensions[NAME] = self
         self.metrics = start_metrics(self)
@@ -183,13 +192,14 @@ class PullQueue(QueueState, SchedulerPlugin):
         free_bytes: int | None = None,
         load_seconds: dict[str, float] | None = None,
         loaded: list[str] | None = None,
+        pinned: list[str] | None = None,
     ) -> PullReply:
         """Lease work to `worker`, waiting up to `timeout` seconds for some.
 
         The worker reports the models it holds (`held`: loaded, loading or
-        named by work in hand) and those loaded now (`loaded`), its model
-        budget and measured load times with every pull, so placement always
-        sees its present state.
+        named by work in hand), those loaded now (`loaded`) and pinned, its
+        model budget and measured load times with every pull, so placement
+        and scaling always see its present state. A retiring worker gets nothing.
         """
         state = self.scheduler.workers.get(worker)
         view = self.reported(
@@ -200,9 +210,12 @@ class PullQueue(QueueState, SchedulerPlugin):
             free_bytes=free_bytes,
             load_seconds=load_seconds or {},
             resources=dict(getattr(state, "resources", None) or {}),
+            pinned=pinned or [],
         )
         if view is None:
             return {"items": [], "reason": "unknown worker"}
+        if view.retiring:
+            return {"items": [], "reason": "retiring"}
 
         def take() -> PullReply | None:
             if worker not in self.scheduler.workers:
@@ -242,8 +255,7 @@ class PullQueue(QueueState, SchedulerPlugin):
             lost += [item_id for item_id in started if not self.start_item(worker, item_id)]
             for item_id, result in acks:
                 self.ack(worker, item_id, result)
-            for item_id, answer, compute_seconds in online_acks:
-                self.online.ack(worker, item_id, answer, compute_seconds)
+            self.online.ack_all(worker, online_acks)
             for item_id, error, permanent in failed:
                 self.fail(worker, item_id, error, permanent)
             lost += self.extend(worker, extend)
@@ -289,6 +301,7 @@ class PullQueue(QueueState, SchedulerPlugin):
             },
             "jobs": {job_id: self._job_overview(job) for job_id, job in self.jobs.items()},
             "events": dict(self.events),
+            "scaling": self.elastic.status(),
         }
 
     @staticmethod

@@ -69,6 +69,10 @@ class QueueState:
     def view_changed(self, view: WorkerView) -> None:
         """A worker reported or was given a model: its waiting online pull is filed anew."""
 
+    def workers_coming(self) -> bool:
+        """An autoscaler may add workers: a request that finds none waits for one (elastic.py)."""
+        return False
+
     # -- transitions ----------------------------------------------------------------
 
     def add_specs(self, models: Mapping[str, ModelSpec | SpecFields], source: str) -> None:

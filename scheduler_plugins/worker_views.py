@@ -33,6 +33,10 @@ class WorkerView:
     # nothing until a message of its own says it is back (they would hold more work it cannot start),
     # and it counts as no model's holder, so other workers take its models' requests meanwhile.
     silent: bool = False
+    pinned: frozenset[str] = frozenset()  # models it keeps loaded, never evicted
+    # Being retired (scale-down, retire_workers, SIGTERM): silent for good, so it takes no new work and
+    # holds no model for placement, while what it started finishes (elastic.py).
+    retiring: bool = False
 
     @property
     def capability(self) -> tuple[int | None, frozenset[tuple[str, float]]]:
@@ -66,6 +70,9 @@ class WorkerViews:
         self.holders: Counter[str] = Counter()  # workers holding each model, silent ones not counted
         self.loaded: Counter[str] = Counter()  # workers with each model loaded now
         self._capabilities: dict[tuple, list[Any]] = {}  # capability -> [workers with it, a view of it]
+        # Of the workers not retiring: how many pin each distinct set of models, and each model.
+        self.pinned_sets: Counter[frozenset[str]] = Counter()
+        self.pinned_holders: Counter[str] = Counter()
         self._on_holders = on_holders
 
     def get(self, address: str) -> WorkerView | None:
@@ -86,7 +93,7 @@ class WorkerViews:
         """A pull's report, and whether its held or loaded models changed.
 
         A worker that does not say what is loaded counts all it holds.
-        `capability`: budget, free_bytes, resources and load_seconds, where the pull sent them.
+        `capability`: budget, free_bytes, resources, load_seconds and pinned, where the pull sent them.
         """
         view = self.views.get(address)
         if view is None:
@@ -114,6 +121,11 @@ class WorkerViews:
                 view.budget, view.resources = budget, dict(resources)
                 self._count_capability(view, +1)
             view.free_bytes = capability.get("free_bytes", view.free_bytes)
+            pinned = frozenset(capability.get("pinned") or ())
+            if pinned != view.pinned:
+                self._count_pinned(view, -1)
+                view.pinned = pinned
+                self._count_pinned(view, +1)
             loads = capability.get("load_seconds") or {}
             if any(view.load_seconds.get(model) != seconds for model, seconds in loads.items()):
                 view.load_seconds.update(loads)
@@ -136,15 +148,30 @@ class WorkerViews:
                 self._hold(model, -1)
 
     def speak(self, view: WorkerView) -> None:
-        """A message of its own came: it is back, and holds its models again."""
-        if view.silent:
+        """A message of its own came: it is back, and holds its models again (unless it is retiring)."""
+        if view.silent and not view.retiring:
             view.silent = False
             for model in view.held:
                 self._hold(model, +1)
 
+    def retire(self, view: WorkerView) -> None:
+        """It is leaving: silent for good, and no longer one of its pinned models' holders."""
+        if not view.retiring:
+            self.silence(view)
+            self._count_pinned(view, -1)
+            view.retiring = True
+
+    def unretire(self, view: WorkerView) -> None:
+        """Its retirement was called off (Dask could not retire it): it takes work and holds its models again."""
+        if view.retiring:
+            view.retiring = False
+            self._count_pinned(view, +1)
+            self.speak(view)
+
     def remove(self, address: str) -> WorkerView | None:
         view = self.views.pop(address, None)
         if view is not None:
+            self._count_pinned(view, -1)
             if not view.silent:
                 for model in view.held:
                     self._hold(model, -1)
@@ -165,6 +192,12 @@ class WorkerViews:
         _count(self.holders, model, delta)
         self._on_holders(model)
 
+    def _count_pinned(self, view: WorkerView, delta: int) -> None:
+        if view.pinned and not view.retiring:
+            _count(self.pinned_sets, view.pinned, delta)
+            for model in view.pinned:
+                _count(self.pinned_holders, model, delta)
+
     def _count_capability(self, view: WorkerView, delta: int) -> None:
         budget, resources = key = view.capability
         entry = self._capabilities.setdefault(key, [0, WorkerView("", resources=dict(resources), budget=budget)])
@@ -173,7 +206,7 @@ class WorkerViews:
             del self._capabilities[key]
 
 
-def _count(counter: Counter[str], key: str, delta: int) -> None:
+def _count(counter: Counter[Any], key: Any, delta: int) -> None:
     """Add `delta`, dropping keys that reach zero so the counter lists only what is there."""
     counter[key] += delta
     if counter[key] <= 0:

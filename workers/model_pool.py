@@ -64,6 +64,10 @@ class ModelPool:
     def loaded(self) -> list[str]:
         return list(self._loaded)
 
+    def pinned(self) -> list[str]:
+        """Loaded and never evicted: scale-down keeps a holder of each (scheduler_plugins/elastic.py)."""
+        return [name for name, entry in self._loaded.items() if entry.pinned]
+
     def held(self) -> list[str]:
         """Loaded models and those loading: what the scheduler counts as held here.
 

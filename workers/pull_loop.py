@@ -122,6 +122,19 @@ class PullLoop:
             self.stream.close()
             self.io_executor.shutdown(wait=False, cancel_futures=True)
 
+    async def retire(self, timeout: float) -> None:
+        """This worker is closing (a signal, a scale-down): its unstarted items go back to the queue now,
+        and what it started finishes and is acked, for up to `timeout` seconds (elastic.Elastic.drain)."""
+        try:
+            held = await asyncio.wait_for(self.queue.retire(self.dask_worker.address, timeout), timeout + 1.0)
+        except Exception as exc:  # noqa: BLE001 - closing goes on: the scheduler puts back what is left
+            logger.warning("could not drain before closing (%s: %s)", type(exc).__name__, exc)
+            return
+        finally:
+            self.stream.flush()
+        if held:
+            logger.warning("closing with %d items unfinished; the scheduler puts them back", held)
+
     def _room_now(self) -> int:
         """How many items to ask for now: none until half of what this worker expects to start is left."""
         window = min(PULL_WINDOW_SECONDS, self.profile.lease_seconds / 3)
@@ -218,6 +231,7 @@ class PullLoop:
             "budget": self.pool.budget,
             "free_bytes": self.pool.free_bytes(),
             "load_seconds": self.pool.load_seconds,
+            "pinned": self.pool.pinned(),
         }
 
     def _learn_specs(self, reply: PullReply) -> None:

@@ -24,6 +24,10 @@ from .runtimes import load_runtime, require_installed
 
 logger = logging.getLogger("shoal.worker")
 
+# A closing worker's running items may finish within this long: `dask worker` gives its process 8 s
+# after SIGTERM (its nanny's close timeout of 10 s, times 0.8) before killing it.
+CLOSING_DRAIN_SECONDS = 5.0
+
 
 def exit_without_teardown() -> None:
     """End a worker process once the other exit handlers ran, skipping the interpreter's module teardown.
@@ -113,7 +117,8 @@ class ShoalWorker(WorkerPlugin):
             atexit.register(exit_without_teardown)
         for task in list(self._warming):
             task.cancel()
-        if self._task is not None:
+        if self._task is not None and not self._task.done():
+            await self.loop.retire(CLOSING_DRAIN_SECONDS)  # hand back what it has not started, finish the rest
             self._task.cancel()
             try:
                 await self._task

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
 from shoal.configs import Catalog, Profile, explain, load_catalog, load_profile, read_yaml
-from shoal.pipeline.cluster import connect
+from shoal.pipeline.cluster import AdaptRange, connect
 from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, embed_job
 from shoal.pipeline.jobs.engine import JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
 from shoal.pipeline.jobs.fingerprints import model_fingerprint
@@ -248,8 +248,11 @@ def plan_reindex(job: ReindexJob, profile: Profile, catalog: Catalog) -> Reindex
     )
 
 
-def run_reindex(job: ReindexJob, console: Console, scheduler: str | None = None) -> ReindexOutcome:
-    """One run under the job's lock; raises LockHeld if another run holds it."""
+def run_reindex(
+    job: ReindexJob, console: Console, scheduler: str | None = None, adapt: AdaptRange | None = None
+) -> ReindexOutcome:
+    """One run under the job's lock; raises LockHeld if another run holds it. `adapt`: the embedded
+    cluster's worker range (``--adapt``)."""
     profile, catalog = job_config(job)
     layout = VersionedOutput(job.output, job.storage_options)
     lock = JobLock(layout.lock_url, job.storage_options, job.lock.expiry_seconds, job.lock.settle_seconds, job.name)
@@ -258,7 +261,8 @@ def run_reindex(job: ReindexJob, console: Console, scheduler: str | None = None)
         plan.render(console)
         needs_cluster = bool(plan.prepared.inventory.todo)
         address = scheduler or job.scheduler
-        with connect(address, profile, job.catalog, [job.model]) if needs_cluster else nullcontext() as client:
+        cluster = connect(address, profile, job.catalog, [job.model], adapt) if needs_cluster else nullcontext()
+        with cluster as client:
             outcome = run_prepared(client, plan.prepared, profile, console, f"reindex-{job.name}", plan.version)
         if lock.lost:
             raise LockHeld(f"lost the lock {layout.lock_url} during the run; _CURRENT was left unchanged")

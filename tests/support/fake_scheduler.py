@@ -36,17 +36,36 @@ class WorkerTable(dict):
 
 class FakeScheduler:
     """What the scheduler plugin uses of a Dask scheduler, for unit tests: its workers by address, handlers,
-    stream handlers, streams to workers, extensions and periodic callbacks."""
+    stream handlers, streams to workers, extensions, plugins, periodic callbacks and Dask tasks (none), and
+    Dask's own scaling methods, which the plugin replaces: `dask_retired` lists the workers Dask's own
+    `retire_workers` removed."""
 
     def __init__(self, workers: Iterable[str] | Mapping[str, object] = ("w1", "w2")) -> None:
         """`workers`: addresses, or the scheduler's state of each by address (`worker_state`)."""
-        states = workers if isinstance(workers, Mapping) else {w: object() for w in workers}
+        states = workers if isinstance(workers, Mapping) else {w: worker_state() for w in workers}
+        for address, state in states.items():
+            state.address = state.name = address  # type: ignore[attr-defined]
         self.workers = WorkerTable(states)
         self.handlers: dict = {}
         self.stream_handlers: dict = {}
         self.stream_comms: dict[str, RecordingStream] = {w: RecordingStream() for w in self.workers}
         self.extensions: dict = {}
+        self.plugins: dict = {}
         self.periodic_callbacks: dict = {}
+        self.tasks: dict = {}
+        self.dask_retired: list[str] = []
+
+    def adaptive_target(self, target_duration: float | None = None) -> int:
+        return 0
+
+    def workers_to_close(self, **kwargs: Any) -> list[str]:
+        return []
+
+    async def retire_workers(self, workers: list[str], **kwargs: Any) -> dict[str, dict]:
+        self.dask_retired += workers
+        for address in workers:
+            self.workers.pop(address, None)
+        return {address: {} for address in workers}
 
     def revoked(self, worker: str) -> list[str]:
         """Item ids the plugin revoked on `worker`."""
@@ -54,8 +73,9 @@ class FakeScheduler:
 
 
 def worker_state(**resources: float) -> SimpleNamespace:
-    """The scheduler's state of a worker with Dask `resources` (`GPU=1`): all the plugin reads of it."""
-    return SimpleNamespace(resources=resources)
+    """The scheduler's state of a worker with Dask `resources` (`GPU=1`): all the plugin reads of it
+    (its address and name are set by FakeScheduler)."""
+    return SimpleNamespace(resources=resources, long_running=False, processing={})
 
 
 def spec(name: str, **fields: Any) -> ModelSpec:

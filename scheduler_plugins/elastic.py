@@ -1,0 +1,291 @@
+"""Dask's adaptive scaling driven by Shoal's queue: the target, which workers to close, graceful retirement.
+
+Dask's autoscalers (``Adaptive`` over RPC, dask-jobqueue, the Kubernetes
+operator through ``/api/v1/adaptive_target`` and ``/api/v1/retire_workers``,
+``Client.retire_workers``, a worker's ``close_gracefully``) call three
+scheduler methods. Shoal's items are not Dask tasks, so Dask's own answers
+would see an idle cluster in the middle of a job: retire busy workers, never
+add any for a backlog. The pull queue installs these in their place, as
+methods and as handlers of the same names, so every caller gets them:
+
+- ``adaptive_target``: the larger of the queue's need (scaling.py) and, when
+  the scheduler has Dask tasks, Dask's own count;
+- ``workers_to_close``: workers with nothing leased first, then those whose
+  models other workers also hold; never the last holder of a pinned model;
+- ``retire_workers``: each worker is drained the Shoal way first (`drain`),
+  then Dask retires it as before.
+
+Draining a worker: it takes no new work (its view is retiring: silent for
+good), the batch items it leased but did not start go back to the front of
+their queues at once and it is told to drop them (``REVOKE``), and what it
+started (batch items, online groups) finishes and is acked, within
+`drain_timeout_seconds`; what is still running then goes back when the
+worker is removed, as for a lost worker. No item is lost, and the first ack
+of an item counts (outputs are idempotent), so none is written twice. A
+worker stopped by a signal (``dask worker`` SIGTERM, a Kubernetes pod
+deletion) drains itself through ``shoal_retire`` while it closes
+(workers/worker_plugin.py).
+
+Scale to zero: while an autoscaler asks for the target (within
+`SCALER_SEEN_SECONDS` of its last ask), an online request that finds no
+worker waits in the queue for one (up to its deadline) instead of a 503:
+the target it raises is what starts the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+import dask.config
+from dask.utils import parse_timedelta
+from toolz import groupby
+
+from .protocol import Lane, ScalingStatus
+from .scaling import OnlineLoad, ScalingNeed, ScalingSettings, need
+from .work_items import ItemState, WorkItem
+
+if TYPE_CHECKING:
+    from .pull_queue import PullQueue
+
+logger = logging.getLogger("shoal.scheduler")
+
+SCALER_SEEN_SECONDS = 30.0  # an autoscaler asked this recently: the cluster may grow (Adaptive asks every second)
+DRAIN_POLL_SECONDS = 0.05
+
+
+@dataclass
+class LastAsk:
+    target: int
+    reason: str
+    at: float  # monotonic
+
+
+class Elastic:
+    """The scaling methods a PullQueue installs on its scheduler (see the module docstring)."""
+
+    def __init__(self, queue: PullQueue, online: OnlineLoad) -> None:
+        self.queue = queue
+        self.online = online
+        self.settings = ScalingSettings.from_config()
+        self.last: LastAsk | None = None
+        self._dask_target: Callable[..., int] | None = None
+        self._dask_retire: Callable[..., Any] | None = None
+
+    def install(self, scheduler) -> None:
+        """Take the place of the scheduler's methods and handlers; Dask's own stay reachable from here."""
+        self._dask_target = scheduler.adaptive_target
+        self._dask_retire = scheduler.retire_workers
+        scheduler.adaptive_target = self.adaptive_target
+        scheduler.workers_to_close = self.workers_to_close
+        scheduler.retire_workers = self.retire_workers
+        scheduler.handlers.update(
+            {
+                "adaptive_target": self.adaptive_target,
+                "workers_to_close": self.workers_to_close,
+                "retire_workers": self.retire_workers,
+                "shoal_retire": self.drain,
+                "shoal_scaling": self.status,
+            }
+        )
+
+    # -- what the count reads (scaling.QueueView) ---------------------------------------
+
+    def batch_models(self) -> list[str]:
+        leased = self.queue.leases.batch_items
+        return list(dict.fromkeys([*self.queue.queues.models(Lane.BATCH), *leased]))
+
+    def remaining(self, model: str) -> tuple[int, int]:
+        queues, leases = self.queue.queues, self.queue.leases
+        return (
+            queues.waiting_items(model, Lane.BATCH) + leases.batch_items.get(model, 0),
+            queues.waiting_rows(model, Lane.BATCH) + leases.batch_rows.get(model, 0),
+        )
+
+    def rows_per_second(self, model: str) -> float | None:
+        stats = self.queue.model_stats
+        return stats.rows_per_second(model) if stats.seconds.get(model) else None
+
+    def workers_with_leases(self) -> int:
+        return len(self.queue.leases.by_worker)
+
+    def online_waiting(self) -> int:
+        queues = self.queue.queues
+        return sum(queues.waiting_items(model, Lane.ONLINE) for model in queues.models(Lane.ONLINE))
+
+    def pinned_sets(self) -> Mapping[frozenset[str], int]:
+        return self.queue.views.pinned_sets
+
+    # -- the scheduler's methods --------------------------------------------------------
+
+    def adaptive_target(self, target_duration: Any = None) -> int:
+        """Workers wanted now: the queue's need, or Dask's own count for its tasks, whichever is larger."""
+        duration = parse_timedelta(
+            target_duration if target_duration is not None else dask.config.get("distributed.adaptive.target-duration")
+        )
+        wanted = need(self, self.online, duration, self.settings)
+        target, reason = wanted.workers, wanted.reason
+        if self.queue.scheduler.tasks and self._dask_target is not None:
+            tasks = self._dask_target(duration)
+            if tasks > target:
+                target, reason = tasks, f"Dask's own tasks want {tasks} workers"
+        self.last = LastAsk(target, reason, time.monotonic())
+        return target
+
+    def workers_to_close(
+        self,
+        memory_ratio: float | None = None,
+        n: int | None = None,
+        key: Callable[[Any], Hashable] | bytes | None = None,
+        minimum: int | None = None,
+        target: int | None = None,
+        attribute: str = "address",
+    ) -> list[str]:
+        """Workers (their `attribute`) to close for `target` workers or `n` fewer; without either, the idle ones.
+
+        Dask's signature and grouping (`key`: workers closed together, as
+        dask-jobqueue's jobs are); Dask's memory ratio is not Shoal's concern
+        and is ignored. Costs a sort of the workers, once per scale-down ask.
+        """
+        scheduler = self.queue.scheduler
+        if target is not None and n is None:
+            n = len(scheduler.workers) - target
+        keep = len(scheduler.workers) - max(0, n) if n is not None else None
+        if isinstance(key, bytes):
+            key = pickle.loads(key)
+        valid = [ws for ws in scheduler.workers.values() if not ws.long_running]
+        for plugin in list(scheduler.plugins.values()):
+            valid = plugin.valid_workers_downscaling(scheduler, valid)
+        groups = list(groupby(key or attrgetter("address"), valid).values())
+        pinned_left = Counter(self.queue.views.pinned_holders)
+        remain = len(scheduler.workers)
+        closing = []
+        for group in sorted(groups, key=self._closing_cost):
+            if keep is not None and remain - len(group) < keep:
+                break
+            if keep is None and self._closing_cost(group)[0]:
+                break  # only idle workers, without a count to reach
+            if minimum and remain - len(group) < minimum:
+                break
+            pinned = Counter(model for ws in group for model in self._pinned(ws.address))
+            if any(pinned_left[model] <= count for model, count in pinned.items()):
+                continue  # the last holder of a pinned model
+            pinned_left.subtract(pinned)
+            closing += group
+            remain -= len(group)
+        return [getattr(ws, attribute) for ws in closing]
+
+    async def retire_workers(
+        self, workers: list[str] | None = None, *, names: list | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Dask's ``retire_workers``, with each worker drained of Shoal's work first (see the module docstring)."""
+        assert self._dask_retire is not None
+        scheduler = self.queue.scheduler
+        chooser = {k: kwargs.pop(k) for k in ("memory_ratio", "n", "key", "minimum", "target") if k in kwargs}
+        if names is not None:
+            wanted = {str(name) for name in names}
+            addresses = [ws.address for ws in scheduler.workers.values() if str(ws.name) in wanted]
+        elif workers is not None:
+            addresses = [address for address in workers if address in scheduler.workers]
+        else:
+            addresses = self.workers_to_close(**chooser)
+        if not addresses:
+            return {}
+        await asyncio.gather(*(self.drain(address) for address in addresses))
+        retired = await self._dask_retire(workers=addresses, **kwargs)
+        for address in addresses:
+            if address not in retired and address in scheduler.workers:
+                self._keep(address)  # Dask could not retire it (its data had nowhere to go): it serves again
+        return retired
+
+    async def drain(self, worker: str, timeout: float | None = None) -> int:
+        """Retire `worker` from Shoal's work: no new work, unstarted items back now, started ones finish.
+
+        Waits up to `timeout` (default `drain_timeout_seconds`) for its leases
+        to end; what it still holds then goes back when it is removed. The
+        count of items it still holds. Also the ``shoal_retire`` handler.
+        """
+        queue = self.queue
+        view = queue.views.get(worker)
+        if view is not None and not view.retiring:
+            queue.views.retire(view)
+            queue.view_changed(view)
+            handed = self._hand_back(worker)
+            logger.info("retiring %s: %d items handed back, %d finishing", worker, handed, self._held(worker))
+        deadline = time.monotonic() + (self.settings.drain_timeout_seconds if timeout is None else timeout)
+        while self._held(worker) and worker in queue.scheduler.workers and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        return self._held(worker)
+
+    def workers_coming(self) -> bool:
+        """An autoscaler asked for the target lately: a request that finds no worker may wait for one."""
+        return self.last is not None and time.monotonic() - self.last.at < SCALER_SEEN_SECONDS
+
+    def status(self) -> ScalingStatus:
+        """The target and why, the workers now, and how long ago an autoscaler asked (None: never)."""
+        if self.last is not None:
+            wanted, asked = ScalingNeed(self.last.target, self.last.reason), time.monotonic() - self.last.at
+        else:
+            duration = parse_timedelta(dask.config.get("distributed.adaptive.target-duration"))
+            wanted, asked = need(self, self.online, duration, self.settings), None
+        return {
+            "target": wanted.workers,
+            "current": len(self.queue.scheduler.workers),
+            "reason": wanted.reason,
+            "asked_seconds_ago": asked,
+            "settings": asdict(self.settings),
+        }
+
+    # -- helpers of the above -----------------------------------------------------------
+
+    def _closing_cost(self, group: Iterable[Any]) -> tuple[bool, int, int]:
+        """(busy, models only it holds, items leased): the cheapest group to close sorts first."""
+        views, leases = self.queue.views, self.queue.leases
+        busy, unique, leased = False, 0, 0
+        for ws in group:
+            held = len(leases.of_worker(ws.address))
+            busy = busy or bool(held) or bool(ws.processing)
+            leased += held
+            view = views.get(ws.address)
+            if view is not None and not view.silent:
+                unique += sum(1 for model in view.held if views.holders.get(model, 0) <= 1)
+        return busy, unique, leased
+
+    def _pinned(self, worker: str) -> frozenset[str]:
+        view = self.queue.views.get(worker)
+        return view.pinned if view is not None and not view.retiring else frozenset()
+
+    def _held(self, worker: str) -> int:
+        return len(self.queue.leases.of_worker(worker))
+
+    def _hand_back(self, worker: str) -> int:
+        """Its batch items not started go back to the front of their queues, and it is told to drop them."""
+        queue = self.queue
+        back: list[WorkItem] = [
+            item
+            for item in queue.leases.of_worker(worker).values()
+            if item.lane is Lane.BATCH and not item.started and item.state is ItemState.LEASED
+        ]
+        for item in reversed(back):  # each goes to the front: the first leased is taken first again
+            queue.unlease(item)
+            item.attempts = max(0, item.attempts - 1)  # never started: the lease was not an attempt
+            item.requeue()
+            queue.queues.push(item, front=True)
+        for model, count in Counter(item.model for item in back).items():
+            queue.work_queued(model, Lane.BATCH, count)
+        queue.revoke(worker, [item.id for item in back])
+        queue.events["handed_back"] += len(back)
+        return len(back)
+
+    def _keep(self, worker: str) -> None:
+        view = self.queue.views.get(worker)
+        if view is not None and view.retiring:
+            self.queue.views.unretire(view)
+            self.queue.view_changed(view)
