@@ -1,0 +1,148 @@
+"""Dask's adaptive scaling on a real LocalCluster of worker processes, with and without Shoal's queue telling it
+what it needs; churn under batch and online load; scale to zero and wake."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from distributed import Client
+
+from shoal.configs import load_profile
+from shoal.pipeline.client import OnlineClient
+from shoal.pipeline.cluster import AdaptRange, local_cluster, pull_queue
+from tests.support.elastic import SECOND_ITEMS, WorkerCounts, second_items_job, start_embed
+from tests.support.files import read_output
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration  # every test here starts a cluster and processes (conftest.py, "Two tiers")
+
+
+def dask_alone(dask_scheduler) -> None:
+    """Give the scheduler back Dask's own scaling methods: adaptive scaling as it was without Shoal's target."""
+    from distributed.scheduler import Scheduler
+
+    for name in ("adaptive_target", "workers_to_close", "retire_workers"):
+        method = getattr(Scheduler, name).__get__(dask_scheduler)
+        setattr(dask_scheduler, name, method)
+        dask_scheduler.handlers[name] = method
+
+
+def test_dask_alone_retires_busy_workers_and_the_queue_makes_adapt_grow_to_four_and_shrink_back(tmp_path):
+    profile, catalog, ids = second_items_job(tmp_path, rows=60 * 20)  # 60 items of about a second
+    # Dask alone, starting from 4 workers: it sees no tasks, so it retires workers in the middle of the job,
+    # down to its minimum, and never adds one for the backlog.
+    with local_cluster(load_profile(str(profile)), str(catalog)) as cluster, Client(cluster) as client:
+        client.run_on_scheduler(dask_alone)
+        cluster.scale(4)
+        client.wait_for_workers(4)
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
+        job = start_embed(tmp_path, cluster.scheduler_address, profile, catalog, output="alone")
+        wait_for(lambda: plugin.events["acked"] >= 2, 60, "the first acks")
+        cluster.adapt(minimum=1, maximum=4)
+        with WorkerCounts(cluster.scheduler) as counts:
+            wait_for(lambda: len(cluster.scheduler.workers) == 1, 60, "Dask to retire its workers")
+            shrunk_with = plugin.job_status(next(iter(plugin.jobs)))["queued"]
+            _, stderr = job.communicate(timeout=300)
+        assert job.returncode == 0, stderr
+    assert shrunk_with > 0  # items were still waiting when Dask had retired all but one worker
+    assert max(count for at, count in counts.samples[len(counts.samples) // 2 :]) == 1  # and it never grew again
+    assert sorted(read_output(tmp_path / "alone").column("id").to_pylist()) == sorted(ids)
+
+    # With the queue's target: from 1 worker it grows to 4 while the backlog lasts, then back to 1.
+    adapt = AdaptRange(1, 4)
+    with local_cluster(load_profile(str(profile)), str(catalog), adapt=adapt) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
+        with WorkerCounts(cluster.scheduler) as counts:
+            job = start_embed(tmp_path, cluster.scheduler_address, profile, catalog, output="elastic")
+            _, stderr = job.communicate(timeout=300)
+            assert job.returncode == 0, stderr
+            wait_for(lambda: len(cluster.scheduler.workers) == 1, 60, "adapt to shrink back to one worker")
+        status = client.sync(pull_queue(client).scaling)
+    assert counts.most() == 4
+    assert status["target"] == 0 and status["reason"].startswith("idle")  # adapt's minimum keeps the one
+    assert status["asked_seconds_ago"] < 5
+    assert plugin.events["lost"] == 0 and plugin.events["expired"] == 0  # retired gracefully, never killed busy
+    assert sorted(read_output(tmp_path / "elastic").column("id").to_pylist()) == sorted(ids)
+
+
+def test_workers_retired_and_added_every_few_seconds_lose_nothing_under_batch_and_online_load(tmp_path):
+    profile, catalog, ids = second_items_job(tmp_path, rows=40 * 20)
+    spec = {"name": "slow", **SECOND_ITEMS, "batch_fixed_seconds": 0.2}
+    with local_cluster(load_profile(str(profile)), str(catalog)) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
+        url = client.sync(
+            pull_queue(client).gateway_start,
+            settings={"port": 0, "request_timeout_seconds": 20},
+            models={"slow-online": spec},
+        )["url"]
+        stop = threading.Event()
+        answered: list[float] = []
+        failures: list[str] = []
+
+        def ask() -> None:
+            with OnlineClient(url, timeout=30) as online:
+                while not stop.is_set():
+                    began = time.monotonic()
+                    try:
+                        assert online.encode("slow-online", ["a question"]).shape == (1, 8)
+                        answered.append(time.monotonic() - began)
+                    except Exception as exc:  # noqa: BLE001 - counted, and the test fails on it
+                        failures.append(repr(exc))
+
+        callers = [threading.Thread(target=ask) for _ in range(2)]
+        for caller in callers:
+            caller.start()
+        job = start_embed(tmp_path, cluster.scheduler_address, profile, catalog)
+        churned = 0
+        while job.poll() is None:
+            time.sleep(3)
+            busy = [w for w, held in plugin.leased_by_worker.items() if held]
+            if busy and len(cluster.scheduler.workers) >= 2:
+                name = cluster.scheduler.workers[busy[0]].name
+                cluster.sync(cluster.scale_down, [name])  # Dask's retirement, as adapt does it
+                churned += 1
+            cluster.scale(len(cluster.worker_spec) + 1 if len(cluster.worker_spec) < 3 else 3)
+        stop.set()
+        for caller in callers:
+            caller.join(60)
+        _, stderr = job.communicate(timeout=60)
+        client.sync(pull_queue(client).gateway_stop)
+    assert job.returncode == 0, stderr
+    assert churned >= 2
+    assert failures == [] and answered and max(answered) < 20
+    assert plugin.events["handed_back"] >= 1 and plugin.events["lost"] == 0
+    assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)  # none lost, none twice
+
+
+def test_a_cluster_at_zero_workers_answers_its_first_request_once_a_worker_started(tmp_path):
+    profile, catalog, _ = second_items_job(tmp_path, rows=20)
+    spec = {"name": "quick", **SECOND_ITEMS, "batch_fixed_seconds": 0.01}
+    adapt = AdaptRange(0, 2)
+    with (
+        local_cluster(load_profile(str(profile)), str(catalog), online=True, adapt=adapt) as cluster,
+        Client(cluster) as client,
+    ):
+        url = client.sync(
+            pull_queue(client).gateway_start,
+            settings={"port": 0, "request_timeout_seconds": 60},
+            models={"quick": spec},
+        )["url"]
+        assert len(cluster.scheduler.workers) == 0
+        wait_for(lambda: cluster.scheduler.extensions["shoal-pull-queue"].elastic.workers_coming(), 10, "adapt")
+        with OnlineClient(url, timeout=90) as online:
+            began = time.monotonic()
+            assert online.encode("quick", ["wake up"]).shape == (1, 8)
+            first = time.monotonic() - began
+            later = []
+            for _ in range(5):
+                began = time.monotonic()
+                online.encode("quick", ["and again"])
+                later.append(time.monotonic() - began)
+        client.sync(pull_queue(client).gateway_stop)
+    print(f"first request at zero workers: {first:.2f} s; later ones: {max(later):.3f} s at most")
+    assert first > max(later)  # the first waited for a worker to start and load the model
+    assert max(later) < 1.0  # then normal latency: the worker stays while requests keep coming
