@@ -146,3 +146,57 @@ def test_a_cluster_at_zero_workers_answers_its_first_request_once_a_worker_start
     print(f"first request at zero workers: {first:.2f} s; later ones: {max(later):.3f} s at most")
     assert first > max(later)  # the first waited for a worker to start and load the model
     assert max(later) < 1.0  # then normal latency: the worker stays while requests keep coming
+
+
+def test_a_dask_worker_stopped_by_sigterm_hands_back_what_it_did_not_start_and_finishes_the_rest(tmp_path):
+    """`dask worker` gets SIGTERM (a Kubernetes pod deletion, a jobqueue job's end) in the middle of a job."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.support.dask_cli import dask_cli_cluster
+    from tests.support.paths import DASK, ROOT
+
+    profile, catalog, ids = second_items_job(tmp_path, rows=24 * 20)
+    env = {"SHOAL_CATALOG": str(catalog)}
+    with dask_cli_cluster(tmp_path, profile, workers=1, env=env) as (address, procs), Client(address) as client:
+        second = [DASK, "worker", address, "--nthreads", "1", "--preload", "shoal.workers"]
+        procs.append(
+            subprocess.Popen(
+                [*second, "--shoal-profile", str(profile)],
+                cwd=ROOT,
+                env={**os.environ, **env},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        client.wait_for_workers(2, timeout=120)
+        job = start_embed(tmp_path, address, profile, catalog)
+
+        def started_on_the_second() -> str | None:
+            leased = client.run_on_scheduler(
+                lambda dask_scheduler: {
+                    w: [item.started for item in held.values()]
+                    for w, held in dask_scheduler.extensions["shoal-pull-queue"].leased_by_worker.items()
+                }
+            )
+            parents = client.run(os.getppid)  # a worker process's parent: its nanny, the `dask worker` process
+            return next(
+                (
+                    w
+                    for w, started in leased.items()
+                    if any(started) and len(started) > 1 and parents.get(w) == procs[-1].pid
+                ),
+                None,
+            )
+
+        wait_for(started_on_the_second, 120, "the second worker to start an item with more leased behind it")
+        procs[-1].send_signal(signal.SIGTERM)
+        assert procs[-1].wait(30) == 0
+        _, stderr = job.communicate(timeout=300)
+        events = client.run_on_scheduler(
+            lambda dask_scheduler: dict(dask_scheduler.extensions["shoal-pull-queue"].events)
+        )
+    assert job.returncode == 0, stderr
+    assert events.get("handed_back", 0) >= 1 and events.get("lost", 0) == 0 and events.get("expired", 0) == 0
+    assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
