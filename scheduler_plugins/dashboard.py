@@ -16,6 +16,7 @@ from html import escape
 from tornado import web
 
 from .metrics import RATE_WINDOW_SECONDS, Figures, ShoalMetrics
+from .protocol import ScalingStatus
 
 REFRESH_MS = 1000
 PAGE = """<!doctype html>
@@ -57,11 +58,13 @@ def render(figures: Figures, address: str) -> str:
         ("workers", len(workers)),
         ("online unanswered", sum(m["online_pending"] for m in models.values())),
         ("running jobs", sum(1 for j in jobs.values() if not j["complete"])),
+        ("target workers", figures["scaling"]["target"]),
     ]
     out = [
         f"<h1>Shoal</h1><div class='sub'>scheduler {escape(address)} &middot; updated {now} &middot; "
         f"throughput over the last {RATE_WINDOW_SECONDS:g} s</div>",
         "<div class='tiles'>" + "".join(f"<div class='tile'>{escape(k)}<b>{v}</b></div>" for k, v in tiles) + "</div>",
+        _scaling(figures["scaling"]),
     ]
     deepest = max([m["batch"] + m["online"] for m in models.values()] + [1])
     rows = [
@@ -121,6 +124,16 @@ def render(figures: Figures, address: str) -> str:
     events = figures["events"]
     out.append(_table("Queue events", sorted(events), [[f"{events[k]:,}" for k in sorted(events)]]))
     return "\n".join(out)
+
+
+def _scaling(scaling: ScalingStatus) -> str:
+    """One line: the target autoscalers are told, the workers now, the reason, and whether any asks."""
+    asked = scaling["asked_seconds_ago"]
+    by = f"asked {asked:.0f} s ago" if asked is not None else "no autoscaler asks (a fixed cluster)"
+    return (
+        f"<div class='sub'>scaling: target {scaling['target']} workers, {scaling['current']} now &middot; "
+        f"{escape(scaling['reason'])} &middot; {by}</div>"
+    )
 
 
 def _table(title: str, header: list[str], rows: list[list[str]]) -> str:

@@ -26,7 +26,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from tornado.ioloop import PeriodicCallback
 
-from .protocol import QueueDepths, WorkerSummary
+from .protocol import QueueDepths, ScalingStatus, WorkerSummary
 
 if TYPE_CHECKING:
     from .pull_queue import PullQueue
@@ -68,6 +68,7 @@ class Figures(TypedDict):
     workers: dict[str, WorkerFigures]
     jobs: dict[str, JobFigures]
     events: dict[str, int]
+    scaling: ScalingStatus  # the worker count autoscalers are told, and why
 
 
 class ShoalMetrics:
@@ -134,6 +135,7 @@ class ShoalMetrics:
                 for job_id, job in overview["jobs"].items()
             },
             "events": overview["events"],
+            "scaling": overview["scaling"],
         }
 
     def collect(self) -> Iterable[Metric]:
@@ -190,7 +192,17 @@ class ShoalMetrics:
         complete = sum(1 for job in figures["jobs"].values() if job["complete"])
         jobs.add_metric(["running"], len(figures["jobs"]) - complete)
         jobs.add_metric(["complete"], complete)
+        scaling = figures["scaling"]
+        target = GaugeMetricFamily(
+            "shoal_scaling_target_workers",
+            "Workers the queue asks Dask's autoscalers for (adaptive_target), labelled with the reason",
+            labels=["reason"],
+        )
+        target.add_metric([scaling["reason"]], scaling["target"])
+        current = GaugeMetricFamily("shoal_scaling_current_workers", "Workers connected to the scheduler now")
+        current.add_metric([], scaling["current"])
         yield from (depth, pending, rows, compute, rate, leased, loaded, budget, free, loads, evictions, events, jobs)
+        yield from (target, current)
 
 
 class _LatestScheduler:

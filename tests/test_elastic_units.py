@@ -180,3 +180,17 @@ def test_need_without_a_scheduler_names_its_largest_reason():
 
     wanted = need(Queue(), OnlineLoad(), 2.0, ScalingSettings())
     assert wanted.workers == 5 and wanted.reason == "backlog of 10 items of m at 100 rows/s per worker"
+
+
+async def test_the_target_its_reason_and_the_workers_now_are_on_metrics_and_the_shoal_page(plugin):
+    from prometheus_client import REGISTRY, generate_latest
+
+    from shoal.scheduler_plugins.dashboard import render
+
+    plugin.submit("j", items("m", 6), SPECS)
+    plugin.scheduler.adaptive_target(target_duration="5s")
+    text = generate_latest(REGISTRY).decode()
+    assert 'shoal_scaling_target_workers{reason="backlog of 6 items of m not measured yet"} 3.0' in text
+    assert "shoal_scaling_current_workers 4.0" in text
+    page = render(plugin.metrics.figures(), "tcp://here")
+    assert "scaling: target 3 workers, 4 now" in page and "backlog of 6 items of m" in page
