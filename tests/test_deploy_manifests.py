@@ -65,6 +65,20 @@ def test_daskcluster_is_what_the_operators_make_cluster_spec_gives():
     assert committed["apiVersion"] == "kubernetes.dask.org/v1"
 
 
+def test_the_autoscaler_scales_the_daskcluster_between_bounds_the_pinned_model_allows():
+    module = daskcluster_module()
+    documents = manifests("daskcluster.yaml")
+    autoscaler, cluster = documents["DaskAutoscaler"], documents["DaskCluster"]
+    assert autoscaler == module.daskautoscaler(), "deploy/k8s/daskcluster.yaml is stale: run deploy/k8s/daskcluster.py"
+    assert autoscaler["apiVersion"] == cluster["apiVersion"] == "kubernetes.dask.org/v1"
+    assert autoscaler["spec"]["cluster"] == cluster["metadata"]["name"]
+    minimum, maximum = autoscaler["spec"]["minimum"], autoscaler["spec"]["maximum"]
+    assert 0 <= minimum <= cluster["spec"]["worker"]["replicas"] <= maximum
+    (worker,) = cluster_pods()["worker"]["containers"]
+    pins = [arg for i, arg in enumerate(worker["args"]) if i and worker["args"][i - 1] == "--shoal-pin"]
+    assert minimum >= (1 if pins else 0)  # a pinned model keeps a holder: the queue never asks for fewer
+
+
 def test_every_pod_runs_the_image_make_image_builds_as_the_non_root_user():
     containerfile = (ROOT / "Containerfile").read_text()
     users = set(re.findall(r"^USER (\d+):(\d+)$", containerfile, re.M))
@@ -100,7 +114,8 @@ def test_gpu_workers_ask_kubernetes_and_dask_for_one_gpu_each():
     assert args[args.index("--resources") + 1].split(",")[0] == "GPU=1"
     profile = load_profile(env(worker)["SHOAL_PROFILE"])
     assert profile.device == "cuda"
-    assert args[args.index("--nworkers") + 1] == str(profile.workers)
+    # One Dask worker per pod: the operator's autoscaler deletes the pods whose worker names retire_workers gives.
+    assert args[args.index("--nworkers") + 1] == "1"
     (scheduler,) = cluster_pods()["scheduler"]["containers"]
     assert "nvidia.com/gpu" not in scheduler["resources"]["limits"]
 
