@@ -65,7 +65,20 @@ class RuntimeChoice(BaseModel):
 
     runtime: RuntimeName = "torch"
     dtype: RuntimeDType = "auto"
+    # The machine features this choice was fast on (configs/machine.py NEEDS: bf16, vnni, amx, cc>=8.0, ...):
+    # on a machine without them it is not used (`hold`), and `auto` chooses instead.
+    needs: list[str] = Field(default_factory=list)
     gate: GateEvidence | None = None
+
+    @field_validator("needs")
+    @classmethod
+    def _known_needs(cls, needs: list[str]) -> list[str]:
+        from .machine import NEEDS, valid_need
+
+        unknown = [need for need in needs if not valid_need(need)]
+        if unknown:
+            raise ValueError(f"unknown needs {unknown}: name some of {sorted(NEEDS)} or cc>=MAJOR.MINOR")
+        return needs
 
     @model_validator(mode="after")
     def _supported_pair(self) -> RuntimeChoice:
@@ -83,7 +96,8 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    kind: Literal["embedder", "reranker", "sim"]
+    # sparse, multivector, classifier, token_classifier: told from a folder in configs/model_resolution.py
+    kind: Literal["embedder", "reranker", "sim", "sparse", "multivector", "classifier", "token_classifier"]
     source: str = ""
     dim: int = Field(gt=0)
     max_seq_length: int = Field(gt=0)
@@ -210,6 +224,8 @@ class Profile(BaseModel):
     # Why the layout and each model's runtime are what they are: `auto` fills it (configs/auto.py),
     # the job summary and `shoal serve`'s start line print it.
     reasons: dict[str, str] = Field(default_factory=dict)
+    # Models whose pinned runtime this machine cannot make fast (`hold`), and why: `auto` chooses theirs.
+    _held: dict[str, str] = PrivateAttr(default_factory=dict)
     _path: str = PrivateAttr(default="")
     _machine: Any = PrivateAttr(default=None)  # shoal.configs.machine.Machine, for `auto`
 
@@ -320,4 +336,42 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     except ValidationError as exc:
         raise explain(path, exc) from None
     profile._path = str(path.resolve())
+    return hold(profile)
+
+
+def hold(profile: Profile, machine: Any = None) -> Profile:
+    """`profile` without the choices this machine lacks the features for (their reason recorded).
+
+    A tuned profile's bf16 pin is 1.7x fp32 where AVX-512 BF16 computes it and a fifth of fp32 where it is
+    emulated; such a choice is dropped, and the model's runtime is `auto`'s (pipeline/tuning/auto_runtime).
+    A pinned bf16 or fp16 worker dtype likewise falls back to `auto` (fp32 on a CPU). `machine`: the
+    probed one unless given (tests force one). Worker processes load their profile through this too, so
+    each holds it on its own machine.
+    """
+    from .machine import implied_needs, probe
+
+    device = profile.device if profile.device != "auto" else "cpu"
+    wanted = {name: [*choice.needs, *implied_needs(choice.dtype, device)] for name, choice in profile.runtimes.items()}
+    dtype_needs = implied_needs(profile.dtype, device)
+    if not dtype_needs and not any(wanted.values()):
+        return profile
+    machine = machine or probe()
+    if device == "cuda" and not machine.gpus:
+        return profile  # a GPU profile read off the GPUs (a client joining a GPU cluster): its workers hold it
+    for name, needs in wanted.items():
+        lacking = machine.lacks(needs)
+        if lacking:
+            choice = profile.runtimes.pop(name)
+            why = (
+                f"profile {profile.name} pins {choice.runtime} {choice.dtype}, which needs {', '.join(lacking)}; "
+                f"this machine has not: not used"
+            )
+            profile._held[name] = profile.reasons[name] = why
+    lacking = machine.lacks(dtype_needs)
+    if lacking:
+        profile.reasons["dtype"] = (
+            f"profile {profile.name} pins dtype {profile.dtype}, which needs {', '.join(lacking)}; "
+            "this machine has not: the workers' dtype is auto's"
+        )
+        profile.dtype = "auto"
     return profile

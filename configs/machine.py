@@ -20,7 +20,44 @@ from importlib import metadata
 # and int8 ones (VNNI). Read from the flags line of /proc/cpuinfo.
 FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile")
 NO_BF16_ENV = "SHOAL_NO_BF16"  # set (to anything but "" or "0"): bf16 is treated as absent here
+# Set to a comma-separated list of FEATURES: this machine is taken to have exactly those CPU features (and its
+# signature follows), so a profile's needs and auto's verdicts can be tried on hardware that is not here.
+FEATURES_ENV = "SHOAL_CPU_FEATURES"
 RUNTIME_PACKAGES = ("torch", "onnxruntime")  # their versions change which runtime is fastest
+
+# What a profile's runtime choice may need, by name, and the CPU features that meet it (any one of them).
+# "bf16" also holds on a GPU of compute capability 8.0 or later, "fp16" on 7.0 or later; "cc>=X.Y" is a GPU's
+# compute capability. A name not here is a profile error (configs/__init__.py checks them).
+NEEDS = {
+    "bf16": frozenset({"avx512_bf16", "amx_bf16"}),
+    "vnni": frozenset({"avx512_vnni", "avx_vnni"}),
+    "amx": frozenset({"amx_tile", "amx_bf16", "amx_int8"}),
+    "avx512": frozenset({"avx512f"}),
+    "fp16": frozenset(),
+}
+NEED_WORDS = {
+    "bf16": "AVX-512 BF16 or AMX on the CPU, compute capability 8.0 on a GPU",
+    "vnni": "AVX-512 VNNI or AVX-VNNI",
+    "amx": "AMX",
+    "avx512": "AVX-512",
+    "fp16": "a GPU of compute capability 7.0 or later",
+}
+
+
+def valid_need(need: str) -> bool:
+    if need in NEEDS:
+        return True
+    major, _, minor = need.removeprefix("cc>=").partition(".")
+    return need.startswith("cc>=") and major.isdigit() and (minor.isdigit() or not minor)
+
+
+def implied_needs(dtype: str, device: str) -> list[str]:
+    """What a dtype needs whether or not the profile says so: bf16 hardware, or fp16 tensor cores on a GPU."""
+    if dtype == "bfloat16":
+        return ["bf16"]
+    if dtype == "float16" and device == "cuda":
+        return ["fp16"]
+    return []
 
 
 @dataclass(frozen=True)
@@ -75,6 +112,25 @@ class Machine:
             line += f", bf16 off ({NO_BF16_ENV})"
         return line
 
+    def has(self, need: str) -> bool:
+        """Whether this machine has one of the NEEDS a profile's choice may record."""
+        if need == "bf16":
+            return self.bf16
+        if need == "fp16":  # tensor cores: Volta (7.0) and later
+            return bool(self.gpus) and self.gpus[0].compute_capability >= (7, 0)
+        if need.startswith("cc>="):
+            major, _, minor = need.removeprefix("cc>=").partition(".")
+            return bool(self.gpus) and self.gpus[0].compute_capability >= (int(major), int(minor or 0))
+        return bool(NEEDS[need] & self.features)
+
+    def lacks(self, needs: list[str]) -> list[str]:
+        """The needs this machine does not meet, described: empty where a choice holds here."""
+        return [
+            f"{need} ({NEED_WORDS.get(need, 'a GPU of compute capability ' + need[4:] + ' or later')})"
+            for need in needs
+            if not self.has(need)
+        ]
+
     def signature(self) -> str:
         """`cpu-` or `cuda-` and a short hash of everything that changes a runtime's speed or output."""
         parts = [
@@ -97,6 +153,8 @@ def probe() -> Machine:
     """This machine, as the process sees it (its CPU affinity, the GPUs it may use)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     model, flags = _cpuinfo()
+    if os.environ.get(FEATURES_ENV):  # forced: tests and benchmarks of a machine that is not this one
+        flags = {f.strip() for f in os.environ[FEATURES_ENV].split(",")} - {"", "none"}
     return Machine(
         cores=cores,
         memory_bytes=_memory_bytes(),

@@ -14,11 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
-from shoal.configs.auto import auto_profile
 from shoal.configs.machine import probe
 from shoal.configs.model_resolution import cached_models, hub_cache_dir
 from shoal.configs.prompts import model_prompts
-from shoal.pipeline.tuning.auto_runtime import cached_choice
+from shoal.pipeline.tuning.auto_runtime import listed_choice
 
 
 class PromptFields(TypedDict, total=False):
@@ -55,7 +54,6 @@ def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -
     """One row per model: where it came from, its resolved fields as `profile` tunes them, or the reason it cannot be used."""
 
     machine = probe()
-    threads = auto_profile(machine).torch_threads(machine.cores)
 
     def row(name: str, source_kind: str, spec: ModelSpec) -> ModelRow:
         tuned = profile.tuned(spec)
@@ -71,7 +69,7 @@ def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -
             "token_budget_cpu": tuned.budget_for("cpu"),
             "max_batch_size": tuned.max_batch_size,
             **prompt_fields(spec),
-            "auto_runtime": cached_choice(spec, machine, threads),  # the `auto` profile's choice on this machine
+            "auto_runtime": listed_choice(profile, spec, machine),  # the profile's pin, else auto's choice here
         }
 
     rows = [row(name, "catalog", spec) for name, spec in catalog.models.items()]

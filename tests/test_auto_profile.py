@@ -28,7 +28,8 @@ from tests.support.files import write_shards
 GIB = 2**30
 
 
-def test_a_small_cpu_with_bf16_gets_cpu_2core_s_tuned_layout_one_worker_per_core():
+def test_a_small_cpu_with_bf16_gets_cpu_2core_s_tuned_layout_one_worker_per_core(monkeypatch, no_gpu_probe):
+    monkeypatch.setenv("SHOAL_CPU_FEATURES", "avx512_bf16")  # where cpu-2core's bf16 pin holds
     layout, why = cpu_layout(Machine(cores=2, memory_bytes=24 * GIB, features=frozenset({"avx512_bf16"})))
     assert (layout.workers, layout.threads_per_worker, layout.device) == (2, 1, "cpu")
     assert layout.token_budgets == load_profile("cpu-2core").token_budgets  # tuned on 1-thread workers
@@ -179,6 +180,7 @@ def test_a_failed_measurement_runs_fp32_says_why_and_is_not_retried(tmp_path, mo
         return "the measuring process exited with -9"
 
     monkeypatch.setattr(auto_runtime, "measure_in_child", killed)
+    monkeypatch.setenv(auto_runtime.MEASURE_ENV, "wait")  # the first use waits for the measurement
     spec = load_catalog().get("minilm")
     for _ in range(2):  # two commands
         profile = load_profile("auto")
@@ -332,7 +334,12 @@ def test_without_bf16_a_job_on_the_default_profile_runs_a_runtime_that_passed_th
 ):
     """SHOAL_NO_BF16 set, no --profile: the tiny model is measured once, bf16 never offered, the choice says why."""
     write_shards(tmp_path / "in", demo_texts[:64], 1, 32)
-    env = {"SHOAL_CACHE_DIR": str(tmp_path / "cache"), NO_BF16_ENV: "1", "SHOAL_PROFILE": ""}
+    env = {
+        "SHOAL_CACHE_DIR": str(tmp_path / "cache"),
+        NO_BF16_ENV: "1",
+        "SHOAL_PROFILE": "",
+        "SHOAL_AUTO_MEASURE": "wait",
+    }
     done = run_shoal(*embed_args(tmp_path / "in", tmp_path / "out", tiny_catalog, "--verbose"), env=env)
     assert done.returncode == 0, done.stderr
     (verdicts,) = (tmp_path / "cache" / "verdicts").glob("*.json")

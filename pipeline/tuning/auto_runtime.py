@@ -46,7 +46,7 @@ from typing import Any, Literal, TypedDict, cast, final
 
 from rich.console import Console
 
-from shoal.configs import GateEvidence, ModelSpec, Profile, RuntimeChoice, load_profile
+from shoal.configs import Catalog, ConfigError, GateEvidence, ModelSpec, Profile, RuntimeChoice, load_profile
 from shoal.configs.auto import NAME, cache_dir, save
 from shoal.configs.machine import Machine, probe
 
@@ -64,6 +64,10 @@ STARTS_WITHOUT_TORCH = frozenset({"onnx"})
 # A reduced-precision candidate (bf16, fp16, int8) changes the vectors, within the gate: it must also beat the
 # fastest full-precision one by this much (a tiny model's int8 at 1.08x is not worth its rounding).
 LOSSY_GAIN = 0.25
+# "wait": a model's first use here waits for its measurement; otherwise (the default) it runs fp32 torch while
+# a background child measures (resolve).
+MEASURE_ENV = "SHOAL_AUTO_MEASURE"
+BACKGROUND_NICENESS = 10  # the background measurement yields the CPU to the job it shares it with
 
 
 class Candidate(TypedDict):
@@ -230,40 +234,92 @@ def cached_choice(spec: ModelSpec, machine: Machine, threads: int) -> str:
     return f"{choice.runtime} {choice.dtype}" + (f" ({speed:.2f}x fp32)" if speed else " (none faster passed)")
 
 
+def listed_choice(profile: Profile, spec: ModelSpec, machine: Machine) -> str:
+    """`shoal models`' column under `profile`: its pin, else auto's choice here, and why a pin is not used."""
+    pinned = profile.runtimes.get(spec.name)
+    if pinned is not None:
+        return f"{pinned.runtime} {pinned.dtype} (pinned by profile {profile.name})"
+    from shoal.configs.auto import auto_profile
+
+    threads = (auto_profile(machine) if profile.name == NAME else profile).torch_threads(machine.cores)
+    choice = cached_choice(spec, machine, threads)
+    held = profile._held.get(spec.name)
+    return f"{choice}: {held}" if held else choice
+
+
 def resolve(profile: Profile, spec: ModelSpec, console: Console | None = None) -> None:
-    """Set `auto`'s runtime for `spec`'s model, measuring once if this machine has no verdicts for it."""
-    if profile.name != NAME or spec.kind not in ("embedder", "reranker") or spec.name in profile.runtimes:
+    """Set `auto`'s runtime for `spec`'s model (on `auto`, or where the profile's pin does not hold here).
+
+    With no verdicts for this kind of machine yet, the command does not wait for them: it runs fp32 torch
+    (the reference, the safe choice) while a child process measures, and later commands use the verdict
+    (`MEASURE_ENV=wait` waits instead, as tests and benchmarks that time the chosen runtime do).
+    """
+    if spec.kind not in ("embedder", "reranker") or spec.name in profile.runtimes:
         return
+    held = profile._held.get(spec.name) or (
+        None if profile.name == NAME else f"profile {profile.name} pins no runtime for {spec.name}"
+    )
     from shoal.pipeline.jobs.fingerprints import model_fingerprint
 
     machine = profile._machine or probe()
     fingerprint, threads = model_fingerprint(spec), profile.torch_threads(machine.cores)
     path = verdict_path(fingerprint, machine, threads)
     record = read_verdicts(fingerprint, machine, threads)
-    if record is None:
-        console = console or Console(stderr=True)
+    console = console or Console(stderr=True)
+    if record is None and os.environ.get(MEASURE_ENV) != "wait":
+        started = measure_in_background(profile, spec, path)
         console.print(
-            f"auto: measuring {spec.name}'s runtimes on this kind of machine (once; cached in {path.parent})",
+            f"auto: {spec.name} runs on fp32 torch this time: its runtimes are being measured in the background "
+            f"({started}; once per kind of machine, cached in {path.parent})",
             highlight=False,
         )
-        crashed = measure_in_child(profile, spec, path)
-        record = read_verdicts(fingerprint, machine, threads)
-        if record is None:  # the child died before writing: cached all the same
-            record = failure(spec.name, crashed or f"nothing written to {path}")
-            try:
-                write_record(path, record)
-            except OSError:
-                pass  # a read-only cache: measured again next time
-        if "failed" in record:
+        choice, why = (
+            RuntimeChoice(runtime="torch", dtype="float32"),
+            (
+                f"fp32 torch, the safe choice, on first use here: the measurement runs in the background ({started}), "
+                "later commands run its verdict"
+            ),
+        )
+    else:
+        if record is None:
             console.print(
-                f"auto: measuring {spec.name} failed ({record['failed']}): it runs on fp32 torch; "
-                f"delete {path} to measure again",
+                f"auto: measuring {spec.name}'s runtimes on this kind of machine (once; cached in {path.parent})",
                 highlight=False,
             )
-    choice, why = choose(record)
+            crashed = measure_in_child(profile, spec, path)
+            record = read_verdicts(fingerprint, machine, threads)
+            if record is None:  # the child died before writing: cached all the same
+                record = failure(spec.name, crashed or f"nothing written to {path}")
+                try:
+                    write_record(path, record)
+                except OSError:
+                    pass  # a read-only cache: measured again next time
+            if "failed" in record:
+                console.print(
+                    f"auto: measuring {spec.name} failed ({record['failed']}): it runs on fp32 torch; "
+                    f"delete {path} to measure again",
+                    highlight=False,
+                )
+        choice, why = choose(record)
     profile.runtimes[spec.name] = choice
-    profile.reasons[spec.name] = why
+    profile.reasons[spec.name] = f"{held}; auto's choice: {why}" if held else why
     save(profile)
+
+
+def resolve_unpinned(profile: Profile, catalog: Catalog, models: list[str]) -> None:
+    """`auto`'s runtime for each of `models` that `profile` pins none for, or whose pin does not hold here.
+
+    For an embedded cluster (its workers run here): a profile refines `auto`, it never makes a model slower
+    than `auto` would run it (configs.hold). `auto` itself is resolved by the cluster's start.
+    """
+    if profile.name == NAME:
+        return
+    for name in dict.fromkeys(models):
+        try:
+            spec = catalog.get(name)
+        except ConfigError:
+            continue  # the job refuses it with the reason
+        resolve(profile, spec)
 
 
 def measure_in_child(profile: Profile, spec: ModelSpec, path: Path) -> str:
@@ -271,10 +327,55 @@ def measure_in_child(profile: Profile, spec: ModelSpec, path: Path) -> str:
 
     Why it died without writing, or "".
     """
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "shoal.pipeline.tuning.auto_runtime", profile.path or NAME, str(path)]
-    done = subprocess.run(command, input=spec.model_dump_json(), text=True, env=env, stdout=subprocess.DEVNULL)
+    done = subprocess.run(
+        _child_command(profile, path),
+        input=spec.model_dump_json(),
+        text=True,
+        env=_child_env(),
+        stdout=subprocess.DEVNULL,
+    )
     return f"the measuring process exited with {done.returncode}" if done.returncode else ""
+
+
+def measure_in_background(profile: Profile, spec: ModelSpec, path: Path) -> str:
+    """`measure` in a detached child that outlives the command, unless one is at it already; what was done.
+
+    A lock file beside the record names the child's pid: concurrent first uses start one measurement, and
+    a child that died without writing leaves a stale lock the next command replaces. The child runs at a
+    lower CPU priority than the job it shares the machine with; its timing is of pairs run back to back,
+    so the job's load falls on both sides of each ratio.
+    """
+    lock = path.with_name(f"{path.name}.measuring")
+    try:
+        pid = int(lock.read_text())
+        os.kill(pid, 0)
+        return f"already started, pid {pid}"
+    except (OSError, ValueError):
+        pass  # no lock, or a stale one
+    path.parent.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen(
+        _child_command(profile, path),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_child_env(),
+        start_new_session=True,  # not stopped by the command's Ctrl-C or exit
+        preexec_fn=lambda: os.nice(BACKGROUND_NICENESS),
+    )
+    assert child.stdin is not None
+    child.stdin.write(spec.model_dump_json())
+    child.stdin.close()
+    lock.write_text(str(child.pid))
+    return f"pid {child.pid}"
+
+
+def _child_command(profile: Profile, path: Path) -> list[str]:
+    return [sys.executable, "-m", "shoal.pipeline.tuning.auto_runtime", profile.path or NAME, str(path)]
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def offered(plan_kind: str, machine: Machine) -> list[RuntimeChoice]:
@@ -424,6 +525,8 @@ def main() -> None:
     except Exception as exc:  # any reason at all: cached with it, so no later command retries it
         write_record(path, failure(spec.name, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return
+    finally:
+        path.with_name(f"{path.name}.measuring").unlink(missing_ok=True)  # a background measurement's lock
     write_record(path, record)
     for row in record["candidates"]:
         console.print(
