@@ -8,7 +8,8 @@ drifts within minutes, so only ratios measured in alternation count):
   ``auto`` profile; its verdicts already cached, as after a first use), and
   its stage timings (imports, cluster start, plan, first item, last ack,
   manifest, stop): the fixed part is everything but computing;
-* ``shoal embed --profile cpu-local``: the default before ``auto``;
+* ``shoal embed --profile P`` for every shipped CPU profile (cpu-local, the default before ``auto``;
+  cpu-2core, tuned on bf16 hardware; cpu-online), each run once first so its verdicts are cached;
 * a direct script, ``SentenceTransformer(path).encode(texts)`` in fp32;
 * fastembed, when benchmarks/runtimes.py's venv for it is already in
   --fastembed-scratch (nothing is installed here);
@@ -66,15 +67,17 @@ from shoal.pipeline.tuning.quality_gate import judge_vectors
 
 DEFAULT_JSON = str(harness.result_path("defaults"))
 NO_FLAGS = "shoal embed (no --profile: auto)"
-OLD_DEFAULT = "shoal embed --profile cpu-local"
+CPU_PROFILES = ("cpu-local", "cpu-2core", "cpu-online")  # every shipped CPU profile, against no flags
 DIRECT = "direct fp32 encode"
 COMPUTE_STAGES = ("first item", "last ack")  # the rest of a command is its fixed part
 
 
-def run(command: list[str]) -> tuple[float, str]:
+def run(command: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
     """Wall seconds and stderr of a whole process."""
     with Meter() as meter:
-        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "SHOAL_PROFILE": ""})
+        done = subprocess.run(
+            command, capture_output=True, text=True, env={**os.environ, "SHOAL_PROFILE": "", **(env or {})}
+        )
     if done.returncode != 0:
         raise RuntimeError(f"{command[:3]} failed:\n{done.stderr[-3000:]}")
     return meter.seconds, done.stderr
@@ -114,9 +117,13 @@ def part_batch(texts: list[str], rounds: int, scratch: Path, fastembed_scratch: 
         DIRECT: [sys.executable, str(scratch / "direct_encode.py"), model_path, str(inputs / "part-0.parquet")]
         + [str(scratch / "direct.npy")],
         NO_FLAGS: [shoal, "embed", str(inputs), str(scratch / "auto"), "--model", "minilm", "--verbose"],
-        OLD_DEFAULT: [shoal, "embed", str(inputs), str(scratch / "old"), "--model", "minilm", "--profile", "cpu-local"]
-        + ["--verbose"],
     }
+    written = {NO_FLAGS: scratch / "auto"}
+    for profile in CPU_PROFILES:
+        name = f"shoal embed --profile {profile}"
+        written[name] = scratch / profile
+        commands[name] = [shoal, "embed", str(inputs), str(written[name]), "--model", "minilm", "--profile", profile]
+        commands[name].append("--verbose")
     fe_python = fastembed_scratch / "fastembed-venv" / "bin" / "python"
     if fe_python.exists() and (fastembed_scratch / "fastembed-minilm" / "model.onnx").exists():
         (scratch / "texts.jsonl").write_text("".join(json.dumps(t) + "\n" for t in texts))
@@ -127,9 +134,11 @@ def part_batch(texts: list[str], rounds: int, scratch: Path, fastembed_scratch: 
             str(scratch / "fastembed.npy"),
             str(os.cpu_count() or 1),
         ]
-    written = {NO_FLAGS: scratch / "auto", OLD_DEFAULT: scratch / "old"}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
     names = list(commands)
+    for name in written:  # each profile's verdicts measured first (at its threads), as after a first use
+        shutil.rmtree(written[name], ignore_errors=True)
+        run(commands[name], {"SHOAL_AUTO_MEASURE": "wait"})
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             if name in written:
@@ -152,6 +161,7 @@ def part_batch(texts: list[str], rounds: int, scratch: Path, fastembed_scratch: 
                 "best_s": best[name],
                 "texts_per_s": round(len(texts) / best[name], 1),
                 "vs_direct": round(best[DIRECT] / best[name], 2),
+                "vs_no_flags": round(best[NO_FLAGS] / best[name], 2),
                 "fixed_s": min((r["fixed_s"] for r in runs[name] if r["stages"]), default=None),
                 **{k: round(v, 4) for k, v in figures.items()},
                 "runs": runs[name],
@@ -402,13 +412,23 @@ def markdown(results: dict[str, Any]) -> str:
         out.append(f"Whole commands, {batch['texts']:,} texts, best of {batch['rounds']} round(s):\n")
         out.extend(
             markdown_table(
-                ["command", "best s", "texts/s", "vs direct", "fixed part s", "cosine mean", "cosine min"],
+                [
+                    "command",
+                    "best s",
+                    "texts/s",
+                    "vs direct",
+                    "vs no flags",
+                    "fixed part s",
+                    "cosine mean",
+                    "cosine min",
+                ],
                 [
                     [
                         r["command"],
                         r["best_s"],
                         r["texts_per_s"],
                         f"{r['vs_direct']}×",
+                        f"{r['vs_no_flags']}×",
                         r["fixed_s"] if r["fixed_s"] is not None else "-",
                         r.get("cosine_mean", "-"),
                         r.get("cosine_min", "-"),

@@ -14,7 +14,8 @@ order.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
 
 # Token counts after truncation, and how many inputs were truncated (see token_counts).
 Measured = tuple[np.ndarray, int]
+# Rows tokenized before the device's first forward of a call; the rest tokenize in the tokenizer thread
+# while those compute. Small, so the device waits for little; large enough that the two groups, each sorted
+# by length, pad almost as little as one (every batch but each group's last is full).
+HEAD_ROWS = 256
 
 
 def plan_batches(lengths: np.ndarray, token_budget: int, max_batch_size: int) -> list[np.ndarray]:
@@ -63,6 +68,8 @@ class BatchedRuntime:
         self.spec = spec
         self.token_budget = spec.budget_for(device_kind)
         self.device_thread = device_thread or DeviceThread()
+        # Tokenizes ahead of the device (the Rust tokenizer releases the GIL): one thread, in call order.
+        self._tokenizer_thread: ThreadPoolExecutor | None = None
 
     def in_batches(
         self,
@@ -87,4 +94,47 @@ class BatchedRuntime:
         for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
             with self.device_thread.turn():
                 out[batch] = np.reshape(forward(batch), (len(batch), *shape[1:]))
+        return out, truncated
+
+    def stop_tokenizing(self) -> None:
+        """At close: the tokenizer thread ends (after the work it has)."""
+        if self._tokenizer_thread is not None:
+            self._tokenizer_thread.shutdown(wait=False)
+
+    def in_token_batches(
+        self,
+        count: int,
+        tokenize: Callable[[int, int], Any],
+        forward: Callable[[Any, np.ndarray], np.ndarray],
+        width: int | None = None,
+        given: Any = None,
+    ) -> tuple[np.ndarray, int]:
+        """As `in_batches`, each input tokenized once and ahead of the device.
+
+        `tokenize(start, end)` tokenizes inputs [start, end) (a `token_counts.Tokens`); `forward(tokens,
+        batch)` computes one batch of their indices from those ids, in one device turn. The first
+        HEAD_ROWS inputs tokenize first; the rest tokenize in the tokenizer thread while the head's batches
+        compute, so the device waits only for the head's tokens. `given`: the inputs' Tokens, tokenized
+        already (an online group's): the tokenizer thread is not asked, so an online group never waits
+        behind a batch item's tokenizing there.
+        """
+        shape = (count,) if width is None else (count, width)
+        out = np.empty(shape, dtype=np.float32)
+        if not count:
+            return out, 0
+        parts: list[tuple[int, Any]]
+        if given is not None:
+            parts = [(0, given)]
+        else:
+            if self._tokenizer_thread is None:
+                self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="shoal-tokenize")
+            cuts = [0, HEAD_ROWS, count] if count > 2 * HEAD_ROWS else [0, count]
+            parts = [(start, self._tokenizer_thread.submit(tokenize, start, end)) for start, end in zip(cuts, cuts[1:])]
+        truncated = 0
+        for start, part in parts:
+            tokens = part if given is not None else part.result()
+            truncated += tokens[1]
+            for batch in plan_batches(tokens[0], self.token_budget, self.spec.max_batch_size):
+                with self.device_thread.turn():
+                    out[start + batch] = np.reshape(forward(tokens, batch), (len(batch), *shape[1:]))
         return out, truncated

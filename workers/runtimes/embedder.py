@@ -1,10 +1,14 @@
 """The sentence-transformers embedding runtime.
 
-Texts are tokenized once to learn their lengths, cut into token-budget
-batches (see token_batching), and each batch goes through the model's own
-``preprocess`` and forward, the steps ``encode`` runs per batch, so the
-vectors are exactly what a direct sentence-transformers call gives, minus the
-padding it would have computed. ``encode`` itself is not called: on every
+Texts are tokenized once (token_counts.TokenEncoder: the model's own fast
+tokenizer, truncating as ``preprocess`` does), ahead of the device in the
+tokenizer thread; their lengths cut the token-budget batches (see
+token_batching) and their ids, padded per batch, go through the model's
+forward, so the vectors are exactly what a direct sentence-transformers call
+gives, minus the padding it would have computed. A model whose first module
+is not a plain text Transformer, or whose pooling leaves a prompt out (it
+needs the prompt's length), goes through the model's own ``preprocess`` per
+batch instead, the step ``encode`` runs. ``encode`` itself is not called: on every
 call it also puts the model in eval mode and checks every parameter's
 device, a fixed cost that is a noticeable share of a short query's compute.
 Prompts (configs/prompts.py) are the caller's: ``None`` is the model's
@@ -22,7 +26,7 @@ from shoal.workers.batching.device_thread import DeviceThread
 from shoal.workers.batching.token_batching import Measured
 from shoal.workers.devices import DevicePlan
 
-from .token_counts import count_tokens
+from .token_counts import TokenEncoder, Tokens, count_tokens
 from .torch_model import TorchModel
 
 
@@ -41,6 +45,10 @@ class SentenceEmbedder(TorchModel):
         super().__init__(spec, plan, model, device_thread, dtype)
         self.torch_device = torch.device(plan.device)
         self.prompts = model_prompts(spec)
+        plain = type(model[0]).__name__ == "Transformer"
+        self.encoder = TokenEncoder.of(self.tokenizer, spec.max_seq_length) if plain else None
+        self.input_names = list(getattr(self.tokenizer, "model_input_names", ["input_ids", "attention_mask"]))
+        self.include_prompt = all(getattr(module, "include_prompt", True) for module in model)
         dim = model.get_embedding_dimension()
         if dim != spec.dim:
             raise ValueError(f"model {spec.name!r}: catalog says dim {spec.dim}, the model gives {dim}")
@@ -49,6 +57,8 @@ class SentenceEmbedder(TorchModel):
         """Token counts after truncation (the prompt included, as the model sees it), and how many were truncated."""
         prompt = self.prompts.text(prompt=prompt)
         prompted = [prompt + t for t in texts] if prompt else texts
+        if self.encoder is not None:
+            return self.encoder.encode(prompted)  # the ids kept: `embed` given these tokenizes nothing again
         return count_tokens(self.tokenizer, self.spec.max_seq_length, prompted)
 
     def embed(
@@ -60,20 +70,42 @@ class SentenceEmbedder(TorchModel):
         before each input; None: the model's default prompt.
         """
         prompt = self.prompts.text(prompt=prompt)
-        return self.in_batches(
-            len(texts),
-            lambda: measured or self.token_lengths(texts, prompt),
-            lambda batch: self._forward([texts[i] for i in batch], prompt),
-            self.spec.dim,
+        encoder = self.encoder
+        if encoder is None or (prompt and not self.include_prompt):
+            return self.in_batches(
+                len(texts),
+                lambda: measured or self.token_lengths(texts, prompt),
+                lambda batch: self._forward([texts[i] for i in batch], prompt),
+                self.spec.dim,
+            )
+        if isinstance(measured, Tokens):
+            return self.in_token_batches(len(texts), measured.part, self._forward_ids, self.spec.dim, measured)
+        prompted = [prompt + t for t in texts] if prompt else texts
+        return self.in_token_batches(
+            len(texts), lambda start, end: encoder.encode(prompted[start:end]), self._forward_ids, self.spec.dim
         )
+
+    def _forward_ids(self, tokens: Tokens, batch: np.ndarray) -> np.ndarray:
+        """One forward batch from ids tokenized before: padded here, then as `_forward` from the features on."""
+        import torch
+
+        assert self.encoder is not None
+        arrays = self.encoder.pad(tokens, batch)
+        features = {name: torch.from_numpy(arrays[name]).to(self.torch_device) for name in self.input_names}
+        return self._vectors({**features, "modality": "text"})
 
     def _forward(self, texts: list[str], prompt: str) -> np.ndarray:
         """One forward batch, as ``encode`` computes it (see the module docstring)."""
+        from sentence_transformers.util import batch_to_device
+
+        return self._vectors(batch_to_device(self.model.preprocess(texts, prompt=prompt or None), self.torch_device))
+
+    def _vectors(self, features: dict) -> np.ndarray:
+        """The model's forward on one batch's features, truncated and normalized as ``encode`` does."""
         import torch
-        from sentence_transformers.util import batch_to_device, truncate_embeddings
+        from sentence_transformers.util import truncate_embeddings
 
         with torch.inference_mode():
-            features = batch_to_device(self.model.preprocess(texts, prompt=prompt or None), self.torch_device)
             vectors = self.model(features)["sentence_embedding"]
             if self.model.truncate_dim is not None:
                 vectors = truncate_embeddings(vectors, self.model.truncate_dim)

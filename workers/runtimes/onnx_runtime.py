@@ -4,9 +4,10 @@ The graph comes from the export cache (onnx_cache): exported (onnx_export)
 and checked (onnx_check) once per model fingerprint, reused on every later
 start. Texts are tokenized by the model's own tokenizer, saved beside the
 graph and read with the `tokenizers` library (onnx_tokenizer), so a worker
-running ONNX imports neither torch nor transformers; they are cut into the
-same token-budget batches as the torch path, and run one batch per device
-turn.
+running ONNX imports neither torch nor transformers. Each text (or pair) is
+tokenized once, ahead of the device in the tokenizer thread
+(token_counts.TokenEncoder); the lengths cut the same token-budget batches as
+the torch path, and each batch's ids, padded, run one device turn.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from shoal.workers.devices import DevicePlan
 
 from .onnx_cache import Artifact, ensure_artifact
 from .onnx_tokenizer import TOKENIZER_FILE, GraphTokenizer
-from .token_counts import count_tokens
+from .token_counts import TokenEncoder, Tokens
 
 
 class OnnxModel(BatchedRuntime):
@@ -35,6 +36,10 @@ class OnnxModel(BatchedRuntime):
         record = self.artifact.record()
         self.input_names = record.inputs
         self.tokenizer = GraphTokenizer(self.artifact.directory / TOKENIZER_FILE, record.tokenizer)
+        encoder = TokenEncoder.of(self.tokenizer, spec.max_seq_length)
+        if encoder is None:
+            raise ValueError(f"model {spec.name!r}: its tokenizer pads on the left or has no padding token")
+        self.encoder = encoder
         options = ort.SessionOptions()
         options.intra_op_num_threads = plan.threads
         options.inter_op_num_threads = 1
@@ -56,13 +61,14 @@ class OnnxModel(BatchedRuntime):
     def memory_bytes(self) -> int:
         return self.artifact.graph.stat().st_size
 
-    def _run(self, first: list[str], second: list[str] | None = None) -> np.ndarray:
-        """One forward batch: the texts (or pairs) tokenized as at export, through the graph."""
-        inputs = self.tokenizer.graph_inputs(self.input_names, self.spec.max_seq_length, first, second)
-        return self.session.run(None, inputs)[0]
+    def _run(self, tokens: Tokens, batch: np.ndarray) -> np.ndarray:
+        """One forward batch: its ids (tokenized as at export), padded, through the graph."""
+        arrays = self.encoder.pad(tokens, batch)
+        return self.session.run(None, {name: arrays[name] for name in self.input_names})[0]
 
     def close(self) -> None:
         self.session = None
+        self.stop_tokenizing()
 
 
 class OnnxEmbedder(OnnxModel):
@@ -75,32 +81,32 @@ class OnnxEmbedder(OnnxModel):
     def token_lengths(self, texts: list[str], prompt: str | None = None) -> Measured:
         """Token counts after truncation (the prompt included), and how many texts were truncated."""
         prompt = self.prompts.text(prompt=prompt)
-        return count_tokens(self.tokenizer, self.spec.max_seq_length, [prompt + t for t in texts])
+        return self.encoder.encode([prompt + t for t in texts])
 
     def embed(
         self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
     ) -> tuple[np.ndarray, int]:
         """float32 vectors in input order, and the count of truncated texts; `prompt`: None is the default."""
+        if isinstance(measured, Tokens):
+            return self.in_token_batches(len(texts), measured.part, self._run, self.spec.dim, measured)
         prompt = self.prompts.text(prompt=prompt)
-        return self.in_batches(
-            len(texts),
-            lambda: measured or self.token_lengths(texts, prompt),
-            lambda batch: self._run([prompt + texts[i] for i in batch]),
-            self.spec.dim,
+        prompted = [prompt + t for t in texts]
+        return self.in_token_batches(
+            len(texts), lambda start, end: self.encoder.encode(prompted[start:end]), self._run, self.spec.dim
         )
 
 
 class OnnxCrossEncoder(OnnxModel):
     def token_lengths(self, queries: list[str], passages: list[str]) -> Measured:
         """Token counts of each pair after truncation, and how many pairs were truncated."""
-        return count_tokens(self.tokenizer, self.spec.max_seq_length, queries, passages)
+        return self.encoder.encode(queries, passages)
 
     def score(
         self, queries: list[str], passages: list[str], measured: Measured | None = None
     ) -> tuple[np.ndarray, int]:
         """One float32 score per pair in input order, and the count of truncated pairs."""
-        return self.in_batches(
-            len(queries),
-            lambda: measured or self.token_lengths(queries, passages),
-            lambda batch: self._run([queries[i] for i in batch], [passages[i] for i in batch]),
+        if isinstance(measured, Tokens):
+            return self.in_token_batches(len(queries), measured.part, self._run, None, measured)
+        return self.in_token_batches(
+            len(queries), lambda start, end: self.encoder.encode(queries[start:end], passages[start:end]), self._run
         )

@@ -38,5 +38,6 @@ class TorchModel(BatchedRuntime):
         import torch
 
         self.model = None
+        self.stop_tokenizing()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
