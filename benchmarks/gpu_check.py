@@ -8,7 +8,9 @@ Shoal has never run on a GPU. On a CUDA machine this checks, in order:
 3. rows/s at fp32, fp16 and bf16 on the worker's runtime, against a direct ``SentenceTransformer.encode``;
 4. two models packed in one worker's pool under the profile's memory budget;
 5. a whole ``shoal embed`` of datasets/demo with no flags (its ``--verbose`` stage timings), and a burst of
-   one-text online requests (32 concurrent clients) on ``shoal serve`` with no flags.
+   one-text online requests (32 concurrent clients) on ``shoal serve`` with no flags;
+6. the worker's CPU per row outside the forward, stage by stage (benchmarks/worker_stages.py, its forward
+   skipped, on this GPU's device plan): what one worker process can feed this device.
 
 On a machine without a CUDA device it refuses (exit 2) before importing torch.
 
@@ -260,6 +262,20 @@ async def burst(url: str, texts: list[str]) -> dict[str, Any]:
     return {"clients": CLIENTS, "requests_per_s": round(answered / (time.perf_counter() - began), 1), "failed": failed}
 
 
+def check_worker_stages(catalog_path: Path, scratch: Path, figures: dict[str, Any]) -> None:
+    """benchmarks/worker_stages.py on this machine's device plan (auto: cuda), torch and ONNX, µs per row."""
+    figures["worker_stages_us_per_row"] = {}
+    for runtime in ("torch", "onnx"):
+        command = [sys.executable, str(ROOT / "benchmarks" / "worker_stages.py"), "--one", runtime, "--texts", "3000"]
+        command += ["--rounds", "2", "--catalog", str(catalog_path), "--model", MODEL, "--profile", "auto"]
+        command += ["--scratch", str(scratch / "stages")]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=150)
+        if done.returncode:
+            figures["worker_stages_us_per_row"][runtime] = f"failed: {done.stderr[-1000:]}"
+            continue
+        figures["worker_stages_us_per_row"][runtime] = json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(os.environ.get("OUT", ROOT / "out")) / "gpu_check.json"))
@@ -287,6 +303,7 @@ def main() -> None:
             ("gate and speed", lambda: check_gate_and_speed(catalog, figures)),
             ("packing", lambda: check_packing(catalog, figures)),
             ("commands", lambda: check_commands(catalog, scratch, figures)),
+            ("worker stages", lambda: check_worker_stages(catalog, scratch, figures)),
         ):
             try:
                 _, seconds = timed(check)

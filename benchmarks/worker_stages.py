@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -70,28 +71,33 @@ def texts(count: int) -> list[str]:
 
 
 class Clock:
-    """Thread CPU seconds per stage; a stage entered inside another is charged to the inner one only."""
+    """Thread CPU seconds per stage, in any thread; a stage entered inside another is charged to the inner one."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
-        self._stack: list[tuple[str, float]] = []
+        self._lock = threading.Lock()
+        self._local = threading.local()  # each thread's stack of open stages
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        stack: list[tuple[str, float]] = self._local.__dict__.setdefault("stack", [])
         now = time.thread_time()
-        if self._stack:  # pause the outer stage
-            outer, began = self._stack[-1]
-            self.seconds[outer] += now - began
-        self._stack.append((name, now))
+        if stack:  # pause the outer stage
+            outer, began = stack[-1]
+            self._add(outer, now - began)
+        stack.append((name, now))
         try:
             yield
         finally:
             now = time.thread_time()
-            _, began = self._stack.pop()
-            self.seconds[name] += now - began
-            if self._stack:
-                outer, _ = self._stack[-1]
-                self._stack[-1] = (outer, now)
+            _, began = stack.pop()
+            self._add(name, now - began)
+            if stack:
+                stack[-1] = (stack[-1][0], now)
+
+    def _add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[name] += seconds
 
     def wrap(self, owner: Any, attribute: str, name: str) -> None:
         original: Callable[..., Any] = getattr(owner, attribute)
@@ -148,6 +154,10 @@ def instrument(runtime: Any, clock: Clock) -> None:
         for name in ("pad_batch",):
             if hasattr(module, name):
                 clock.wrap(module, name, "batching/padding")
+    encoder = getattr(runtime, "encoder", None)  # tokenized once (token_counts.TokenEncoder), in its thread
+    if encoder is not None:
+        clock.wrap(encoder, "encode", "tokenize")
+        clock.wrap(encoder, "pad", "batching/padding")
     tokenizer = runtime.tokenizer
     backend = getattr(tokenizer, "backend", None) or getattr(tokenizer, "_tokenizer", None)
     if backend is not None:
@@ -166,7 +176,9 @@ def instrument(runtime: Any, clock: Clock) -> None:
     clock.wrap(embed, "write", "write")
 
 
-def measure(runtime_name: str, count: int, rounds: int, scratch: Path) -> dict[str, Any]:
+def measure(
+    runtime_name: str, count: int, rounds: int, scratch: Path, catalog: str | None, model: str, profile_name: str
+) -> dict[str, Any]:
     """Per-row µs of each stage and of the whole item, best round, on this tree's code."""
     import torch
 
@@ -179,11 +191,11 @@ def measure(runtime_name: str, count: int, rounds: int, scratch: Path) -> dict[s
     scratch.mkdir(parents=True, exist_ok=True)
     shard = scratch / "input.parquet"
     pq.write_table(pa.table({"id": [f"t{i}" for i in range(len(rows))], "text": rows}), shard)
-    profile = load_profile("cpu-local")
+    profile = load_profile(profile_name)
     plan = detect_device(profile, {})
     apply_torch_threads(plan)
     torch.set_num_threads(1)  # the forward is skipped: one thread, so thread CPU is the work's
-    spec = load_catalog().get("minilm")
+    spec = load_catalog(catalog).get(model)
     choice = RuntimeChoice.model_validate({"runtime": runtime_name, "dtype": "float32"})
     runtime = cast(Embedder, load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan))
     best: dict[str, float] | None = None
@@ -241,6 +253,70 @@ def tokenizer_alone(count: int, rounds: int) -> float:
     return round(best * 1e6 / len(rows), 1)
 
 
+def near_free(scratch: Path, count: int) -> dict[str, Any]:
+    """`shoal embed`'s marginal rows/s on a random 2-layer BERT of width 32 with MiniLM's tokenizer, no flags,
+    against that tokenizer alone on all cores (its own thread pool), over the same texts.
+
+    Marginal: the rows of a run of 2N rows less a run of N, over the seconds between them, so the
+    command's start and stop cancel out.
+    """
+    import shutil as files
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Pooling, Transformer
+    from tokenizers import Tokenizer
+    from transformers import BertConfig, BertModel
+
+    from shoal.configs import load_catalog
+
+    minilm = Path(load_catalog().get("minilm").resolve_path())
+    scratch.mkdir(parents=True, exist_ok=True)
+    backbone, folder = scratch / "backbone", scratch / "tiny"
+    if not folder.is_dir():
+        torch.manual_seed(0)
+        backbone.mkdir(exist_ok=True)
+        for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            files.copy(minilm / name, backbone / name)
+        shape = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 37, "num_attention_heads": 2}
+        BertModel(BertConfig(vocab_size=30522, max_position_embeddings=512, **shape)).save_pretrained(backbone)
+        transformer = Transformer(str(backbone), max_seq_length=256)
+        SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="mean")]).save(str(folder))
+    catalog = scratch / "catalog.yaml"
+    entry = {"kind": "embedder", "source": str(folder), "dim": 32, "max_seq_length": 256}
+    catalog.write_text(json.dumps({"models": {"near-free": entry}}))
+    rows = texts(count)
+    seconds = {}
+    for n in (count, 2 * count):
+        shard = scratch / f"in-{n}" / "part-0.parquet"
+        shard.parent.mkdir(exist_ok=True)
+        picked = (rows * 2)[:n]
+        pq.write_table(pa.table({"id": [f"t{i}" for i in range(n)], "text": picked}), shard)
+        out = scratch / f"out-{n}"
+        files.rmtree(out, ignore_errors=True)
+        command = [harness.venv_command("shoal"), "embed", str(shard.parent), str(out), "--model", "near-free"]
+        env = {**os.environ, "SHOAL_PROFILE": "", "SHOAL_AUTO_MEASURE": "wait"}
+        subprocess.run([*command, "--catalog", str(catalog)], check=True, capture_output=True, env=env)  # verdicts
+        files.rmtree(out, ignore_errors=True)
+        began = time.perf_counter()
+        subprocess.run([*command, "--catalog", str(catalog)], check=True, capture_output=True, env=env)
+        seconds[n] = time.perf_counter() - began
+    marginal = count / max(seconds[2 * count] - seconds[count], 1e-9)
+    backend = Tokenizer.from_file(str(minilm / "tokenizer.json"))
+    backend.enable_truncation(256)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # all cores: the tokenizer's own pool
+    began = time.perf_counter()
+    backend.encode_batch(rows)
+    alone = len(rows) / (time.perf_counter() - began)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    return {
+        "seconds": {str(n): round(s, 2) for n, s in seconds.items()},
+        "marginal_rows_per_s": round(marginal, 1),
+        "tokenizer_alone_rows_per_s": round(alone, 1),
+        "ratio": round(marginal / alone, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=3000)
@@ -249,11 +325,20 @@ def main() -> None:
     parser.add_argument("--code-before", default=None, help="an older tree, measured beside this one in turn")
     parser.add_argument("--scratch", default=str(ROOT / "out" / "bench-worker-stages"))
     parser.add_argument("--json", default=DEFAULT_JSON)
+    parser.add_argument("--catalog", default=None, help="a catalog file naming --model (benchmarks/gpu_check.py's)")
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument(
+        "--profile", default="cpu-local", help="the device plan's profile (auto: a GPU where there is one)"
+    )
+    parser.add_argument(
+        "--near-free", action="store_true", help="also: shoal embed's marginal rows/s on a near-free model"
+    )
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child's runtime: print its JSON
     args = parser.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if args.one:
-        print(json.dumps(measure(args.one, args.texts, args.rounds, Path(args.scratch) / args.one)))
+        scratch = Path(args.scratch) / args.one
+        print(json.dumps(measure(args.one, args.texts, args.rounds, scratch, args.catalog, args.model, args.profile)))
         return
     trees = {"after": str(ROOT), **({"before": args.code_before} if args.code_before else {})}
     results: dict[str, Any] = {"texts": args.texts, "rounds": args.rounds, "trees": trees, "rows": []}
@@ -261,7 +346,8 @@ def main() -> None:
         for label in sorted(trees, key=lambda t: t != "before"):  # before, then after, per runtime
             tree = trees[label]
             command = [sys.executable, str(Path(tree) / "benchmarks" / "worker_stages.py"), "--one", runtime_name]
-            command += ["--texts", str(args.texts), "--rounds", str(args.rounds)]
+            command += ["--texts", str(args.texts), "--rounds", str(args.rounds), "--model", args.model]
+            command += ["--profile", args.profile, *(["--catalog", args.catalog] if args.catalog else [])]
             command += ["--scratch", str(Path(args.scratch) / label)]
             env = {**os.environ, "PYTHONPATH": tree}
             done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tree)
@@ -270,6 +356,8 @@ def main() -> None:
             row = json.loads(done.stdout.strip().splitlines()[-1])
             results["rows"].append({"tree": label, **row})
     results["tokenizer_alone_us_per_row"] = tokenizer_alone(args.texts, args.rounds)
+    if args.near_free:
+        results["near_free"] = near_free(Path(args.scratch) / "near-free", args.texts)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
     names = [*STAGES, "whole item (process CPU)", "whole item (wall)"]
@@ -280,6 +368,8 @@ def main() -> None:
     ):
         print(line)
     print(f"\nMiniLM's tokenizer alone (Rust, one call, truncated): {results['tokenizer_alone_us_per_row']} µs/row")
+    if "near_free" in results:
+        print(f"\nNear-free model: {json.dumps(results['near_free'])}")
 
 
 if __name__ == "__main__":
