@@ -72,6 +72,40 @@ def test_tiny_embedder_on_every_runtime_matches_a_direct_encode(tiny_catalog, ti
         assert figures["cosine_min"] > 0.99999
 
 
+@pytest.mark.parametrize("runtime", ["torch", "onnx"])
+def test_each_text_is_tokenized_once_the_rest_ahead_of_the_device(tiny_catalog, tiny_model, demo_texts, runtime):
+    """More rows than the head: the head, then the rest in the tokenizer thread, each row once, vectors exact."""
+    import threading
+
+    from sentence_transformers import SentenceTransformer
+
+    from shoal.workers.batching.token_batching import HEAD_ROWS
+
+    texts = (demo_texts * 3)[: 2 * HEAD_ROWS + 77]
+    direct = SentenceTransformer(str(tiny_model), device="cpu").encode(texts, normalize_embeddings=True)
+    loaded = load_runtime(_spec(tiny_catalog, "tiny", runtime, "float32"), PLAN)
+    calls: list[tuple[int, str]] = []
+    encode = loaded.encoder.encode
+
+    def counted(batch, pairs=None):
+        calls.append((len(batch), threading.current_thread().name))
+        return encode(batch, pairs)
+
+    loaded.encoder.encode = counted
+    try:
+        vectors, _ = loaded.embed(texts)
+        assert [n for n, _ in calls] == [HEAD_ROWS, len(texts) - HEAD_ROWS]  # each row once, the head first
+        assert all(name.startswith("shoal-tokenize") for _, name in calls)
+        measured = loaded.token_lengths(texts[:40])
+        calls.clear()
+        given, _ = loaded.embed(texts[:40], measured)  # an online group's tokens: nothing tokenized again
+        assert calls == []
+    finally:
+        loaded.close()
+    assert judge_vectors(vectors, direct)[0]["cosine_min"] > 0.99999
+    np.testing.assert_allclose(given, vectors[:40], atol=1e-6)
+
+
 @pytest.mark.parametrize("runtime,dtype", [("torch", "float32"), ("torch", "bfloat16"), ("onnx", "float32")])
 def test_cross_encoder_on_every_runtime_is_judged_by_score_order(
     tiny_catalog, tiny_reranker, demo_texts, runtime, dtype
