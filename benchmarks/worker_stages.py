@@ -271,6 +271,7 @@ def near_free(scratch: Path, count: int) -> dict[str, Any]:
     from shoal.configs import load_catalog
 
     minilm = Path(load_catalog().get("minilm").resolve_path())
+    scratch = scratch.resolve()  # the catalog names the model's folder: absolute, not relative to the catalog
     scratch.mkdir(parents=True, exist_ok=True)
     backbone, folder = scratch / "backbone", scratch / "tiny"
     if not folder.is_dir():

@@ -44,6 +44,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# auto measures a model's first use in the background by default; a test waits for it, so no measuring
+# process outlives the test that started it (tests/test_profile_hold.py tests the background start).
+os.environ.setdefault("SHOAL_AUTO_MEASURE", "wait")
 
 pytest_plugins = ["tests.fixtures.models", "tests.fixtures.cluster", "tests.fixtures.s3"]
 
