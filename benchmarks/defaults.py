@@ -26,6 +26,8 @@ drifts within minutes, so only ratios measured in alternation count):
   (``--infinity-venv``, installed apart: pip ``torch==2.13.0`` first, then
   ``infinity-emb[server,torch]``), 32 concurrent single-text clients, the same
   client (online_latency.closed_loop), each server alone, in turn;
+* ``first-job``: the first no-flag ``shoal embed`` on an empty cache, auto measuring in the background (the
+  default) against waiting for it (``SHOAL_AUTO_MEASURE=wait``), in turn;
 * ``onnx-load``: what a worker's ONNX model load costs, a fresh process from
   interpreter start to the first vectors, this tree against ``--code-before``
   (an older tree, e.g. ``git archive COMMIT | tar -x -C DIR``), in turn.
@@ -405,6 +407,36 @@ def part_first_use(scratch: Path, rounds: int, code_before: str | None) -> dict[
     return {name: {"best_s": min(x["seconds"] for x in rs), "runs": rs} for name, rs in runs.items()}
 
 
+def part_first_job(texts: list[str], rounds: int, scratch: Path) -> dict[str, Any]:
+    """The first no-flag `shoal embed` of MiniLM on an empty cache: measuring in the background (the default)
+    against waiting for the measurement (``SHOAL_AUTO_MEASURE=wait``, the first use before issue 36), in turn.
+
+    After a background run its child is waited for (its lock gone) before the next command starts, and its
+    own seconds are read from the record it wrote.
+    """
+    inputs = scratch / "first-job-input"
+    inputs.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": [f"t{i}" for i in range(len(texts))], "text": texts}), inputs / "part-0.parquet")
+    shoal = harness.venv_command("shoal")
+    modes = {"background (default)": {}, "wait": {"SHOAL_AUTO_MEASURE": "wait"}}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in modes}
+    for r in range(rounds):
+        for name in list(modes)[r % 2 :] + list(modes)[: r % 2]:
+            cache = scratch / "first-job-cache"
+            shutil.rmtree(cache, ignore_errors=True)
+            shutil.rmtree(scratch / "first-job-out", ignore_errors=True)
+            command = [shoal, "embed", str(inputs), str(scratch / "first-job-out"), "--model", "minilm"]
+            seconds, stderr = run(command, {"SHOAL_CACHE_DIR": str(cache), **modes[name]})
+            while list((cache / "verdicts").glob("*.measuring")):  # the background child, still measuring
+                time.sleep(1)
+            (record,) = (cache / "verdicts").glob("*.json")
+            runs[name].append(
+                {"seconds": round(seconds, 1), "measured_s": json.loads(record.read_text()).get("seconds")}
+            )
+            print(f"  round {r + 1} first job, {name}: {runs[name][-1]}", flush=True)
+    return {name: {"best_s": min(x["seconds"] for x in rs), "runs": rs} for name, rs in runs.items()}
+
+
 def markdown(results: dict[str, Any]) -> str:
     out = []
     if "batch" in results:
@@ -513,6 +545,8 @@ def main() -> None:
     parts = args.parts.split(",")
     if "first-use" in parts:
         results["first_use"] = part_first_use(scratch, args.rounds, args.code_before)
+    if "first-job" in parts:
+        results["first_job"] = part_first_job(sample_texts(args.limit), args.rounds, scratch)
     if "onnx-load" in parts:
         results["onnx_load"] = part_onnx_load(3 * args.rounds, args.code_before)  # a load is short: three per round
     if "stages" in parts:

@@ -291,7 +291,7 @@ def near_free(scratch: Path, count: int) -> dict[str, Any]:
     for n in (count, 2 * count):
         shard = scratch / f"in-{n}" / "part-0.parquet"
         shard.parent.mkdir(exist_ok=True)
-        picked = (rows * 2)[:n]
+        picked = (rows * (n // len(rows) + 1))[:n]
         pq.write_table(pa.table({"id": [f"t{i}" for i in range(n)], "text": picked}), shard)
         out = scratch / f"out-{n}"
         files.rmtree(out, ignore_errors=True)

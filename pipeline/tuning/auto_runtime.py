@@ -244,7 +244,8 @@ def listed_choice(profile: Profile, spec: ModelSpec, machine: Machine) -> str:
     threads = (auto_profile(machine) if profile.name == NAME else profile).torch_threads(machine.cores)
     choice = cached_choice(spec, machine, threads)
     held = profile._held.get(spec.name)
-    return f"{choice}: {held}" if held else choice
+    pin = held.split(", which needs ")[0].removeprefix(f"profile {profile.name} pins ") if held else ""
+    return f"{choice}; {profile.name}'s {pin} pin needs what this machine lacks" if held else choice
 
 
 def resolve(profile: Profile, spec: ModelSpec, console: Console | None = None) -> None:
