@@ -74,7 +74,8 @@ def test_tiny_embedder_on_every_runtime_matches_a_direct_encode(tiny_catalog, ti
 
 @pytest.mark.parametrize("runtime", ["torch", "onnx"])
 def test_each_text_is_tokenized_once_the_rest_ahead_of_the_device(tiny_catalog, tiny_model, demo_texts, runtime):
-    """More rows than the head: the head, then the rest in the tokenizer thread, each row once, vectors exact."""
+    """Each row tokenized once: in series on a CPU device; ahead (the head, then the rest in the tokenizer
+    thread) elsewhere; vectors exact either way."""
     import threading
 
     from sentence_transformers import SentenceTransformer
@@ -93,9 +94,14 @@ def test_each_text_is_tokenized_once_the_rest_ahead_of_the_device(tiny_catalog, 
 
     loaded.encoder.encode = counted
     try:
-        vectors, _ = loaded.embed(texts)
+        vectors, _ = loaded.embed(texts)  # a CPU device: all at once, on the calling thread
+        assert [n for n, _ in calls] == [len(texts)] and calls[0][1] == threading.current_thread().name
+        calls.clear()
+        loaded.tokenize_ahead = True  # as on a GPU
+        ahead, _ = loaded.embed(texts)
         assert [n for n, _ in calls] == [HEAD_ROWS, len(texts) - HEAD_ROWS]  # each row once, the head first
         assert all(name.startswith("shoal-tokenize") for _, name in calls)
+        np.testing.assert_allclose(ahead, vectors, atol=1e-6)
         measured = loaded.token_lengths(texts[:40])
         calls.clear()
         given, _ = loaded.embed(texts[:40], measured)  # an online group's tokens: nothing tokenized again

@@ -14,7 +14,7 @@ order.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,6 +69,10 @@ class BatchedRuntime:
         self.token_budget = spec.budget_for(device_kind)
         self.device_thread = device_thread or DeviceThread()
         # Tokenizes ahead of the device (the Rust tokenizer releases the GIL): one thread, in call order.
+        # Not on a CPU device: there the forward's own threads take every core, and a tokenizer thread
+        # beside them leaves each parallel region waiting for a descheduled thread (ONNX MiniLM on 2 cores:
+        # about 0.5 s slower per 1,024-row item, docs/BENCHMARKS.md); it tokenizes in series, still once.
+        self.tokenize_ahead = device_kind != "cpu"
         self._tokenizer_thread: ThreadPoolExecutor | None = None
 
     def in_batches(
@@ -114,7 +118,8 @@ class BatchedRuntime:
         `tokenize(start, end)` tokenizes inputs [start, end) (a `token_counts.Tokens`); `forward(tokens,
         batch)` computes one batch of their indices from those ids, in one device turn. The first
         HEAD_ROWS inputs tokenize first; the rest tokenize in the tokenizer thread while the head's batches
-        compute, so the device waits only for the head's tokens. `given`: the inputs' Tokens, tokenized
+        compute, so the device waits only for the head's tokens (on a device other than the CPU:
+        `tokenize_ahead`; on the CPU all at once, in series). `given`: the inputs' Tokens, tokenized
         already (an online group's): the tokenizer thread is not asked, so an online group never waits
         behind a batch item's tokenizing there.
         """
@@ -125,6 +130,8 @@ class BatchedRuntime:
         parts: list[tuple[int, Any]]
         if given is not None:
             parts = [(0, given)]
+        elif not self.tokenize_ahead:
+            parts = [(0, tokenize(0, count))]
         else:
             if self._tokenizer_thread is None:
                 self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="shoal-tokenize")
@@ -132,7 +139,7 @@ class BatchedRuntime:
             parts = [(start, self._tokenizer_thread.submit(tokenize, start, end)) for start, end in zip(cuts, cuts[1:])]
         truncated = 0
         for start, part in parts:
-            tokens = part if given is not None else part.result()
+            tokens = part.result() if isinstance(part, Future) else part
             truncated += tokens[1]
             for batch in plan_batches(tokens[0], self.token_budget, self.spec.max_batch_size):
                 with self.device_thread.turn():
