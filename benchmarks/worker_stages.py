@@ -279,7 +279,12 @@ def near_free(scratch: Path, count: int) -> dict[str, Any]:
         backbone.mkdir(exist_ok=True)
         for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             files.copy(minilm / name, backbone / name)
-        shape = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 37, "num_attention_heads": 2}
+        shape: dict[str, Any] = {
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 37,
+            "num_attention_heads": 2,
+        }
         BertModel(BertConfig(vocab_size=30522, max_position_embeddings=512, **shape)).save_pretrained(backbone)
         transformer = Transformer(str(backbone), max_seq_length=256)
         SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="mean")]).save(str(folder))
