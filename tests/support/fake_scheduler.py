@@ -42,9 +42,9 @@ class FakeScheduler:
 
     def __init__(self, workers: Iterable[str] | Mapping[str, object] = ("w1", "w2")) -> None:
         """`workers`: addresses, or the scheduler's state of each by address (`worker_state`)."""
-        states = workers if isinstance(workers, Mapping) else {w: worker_state() for w in workers}
+        states: Mapping[str, Any] = workers if isinstance(workers, Mapping) else {w: worker_state() for w in workers}
         for address, state in states.items():
-            state.address = state.name = address  # type: ignore[attr-defined]
+            state.address = state.name = address
         self.workers = WorkerTable(states)
         self.handlers: dict = {}
         self.stream_handlers: dict = {}
