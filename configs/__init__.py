@@ -9,6 +9,7 @@ rather than a surprise deep inside a worker. Nothing here imports torch.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +37,9 @@ UNPLACEABLE_SECONDS = 30.0
 # The most online requests one pull leases, whatever a model's `max_batch_size` (GPU profiles tune it to
 # thousands): it bounds a pull reply's size, and what a worker that freezes holds up.
 MAX_ONLINE_BATCH = 512
+# An online request's deadline is the gateway's `request_timeout_seconds` for each this many inputs begun: a request
+# of up to 2,048 texts (OpenAI's limit) or 10,000 documents (Cohere's) runs as several model calls.
+DEADLINE_INPUTS = 256
 
 
 def cache_dir() -> Path:
@@ -179,10 +183,13 @@ class GatewaySettings(BaseModel):
     token_env: str = "SHOAL_GATEWAY_TOKEN"  # bearer token from this variable, if set
     token_file: str | None = None  # or from this file; neither: no auth
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
-    max_inputs: int = Field(default=256, gt=0)  # texts (or documents) per request
+    # Texts per encode request (OpenAI's limit) and documents per rerank request (Cohere's); the gateway splits
+    # a request of more than a model's online batch into parts (scheduler_plugins/request_parts.py).
+    max_inputs: int = Field(default=2048, gt=0)
+    max_documents: int = Field(default=10_000, gt=0)
     max_input_chars: int = Field(default=16_384, gt=0)  # longer: cut, or 422 without truncation
     max_queue_depth: int = Field(default=4096, gt=0)  # requests of a model not yet answered, then 429
-    request_timeout_seconds: float = Field(default=30.0, gt=0)  # then 504
+    request_timeout_seconds: float = Field(default=30.0, gt=0)  # then 504; for each DEADLINE_INPUTS inputs begun
     retry_after_seconds: int = Field(default=1, ge=0)
     # Leases of one request, as for batch items: a request survives two lost, frozen or starved workers.
     max_attempts: int = Field(default=MAX_ATTEMPTS, gt=0)
@@ -194,6 +201,15 @@ class GatewaySettings(BaseModel):
     header_timeout_seconds: float = Field(default=60.0, gt=0)
     body_timeout_seconds: float = Field(default=30.0, gt=0)  # a body not read within this long of its head: 408
     max_connections: int = Field(default=1024, gt=0)  # open connections; one more is answered 503 and closed
+
+    def deadline(self, inputs: int) -> float:
+        """A request's deadline: `request_timeout_seconds` for each DEADLINE_INPUTS of its inputs begun."""
+        return self.request_timeout_seconds * max(1, math.ceil(inputs / DEADLINE_INPUTS))
+
+    @property
+    def longest_deadline(self) -> float:
+        """The deadline of the largest request the limits allow."""
+        return self.deadline(max(self.max_inputs, self.max_documents))
 
 
 class Profile(BaseModel):

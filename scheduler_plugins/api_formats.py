@@ -13,7 +13,7 @@ import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -119,10 +119,22 @@ class _Compat(BaseModel):
 
 class OpenAIEmbeddingsBody(_Compat):
     model: str
-    input: str | list[str]
+    # OpenAI's four shapes: a text, texts, a token array, token arrays (cl100k_base ids: token_arrays.py).
+    input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, gt=0)
     prompt_name: str | None = None  # Shoal's extension (TEI has it too): one of the model's named prompts
+
+    def token_arrays(self) -> list[list[int]] | None:
+        """The input as token arrays, or None if it is text."""
+        given = self.input
+        if isinstance(given, str) or not given or isinstance(given[0], str):
+            return None
+        return cast(list[list[int]], [given] if isinstance(given[0], int) else given)  # validated: all alike
+
+    def texts(self) -> list[str]:
+        """The input as texts, when `token_arrays` is None."""
+        return [self.input] if isinstance(self.input, str) else cast(list[str], self.input)
 
 
 class CohereDocument(_Compat):
@@ -171,11 +183,15 @@ def _encodable(texts: list[str], what: str) -> None:
             ) from None
 
 
-def _within_limits(texts: list[str], what: str, truncate: bool, limits: GatewaySettings) -> list[str]:
+def _within_limits(
+    texts: list[str], what: str, truncate: bool, limits: GatewaySettings, most: int | None = None
+) -> list[str]:
+    """`texts` cut to `max_input_chars` (or refused without truncation); at most `most` of them (max_inputs)."""
+    most = most or limits.max_inputs
     if not texts:
         raise RequestError(422, f"{what} is empty")
-    if len(texts) > limits.max_inputs:
-        raise RequestError(422, f"{len(texts)} {what}; at most {limits.max_inputs} per request")
+    if len(texts) > most:
+        raise RequestError(422, f"{len(texts)} {what}; at most {most} per request")
     _encodable(texts, what)
     cap = limits.max_input_chars
     for i, text in enumerate(texts):
@@ -241,31 +257,31 @@ def _check_ranges(ranges: list[list[float]]) -> None:
 def score_call(model: str, body: Any, limits: GatewaySettings) -> ScoreCall:
     request = _validate(RerankBody, body)
     (query,) = _within_limits([request.query], "query", request.truncate, limits)
-    documents = _within_limits(request.documents, "documents", request.truncate, limits)
+    documents = _within_limits(request.documents, "documents", request.truncate, limits, limits.max_documents)
     return ScoreCall(model, query, documents, request.truncate)
 
 
-def openai_call(body: Any, limits: GatewaySettings) -> tuple[EncodeCall, OpenAIEmbeddingsBody]:
-    given = body.get("input") if isinstance(body, dict) else None
-    if isinstance(given, list) and given and not isinstance(given[0], str):
-        raise RequestError(400, "invalid request: input as token arrays is not supported; send text")
-    request = _validate(OpenAIEmbeddingsBody, body)
-    texts = [request.input] if isinstance(request.input, str) else request.input
+def openai_request(body: Any) -> OpenAIEmbeddingsBody:
+    return _validate(OpenAIEmbeddingsBody, body)
+
+
+def openai_call(request: OpenAIEmbeddingsBody, texts: list[str], limits: GatewaySettings) -> EncodeCall:
+    """`texts`: the request's input, its token arrays decoded (token_arrays.decode)."""
     _prompt(request.prompt_name, None, limits)
-    call = EncodeCall(
+    return EncodeCall(
         request.model,
         _within_limits(texts, "input", True, limits),
         dim=request.dimensions,
         prompt_name=request.prompt_name,
     )
-    return call, request
 
 
 def cohere_call(body: Any, limits: GatewaySettings) -> tuple[ScoreCall, CohereRerankBody]:
     request = _validate(CohereRerankBody, body)
     documents = [d if isinstance(d, str) else d.text for d in request.documents]
     (query,) = _within_limits([request.query], "query", True, limits)
-    return ScoreCall(request.model, query, _within_limits(documents, "documents", True, limits)), request
+    documents = _within_limits(documents, "documents", True, limits, limits.max_documents)
+    return ScoreCall(request.model, query, documents), request
 
 
 # -- responses --------------------------------------------------------------------
@@ -305,7 +321,8 @@ def openai_response(call: EncodeCall, request: OpenAIEmbeddingsBody, result: Onl
     }
 
 
-def cohere_response(call: ScoreCall, request: CohereRerankBody, result: OnlineResult) -> ResponseBody:
+def cohere_response(call: ScoreCall, request: CohereRerankBody, result: OnlineResult, version: str) -> ResponseBody:
+    """Cohere's rerank answer, of its API `version` ("1": /v1/rerank, "2": /v2/rerank, the same shape)."""
     scores = result["scores"]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[: request.top_n or len(scores)]
     results = []
@@ -317,5 +334,5 @@ def cohere_response(call: ScoreCall, request: CohereRerankBody, result: OnlineRe
     return {
         "id": str(uuid.uuid4()),
         "results": results,
-        "meta": {"api_version": {"version": "1"}, "billed_units": {"search_units": 1}},
+        "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}},
     }

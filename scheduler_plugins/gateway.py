@@ -11,8 +11,10 @@ aiohttp serves it (its C parser is faster than tornado's).
 
 Routes: Shoal's own ``POST /v1/encode/{model}`` and ``/v1/rerank/{model}``
 (MessagePack first, JSON when asked), OpenAI's ``POST /v1/embeddings``,
-Cohere's ``POST /v1/rerank``, ``GET /v1/models``, ``/healthz``, ``/readyz``,
-``/metrics``. The protocol is in docs/PROTOCOL.md.
+Cohere's ``POST /v1/rerank`` and ``/v2/rerank``, ``GET /v1/models``,
+``/healthz``, ``/readyz``, ``/metrics``. A request of more inputs than a
+model's online batch is queued as parts (request_parts). The protocol is in
+docs/PROTOCOL.md.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientPayloadError, hdrs, web
@@ -38,9 +41,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from shoal.configs import GatewaySettings, ModelSpec
 
 from . import api_formats as api
+from . import request_parts, token_arrays
 from .gateway_auth import BearerAuth
 from .gateway_metrics import GatewayMetrics
-from .protocol import OnlineResult, ServedModel
+from .protocol import OnlinePayload, OnlineResult, ServedModel
 from .wire import JSON, MSGPACK, RequestError, decode, encode, media_type, response_type
 
 if TYPE_CHECKING:
@@ -164,7 +168,7 @@ class Gateway:
                 web.post("/v1/encode/{model:.+}", self.encode),
                 web.post("/v1/rerank/{model:.+}", self.rerank),
                 web.post("/v1/embeddings", self.openai_embeddings),
-                web.post("/v1/rerank", self.cohere_rerank),
+                web.post("/v{version:[12]}/rerank", self.cohere_rerank),  # the same shape in Cohere's v1 and v2
                 web.get("/v1/models", self.models),
                 web.get("/healthz", self.healthz),
                 web.get("/readyz", self.readyz),
@@ -200,7 +204,7 @@ class Gateway:
         for site in list(self._runner.sites):
             await site.stop()
         try:
-            await asyncio.wait_for(self._idle.wait(), self.settings.request_timeout_seconds + 1)
+            await asyncio.wait_for(self._idle.wait(), self.settings.longest_deadline + 1)
         except TimeoutError:
             logger.warning("gateway closing with %d requests still in flight", self._in_flight)
         await self._runner.cleanup()
@@ -336,16 +340,22 @@ class Gateway:
         return spec
 
     async def _run(self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall) -> OnlineResult:
-        """Queue the call as one online item and wait for a worker's answer."""
-        timeout = self._timeout(request)
-        result = await self.backend.answer(call.model, op, call.payload(), call.inputs, timeout, self.settings)
+        """Queue the call as online items, one per part of at most the model's online batch, and wait for
+        the workers' answers."""
+        timeout = self._timeout(request, call.inputs)
+
+        def answer(part: OnlinePayload, inputs: int) -> Coroutine[Any, Any, OnlineResult]:
+            return self.backend.answer(call.model, op, part, inputs, timeout, self.settings)
+
+        size = self.backend.specs()[call.model].online_batch
+        result = await request_parts.answer_in_parts(answer, call.payload(), size)
         if "error" in result:
             raise RequestError(int(result.get("status", 422)), result["error"])
         request[TIMING] = result.get("timing") or {}
         return result
 
-    def _timeout(self, request: web.Request) -> float:
-        limit = self.settings.request_timeout_seconds
+    def _timeout(self, request: web.Request, inputs: int) -> float:
+        limit = self.settings.deadline(inputs)
         asked = request.headers.get(TIMEOUT_HEADER)
         if asked is None:
             return limit
@@ -384,8 +394,11 @@ class Gateway:
 
     async def openai_embeddings(self, request: web.Request) -> web.Response:
         request[MODEL] = UNKNOWN_MODEL
-        call, body = api.openai_call(await self._body(request, JSON), self.settings)
-        spec = self._spec(request, call.model, EMBEDDING_KINDS, "embed")
+        body = api.openai_request(await self._body(request, JSON))
+        spec = self._spec(request, body.model, EMBEDDING_KINDS, "embed")
+        arrays = body.token_arrays()
+        texts = body.texts() if arrays is None else await asyncio.to_thread(token_arrays.decode, arrays)
+        call = api.openai_call(body, texts, self.settings)
         call.check_dim(spec)
         result = await self._run(request, "encode", call)
         return self._reply(request, api.openai_response(call, body, result))
@@ -395,7 +408,7 @@ class Gateway:
         call, body = api.cohere_call(await self._body(request, JSON), self.settings)
         self._spec(request, call.model, SCORING_KINDS, "rerank")
         result = await self._run(request, "score", call)
-        return self._reply(request, api.cohere_response(call, body, result))
+        return self._reply(request, api.cohere_response(call, body, result, request.match_info["version"]))
 
     async def models(self, request: web.Request) -> web.Response:
         request[REPLY] = response_type(request.headers.get("Accept"), JSON)

@@ -139,6 +139,8 @@ class SchedulerLink:
             "request_timeout_seconds": settings.request_timeout_seconds,
             "max_attempts": settings.max_attempts,
             "max_queue_depth": settings.max_queue_depth,
+            "max_inputs": settings.max_inputs,
+            "max_documents": settings.max_documents,
         }
         self._outgoing.append((request_id, model, op, payload, rows, timeout))
         self._flush_soon()

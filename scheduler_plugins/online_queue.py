@@ -316,9 +316,7 @@ class OnlineQueue:
                 remote.answer(request_id, refusal)
                 continue
             item, future = self.submit(model, op, payload, rows, remote.settings)
-            remote.track(
-                request_id, item, future, min(float(timeout), remote.settings.request_timeout_seconds), self.cancel
-            )
+            remote.track(request_id, item, future, min(float(timeout), remote.settings.longest_deadline), self.cancel)
         return {"queued": len(requests)}
 
     async def remote_answers(self, gateway: str, timeout: float = 2.0) -> RemoteAnswers:

@@ -388,6 +388,8 @@ class RemoteSettings(TypedDict):
     request_timeout_seconds: float
     max_attempts: int
     max_queue_depth: int
+    max_inputs: int  # with max_documents: the longest deadline a request may have (GatewaySettings.longest_deadline)
+    max_documents: int
 
 
 class RemoteQueued(TypedDict):

@@ -241,7 +241,7 @@ BAD_INPUTS = [
         422,
         "128 tokens",
     ),
-    ("token arrays", "/v1/embeddings", {"model": "tiny", "input": [[1, 2]]}, None, 400, "token arrays"),
+    ("not cl100k ids", "/v1/embeddings", {"model": "tiny", "input": [[1, 100261]]}, None, 400, "token arrays"),
     (
         "dimensions",
         "/v1/embeddings",

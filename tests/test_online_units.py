@@ -159,13 +159,15 @@ def test_limits_truncate_or_refuse():
 
 
 def test_openai_and_cohere_shapes():
-    call, body = api.openai_call({"model": "m", "input": "hi", "user": "ignored"}, LIMITS)
-    assert call.texts == ["hi"] and body.encoding_format == "float"
-    with pytest.raises(RequestError, match="token arrays"):
-        api.openai_call({"model": "m", "input": [[1, 2]]}, LIMITS)
+    body = api.openai_request({"model": "m", "input": "hi", "user": "ignored"})
+    call = api.openai_call(body, body.texts(), LIMITS)
+    assert call.texts == ["hi"] and body.encoding_format == "float" and body.token_arrays() is None
+    assert api.openai_request({"model": "m", "input": [1, 2]}).token_arrays() == [[1, 2]]  # one array
+    assert api.openai_request({"model": "m", "input": [[1], [2, 3]]}).token_arrays() == [[1], [2, 3]]
     vectors = np.arange(6, dtype="<f4").reshape(2, 3)
     result = {"embeddings": vectors.tobytes(), "shape": [2, 3], "dtype": "float32", "tokens": 7}
-    call, body = api.openai_call({"model": "m", "input": ["a", "b"], "encoding_format": "base64"}, LIMITS)
+    body = api.openai_request({"model": "m", "input": ["a", "b"], "encoding_format": "base64"})
+    call = api.openai_call(body, body.texts(), LIMITS)
     reply = api.openai_response(call, body, result)
     import base64
 
@@ -176,7 +178,7 @@ def test_openai_and_cohere_shapes():
         {"model": "r", "query": "q", "documents": ["a", {"text": "b"}, "c"], "top_n": 2, "return_documents": True},
         LIMITS,
     )
-    reply = api.cohere_response(call, body, {"scores": [0.1, 0.9, 0.5]})
+    reply = api.cohere_response(call, body, {"scores": [0.1, 0.9, 0.5]}, "2")
     assert [(r["index"], r["document"]["text"]) for r in reply["results"]] == [(1, "b"), (2, "c")]
 
 

@@ -1,0 +1,82 @@
+"""A large online request as parts that the workers batch as usual, answered in input order.
+
+A request may hold 2,048 texts (OpenAI's limit per call) or 10,000 documents
+(Cohere's), more than one model call of a worker's online group is meant to
+take: an online pull leases up to a model's `online_batch` requests, each
+meant as about a forward batch's worth. The gateway splits a larger request
+into parts of at most `online_batch` inputs, each an online item of its own:
+the parts queue in order, go to whichever workers pull them, are leased and
+retried alone, and their answers are joined in input order. A part that gets
+an error makes it the request's answer, and the parts not answered yet are
+withdrawn from the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
+
+from .protocol import OnlinePayload, OnlineResult
+
+# Where a payload's inputs are: encode's and the kind routes' texts, score's documents (protocol.py).
+INPUT_FIELDS = ("texts", "documents")
+# An answer's per-input lists (score's scores, the kind routes' outputs), joined in order.
+LIST_FIELDS = ("scores", "outputs")
+
+AnswerPart = Callable[[OnlinePayload, int], Coroutine[Any, Any, OnlineResult]]
+
+
+def _inputs(payload: OnlinePayload) -> tuple[str, list[Any]]:
+    fields = cast(dict[str, Any], payload)
+    field = next(name for name in INPUT_FIELDS if name in fields)
+    return field, fields[field]
+
+
+def split(payload: OnlinePayload, size: int) -> list[OnlinePayload]:
+    """`payload` as parts of at most `size` inputs, in order; the other fields go with each part."""
+    field, inputs = _inputs(payload)
+    if len(inputs) <= size:
+        return [payload]
+    return [cast(OnlinePayload, {**payload, field: inputs[i : i + size]}) for i in range(0, len(inputs), size)]
+
+
+def join(results: list[OnlineResult]) -> OnlineResult:
+    """The parts' answers as one: vectors stacked, lists joined, tokens added, the slowest part's timing."""
+    if len(results) == 1:
+        return results[0]
+    first = results[0]
+    joined: OnlineResult = {"tokens": sum(result.get("tokens", 0) for result in results)}
+    if "embeddings" in first:
+        joined["embeddings"] = b"".join(result["embeddings"] for result in results)
+        joined["shape"] = [sum(result["shape"][0] for result in results), *first["shape"][1:]]
+        joined["dtype"] = first["dtype"]
+    lists = cast(dict[str, list[Any]], joined)
+    for field in LIST_FIELDS:
+        if field in first:
+            lists[field] = [value for result in results for value in cast(dict[str, list[Any]], result)[field]]
+    timings = [result["timing"] for result in results if "timing" in result]
+    if timings:
+        joined["timing"] = {stage: max(timing[stage] for timing in timings) for stage in timings[0]}
+    return joined
+
+
+async def answer_in_parts(answer: AnswerPart, payload: OnlinePayload, size: int) -> OnlineResult:
+    """`payload` answered by `answer(part, inputs)` for each part of at most `size` inputs, at once.
+
+    The first error is the answer; the parts still waiting are then
+    cancelled, which withdraws their items (as for a client that left).
+    """
+    parts = split(payload, size)
+    if len(parts) == 1:
+        return await answer(payload, len(_inputs(payload)[1]))
+    tasks = [asyncio.create_task(answer(part, len(_inputs(part)[1]))) for part in parts]  # queued in order
+    try:
+        for next_answer in asyncio.as_completed(tasks):
+            result = await next_answer
+            if "error" in result:
+                return result
+        return join([task.result() for task in tasks])
+    finally:
+        for task in tasks:
+            task.cancel()
