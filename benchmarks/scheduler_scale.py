@@ -44,6 +44,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -414,6 +415,17 @@ def write_profile(folder: Path) -> Path:
     return path
 
 
+def profile_process(pid: int, prefix: str | None, workers: int) -> subprocess.Popen | None:
+    """py-spy sampling `pid` (raw collapsed stacks, to PREFIX-WORKERS.txt) until SIGINT; None without a prefix."""
+    if not prefix:
+        return None
+    output = f"{prefix}-{workers}.txt"
+    command = [harness.venv_command("py-spy"), "record", "-p", str(pid), "-r", "500", "-f", "raw", "-o", output]
+    profiler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the measured stretch starts
+    return profiler
+
+
 def part_b(args, folder: Path) -> list[dict]:
     from distributed import Client
 
@@ -452,6 +464,7 @@ def part_b(args, folder: Path) -> list[dict]:
                 idle_share = idle.share
                 worker_idle_share = (cpu_seconds(worker_pids) - worker_cpu0) / idle.seconds
                 worker_cpu0 = cpu_seconds(worker_pids)
+                profiler = profile_process(scheduler.pid, args.profile_scheduler, count)
                 with ProcessClock(scheduler.pid) as busy:
                     client.sync(
                         pull_queue(client).submit,
@@ -463,6 +476,9 @@ def part_b(args, folder: Path) -> list[dict]:
                         time.sleep(0.05)
                 worker_cpu = cpu_seconds(worker_pids) - worker_cpu0
                 wall, cpu = busy.seconds, busy.cpu_seconds
+                if profiler is not None:
+                    profiler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+                    profiler.wait(60)
                 client.sync(pull_queue(client).job_release, job="scale")
         finally:
             for proc in workers:
@@ -759,6 +775,12 @@ def main() -> None:
     parser.add_argument("--batch-model", default="simzero", help="(b) simzero (no compute) or a catalog model")
     parser.add_argument("--item-rows", type=int, default=1, help="(b) texts per batch item")
     parser.add_argument("--item-tokens", type=int, default=8, help="(b) tokens per text")
+    parser.add_argument(
+        "--profile-scheduler",
+        default=None,
+        metavar="PREFIX",
+        help="(b) sample the scheduler with py-spy over the measured stretch into PREFIX-WORKERS.txt",
+    )
     parser.add_argument(
         "--worker-processes", type=int, default=4, help="(b), (c) processes the workers are spread over"
     )
