@@ -4,7 +4,25 @@ A sentence-transformers or CrossEncoder folder already states what a catalog
 entry would repeat: its kind (``config_sentence_transformers.json``), output
 dimension (the last Pooling or Dense module), window (``max_seq_length``),
 whether it ends in a Normalize module, and roughly how much memory its
-weights take. Reading those from the files lets `--model` take any model the
+weights take.
+
+The kind, from the files each library writes:
+
+- ``config_sentence_transformers.json`` ``model_type``: ``CrossEncoder`` is a
+  reranker, ``SparseEncoder`` (SPLADE: a masked-LM head, max pooling; or
+  modules from sentence-transformers' ``sparse_encoder``) sparse;
+- one vector per token (multivector): ``model_type`` ``MultiVectorEncoder``
+  (sentence-transformers') or ``ColBERT`` (PyLate's), ``skiplist_words``
+  stated, modules from ``multi_vector_encoder``, or a transformer and a
+  Dense projection with no pooling; its window is ``document_length``;
+- any other sentence-transformers folder (``modules.json``) a dense embedder;
+- a bare transformers folder by ``config.json`` ``architectures``:
+  ``*ForTokenClassification`` a token classifier, ``*ForSequenceClassification``
+  a reranker with one label and a classifier with more, anything else an embedder.
+
+A catalog entry's ``kind`` overrides all of it.
+
+Reading those from the files lets `--model` take any model the
 machine holds, as TEI and infinity do, while the catalog stays for short
 names and overrides (token budgets, batch caps).
 
@@ -35,6 +53,7 @@ UNBOUNDED_LENGTH = 1_000_000  # tokenizers without a limit state ~1e30
 
 # A JSON object from a model's own files (config.json, modules.json, ...): whatever its library wrote.
 JsonObject = dict[str, Any]
+ModelKind = Literal["embedder", "reranker", "sparse", "multivector", "classifier", "token_classifier"]
 
 
 def hub_cache_dir() -> Path:
@@ -104,19 +123,47 @@ class ModelFiles:
                 return self.folder / module.get("path", "")
         return self.folder
 
-    def kind(self) -> Literal["embedder", "reranker"]:
-        if _mapping(self.folder / "config_sentence_transformers.json").get("model_type") == "CrossEncoder":
+    def kind(self) -> ModelKind:
+        """What the folder computes, from what its library wrote (the module docstring lists the rules)."""
+        stated = _mapping(self.folder / "config_sentence_transformers.json")
+        if stated.get("model_type") == "CrossEncoder":
             return "reranker"
-        if not self.modules():  # a bare transformers folder: a classifier head scores pairs
-            architectures = _mapping(self.folder / "config.json").get("architectures") or []
-            if any(a.endswith("ForSequenceClassification") for a in architectures):
-                return "reranker"
+        types = [module.get("type", "") for module in self.modules()]
+        if stated.get("model_type") == "SparseEncoder" or any(".sparse_encoder." in t for t in types):
+            return "sparse"
+        if self._colbert(stated, types):
+            return "multivector"
+        if types:
+            return "embedder"
+        architectures = _mapping(self.folder / "config.json").get("architectures") or []
+        if any(a.endswith("ForTokenClassification") for a in architectures):
+            return "token_classifier"
+        if any(a.endswith("ForSequenceClassification") for a in architectures):
+            # One logit scores a pair (a bare cross-encoder); named labels classify a text.
+            return "classifier" if self._labels() > 1 else "reranker"
         return "embedder"
+
+    @staticmethod
+    def _colbert(stated: JsonObject, types: list[str]) -> bool:
+        """One vector per token: sentence-transformers' MultiVectorEncoder, or PyLate's ColBERT (its model_type,
+        its skiplist, or a transformer and a Dense projection with no pooling)."""
+        if stated.get("model_type") in ("MultiVectorEncoder", "ColBERT") or "skiplist_words" in stated:
+            return True
+        if any(".multi_vector_encoder." in t for t in types):
+            return True
+        projected = any(t.endswith("Transformer") for t in types) and any(t.endswith("Dense") for t in types)
+        return projected and not any(t.endswith("Pooling") for t in types)
+
+    def _labels(self) -> int:
+        config = _mapping(self.folder / "config.json")
+        return len(config.get("id2label") or {}) or int(config.get("num_labels", 1))
 
     def dim(self, kind: str) -> int:
         backbone = _mapping(self._transformer_folder() / "config.json")
-        if kind == "reranker":
+        if kind in ("reranker", "classifier", "token_classifier"):
             return len(backbone.get("id2label") or {}) or int(backbone.get("num_labels", 1))
+        if kind == "sparse":  # one weight per vocabulary term
+            return int(backbone.get("vocab_size") or 0) or self._no_dim()
         dim = backbone.get("hidden_size") or backbone.get("d_model") or 0
         for module in self.modules():  # the last module that sets a width decides it
             name = module.get("type", "")
@@ -125,13 +172,21 @@ class ModelFiles:
                 dim = config.get("embedding_dimension") or config.get("word_embedding_dimension") or dim
             elif name.endswith("Dense"):
                 dim = config.get("out_features", dim)
-        if not dim:
-            raise ConfigError(f"{self.folder}: cannot tell the embedding dimension (no Pooling module, no hidden_size)")
-        return int(dim)
+        return int(dim) if dim else self._no_dim()
+
+    def _no_dim(self) -> int:
+        raise ConfigError(f"{self.folder}: cannot tell the embedding dimension (no Pooling module, no hidden_size)")
 
     def max_seq_length(self) -> int:
         folder = self._transformer_folder()
-        stated = _mapping(folder / "sentence_bert_config.json").get("max_seq_length")
+        transformer = _mapping(folder / "sentence_bert_config.json")
+        # A multi-vector model's documents' window (its prefix token included): the transformer's, or PyLate's.
+        document_length = transformer.get("document_length") or _mapping(
+            self.folder / "config_sentence_transformers.json"
+        ).get("document_length")
+        if document_length:
+            return int(document_length)
+        stated = transformer.get("max_seq_length")
         limits = [stated] if stated else []
         tokenizer_limit = _mapping(folder / "tokenizer_config.json").get("model_max_length")
         if not stated and tokenizer_limit and tokenizer_limit < UNBOUNDED_LENGTH:
@@ -156,7 +211,11 @@ class ModelFiles:
         return {str(k): v for k, v in prompts.items()}, default
 
     def normalize(self) -> bool:
-        return any(m.get("type", "").endswith("Normalize") for m in self.modules())
+        """A Normalize module; PyLate's ColBERT (model_type ColBERT) normalized inside its forward, with none."""
+        stated = _mapping(self.folder / "config_sentence_transformers.json")
+        return stated.get("model_type") == "ColBERT" or any(
+            m.get("type", "").endswith("Normalize") for m in self.modules()
+        )
 
     def weight_bytes(self) -> int:
         """Bytes of the weight files (safetensors if any, else .bin/.pt): the estimate before a load."""
@@ -175,7 +234,7 @@ class ModelFiles:
             source=source,
             dim=self.dim(kind),
             max_seq_length=self.max_seq_length(),
-            normalize=self.normalize() if kind == "embedder" else False,
+            normalize=self.normalize() if kind in ("embedder", "multivector") else False,
             memory_bytes=max(1, self.weight_bytes()),
         )
 

@@ -112,6 +112,13 @@ class EmbedPayload(SlicePayload, total=False):
     prompt: str  # the prompt text before every text; absent: the model's default
 
 
+class KindPayload(EmbedPayload, total=False):
+    """An item of the other kinds: `sparse`, `multivector`, `classify` (workers/operations/<op>_operation)."""
+
+    top_k: int  # sparse: the largest terms kept; classify: the best labels kept; absent: the model's default
+    input_type: Literal["query", "document"]  # multivector: ColBERT's query or document encoding (document)
+
+
 class RerankPayload(SlicePayload, total=False):
     """A `rerank` item (workers/rerank_operation)."""
 
@@ -154,8 +161,22 @@ class ScorePayload(TypedDict, total=False):
     truncate: bool
 
 
-BatchPayload = EmbedPayload | RerankPayload | SimPayload
-OnlinePayload = EncodePayload | ScorePayload
+class TextsPayload(TypedDict, total=False):
+    """An online request of the other kinds: `sparse`, `multivector`, `classify` (scheduler_plugins/kind_routes)."""
+
+    texts: Required[list[str]]
+    truncate: bool
+    top_k: int  # as KindPayload's
+    input_type: Literal["query", "document"]
+    # multivector: the vectors' format, as EncodePayload's
+    dtype: str
+    precision: Precision
+    dim: int
+    ranges: list[list[float]]
+
+
+BatchPayload = EmbedPayload | RerankPayload | SimPayload | KindPayload
+OnlinePayload = EncodePayload | ScorePayload | TextsPayload
 Payload = BatchPayload | OnlinePayload
 
 
@@ -221,6 +242,7 @@ class OnlineResult(TypedDict, total=False):
     shape: list[int]
     dtype: str
     scores: list[float]  # score: one per document, in document order
+    outputs: list[Any]  # the other kinds: one answer per text (docs/PROTOCOL.md; sparse: indices, values bytes)
     tokens: int
     error: str
     status: int

@@ -20,7 +20,7 @@ from .batching.device_thread import DeviceThread
 from .devices import detect_device
 from .model_pool import ModelPool
 from .pull_loop import PullLoop
-from .runtimes import load_runtime, require_installed
+from .runtimes import load_model, require_installed
 
 logger = logging.getLogger("shoal.worker")
 
@@ -72,7 +72,7 @@ class ShoalWorker(WorkerPlugin):
         # Loads get their own thread: a model loads while another one computes.
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-load")
         self.pool = ModelPool(
-            plan.memory_budget, partial(load_runtime, plan=plan, device_thread=self.device_thread), self.loader
+            plan.memory_budget, partial(load_model, plan=plan, device_thread=self.device_thread), self.loader
         )
         self.loop = PullLoop(worker, profile, self.pool, self.device_thread)
         self.plan = plan

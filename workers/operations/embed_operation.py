@@ -17,12 +17,13 @@ import pyarrow as pa
 
 from shoal.configs import ModelSpec
 from shoal.scheduler_plugins.protocol import EmbedPayload, ItemResult
-from shoal.workers.data.chunking import ChunkSettings, Windows, token_windows
+from shoal.workers.data.chunking import ChunkSettings, Windows
 from shoal.workers.data.input_formats import read_input
-from shoal.workers.data.lance_fragments import write_fragment
-from shoal.workers.data.parquet_slices import identity_columns, part_ack, part_table, rejection, text_column, write_part
+from shoal.workers.data.parquet_slices import rejection, text_column
 from shoal.workers.data.vector_precision import VectorFormat, compact
 from shoal.workers.runtimes import Embedder
+
+from .row_parts import row_texts, write_rows
 
 
 @dataclass
@@ -58,10 +59,10 @@ def read(payload: EmbedPayload) -> EmbedInput:
 
 
 def compute(runtime: Embedder, data: EmbedInput) -> EmbedComputed:
-    present = [i for i, text in enumerate(data.texts) if text is not None]
-    texts = [text for text in data.texts if text is not None]
-    windows = token_windows(runtime.tokenizer, texts, _room_for_prompt(runtime, data)) if data.chunk else None
-    vectors, truncated = runtime.embed(windows.texts if windows else texts, prompt=data.prompt)
+    present, texts, windows = row_texts(
+        data, runtime.tokenizer, _room_for_prompt(runtime, data) if data.chunk else None
+    )
+    vectors, truncated = runtime.embed(texts, prompt=data.prompt)
     return EmbedComputed(present, windows, vectors, truncated)
 
 
@@ -76,55 +77,9 @@ def _room_for_prompt(runtime: Embedder, data: EmbedInput) -> ChunkSettings:
     return ChunkSettings(tokens=room, overlap=min(data.chunk.overlap, room - 1))
 
 
-def _output_rows(rows: int, present: list[int], windows: Windows | None) -> dict[str, np.ndarray]:
-    """Per output row: its source row, its vector (-1: null text) and, when chunked, chunk, start, end."""
-    present_rows = np.asarray(present, dtype=np.int64)
-    if windows is None:  # one row per source row, in order
-        vector = np.full(rows, -1, dtype=np.int64)
-        vector[present_rows] = np.arange(len(present_rows))
-        return {"source": np.arange(rows, dtype=np.int64), "vector": vector}
-    absent = np.setdiff1d(np.arange(rows, dtype=np.int64), present_rows)
-    none = np.zeros(len(absent), dtype=np.int64)
-    source = np.concatenate([present_rows[windows.source], absent])
-    chunk = np.concatenate([windows.chunk, none])
-    order = np.lexsort((chunk, source))
-    return {
-        "source": source[order],
-        "vector": np.concatenate([np.arange(len(windows.texts)), none - 1])[order],
-        "chunk": chunk[order],
-        "start": np.concatenate([windows.start, none])[order],
-        "end": np.concatenate([windows.end, none])[order],
-    }
-
-
 def write(payload: EmbedPayload, data: EmbedInput, computed: EmbedComputed, spec: ModelSpec) -> ItemResult:
     fmt = VectorFormat(**payload.get("vectors", {}))
-    out = _output_rows(data.table.num_rows, computed.present, computed.windows)
-    rows, width, valid = len(out["source"]), fmt.width(spec.dim), out["vector"] >= 0
     stored = compact(computed.vectors, fmt)
-    flat = np.zeros((rows, width), dtype=stored.dtype)
-    flat[valid] = stored[out["vector"][valid]]
-    mask = None if valid.all() else pa.array(~valid)
-    embedding = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1), type=fmt.arrow_type()), width, mask=mask)
-    source = data.table.take(pa.array(out["source"])) if "chunk" in out else data.table
-    columns = identity_columns(payload, source, out["source"])
-    if "chunk" in out:  # null for a null text: it has no window
-        null = ~valid
-        columns["chunk"] = pa.array(out["chunk"].astype(np.int32), mask=null)
-        columns["start"] = pa.array(out["start"], mask=null)
-        columns["end"] = pa.array(out["end"], mask=null)
-    columns["embedding"] = embedding
-    table = part_table(payload, columns, source)
-    if payload.get("lance"):  # the rows go to a Lance fragment; the part is its marker
-        table = write_fragment(payload["lance"], table, payload.get("storage_options"))
-    size = write_part(payload["output"], table, payload.get("storage_options"))
-    # Kept with a null embedding, like a null text, but reported: the job exits 1.
-    rejections = [data.invalid[row] for row in sorted(data.invalid)]
-    counts: ItemResult = {
-        "rows": rows,
-        "null_texts": data.table.num_rows - len(computed.present) - len(rejections),
-        "empty_texts": sum(1 for t in data.texts if t is not None and not t.strip()),
-        "truncated": computed.truncated,
-        "chunks": len(computed.windows.texts) if computed.windows else 0,
-    }
-    return part_ack(payload, size, rejections, counts)
+    width = fmt.width(spec.dim)
+    embedding = pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1), type=fmt.arrow_type()), width)
+    return write_rows(payload, data, computed.present, computed.windows, computed.truncated, "embedding", embedding)

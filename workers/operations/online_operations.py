@@ -24,7 +24,7 @@ from shoal.workers.runtimes import Embedder, Runtime, Scorer
 WIRE_DTYPES = {"float32": "<f4", "float16": "<f2"}
 
 
-def _too_long(limit: int) -> OnlineResult:
+def too_long(limit: int) -> OnlineResult:
     return {"error": f"an input is longer than the model's {limit} tokens and truncate is off", "status": 422}
 
 
@@ -46,7 +46,7 @@ def encode(runtime: Embedder, payloads: list[EncodePayload]) -> list[OnlineResul
             results[i] = {"error": str(exc), "status": 400}
             continue
         if not payload.get("truncate", True) and runtime.token_lengths(payload["texts"], prompt)[1]:
-            results[i] = _too_long(runtime.spec.max_seq_length)
+            results[i] = too_long(runtime.spec.max_seq_length)
             continue
         by_prompt.setdefault(prompt, []).append(i)
     for prompt, answered in by_prompt.items():
@@ -92,7 +92,7 @@ def score(runtime: Runtime, payloads: list[ScorePayload]) -> list[OnlineResult]:
     for i, payload in enumerate(payloads):
         pair_queries = [payload["query"]] * len(payload["documents"])
         if not payload.get("truncate", True) and runtime.token_lengths(pair_queries, payload["documents"])[1]:
-            results[i] = _too_long(runtime.spec.max_seq_length)
+            results[i] = too_long(runtime.spec.max_seq_length)
             continue
         answered.append(i)
         queries.extend(pair_queries)

@@ -5,7 +5,9 @@ are token-budget batches, one device turn each) and offers the operations one
 interface, stated below as protocols that mypy checks against each class: an
 `Embedder` (torch, ONNX, simulated) or a `Scorer` (torch, ONNX cross-encoders).
 A model without a choice for this device kind runs on torch in the worker's
-dtype (the profile's ``dtype``, fp16/bf16 on GPUs).
+dtype (the profile's ``dtype``, fp16/bf16 on GPUs). The other kinds (sparse,
+multi-vector, classifiers: `KIND_RUNTIMES`) run on torch only, each with its
+own call for its operation; `load_model`, the pool's loader, loads any kind.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ logger = logging.getLogger("shoal.worker.runtimes")
 
 # The Python module each runtime needs, and the extra that installs it.
 RUNTIME_PACKAGES = {"torch": ("torch", "torch"), "onnx": ("onnxruntime", "onnx")}
+# The runtime class of each kind beyond embedder and reranker, (module here, class): torch only, in the
+# model's pinned dtype or the worker's. Each offers its own operation's call (workers/operations).
+KIND_RUNTIMES = {
+    "sparse": ("sparse_encoder", "SparseEmbedder"),
+    "multivector": ("multi_vector", "MultiVectorEmbedder"),
+    "classifier": ("classifier", "SequenceClassifier"),
+}
 
 
 class Runtime(Protocol):
@@ -87,6 +96,22 @@ def choice_for(spec: ModelSpec, plan: DevicePlan) -> tuple[str, str]:
     if choice.runtime == "onnx" and dtype not in ("float32", "int8"):
         dtype = "float32"  # the worker's half precision is a torch setting; ONNX graphs run fp32 or int8
     return choice.runtime, dtype
+
+
+def load_model(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None) -> Runtime:
+    """The model pool's loader: the runtime of a spec of any kind (`load_runtime` for embedders and rerankers)."""
+    if spec.kind not in KIND_RUNTIMES:
+        return load_runtime(spec, plan, device_thread)
+    runtime, dtype = choice_for(spec, plan)
+    if runtime != "torch":
+        raise ValueError(f"model {spec.name!r}: kind {spec.kind!r} runs on torch only, not {runtime!r}")
+    require_installed(runtime)
+    apply_torch_threads(plan)
+    began = time.perf_counter()
+    module, name = KIND_RUNTIMES[spec.kind]
+    loaded = getattr(importlib.import_module(f"{__name__}.{module}"), name)(spec, plan, device_thread, dtype)
+    logger.info("loaded %s (%s) on torch %s in %.2f s", spec.name, spec.kind, dtype, time.perf_counter() - began)
+    return loaded
 
 
 def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None) -> Embedder | Scorer:

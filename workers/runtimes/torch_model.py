@@ -1,4 +1,4 @@
-"""What both torch runtimes (embedder.py, cross_encoder.py) share.
+"""What the torch runtimes (embedder.py, cross_encoder.py, text_model.py's kinds) share.
 
 The sentence-transformers model, cast to the runtime's dtype and in eval
 mode; its tokenizer; the memory its weights take; and closing, which gives
@@ -17,9 +17,16 @@ from shoal.workers.devices import DevicePlan
 
 class TorchModel(BatchedRuntime):
     def __init__(
-        self, spec: ModelSpec, plan: DevicePlan, model: Any, device_thread: DeviceThread | None, dtype: str | None
+        self,
+        spec: ModelSpec,
+        plan: DevicePlan,
+        model: Any,
+        device_thread: DeviceThread | None,
+        dtype: str | None,
+        tokenizer: Any = None,
     ) -> None:
-        """`model`: loaded in fp32 on `plan.device`; `dtype`: the model's own choice, None takes the worker's."""
+        """`model`: loaded in fp32 on `plan.device`; `dtype`: the model's own choice, None takes the worker's;
+        `tokenizer`: the model's, when it has none of its own (a transformers model)."""
         import torch
 
         super().__init__(spec, plan.kind, device_thread)
@@ -28,7 +35,7 @@ class TorchModel(BatchedRuntime):
             model.to(getattr(torch, self.dtype))
         model.eval()
         self.model = model
-        self.tokenizer = model.tokenizer
+        self.tokenizer = tokenizer if tokenizer is not None else model.tokenizer
 
     def memory_bytes(self) -> int:
         tensors = [*self.model.parameters(), *self.model.buffers()]

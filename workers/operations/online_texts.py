@@ -1,0 +1,54 @@
+"""Online requests of the other kinds (sparse, multivector, classify): a group answered in few model calls.
+
+As `encode` does for dense vectors: a request whose texts are longer than
+the model's window with truncation off gets its own 422, and the others are
+still answered; the texts of every request that asks for the same options
+(`options(payload)`: a top-k, an input type) go through the runtime in one
+call, so its token-budget batching sorts and packs them across requests;
+each request then gets its own slice of the answers, with its token count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+from shoal.scheduler_plugins.protocol import OnlineResult, TextsPayload
+from shoal.workers.batching.token_batching import Measured
+
+from .online_operations import too_long
+
+A = TypeVar("A")  # one text's answer
+K = TypeVar("K", bound=Hashable)  # the options requests share a call by
+P = TypeVar("P", bound=TextsPayload)  # the operation's request
+
+
+def answer_texts(
+    runtime: Any,
+    payloads: list[P],
+    options: Callable[[P], K],
+    compute: Callable[[list[str], Measured, K], Sequence[A]],
+    answer: Callable[[P, Sequence[A]], OnlineResult],
+) -> list[OnlineResult]:
+    """One result per payload: `compute(texts, measured, options)` per options, `answer` per request.
+
+    `runtime.token_lengths(texts)` measures; `measured` is passed on so no text is counted twice.
+    """
+    results: list[OnlineResult] = [{} for _ in payloads]
+    groups: dict[K, list[int]] = {}
+    for i, payload in enumerate(payloads):
+        if not payload.get("truncate", True) and runtime.token_lengths(payload["texts"])[1]:
+            results[i] = too_long(runtime.spec.max_seq_length)
+            continue
+        groups.setdefault(options(payload), []).append(i)
+    for key, members in groups.items():
+        texts = [text for i in members for text in payloads[i]["texts"]]
+        measured = runtime.token_lengths(texts)
+        answers = compute(texts, measured, key)
+        start = 0
+        for i in members:
+            end = start + len(payloads[i]["texts"])
+            results[i] = answer(payloads[i], answers[start:end])
+            results[i]["tokens"] = int(measured[0][start:end].sum())
+            start = end
+    return results
