@@ -36,7 +36,7 @@ from .scheduler_stream import SchedulerStream
 logger = logging.getLogger("shoal.worker")
 
 RECONNECT_SECONDS = 1.0
-PULL_WINDOW_SECONDS = 2.0  # a pull leases what this worker expects to start within this long
+PULL_WINDOW_SECONDS = 4.0  # a pull leases what this worker expects to start within this long: one pull per ~2 s
 MAX_LEASED = 256  # items leased here at once, whatever the drain rate
 
 

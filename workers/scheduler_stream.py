@@ -27,7 +27,7 @@ from shoal.scheduler_plugins.protocol import EVENTS, ItemResult, OnlineAck, Work
 
 logger = logging.getLogger("shoal.worker")
 
-FLUSH_SECONDS = 0.25  # how long a batch item's events may wait for others to share their message
+FLUSH_SECONDS = 0.5  # how long a batch item's events may wait for others to share their message (a worker: 2 a second)
 # A lease is renewed this many times over its length, each renewal sent within half of that interval:
 # a short online lease survives a loop that lags by half of it.
 RENEWALS_PER_LEASE = 4
