@@ -23,7 +23,14 @@ from shoal.workers.data.parquet_slices import InputError
 from shoal.workers.data.storage import OutputRefused
 from shoal.workers.model_pool import ModelTooLarge
 
-from . import embed_operation, online_operations, rerank_operation, sim_operation, sparse_operation
+from . import (
+    embed_operation,
+    multivector_operation,
+    online_operations,
+    rerank_operation,
+    sim_operation,
+    sparse_operation,
+)
 
 P = TypeVar("P", contravariant=True)  # the payload
 R = TypeVar("R", contravariant=True)  # the runtime
@@ -43,6 +50,7 @@ OPERATIONS: dict[str, BatchOperation[Any, Any, Any, Any]] = {
     "embed": embed_operation,
     "rerank": rerank_operation,
     "sparse": sparse_operation,
+    "multivector": multivector_operation,
     "sim": sim_operation,  # simulated runtime only: no storage (cluster experiments)
 }
 
@@ -53,7 +61,8 @@ OnlineOperation = Callable[[Any, list[Any]], list[OnlineResult]]
 ONLINE_OPERATIONS: dict[str, OnlineOperation] = {
     "encode": online_operations.encode,
     "score": online_operations.score,
-    "sparse": sparse_operation.online,
+    "encode_sparse": sparse_operation.online,  # an online op's name is never a batch op's (pull_loop)
+    "encode_multivector": multivector_operation.online,
 }
 
 # Failures no retry can fix: the item (or online request) goes to dead letters at once.

@@ -23,7 +23,7 @@ from shoal.workers.data.parquet_slices import rejection, text_column
 from shoal.workers.data.vector_precision import VectorFormat, compact
 from shoal.workers.runtimes import Embedder
 
-from .row_parts import row_texts, write_rows
+from .row_parts import row_texts, within_window, write_rows
 
 
 @dataclass
@@ -71,10 +71,7 @@ def _room_for_prompt(runtime: Embedder, data: EmbedInput) -> ChunkSettings:
     assert data.chunk is not None
     # What the prompt adds to a text's tokens (None: the model's default prompt).
     prompt_tokens = int(runtime.token_lengths([""], data.prompt)[0][0] - runtime.token_lengths([""], "")[0][0])
-    room = max(1, runtime.spec.max_seq_length - prompt_tokens)
-    if data.chunk.tokens <= room:
-        return data.chunk
-    return ChunkSettings(tokens=room, overlap=min(data.chunk.overlap, room - 1))
+    return within_window(data.chunk, runtime.spec.max_seq_length, prompt_tokens)
 
 
 def write(payload: EmbedPayload, data: EmbedInput, computed: EmbedComputed, spec: ModelSpec) -> ItemResult:

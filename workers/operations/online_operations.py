@@ -58,13 +58,13 @@ def encode(runtime: Embedder, payloads: list[EncodePayload]) -> list[OnlineResul
         for i in answered:
             payload = payloads[i]
             end = start + len(payload["texts"])
-            results[i] = _encoded(vectors[start:end], payload)
+            results[i] = encoded(vectors[start:end], payload)
             results[i]["tokens"] = int(lengths[start:end].sum())
             start = end
     return results
 
 
-def _encoded(vectors: np.ndarray, payload: EncodePayload) -> OnlineResult:
+def encoded(vectors: np.ndarray, payload: EncodePayload) -> OnlineResult:
     """One request's vectors in its format: shortened and quantized if asked, else float32 or float16."""
     dim = payload.get("dim") or vectors.shape[1]
     if dim > vectors.shape[1]:

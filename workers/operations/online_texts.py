@@ -29,21 +29,25 @@ def answer_texts(
     options: Callable[[P], K],
     compute: Callable[[list[str], Measured, K], Sequence[A]],
     answer: Callable[[P, Sequence[A]], OnlineResult],
+    measure: Callable[[list[str], K], Measured] | None = None,
 ) -> list[OnlineResult]:
     """One result per payload: `compute(texts, measured, options)` per options, `answer` per request.
 
-    `runtime.token_lengths(texts)` measures; `measured` is passed on so no text is counted twice.
+    `measure(texts, options)` measures (default: ``runtime.token_lengths(texts)``); `measured` is passed on
+    so no text is counted twice.
     """
+    measure = measure or (lambda texts, _: runtime.token_lengths(texts))
     results: list[OnlineResult] = [{} for _ in payloads]
     groups: dict[K, list[int]] = {}
     for i, payload in enumerate(payloads):
-        if not payload.get("truncate", True) and runtime.token_lengths(payload["texts"])[1]:
+        key = options(payload)
+        if not payload.get("truncate", True) and measure(payload["texts"], key)[1]:
             results[i] = too_long(runtime.spec.max_seq_length)
             continue
-        groups.setdefault(options(payload), []).append(i)
+        groups.setdefault(key, []).append(i)
     for key, members in groups.items():
         texts = [text for i in members for text in payloads[i]["texts"]]
-        measured = runtime.token_lengths(texts)
+        measured = measure(texts, key)
         answers = compute(texts, measured, key)
         start = 0
         for i in members:

@@ -46,6 +46,14 @@ def row_texts(data: EmbedInput, tokenizer, chunk: ChunkSettings | None) -> tuple
     return present, windows.texts if windows else texts, windows
 
 
+def within_window(chunk: ChunkSettings, window: int, prompt_tokens: int) -> ChunkSettings:
+    """`chunk` with windows short enough that a prompt of `prompt_tokens` and a window fit `window` together."""
+    room = max(1, window - prompt_tokens)
+    if chunk.tokens <= room:
+        return chunk
+    return ChunkSettings(tokens=room, overlap=min(chunk.overlap, room - 1))
+
+
 def output_rows(rows: int, present: list[int], windows: Windows | None) -> dict[str, np.ndarray]:
     """Per output row: its source row, its answer (-1: null text) and, when chunked, chunk, start, end."""
     present_rows = np.asarray(present, dtype=np.int64)

@@ -23,7 +23,7 @@ from shoal.workers.runtimes.sparse_encoder import SparseEmbedder, SparseRow
 
 from .embed_operation import read as read_texts
 from .online_texts import answer_texts
-from .row_parts import KindInput, row_texts, write_rows
+from .row_parts import KindInput, row_texts, within_window, write_rows
 
 TERM = pa.struct([("index", pa.int32()), ("value", pa.float32())])
 SparseComputed = tuple[list[int], list[SparseRow], int, Windows | None]
@@ -34,7 +34,10 @@ def read(payload: KindPayload) -> KindInput[KindPayload]:
 
 
 def compute(runtime: SparseEmbedder, data: KindInput[KindPayload]) -> SparseComputed:
-    present, texts, windows = row_texts(data.rows, runtime.tokenizer, data.rows.chunk)
+    chunk = data.rows.chunk
+    if chunk:
+        chunk = within_window(chunk, runtime.spec.max_seq_length, runtime.prompt_tokens(data.rows.prompt))
+    present, texts, windows = row_texts(data.rows, runtime.tokenizer, chunk)
     rows, truncated = runtime.sparse(texts, data.payload.get("top_k"), data.rows.prompt)
     return present, rows, truncated, windows
 

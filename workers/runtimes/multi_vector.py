@@ -47,7 +47,7 @@ class MultiVectorEmbedder(TextModel):
         transformer: Any = model[0]
         transformer.document_length = spec.max_seq_length
         super().__init__(spec, plan, model, model.tokenizer, device_thread, dtype)
-        named = model.prompts
+        named: dict[str, str] = {name: text or "" for name, text in model.prompts.items()}
         self.prompts = {
             kind: next((named[name] for name in names if name in named), "") for kind, names in PROMPT_NAMES.items()
         }
@@ -72,6 +72,13 @@ class MultiVectorEmbedder(TextModel):
             limit = max(transformer.query_length or self.spec.max_seq_length, expansion["length"])
         lengths, truncated = count_tokens(self.tokenizer, limit, prompted)
         return np.maximum(lengths, expansion["length"]), truncated
+
+    def prompt_tokens(self, input_type: InputType = "document") -> int:
+        """The tokens the input type's prompt (ColBERT's prefix) adds to a text: chunk windows leave room."""
+        prompt, limit = self.prompts[input_type], self.spec.max_seq_length
+        return int(
+            count_tokens(self.tokenizer, limit, [prompt])[0][0] - count_tokens(self.tokenizer, limit, [""])[0][0]
+        )
 
     def multivector(
         self, texts: list[str], input_type: InputType = "document", measured: Measured | None = None

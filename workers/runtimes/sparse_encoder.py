@@ -42,6 +42,10 @@ class SparseEmbedder(TextModel):
         prompt = self.prompts.text(prompt=prompt)
         return super().token_lengths([prompt + t for t in texts] if prompt else texts)
 
+    def prompt_tokens(self, prompt: str | None = None) -> int:
+        """The tokens `prompt` (None: the model's default) adds to a text: chunk windows leave room for them."""
+        return int(self.token_lengths([""], prompt)[0][0] - super().token_lengths([""])[0][0])
+
     def sparse(
         self, texts: list[str], top_k: int | None = None, prompt: str | None = None, measured: Measured | None = None
     ) -> tuple[list[SparseRow], int]:
