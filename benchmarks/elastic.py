@@ -16,13 +16,26 @@ whether every job's output holds every id once. The goal (issue 34): the
 adaptive makespan within 15 % of the fixed one's, with at most 60 % of its
 worker-seconds.
 
+``--parts cold`` measures scale to zero with a real model as a user runs it:
+``shoal serve --adapt 0:1`` (no pinned model, so nothing keeps a worker),
+at 0 workers; the first request for --cold-model (the shipped MiniLM by
+default) waits while Dask's adaptive loop starts a worker process and it
+loads the model; then --later requests one after the other at normal
+latency. Reported: the first request's seconds, the later ones' p50 and max,
+--rounds times (the cluster is left to scale back to 0 between rounds).
+
     .venv/bin/python benchmarks/elastic.py
     .venv/bin/python benchmarks/elastic.py --bursts 2 --items 24 --gap 20 --json /tmp/elastic.json
+    .venv/bin/python benchmarks/elastic.py --parts cold --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
+import socket
+import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -37,6 +50,7 @@ from distributed import Client
 from rich.console import Console
 
 from shoal.configs import load_catalog, load_profile
+from shoal.pipeline.client import OnlineClient
 from shoal.pipeline.cluster import AdaptRange, local_cluster
 from shoal.pipeline.jobs.embed import EmbedRequest, run_embed
 
@@ -135,14 +149,71 @@ def run_schedule(folder: Path, name: str, adapt: AdaptRange | None, args: argpar
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bursts", type=int, default=3)
-    parser.add_argument("--items", type=int, default=48, help="items per job (20 rows each)")
-    parser.add_argument("--item-seconds", type=float, default=1.0)
-    parser.add_argument("--gap", type=float, default=30.0, help="idle seconds between one job's end and the next")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def idle_and_ready(url: str) -> bool:
+    """`/readyz` says 200 (an autoscaler sizes the cluster: a request wakes a worker) with 0 workers."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
+            return int(json.load(response)["workers"]) == 0
+    except (urllib.error.HTTPError, OSError):  # 503 until the first adaptive ask; refused until it listens
+        return False
+
+
+def wait_until(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {seconds:.0f} s for {what}")
+        time.sleep(0.2)
+
+
+def cold_start(args: argparse.Namespace) -> dict[str, Any]:
+    """`shoal serve --adapt 0:1` at 0 workers: the first request's latency, then the next ones'."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [harness.venv_command("shoal"), "serve", "--adapt", "0:1", "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rounds = []
+    try:
+        for _ in range(args.rounds):
+            wait_until(lambda: idle_and_ready(url), 600, "the cluster at zero workers, an autoscaler asking")
+            with OnlineClient(url, timeout=600) as online:
+                began = time.monotonic()
+                online.encode(args.cold_model, ["the first request wakes a worker"])
+                first = time.monotonic() - began
+                later = []
+                for i in range(args.later):
+                    began = time.monotonic()
+                    online.encode(args.cold_model, [f"a later request, number {i}"])
+                    later.append(time.monotonic() - began)
+            rounds.append(
+                {"first_seconds": first, "later_p50_seconds": statistics.median(later), "later_max_seconds": max(later)}
+            )
+            print(
+                f"cold start: first request {first:.2f} s; {args.later} later ones p50 "
+                f"{statistics.median(later) * 1000:.1f} ms, max {max(later) * 1000:.1f} ms",
+                flush=True,
+            )
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return {"model": args.cold_model, "rounds": rounds}
+
+
+def bursts(args: argparse.Namespace) -> dict[str, Any]:
+    """The bursty schedule on a fixed and on an adaptive cluster, and their ratios."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "catalog.yaml").write_text(yaml.safe_dump({"models": {"slow": sim_model(args.item_seconds)}}))
@@ -166,11 +237,28 @@ def main() -> None:
     columns = ["cluster", "makespan s", "job s", "worker-s", "most workers", "every id once"]
     print("\n".join(harness.markdown_table(columns, rows, right=("makespan s", "worker-s", "most workers"))))
     print(f"adaptive/fixed: makespan {ratio['makespan']:.2f}x, worker-seconds {ratio['worker_seconds']:.2f}x")
-    settings = {k: v for k, v in vars(args).items() if k != "json"}
-    path = harness.write_result(
-        "elastic", {"fixed": fixed, "adaptive": adaptive, "ratio": ratio, "settings": settings}, args.json
-    )
-    print(f"wrote {path}")
+    return {"fixed": fixed, "adaptive": adaptive, "ratio": ratio}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="bursts", help="comma-separated: bursts, cold")
+    parser.add_argument("--bursts", type=int, default=3)
+    parser.add_argument("--items", type=int, default=48, help="items per job (20 rows each)")
+    parser.add_argument("--item-seconds", type=float, default=1.0)
+    parser.add_argument("--gap", type=float, default=30.0, help="idle seconds between one job's end and the next")
+    parser.add_argument("--cold-model", default="minilm", help="(cold) the catalog model requested")
+    parser.add_argument("--later", type=int, default=20, help="(cold) requests after the first")
+    parser.add_argument("--rounds", type=int, default=1, help="(cold) scale-to-zero rounds")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    results: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items() if k != "json"}}
+    if "bursts" in parts:
+        results.update(bursts(args))
+    if "cold" in parts:
+        results["cold"] = cold_start(args)
+    print(f"wrote {harness.write_result('elastic', results, args.json)}")
 
 
 if __name__ == "__main__":
