@@ -142,3 +142,15 @@ def test_an_id_cl100k_base_does_not_have_is_a_400_naming_the_array_and_the_setti
     assert info.value.status == 400 and info.value.message.startswith(f"input[1] holds {bad}, not a cl100k_base")
     assert "send text" in info.value.message
     json.dumps(info.value.message)  # plain text, fit for any answer
+
+
+async def test_a_gateway_process_may_give_a_request_the_longest_deadline_its_limits_allow():
+    link_settings = {"request_timeout_seconds": 5, "max_attempts": 2, "max_queue_depth": 10}
+    limits = {"max_inputs": 2048, "max_documents": 512}
+    async with running_queue(models={"m": spec("m")}) as plugin:
+        requests = [[1, "m", "encode", {"texts": ["t1"]}, 1, 500.0], [2, "m", "encode", {"texts": ["t2"]}, 1, 7.0]]
+        plugin.online.remote_submit("g", requests, {**link_settings, **limits})
+        timers = {request_id: timer for request_id, (_, timer) in plugin.online.gateways["g"]._requests.items()}
+        now = asyncio.get_running_loop().time()
+        assert timers[1].when() - now == pytest.approx(5 * 8, abs=1)  # 2,048 texts: 8 times 256
+        assert timers[2].when() - now == pytest.approx(7, abs=1)  # the gateway's own deadline, below that
