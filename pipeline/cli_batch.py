@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Literal
 
 import click
 from rich.console import Console
@@ -32,7 +33,7 @@ from shoal.pipeline.cli_options import (
     user_errors,
 )
 from shoal.pipeline.cluster import AdaptRange, connect
-from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, run_embed, run_embed_models
+from shoal.pipeline.jobs.embed import EMBED_KINDS, EmbedRequest, check_embed_options, run_embed, run_embed_models
 from shoal.pipeline.jobs.engine import model_for, preflight
 from shoal.pipeline.jobs.lance_output import LanceTarget
 from shoal.pipeline.jobs.lock import LockHeld
@@ -105,6 +106,18 @@ input_format_option = click.option(
     help="One of the model's named prompts (e.g. query, document; `shoal models` lists them) before every text.",
 )
 @click.option("--prompt", default=None, help='The text before every text, e.g. "query: "; "" for none.')
+@click.option(
+    "--top-k",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Sparse models: keep each row's N largest term weights. [default: the model's own setting, else all]",
+)
+@click.option(
+    "--input-type",
+    type=click.Choice(["document", "query"]),
+    default=None,
+    help="Multi-vector (ColBERT) models: encode as documents or as queries. [default: document]",
+)
 @user_errors()
 def embed(
     input_url: str,
@@ -125,11 +138,16 @@ def embed(
     output_format: str,
     prompt_name: str | None,
     prompt: str | None,
+    top_k: int | None,
+    input_type: Literal["query", "document"] | None,
 ) -> None:
     """Embed the TEXT column of every row of INPUT into Parquet parts under OUTPUT.
 
     INPUT is a Parquet file, a directory or a glob on any fsspec filesystem
-    (local, s3://, gs://…); OUTPUT is a directory there.
+    (local, s3://, gs://…); OUTPUT is a directory there. What a row holds
+    follows the model's kind: a dense vector (`embedding`), a sparse one's
+    terms (`sparse`, SPLADE models) or a vector per token (`embedding`, a
+    list of them: ColBERT models).
     """
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
@@ -137,7 +155,7 @@ def embed(
     models = parse_columns(model)
     if not scheduler:  # auto's runtime where the profile pins none, or one this machine lacks the features for
         resolve_unpinned(profile_config, catalog_config, models)
-    warm = [model_for(catalog_config, profile_config, name, "embedder").name for name in models]
+    warm = [model_for(catalog_config, profile_config, name, EMBED_KINDS).name for name in models]
     lance = LanceTarget.of(output_url, output_format)
     if lance and len(models) > 1:
         raise ConfigError("a Lance OUTPUT is one dataset: give one model (or one OUTPUT per model)")
@@ -155,9 +173,11 @@ def embed(
         vectors=VectorFormat(precision=precision, dim=dim),
         prompt_name=prompt_name,
         prompt=prompt,
+        top_k=top_k,
+        input_type=input_type,
     )
     for name in models:
-        check_embed_options(request, model_for(catalog_config, profile_config, name, "embedder"))
+        check_embed_options(request, model_for(catalog_config, profile_config, name, EMBED_KINDS))
     if lance:  # named as given: preflight checks the staging folder inside it
         check_apart(request.input, lance.dataset, request.storage_options)
     preflight(request.input, request.output, request.storage_options, input_format)

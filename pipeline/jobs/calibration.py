@@ -17,6 +17,7 @@ import copy
 import json
 from collections.abc import Callable
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shoal.pipeline.jobs.planner import PlanError, PlannedItem
@@ -69,7 +70,10 @@ def calibrate(
     with fs.open(path, "rb") as f:
         column = pq.read_table(f, columns=["embedding"]).column("embedding").combine_chunks()
     fs.rm_file(path)
-    vectors = column.drop_null().flatten().to_numpy(zero_copy_only=False).reshape(-1, column.type.list_size)
+    column = column.drop_null()
+    if pa.types.is_list(column.type):  # a multi-vector job's rows: every token's vector counts
+        column = column.flatten()
+    vectors = column.flatten().to_numpy(zero_copy_only=False).reshape(-1, column.type.list_size)
     if not len(vectors):
         first, last = payload["row_range"]
         raise PlanError(

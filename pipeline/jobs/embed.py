@@ -1,8 +1,11 @@
 """Batch embed jobs: Parquet text in, one vector per row (or per chunk) out.
 
-An `EmbedRequest` becomes a `BatchJob` of the `embed` operation (run by
-workers/operations/embed_operation.py); the engine plans, submits, follows and writes
-the manifest. Several models over one input share the cluster at once.
+An `EmbedRequest` becomes a `BatchJob` of the operation the model's kind
+computes (`EMBED_OPERATIONS`): `embed` for a dense embedder, `sparse` for a
+SPLADE model, `multivector` for a ColBERT one (workers/operations/); the
+engine plans, submits, follows and writes the manifest. Several models over
+one input share the cluster at once: a dense and a sparse model give both
+halves of a hybrid index in one command.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from distributed import Client
 from rich.console import Console
@@ -18,9 +22,14 @@ from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
 from shoal.configs.prompts import model_prompts
 from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, output_folder, plan_job, run_job
 from shoal.pipeline.jobs.planner import Plan
-from shoal.scheduler_plugins.protocol import StorageOptions
+from shoal.scheduler_plugins.protocol import KindPayload, StorageOptions
 from shoal.workers.data.chunking import ChunkSettings
 from shoal.workers.data.vector_precision import VectorFormat
+
+# The operation `shoal embed` runs for each kind of model, and so what its rows hold: a vector (`embedding`),
+# a sparse vector's terms (`sparse`), or a vector per token (`embedding`, a list of them).
+EMBED_OPERATIONS = {"embedder": "embed", "sim": "embed", "sparse": "sparse", "multivector": "multivector"}
+EMBED_KINDS = ("embedder", "sparse", "multivector")
 
 
 @dataclass
@@ -38,10 +47,20 @@ class EmbedRequest:
     input_format: str | None = None  # parquet, jsonl or csv; None: by each file's name (workers/data/input_formats.py)
     prompt_name: str | None = None  # one of the model's prompts before every text (configs/prompts.py)
     prompt: str | None = None  # or the prompt text itself; neither: the model's default prompt
+    top_k: int | None = None  # sparse: each row's largest terms kept; None: the model's own setting (all)
+    input_type: Literal["query", "document"] | None = None  # multivector: ColBERT's query encoding; None: document
 
 
 def check_embed_options(request: EmbedRequest, spec: ModelSpec) -> None:
     """Refuse chunk and vector settings the model cannot meet, before any work (ConfigError: exit 2)."""
+    if spec.kind == "sparse" and not request.vectors.is_default:
+        raise ConfigError(f"model {spec.name!r} is sparse: its rows are term weights, with no precision or dim")
+    if request.top_k is not None and spec.kind != "sparse":
+        raise ConfigError(f"top-k keeps a sparse vector's largest terms; model {spec.name!r} is {spec.kind!r}")
+    if request.input_type is not None and spec.kind != "multivector":
+        raise ConfigError(f"input type is a multi-vector model's; model {spec.name!r} is {spec.kind!r}")
+    if spec.kind == "multivector" and (request.prompt is not None or request.prompt_name is not None):
+        raise ConfigError(f"model {spec.name!r} is multi-vector: its input type picks its prefix, not a prompt")
     try:
         if request.chunk:
             request.chunk.check_window(spec.max_seq_length, spec.name)
@@ -58,24 +77,34 @@ def with_prompt(request: EmbedRequest, spec: ModelSpec) -> EmbedRequest:
     return replace(request, prompt=model_prompts(spec).text(request.prompt_name, request.prompt), prompt_name=None)
 
 
-def embed_job(request: EmbedRequest) -> BatchJob:
+def embed_job(request: EmbedRequest, operation: str = "embed") -> BatchJob:
+    """`operation`: the model's kind's (EMBED_OPERATIONS)."""
+    payload: KindPayload = {
+        "text_column": request.text_column,
+        "id_column": request.id_column,
+        "keep_columns": request.keep_columns,
+    }
+    # Only when asked for: the options digest (params) of existing outputs stays as it was.
+    if request.chunk:
+        payload["chunk"] = {"tokens": request.chunk.tokens, "overlap": request.chunk.overlap}
+    if not request.vectors.is_default:
+        payload["vectors"] = request.vectors.payload()
+    if request.lance:
+        payload["lance"] = request.lance
+    if request.input_format:
+        payload["input_format"] = request.input_format
+    if request.prompt is not None:  # the text, not the name: a prompt asked for is in the digest, a change re-embeds
+        payload["prompt"] = request.prompt
+    if request.top_k is not None:
+        payload["top_k"] = request.top_k
+    if request.input_type is not None:
+        payload["input_type"] = request.input_type
     return BatchJob(
-        operation="embed",
+        operation=operation,
         input=request.input,
         output=request.output,
         model=request.model,
-        payload={
-            "text_column": request.text_column,
-            "id_column": request.id_column,
-            "keep_columns": request.keep_columns,
-            # Only when asked for: the options digest (params) of existing outputs stays as it was.
-            **({"chunk": {"tokens": request.chunk.tokens, "overlap": request.chunk.overlap}} if request.chunk else {}),
-            **({} if request.vectors.is_default else {"vectors": request.vectors.payload()}),
-            **({"lance": request.lance} if request.lance else {}),
-            **({"input_format": request.input_format} if request.input_format else {}),
-            # The text, not the name: a prompt asked for is part of the options digest, so a change re-embeds.
-            **({"prompt": request.prompt} if request.prompt is not None else {}),
-        },
+        payload=payload,
         required_columns=[request.text_column, *filter(None, [request.id_column]), *request.keep_columns],
         manifest_columns={"text": request.text_column, "id": request.id_column, "keep": request.keep_columns},
         storage_options=request.storage_options,
@@ -89,9 +118,9 @@ def plan_embed(request: EmbedRequest, profile: Profile) -> Plan:
 def run_embed(
     client: Client, request: EmbedRequest, profile: Profile, catalog: Catalog, console: Console
 ) -> JobOutcome:
-    spec = model_for(catalog, profile, request.model, "embedder")
+    spec = model_for(catalog, profile, request.model, EMBED_KINDS)
     check_embed_options(request, spec)
-    return run_job(client, embed_job(with_prompt(request, spec)), spec, profile, console)
+    return run_job(client, embed_job(with_prompt(request, spec), EMBED_OPERATIONS[spec.kind]), spec, profile, console)
 
 
 def run_embed_models(
@@ -103,7 +132,7 @@ def run_embed_models(
     models held and share the cluster between them. The first job shows
     the progress bar; the others' summaries follow it.
     """
-    specs = [model_for(catalog, profile, name, "embedder") for name in models]  # refuse before any work
+    specs = [model_for(catalog, profile, name, EMBED_KINDS) for name in models]  # refuse before any work
     for spec in specs:
         check_embed_options(request, spec)
     requests = [
@@ -114,7 +143,7 @@ def run_embed_models(
     consoles = [console, *(Console(file=buffer, soft_wrap=True, width=console.width) for buffer in buffers)]
     with ThreadPoolExecutor(len(models)) as pool:
         futures = [
-            pool.submit(run_job, client, embed_job(with_prompt(r, spec)), spec, profile, c)
+            pool.submit(run_job, client, embed_job(with_prompt(r, spec), EMBED_OPERATIONS[spec.kind]), spec, profile, c)
             for r, spec, c in zip(requests, specs, consoles)
         ]
         outcomes = [future.result() for future in futures]

@@ -89,14 +89,16 @@ class JobOutcome:
         return 1 if not self.manifest["complete"] or self.manifest["rejected_rows"] else 0
 
 
-def model_for(catalog: Catalog, profile: Profile, name: str, kind: str) -> ModelSpec:
-    """The catalog entry with the profile's tuning, refused if it is the wrong kind.
+def model_for(catalog: Catalog, profile: Profile, name: str, kind: str | tuple[str, ...]) -> ModelSpec:
+    """The catalog entry with the profile's tuning, refused if it is not of `kind` (or one of them).
 
     On `auto` the model's runtime is the one `connect` chose for an embedded cluster's models.
     """
     spec = profile.tuned(catalog.get(name))
-    if spec.kind != kind and not (spec.kind == "sim" and kind == "embedder"):  # the simulation embeds
-        raise ConfigError(f"model {spec.name!r} is of kind {spec.kind!r}; this job needs a model of kind {kind!r}")
+    kinds = (kind,) if isinstance(kind, str) else kind
+    if spec.kind not in kinds and not (spec.kind == "sim" and "embedder" in kinds):  # the simulation embeds
+        needed = " or ".join(repr(k) for k in kinds)
+        raise ConfigError(f"model {spec.name!r} is of kind {spec.kind!r}; this job needs a model of kind {needed}")
     return spec
 
 

@@ -32,7 +32,7 @@ from rich.console import Console
 
 from shoal.configs import Catalog, Profile, explain, load_catalog, load_profile, read_yaml
 from shoal.pipeline.cluster import AdaptRange, connect
-from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, embed_job
+from shoal.pipeline.jobs.embed import EMBED_KINDS, EMBED_OPERATIONS, EmbedRequest, check_embed_options, embed_job
 from shoal.pipeline.jobs.engine import JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
 from shoal.pipeline.jobs.fingerprints import model_fingerprint
 from shoal.pipeline.jobs.lance_output import LanceTarget
@@ -78,6 +78,8 @@ class ReindexJob(BaseModel):
     chunk: ChunkSettings | None = None  # {tokens: N, overlap: K}: windows instead of truncation
     precision: Precision = "float32"
     dim: int | None = Field(default=None, gt=0)
+    top_k: int | None = Field(default=None, gt=0)  # a sparse model's largest terms per row
+    input_type: Literal["query", "document"] | None = None  # a multi-vector model's encoding (document)
     format: Literal["parquet", "lance"] = "parquet"  # lance: OUTPUT is a Lance dataset, a version per changed run
     storage_options: StorageOptions = Field(default_factory=dict)
     profile: str | None = None
@@ -99,6 +101,8 @@ class ReindexJob(BaseModel):
             vectors=VectorFormat(precision=self.precision, dim=self.dim),
             lance=LanceTarget.at(self.output).dataset if self.format == "lance" else None,
             input_format=self.input_format,
+            top_k=self.top_k,
+            input_type=self.input_type,
         )
 
 
@@ -227,11 +231,12 @@ def job_config(job: ReindexJob) -> tuple[Profile, Catalog]:
 def plan_reindex(job: ReindexJob, profile: Profile, catalog: Catalog) -> ReindexPlan:
     """Compare inputs and model with the target version's manifest; touches nothing."""
     layout = VersionedOutput(job.output, job.storage_options)
-    spec = model_for(catalog, profile, job.model, "embedder")
+    spec = model_for(catalog, profile, job.model, EMBED_KINDS)
     check_embed_options(job.request(job.output), spec)
-    probe = embed_job(job.request(job.output))
+    operation = EMBED_OPERATIONS[spec.kind]
+    probe = embed_job(job.request(job.output), operation)
     version = version_name(model_fingerprint(spec), job_params(probe.operation, probe.payload))
-    versioned = embed_job(job.request(layout.version_url(version)))
+    versioned = embed_job(job.request(layout.version_url(version)), operation)
     versioned.output_root = job.output  # the versions beside it are never input either (OUTPUT inside INPUT)
     prepared = prepare_job(versioned, spec, profile)
     recorded = {i["url"]: (i["size"], i["version"]) for i in (prepared.previous or {}).get("inputs", [])}

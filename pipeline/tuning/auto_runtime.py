@@ -220,8 +220,8 @@ def choose(record: VerdictsRecord) -> tuple[RuntimeChoice, str]:
 
 def cached_choice(spec: ModelSpec, machine: Machine, threads: int) -> str:
     """`shoal models`' column: auto's runtime for `spec` here, short, or that it is measured on first use."""
-    if spec.kind not in ("embedder", "reranker"):
-        return "-"
+    if spec.kind not in ("embedder", "reranker"):  # not measured: torch in the workers' dtype, or a profile's pin
+        return "-" if spec.kind == "sim" else "torch (workers' dtype)"
     from shoal.pipeline.jobs.fingerprints import model_fingerprint
 
     record = read_verdicts(model_fingerprint(spec), machine, threads)

@@ -115,7 +115,7 @@ def gate_candidates(
     elif model in loaded.runtimes:
         chosen = [loaded.runtimes[model]]
     else:
-        chosen = candidates(plan.kind)
+        chosen = candidates(plan.kind, spec.kind)
     gate = PrecisionGate(spec, plan, texts)
     return [gate.check(choice.model_copy(update={"gate": None})) for choice in chosen], len(chosen) == 1
 

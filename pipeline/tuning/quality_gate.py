@@ -8,7 +8,15 @@ the user's own texts (or the demo corpus):
   and minimum >= 0.99; and retrieval on a judged set (pydoc-sections, shipped
   in the package as ``gate_sample/``; nDCG@10 with the same metric code as
   ``shoal eval``) within 0.005 of fp32;
-- rerankers: Kendall's tau between the two score lists >= 0.99.
+- rerankers: Kendall's tau between the two score lists >= 0.99;
+- sparse models: the same cosine figures over the whole vocabulary (a row's
+  term weights, zeros elsewhere), so a term lost or gained counts;
+- multi-vector models: the same cosine figures over every token's vector
+  (both sides tokenize alike, so the tokens pair up one to one).
+
+The other kinds run on torch only, so their candidates are its dtypes; `auto`
+measures none of them (they run in the workers' dtype unless a profile pins
+one that passed here).
 
 Both sides run through the worker's own runtimes (workers/runtimes/__init__.py), so the
 figures describe exactly what a job would compute. The verdict and figures are
@@ -24,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shoal.configs import GateEvidence, ModelSpec, RuntimeChoice
+from shoal.configs import GateEvidence, ModelSpec, RuntimeChoice, RuntimeDType
 from shoal.pipeline.retrieval.beir import RetrievalSet, load_beir
 from shoal.pipeline.retrieval.evaluation import evaluate
 from shoal.pipeline.retrieval.top_k import top_k
@@ -38,6 +46,7 @@ COSINE_MIN_AT_LEAST = 0.99
 NDCG_DROP_AT_MOST = 0.005
 KENDALL_TAU_AT_LEAST = 0.99
 REFERENCE = RuntimeChoice(runtime="torch", dtype="float32")
+GATED = ("embedder", "reranker", "sparse", "multivector")  # the kinds with an agreement measure below
 
 
 @dataclass
@@ -122,14 +131,12 @@ class PrecisionGate:
         self, spec: ModelSpec, plan, texts: list[str], judged_set: str | None = JUDGED_SET, reference=None
     ) -> None:
         """`reference`: fp32 torch already loaded by the caller (auto's timing), used instead of loading another."""
-        from shoal.workers.runtimes import load_runtime
+        from shoal.workers.runtimes import load_model
 
-        if spec.kind not in ("embedder", "reranker"):
-            raise ValueError(
-                f"model {spec.name!r}: the precision gate checks embedders and rerankers, not {spec.kind!r}"
-            )
+        if spec.kind not in GATED:
+            raise ValueError(f"model {spec.name!r}: the precision gate checks {', '.join(GATED)}, not {spec.kind!r}")
         self.spec, self.plan, self.texts = spec, plan, texts
-        self._load = load_runtime
+        self._load = load_model
         self.judged: RetrievalSet | None = load_beir(judged_set) if judged_set and spec.kind == "embedder" else None
         self.reference = reference if reference is not None else self._runtime(REFERENCE)[0]
         self.reference_outputs, self.reference_rate = self._outputs(self.reference)
@@ -150,7 +157,7 @@ class PrecisionGate:
                 texts_per_second=rate,
                 reference_texts_per_second=self.reference_rate,
             )
-            judged = (judge_vectors if self.spec.kind == "embedder" else judge_scores)(outputs, self.reference_outputs)
+            judged = (judge_scores if self.spec.kind == "reranker" else judge_vectors)(outputs, self.reference_outputs)
             parts = [judged]
             if self.judged is not None and not judged[1]:  # refused on the sample: retrieval cannot save it
                 parts.append(judge_retrieval(self._ndcg(runtime, self.judged), self.reference_ndcg()))
@@ -183,6 +190,12 @@ class PrecisionGate:
         began = time.perf_counter()
         if self.spec.kind == "embedder":
             outputs = runtime.embed(self.texts)[0]
+        elif self.spec.kind == "sparse":  # every term's weight, zero where a row has none
+            outputs = np.zeros((len(self.texts), self.spec.dim), dtype=np.float32)
+            for row, (terms, weights) in zip(outputs, runtime.sparse(self.texts)[0]):
+                row[terms] = weights
+        elif self.spec.kind == "multivector":  # every token's vector, in order
+            outputs = np.concatenate(runtime.multivector(self.texts)[0])
         else:  # reranker: each text scored against the text before it, as (query, passage) pairs
             outputs = runtime.score(self.texts[1:] + self.texts[:1], self.texts)[0]
         return outputs, len(self.texts) / max(time.perf_counter() - began, 1e-9)
@@ -198,8 +211,13 @@ class PrecisionGate:
         return evaluate(rankings, judged.qrels)["ndcg@10"]
 
 
-def candidates(device_kind: str) -> list[RuntimeChoice]:
-    """What the gate and `shoal tune` try on this kind of device, fastest-looking last."""
+def candidates(device_kind: str, kind: str = "embedder") -> list[RuntimeChoice]:
+    """What the gate and `shoal tune` try for a model of `kind` on this kind of device, fastest-looking last."""
+    if kind not in ("embedder", "reranker"):  # torch only (workers/runtimes KIND_RUNTIMES)
+        dtypes: tuple[RuntimeDType, ...] = (
+            ("float32", "float16", "bfloat16") if device_kind == "cuda" else ("float32", "bfloat16")
+        )
+        return [RuntimeChoice(runtime="torch", dtype=d) for d in dtypes]
     if device_kind == "cuda":
         return [RuntimeChoice(runtime="torch", dtype=d) for d in ("float32", "float16", "bfloat16")]
     return [
