@@ -11,7 +11,8 @@ aiohttp serves it (its C parser is faster than tornado's).
 
 Routes: Shoal's own ``POST /v1/encode/{model}`` and ``/v1/rerank/{model}``
 (MessagePack first, JSON when asked), OpenAI's ``POST /v1/embeddings``,
-Cohere's ``POST /v1/rerank`` and ``/v2/rerank``, ``GET /v1/models``,
+Cohere's ``POST /v1/rerank`` and ``/v2/rerank``, the other kinds' routes
+(kind_routes: ``/v1/sparse/{model}``, ``/v1/multivector/{model}``, ...), ``GET /v1/models``,
 ``/healthz``, ``/readyz``, ``/metrics``. A request of more inputs than a
 model's online batch is queued as parts (request_parts). The protocol is in
 docs/PROTOCOL.md.
@@ -24,6 +25,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientPayloadError, hdrs, web
@@ -44,6 +46,7 @@ from . import api_formats as api
 from . import request_parts, token_arrays
 from .gateway_auth import BearerAuth
 from .gateway_metrics import GatewayMetrics
+from .kind_routes import KIND_ROUTES, KindRoute, TextsCall
 from .protocol import OnlinePayload, OnlineResult, ServedModel
 from .wire import JSON, MSGPACK, RequestError, decode, encode, media_type, response_type
 
@@ -167,6 +170,7 @@ class Gateway:
                 # A model name may hold slashes: a Hugging Face id (org/name) served without a catalog entry.
                 web.post("/v1/encode/{model:.+}", self.encode),
                 web.post("/v1/rerank/{model:.+}", self.rerank),
+                *(web.post(f"/v1/{route.path}/{{model:.+}}", partial(self.kind_route, route)) for route in KIND_ROUTES),
                 web.post("/v1/embeddings", self.openai_embeddings),
                 web.post("/v{version:[12]}/rerank", self.cohere_rerank),  # the same shape in Cohere's v1 and v2
                 web.get("/v1/models", self.models),
@@ -339,7 +343,9 @@ class Gateway:
             raise RequestError(400, f"model {model!r} is of kind {spec.kind!r}; it cannot {action}")
         return spec
 
-    async def _run(self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall) -> OnlineResult:
+    async def _run(
+        self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall | TextsCall
+    ) -> OnlineResult:
         """Queue the call as online items, one per part of at most the model's online batch, and wait for
         the workers' answers."""
         timeout = self._timeout(request, call.inputs)
@@ -391,6 +397,15 @@ class Gateway:
         call = api.score_call(model, body, self.settings)
         result = await self._run(request, "score", call)
         return self._reply(request, api.rerank_response(call, result))
+
+    async def kind_route(self, route: KindRoute, request: web.Request) -> web.Response:
+        """A route of the other kinds (kind_routes): sparse and multi-vector encodes, classification."""
+        model = request.match_info["model"]
+        self._label(request, model)
+        body = await self._body(request, MSGPACK)
+        call = route.call(model, body, self._spec(request, model, route.kinds, route.action), self.settings)
+        result = await self._run(request, route.op, call)
+        return self._reply(request, route.answer(call, result, request[REPLY]))
 
     async def openai_embeddings(self, request: web.Request) -> web.Response:
         request[MODEL] = UNKNOWN_MODEL

@@ -71,7 +71,7 @@ def write(payload: KindPayload, data: KindInput[KindPayload], computed: MultiCom
 
 def online(runtime: MultiVectorEmbedder, payloads: list[TextsPayload]) -> list[OnlineResult]:
     """{"texts", "truncate"[, "input_type", "dtype", "precision", "dim", "ranges"]} per request
-    -> {"outputs": [{"embeddings", "shape"}] per text, "dtype", "tokens"}."""
+    -> {"outputs": [{"embeddings", "shape"}] per text, "tokens"}."""
     return answer_texts(
         runtime,
         payloads,
@@ -95,4 +95,4 @@ def _answer(payload: TextsPayload, rows: Sequence[np.ndarray]) -> OnlineResult:
     per_vector = len(data) // max(1, result["shape"][0])
     cuts = np.concatenate([[0], np.cumsum([len(row) for row in rows])]) * per_vector
     outputs = [{"embeddings": data[a:b], "shape": [len(row), width]} for a, b, row in zip(cuts, cuts[1:], rows)]
-    return {"outputs": outputs, "dtype": result["dtype"]}
+    return {"outputs": outputs}  # the dtype is the request's: the gateway names it (kind_routes)

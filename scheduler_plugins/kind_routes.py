@@ -1,0 +1,162 @@
+"""The online routes of the other kinds: sparse and multi-vector encodes (and the classifiers').
+
+Each route is a `KindRoute`: its path, the model kinds it serves, the online
+operation its items run on a worker (workers/operations), how a request body
+becomes a `TextsCall` (checked against the gateway's limits as an encode
+request's texts are), and how the workers' answer, joined over the request's
+parts (request_parts), becomes the reply. The gateway serves every route in
+`KIND_ROUTES` with one handler (`Gateway.kind_route`), so a kind's route is
+an entry here.
+
+Shapes (docs/PROTOCOL.md): MessagePack replies carry numbers as raw
+little-endian bytes, as `/v1/encode` does; JSON replies carry lists.
+
+- ``POST /v1/sparse/{model}`` ``{"texts", "truncate", "top_k"}`` ->
+  ``{"model", "sparse": [{"indices", "values"}], "usage"}``: each text's
+  non-zero term ids (int32, ascending) and weights (float32).
+- ``POST /v1/multivector/{model}`` ``{"texts", "truncate", "input_type",
+  "dtype", "precision", "dim", "ranges"}`` -> ``{"model", "dtype",
+  "embeddings", "shapes", "usage"}``: each text's (tokens, dim) matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shoal.configs import GatewaySettings, ModelSpec
+
+from . import api_formats as api
+from .protocol import OnlineResult, TextsPayload
+from .wire import MSGPACK, RequestError
+
+# The fields an encode request's texts come with, checked by api_formats.encode_call.
+TEXT_FIELDS = {"texts", "truncate"}
+
+
+@dataclass
+class TextsCall:
+    """A request of a kind route: its model and what travels to the worker."""
+
+    model: str
+    fields: TextsPayload
+
+    def payload(self) -> TextsPayload:
+        return self.fields
+
+    @property
+    def inputs(self) -> int:
+        return len(self.fields["texts"])
+
+
+@dataclass(frozen=True)
+class KindRoute:
+    path: str  # under /v1/, with the model name after it
+    kinds: tuple[str, ...]  # the model kinds it serves
+    action: str  # what a model of another kind "cannot ..."
+    op: str  # the online operation a worker runs (workers/operations ONLINE_OPERATIONS)
+    call: Callable[[str, Any, ModelSpec, GatewaySettings], TextsCall]  # (model, body, spec, limits)
+    answer: Callable[[TextsCall, OnlineResult, str], api.ResponseBody]  # (call, result, reply media type)
+
+
+def _split(body: Any, options: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The body's text fields and its own options; 400 for a field the route does not take."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "the body must be a map (an object)")
+    unknown = sorted(str(key) for key in body if key not in TEXT_FIELDS | options)
+    if unknown:
+        raise RequestError(400, f"invalid request: {', '.join(unknown)}: not a field of this route")
+    return {k: v for k, v in body.items() if k in TEXT_FIELDS}, {k: v for k, v in body.items() if k in options}
+
+
+def _texts(model: str, fields: dict[str, Any], limits: GatewaySettings) -> TextsPayload:
+    call = api.encode_call(model, fields, limits)
+    return {"texts": call.texts, "truncate": call.truncate}
+
+
+# -- sparse --------------------------------------------------------------------------
+
+
+def sparse_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySettings) -> TextsCall:
+    texts, options = _split(body, {"top_k"})
+    payload = _texts(model, texts, limits)
+    top_k = options.get("top_k")
+    if top_k is not None:
+        if type(top_k) is not int or top_k < 1:
+            raise RequestError(400, f"invalid request: top_k must be a positive integer, not {top_k!r}")
+        payload["top_k"] = top_k
+    return TextsCall(model, payload)
+
+
+def sparse_answer(call: TextsCall, result: OnlineResult, kind: str) -> api.ResponseBody:
+    rows = result["outputs"]
+    if kind != MSGPACK:
+        rows = [
+            {
+                "indices": np.frombuffer(row["indices"], "<i4").tolist(),
+                "values": np.frombuffer(row["values"], "<f4").tolist(),
+            }
+            for row in rows
+        ]
+    return {"model": call.model, "sparse": rows, "usage": {"tokens": result.get("tokens", 0)}}
+
+
+# -- multi-vector ------------------------------------------------------------------
+
+
+def multivector_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySettings) -> TextsCall:
+    texts, options = _split(body, {"input_type", "dtype", "precision", "dim", "ranges"})
+    input_type = options.pop("input_type", "document")
+    if input_type not in ("query", "document"):
+        raise RequestError(400, f"invalid request: input_type must be 'query' or 'document', not {input_type!r}")
+    call = api.encode_call(model, {**texts, **options}, limits)  # the vector format's checks, as encode's
+    call.check_dim(spec)
+    payload: TextsPayload = {"texts": call.texts, "truncate": call.truncate, "input_type": input_type}
+    payload["dtype"] = call.dtype
+    if call.precision != "float32":
+        payload["precision"] = call.precision
+    if call.dim is not None:
+        payload["dim"] = call.dim
+    if call.ranges is not None:
+        payload["ranges"] = call.ranges
+    return TextsCall(model, payload)
+
+
+def multivector_answer(call: TextsCall, result: OnlineResult, kind: str) -> api.ResponseBody:
+    fields = call.fields
+    precision = fields.get("precision", "float32")
+    dtype = precision if precision != "float32" else fields.get("dtype", "float32")
+    rows = result["outputs"]
+    matrices: list[Any] = [row["embeddings"] for row in rows]
+    if kind != MSGPACK:
+        wire = api.WIRE_DTYPES[dtype]
+        matrices = [
+            np.frombuffer(row["embeddings"], wire)
+            .reshape(row["shape"])
+            .astype(np.float32 if wire[1] == "f" else wire)
+            .tolist()
+            for row in rows
+        ]
+    return {
+        "model": call.model,
+        "dtype": dtype,
+        "embeddings": matrices,
+        "shapes": [row["shape"] for row in rows],
+        "usage": {"tokens": result.get("tokens", 0)},
+    }
+
+
+KIND_ROUTES = [
+    KindRoute("sparse", ("sparse",), "give sparse vectors", "encode_sparse", sparse_call, sparse_answer),
+    KindRoute(
+        "multivector",
+        ("multivector",),
+        "give token vectors",
+        "encode_multivector",
+        multivector_call,
+        multivector_answer,
+    ),
+]
