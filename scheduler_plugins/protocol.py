@@ -467,9 +467,14 @@ class PullQueueClient:
 
     # -- workers ---------------------------------------------------------------------------
 
-    async def pull(self, address: str, room: int, in_hand: int, timeout: float, report: WorkerReport) -> PullReply:
-        """Up to `room` batch items for the worker at `address`, waiting up to `timeout` for some."""
-        return await self.scheduler.shoal_pull(worker=address, room=room, in_hand=in_hand, timeout=timeout, **report)
+    async def pull(
+        self, address: str, room: int, in_hand: int, timeout: float, report: WorkerReport, events: WorkerEvents
+    ) -> PullReply:
+        """Up to `room` batch items for the worker at `address`, waiting up to `timeout` for some; `events`:
+        the worker's gathered events, handled first (one message fewer than on the stream)."""
+        return await self.scheduler.shoal_pull(
+            worker=address, room=room, in_hand=in_hand, timeout=timeout, events=events, **report
+        )
 
     async def retire(self, address: str, timeout: float) -> int:
         """Drain the worker at `address` of Shoal's work (elastic.Elastic.drain): the items it still holds."""

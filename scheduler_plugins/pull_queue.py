@@ -12,7 +12,7 @@ Routes (all declared in ``PullQueue.start``):
 - ``shoal_pull``: lease up to `room` items of one model to a worker
 - the worker stream's ``EVENTS`` (protocol.WorkerEvents), one way and
   coalesced: starts, acks, failures and lease renewals of many items in one
-  message. An item a worker no longer holds (taken back for an idle worker,
+  message; what a worker has gathered when it pulls rides on the pull. An item a worker no longer holds (taken back for an idle worker,
   expired, finished elsewhere) is revoked by a ``REVOKE`` message on the
   scheduler's stream to it: no round trip per item, before its start or after.
 - ``shoal_job_status`` / ``shoal_job_release``: follow and forget a job
@@ -71,6 +71,7 @@ from .protocol import (
     SpecFields,
     SubmitReply,
     SubmittedItem,
+    WorkerEvents,
 )
 from .queue_state import QueueState
 from .waiting_pulls import WaitingPull
@@ -193,14 +194,19 @@ class PullQueue(QueueState, SchedulerPlugin):
         load_seconds: dict[str, float] | None = None,
         loaded: list[str] | None = None,
         pinned: list[str] | None = None,
+        events: WorkerEvents | None = None,
     ) -> PullReply:
         """Lease work to `worker`, waiting up to `timeout` seconds for some.
 
         The worker reports the models it holds (`held`: loaded, loading or
         named by work in hand), those loaded now (`loaded`) and pinned, its
         model budget and measured load times with every pull, so placement
-        and scaling always see its present state. A retiring worker gets nothing.
+        and scaling always see its present state. `events`: what it had
+        gathered for its next events message, riding on the pull instead (one
+        message fewer), handled first. A retiring worker gets nothing.
         """
+        if events:
+            self.worker_events(worker, **events)
         state = self.scheduler.workers.get(worker)
         view = self.reported(
             worker,

@@ -58,6 +58,17 @@ async def test_one_events_message_starts_acks_fails_and_renews_many_items_and_re
     assert plugin.job_status("j")["done"] == 1
 
 
+async def test_events_riding_on_a_pull_are_handled_before_it_leases(plugin):
+    plugin.submit("j", items("m", 3), SPECS)
+    a, b = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=2, timeout=0))["items"]]
+    events = {"started": [b], "acks": [[a, {"rows": 10}]]}
+    reply = await plugin.pull("w1", held=["m"], room=2, in_hand=1, timeout=0, events=events)
+    assert plugin.job_status("j")["done"] == 1 and plugin.items[b].started
+    assert [m["id"] for m in reply["items"]] == ["j/m-2"]
+    await plugin.pull("w1", held=["m"], timeout=0, events={"acks": [[b, {"rows": 10}], ["j/m-2", {"rows": 10}]]})
+    assert plugin.job_status("j")["complete"] and plugin.job_status("j")["rows_done"] == 30
+
+
 async def test_an_ack_from_another_worker_finishes_the_item_and_revokes_it_from_its_holder(plugin):
     plugin.submit("j", items("m", 1), SPECS)
     item = (await plugin.pull("w1", held=["m"], timeout=0))["items"][0]["id"]

@@ -53,3 +53,19 @@ async def test_a_short_lease_is_renewed_before_it_lapses_however_long_the_flush_
         await asyncio.sleep(0.55)  # renewed after 0.2 s (a third), sent within 0.1 s (a sixth), not after 30 s
         renewed = list(sent)
     assert renewed and all(message == {"op": EVENTS, "extend": ["a"]} for message in renewed)
+
+
+async def test_events_taken_for_a_pull_leave_with_it_and_their_flush_is_cancelled():
+    with recorded(0.05) as (stream, sent):
+        stream.hold("a", 60.0)
+        stream.started("a")
+        stream.started("b")
+        stream.ack("a", {"rows": 1})
+        riding = stream.take()
+        await asyncio.sleep(0.2)  # past the flush: nothing left to send
+        assert sent == []
+        assert riding == {"started": ["b"], "acks": [("a", {"rows": 1})]}
+        stream.send(riding)  # the pull could not leave: they go on the stream
+        assert sent == [{"op": EVENTS, **riding}]
+        stream.send(stream.take())  # nothing gathered: no message
+        assert len(sent) == 1

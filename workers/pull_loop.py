@@ -87,6 +87,7 @@ class PullLoop:
                 if room <= 0:
                     await self._room.wait()
                     continue
+                events = self.stream.take()  # they ride on the pull: one message fewer
                 try:
                     reply = await self.queue.pull(
                         self.dask_worker.address,
@@ -94,11 +95,14 @@ class PullLoop:
                         len(self.leased),
                         self.profile.pull_timeout_seconds,
                         self._report(),
+                        events,
                     )
                 except asyncio.CancelledError:
+                    self.stream.send(events)
                     raise
                 except Exception as exc:  # scheduler gone or restarting: keep asking
                     logger.warning("pull failed (%s: %s); retrying", type(exc).__name__, exc)
+                    self.stream.send(events)
                     await asyncio.sleep(RECONNECT_SECONDS)
                     continue
                 if reply is None:  # a scheduler without the Shoal plugin (yet)

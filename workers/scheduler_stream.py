@@ -6,7 +6,8 @@ They gather here and leave together as one ``EVENTS`` message
 (protocol.WorkerEvents) on Dask's worker stream: at most `flush_seconds`
 after the first of them, or on the next loop pass for what a client waits on
 (failures, online acks that cannot ride on an online pull, the last ack
-before the worker runs out of work). A busy worker thus costs the scheduler
+before the worker runs out of work). When the worker pulls before then, they
+ride on the pull instead (`take`): one message fewer. A busy worker thus costs the scheduler
 a few messages a second, however many items it finishes.
 
 Leases of everything the worker holds are renewed from here, each at a quarter
@@ -116,18 +117,28 @@ class SchedulerStream:
         if self._flush is None:
             self._flush = loop.call_at(at, self.flush)
 
-    def flush(self) -> None:
-        """Send what has gathered, in one message."""
+    def take(self) -> WorkerEvents:
+        """What has gathered, taken out to ride on another message (a pull); nothing is sent from here."""
+        if self._flush is not None:
+            self._flush.cancel()
         self._flush, self._flush_urgent = None, False
         events, self._events = self._events, {}
         if self._starts:
             events["started"], self._starts = list(self._starts), {}
+        return events
+
+    def send(self, events: WorkerEvents) -> None:
+        """`events` (taken for a message that could not leave) go on the stream now."""
         if not events:
             return
         try:
             self.dask_worker.batched_stream.send({"op": EVENTS, **events})
         except Exception as exc:  # noqa: BLE001 - the stream closed: Dask closes this worker, leases lapse
             logger.warning("could not send %d kinds of events to the scheduler: %s", len(events), exc)
+
+    def flush(self) -> None:
+        """Send what has gathered, in one message."""
+        self.send(self.take())
 
     async def _renew(self) -> None:
         while True:
