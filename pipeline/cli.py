@@ -1,9 +1,9 @@
 """The `shoal` command line: the `main` group, and the commands it gathers.
 
 The commands live by group in `cli_batch` (embed, rerank, reindex, run,
-eval), `cli_online` (status, serve, gateway, models) and `cli_tuning` (tune,
-check-precision); the options several of them share, and the user-error
-exit (code 2), in `cli_options`. Exit codes: 0 done, 1 failed parts or
+eval), `cli_classify` (classify, extract), `cli_online` (status, serve,
+gateway, models) and `cli_tuning` (tune, check-precision); the options
+several of them share, and the user-error exit (code 2), in `cli_options`. Exit codes: 0 done, 1 failed parts or
 rejected rows, 2 a user error, 3 a reindex whose lock another run holds,
 130 interrupted (Ctrl-C).
 """
@@ -23,7 +23,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from shoal.pipeline import cli_batch, cli_online, cli_tuning  # noqa: E402
+from shoal.pipeline import cli_batch, cli_classify, cli_online, cli_tuning  # noqa: E402
 
 
 class _Interruptible(click.Group):
@@ -48,6 +48,8 @@ def main() -> None:
 for _command in (
     cli_batch.embed,
     cli_batch.rerank,
+    cli_classify.classify,
+    cli_classify.extract,
     cli_batch.reindex,
     cli_batch.run_job_file,
     cli_batch.evaluate,

@@ -49,7 +49,7 @@ from shoal.pipeline.tuning.auto_runtime import resolve_unpinned
 from shoal.workers.data.input_formats import INPUT_FORMATS
 from shoal.workers.data.vector_precision import PRECISIONS, Precision, VectorFormat
 
-RESUMABLE = ("embed", "rerank", "run", "reindex", "eval")
+RESUMABLE = ("embed", "rerank", "classify", "extract", "run", "reindex", "eval")
 """The commands whose interrupted run keeps its written parts: the same command again resumes it."""
 
 input_format_option = click.option(

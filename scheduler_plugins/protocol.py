@@ -175,6 +175,29 @@ class TextsPayload(TypedDict, total=False):
     ranges: list[list[float]]
 
 
+# How a token classifier's token labels become spans: transformers' token-classification aggregation_strategy.
+Aggregation = Literal["none", "simple", "first", "max", "average"]
+
+
+class ClassifyOptions(TypedDict, total=False):
+    """What a `classify` or `extract` job or request asks besides top_k (workers/operations/classify_operation,
+    extract_operation)."""
+
+    threshold: float  # labels (entities) scoring below it are dropped
+    labels: list[str]  # classify: zero-shot labels (an NLI model); extract: the entity labels kept
+    template: str  # classify, zero-shot: the hypothesis, "{}" standing for the label
+    multi_label: bool  # classify, zero-shot: each label scored on its own
+    aggregation: Aggregation  # extract
+
+
+class ClassifyPayload(KindPayload, ClassifyOptions, total=False):
+    """A `classify` or `extract` item."""
+
+
+class ClassifyTexts(TextsPayload, ClassifyOptions, total=False):
+    """An online `classify` or `extract` request."""
+
+
 BatchPayload = EmbedPayload | RerankPayload | SimPayload | KindPayload
 OnlinePayload = EncodePayload | ScorePayload | TextsPayload
 Payload = BatchPayload | OnlinePayload

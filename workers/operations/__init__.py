@@ -24,7 +24,9 @@ from shoal.workers.data.storage import OutputRefused
 from shoal.workers.model_pool import ModelTooLarge
 
 from . import (
+    classify_operation,
     embed_operation,
+    extract_operation,
     multivector_operation,
     online_operations,
     rerank_operation,
@@ -51,6 +53,8 @@ OPERATIONS: dict[str, BatchOperation[Any, Any, Any, Any]] = {
     "rerank": rerank_operation,
     "sparse": sparse_operation,
     "multivector": multivector_operation,
+    "classify": classify_operation,
+    "extract": extract_operation,
     "sim": sim_operation,  # simulated runtime only: no storage (cluster experiments)
 }
 
@@ -63,6 +67,8 @@ ONLINE_OPERATIONS: dict[str, OnlineOperation] = {
     "score": online_operations.score,
     "encode_sparse": sparse_operation.online,  # an online op's name is never a batch op's (pull_loop)
     "encode_multivector": multivector_operation.online,
+    "label": classify_operation.online,
+    "tag": extract_operation.online,
 }
 
 # Failures no retry can fix: the item (or online request) goes to dead letters at once.

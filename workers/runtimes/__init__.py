@@ -35,6 +35,7 @@ KIND_RUNTIMES = {
     "sparse": ("sparse_encoder", "SparseEmbedder"),
     "multivector": ("multi_vector", "MultiVectorEmbedder"),
     "classifier": ("classifier", "SequenceClassifier"),
+    "token_classifier": ("token_classifier", "TokenClassifier"),
 }
 
 
