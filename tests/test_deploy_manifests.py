@@ -79,6 +79,15 @@ def test_the_autoscaler_scales_the_daskcluster_between_bounds_the_pinned_model_a
     assert minimum >= (1 if pins else 0)  # a pinned model keeps a holder: the queue never asks for fewer
 
 
+def test_the_images_scheduler_serves_dasks_own_routes_and_its_api_for_the_operator():
+    import distributed
+
+    defaults = yaml.safe_load((Path(distributed.__file__).parent / "distributed.yaml").read_text())
+    routes = yaml.safe_load((ROOT / "deploy" / "dask.yaml").read_text())["distributed"]["scheduler"]["http"]["routes"]
+    dasks = defaults["distributed"]["scheduler"]["http"]["routes"]
+    assert routes == [*dasks, "distributed.http.scheduler.api"]
+
+
 def test_every_pod_runs_the_image_make_image_builds_as_the_non_root_user():
     containerfile = (ROOT / "Containerfile").read_text()
     users = set(re.findall(r"^USER (\d+):(\d+)$", containerfile, re.M))

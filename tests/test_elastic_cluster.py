@@ -200,3 +200,66 @@ def test_a_dask_worker_stopped_by_sigterm_hands_back_what_it_did_not_start_and_f
     assert job.returncode == 0, stderr
     assert events.get("handed_back", 0) >= 1 and events.get("lost", 0) == 0 and events.get("expired", 0) == 0
     assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
+
+
+def image_scheduler_routes() -> str:
+    """The scheduler's HTTP routes in the image's Dask settings (deploy/dask.yaml: Dask's own and its API), as
+    the environment variable Dask reads."""
+    import yaml
+
+    from tests.support.paths import ROOT
+
+    settings = yaml.safe_load((ROOT / "deploy" / "dask.yaml").read_text())
+    return repr(settings["distributed"]["scheduler"]["http"]["routes"])
+
+
+def test_the_kubernetes_operators_calls_over_http_and_rpc_get_the_queues_answers(tmp_path):
+    """What the Dask operator's autoscaler asks a `dask scheduler`: `/api/v1/adaptive_target` (else the RPC),
+    and scaling down `/api/v1/retire_workers` with `{"n": 1}` (else the RPCs `workers_to_close` with
+    `attribute="name"` and `retire_workers(names=...)`); Dask alone would answer 0 and retire busy workers."""
+    import json
+    import urllib.request
+
+    from distributed.core import rpc
+
+    from tests.support.dask_cli import dask_cli_cluster
+
+    profile, catalog, ids = second_items_job(tmp_path, rows=40 * 20)
+    env = {"SHOAL_CATALOG": str(catalog), "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES": image_scheduler_routes()}
+    with dask_cli_cluster(tmp_path, profile, workers=3, env=env) as (address, _), Client(address) as client:
+        client.wait_for_workers(3, timeout=120)
+        dashboard = json.loads((tmp_path / "scheduler.json").read_text())["services"]["dashboard"]
+        api = f"http://127.0.0.1:{dashboard}/api/v1"
+        job = start_embed(tmp_path, address, profile, catalog)
+
+        def holding() -> int:
+            return len(
+                client.run_on_scheduler(
+                    lambda dask_scheduler: dask_scheduler.extensions["shoal-pull-queue"].leased_by_worker
+                )
+            )
+
+        wait_for(lambda: holding() == 3, 120, "every worker to hold leased items")
+        with urllib.request.urlopen(f"{api}/adaptive_target", timeout=10) as response:
+            assert json.load(response)["workers"] >= 3  # the queue's backlog and leases; Dask alone: 0
+        request = urllib.request.Request(f"{api}/retire_workers", data=b'{"n": 1}', method="POST")
+        with urllib.request.urlopen(request, timeout=120) as response:
+            retired = json.load(response)
+        assert len(retired) == 1 and all("name" in info for info in retired.values())  # the operator deletes by name
+
+        async def rpc_scale_down() -> list:
+            async with rpc(address) as scheduler:
+                names = await scheduler.workers_to_close(n=1, attribute="name")
+                await scheduler.retire_workers(names=names)
+                return names
+
+        assert len(client.sync(rpc_scale_down)) == 1
+        _, stderr = job.communicate(timeout=300)
+        events = client.run_on_scheduler(
+            lambda dask_scheduler: dict(dask_scheduler.extensions["shoal-pull-queue"].events)
+        )
+        assert len(client.scheduler_info()["workers"]) == 1
+    assert job.returncode == 0, stderr
+    assert events.get("lost", 0) == 0 and events.get("expired", 0) == 0  # drained, never killed busy
+    assert events.get("handed_back", 0) > 0  # their unstarted items went back at once
+    assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
