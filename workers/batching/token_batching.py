@@ -63,8 +63,9 @@ def padding_fraction(lengths: np.ndarray, batches: list[np.ndarray]) -> float:
 class BatchedRuntime:
     """A model runtime's common part: its spec, its token budget on this device kind, its device turns."""
 
-    def __init__(self, spec: ModelSpec, device_kind: str, device_thread: DeviceThread | None) -> None:
-        """`device_thread`: the worker's; None (a standalone runtime) takes its turns on the calling thread."""
+    def __init__(self, spec: ModelSpec, device_kind: str, device_thread: DeviceThread | None, cores: int = 1) -> None:
+        """`device_thread`: the worker's; None (a standalone runtime) takes its turns on the calling thread.
+        `cores`: the cores this worker owns (its device plan's threads)."""
         self.spec = spec
         self.token_budget = spec.budget_for(device_kind)
         self.device_thread = device_thread or DeviceThread()
@@ -74,6 +75,10 @@ class BatchedRuntime:
         # about 0.5 s slower per 1,024-row item, docs/BENCHMARKS.md); it tokenizes in series, still once.
         self.tokenize_ahead = device_kind != "cpu"
         self._tokenizer_thread: ThreadPoolExecutor | None = None
+        # Threads one tokenizing call splits its texts over: on a CPU device every core the worker owns
+        # (they are idle while it tokenizes, in series with the forward); elsewhere all but the one the
+        # device thread needs to keep the device fed.
+        self.tokenizer_threads = max(1, cores if device_kind == "cpu" else cores - 1)
 
     def in_batches(
         self,

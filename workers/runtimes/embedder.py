@@ -46,7 +46,8 @@ class SentenceEmbedder(TorchModel):
         self.torch_device = torch.device(plan.device)
         self.prompts = model_prompts(spec)
         plain = type(model[0]).__name__ == "Transformer"
-        self.encoder = TokenEncoder.of(self.tokenizer, spec.max_seq_length) if plain else None
+        threads = self.tokenizer_threads
+        self.encoder = TokenEncoder.of(self.tokenizer, spec.max_seq_length, threads) if plain else None
         self.input_names = list(getattr(self.tokenizer, "model_input_names", ["input_ids", "attention_mask"]))
         self.include_prompt = all(getattr(module, "include_prompt", True) for module in model)
         dim = model.get_embedding_dimension()
@@ -99,6 +100,11 @@ class SentenceEmbedder(TorchModel):
         from sentence_transformers.util import batch_to_device
 
         return self._vectors(batch_to_device(self.model.preprocess(texts, prompt=prompt or None), self.torch_device))
+
+    def close(self) -> None:
+        if self.encoder is not None:
+            self.encoder.close()
+        super().close()
 
     def _vectors(self, features: dict) -> np.ndarray:
         """The model's forward on one batch's features, truncated and normalized as ``encode`` does."""

@@ -31,12 +31,12 @@ class OnnxModel(BatchedRuntime):
     def __init__(self, spec: ModelSpec, plan: DevicePlan, dtype: str, device_thread: DeviceThread | None) -> None:
         import onnxruntime as ort
 
-        super().__init__(spec, plan.kind, device_thread)
+        super().__init__(spec, plan.kind, device_thread, plan.threads)
         self.artifact: Artifact = ensure_artifact(spec, dtype)
         record = self.artifact.record()
         self.input_names = record.inputs
         self.tokenizer = GraphTokenizer(self.artifact.directory / TOKENIZER_FILE, record.tokenizer)
-        encoder = TokenEncoder.of(self.tokenizer, spec.max_seq_length)
+        encoder = TokenEncoder.of(self.tokenizer, spec.max_seq_length, self.tokenizer_threads)
         if encoder is None:
             raise ValueError(f"model {spec.name!r}: its tokenizer pads on the left or has no padding token")
         self.encoder = encoder
@@ -69,6 +69,7 @@ class OnnxModel(BatchedRuntime):
     def close(self) -> None:
         self.session = None
         self.stop_tokenizing()
+        self.encoder.close()
 
 
 class OnnxEmbedder(OnnxModel):

@@ -29,7 +29,7 @@ class TorchModel(BatchedRuntime):
         `tokenizer`: the model's, when it has none of its own (a transformers model)."""
         import torch
 
-        super().__init__(spec, plan.kind, device_thread)
+        super().__init__(spec, plan.kind, device_thread, plan.threads)
         self.dtype = dtype or plan.dtype
         if self.dtype != "float32":
             model.to(getattr(torch, self.dtype))
