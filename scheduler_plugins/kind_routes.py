@@ -17,20 +17,27 @@ little-endian bytes, as `/v1/encode` does; JSON replies carry lists.
 - ``POST /v1/multivector/{model}`` ``{"texts", "truncate", "input_type",
   "dtype", "precision", "dim", "ranges"}`` -> ``{"model", "dtype",
   "embeddings", "shapes", "usage"}``: each text's (tokens, dim) matrix.
+- ``POST /v1/classify/{model}`` ``{"texts", "truncate", "top_k", "threshold",
+  "labels", "template", "multi_label"}`` -> ``{"model", "labels", "usage"}``:
+  each text's [{"label", "score"}], best first (zero-shot with `labels`).
+- ``POST /v1/extract/{model}`` ``{"texts", "truncate", "aggregation",
+  "labels", "threshold"}`` -> ``{"model", "entities", "usage"}``: each text's
+  [{"text", "label", "score", "start", "end"}], character offsets.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
 from shoal.configs import GatewaySettings, ModelSpec
 
 from . import api_formats as api
-from .protocol import OnlineResult, TextsPayload
+from .protocol import Aggregation, ClassifyTexts, OnlineResult, TextsPayload
 from .wire import MSGPACK, RequestError
 
 # The fields an encode request's texts come with, checked by api_formats.encode_call.
@@ -149,6 +156,75 @@ def multivector_answer(call: TextsCall, result: OnlineResult, kind: str) -> api.
     }
 
 
+# -- classifiers --------------------------------------------------------------------
+
+MAX_LABELS = 64  # zero-shot labels per request: each is one forward row per text
+
+
+def classify_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySettings) -> TextsCall:
+    texts, options = _split(body, {"top_k", "threshold", "labels", "template", "multi_label"})
+    payload: ClassifyTexts = {**_texts(model, texts, limits)}
+    _label_options(options, payload)
+    top_k = options.get("top_k")
+    if top_k is not None:
+        if type(top_k) is not int or top_k < 1:
+            raise RequestError(400, f"invalid request: top_k must be a positive integer, not {top_k!r}")
+        payload["top_k"] = top_k
+    template, multi_label = options.get("template"), options.get("multi_label")
+    if (template is not None or multi_label is not None) and not payload.get("labels"):
+        raise RequestError(400, "invalid request: template and multi_label score zero-shot labels: give labels")
+    if template is not None:
+        if not isinstance(template, str) or template.format("X") == template:
+            raise RequestError(400, f"invalid request: template must be a string with {{}} for the label: {template!r}")
+        payload["template"] = template
+    if multi_label is not None:
+        if type(multi_label) is not bool:
+            raise RequestError(400, f"invalid request: multi_label must be true or false, not {multi_label!r}")
+        payload["multi_label"] = multi_label
+    return TextsCall(model, payload)
+
+
+def extract_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySettings) -> TextsCall:
+    texts, options = _split(body, {"aggregation", "labels", "threshold"})
+    payload: ClassifyTexts = {**_texts(model, texts, limits)}
+    _label_options(options, payload)
+    aggregation = options.get("aggregation")
+    if aggregation is not None:
+        if aggregation not in get_args(Aggregation):
+            allowed = ", ".join(get_args(Aggregation))
+            raise RequestError(400, f"invalid request: aggregation must be one of {allowed}, not {aggregation!r}")
+        payload["aggregation"] = aggregation
+    return TextsCall(model, payload)
+
+
+def _label_options(options: dict[str, Any], payload: ClassifyTexts) -> None:
+    """`labels` (distinct non-empty strings) and `threshold` (a number), checked, into `payload`."""
+    labels = options.get("labels")
+    if labels is not None:
+        if not isinstance(labels, list) or not labels or not all(isinstance(x, str) and x for x in labels):
+            raise RequestError(400, "invalid request: labels must be a list of non-empty strings")
+        if len(set(labels)) != len(labels) or len(labels) > MAX_LABELS:
+            raise RequestError(400, f"invalid request: labels must be distinct, {MAX_LABELS} at most")
+        try:
+            "".join(labels).encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(400, "invalid request: labels must be valid UTF-8 text") from None
+        payload["labels"] = labels
+    threshold = options.get("threshold")
+    if threshold is not None:
+        if type(threshold) not in (int, float) or not math.isfinite(threshold):
+            raise RequestError(400, f"invalid request: threshold must be a number, not {threshold!r}")
+        payload["threshold"] = float(threshold)
+
+
+def classify_answer(call: TextsCall, result: OnlineResult, kind: str) -> api.ResponseBody:
+    return {"model": call.model, "labels": result["outputs"], "usage": {"tokens": result.get("tokens", 0)}}
+
+
+def extract_answer(call: TextsCall, result: OnlineResult, kind: str) -> api.ResponseBody:
+    return {"model": call.model, "entities": result["outputs"], "usage": {"tokens": result.get("tokens", 0)}}
+
+
 KIND_ROUTES = [
     KindRoute("sparse", ("sparse",), "give sparse vectors", "encode_sparse", sparse_call, sparse_answer),
     KindRoute(
@@ -159,4 +235,6 @@ KIND_ROUTES = [
         multivector_call,
         multivector_answer,
     ),
+    KindRoute("classify", ("classifier",), "classify texts", "label", classify_call, classify_answer),
+    KindRoute("extract", ("token_classifier",), "extract entities", "tag", extract_call, extract_answer),
 ]

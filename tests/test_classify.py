@@ -285,3 +285,108 @@ def test_chunked_extract_reads_long_texts_whole_as_the_pipelines_stride(cluster,
     expected = [[e for e in row if e["entity_group"] in ("PER", "LOC")] for row in reference(long)]
     assert_entities_equal([got[i] for i in ids], expected, long)
     assert max(e["end"] for e in got[ids[0]]) > len(long[0]) * 0.8  # entities from the text's end: read whole
+
+
+# -- online, over HTTP ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gateway(cluster, catalog):
+    """The gateway on the session's cluster, serving the classifiers: its URL."""
+    from shoal.pipeline.cluster import pull_queue
+
+    _, client = cluster
+    models = {name: spec.model_dump() for name, spec in load_catalog(catalog).models.items()}
+    models = {name: models[name] for name in ("sentiment", "topics", "nli", "ner")}
+    reply = client.sync(pull_queue(client).gateway_start, settings={"port": 0}, models=models, replace=True)
+    yield reply["url"]
+    client.sync(pull_queue(client).gateway_stop)
+
+
+def post(url: str, path: str, body: Any, media: str = "application/msgpack") -> tuple[int, Any]:
+    """(status, decoded reply) of a POST in `media` (MessagePack or JSON), the reply in the same."""
+    import urllib.error
+    import urllib.request
+
+    import msgpack
+
+    data = msgpack.packb(body) if media.endswith("msgpack") else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": media}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read()
+        media = error.headers.get("Content-Type", media)
+    return status, msgpack.unpackb(raw) if media.endswith("msgpack") else json.loads(raw)
+
+
+def test_online_classify_equals_the_pipelines(gateway, models, texts):
+    sample = texts[:12] + texts[80:82]  # two longer than the window: truncated, as the pipeline truncates
+    status, reply = post(gateway, "/v1/classify/sentiment", {"texts": sample})
+    assert status == 200, reply
+    assert reply["model"] == "sentiment" and reply["usage"]["tokens"] > 0
+    expected = pipeline_of("text-classification", models["sentiment"], top_k=None, truncation=True)(sample)
+    assert_labels_equal(reply["labels"], expected)
+    status, reply = post(gateway, "/v1/classify/topics", {"texts": sample, "top_k": 2}, "application/json")
+    assert status == 200, reply
+    expected = pipeline_of("text-classification", models["topics"], top_k=2, truncation=True)(sample)
+    assert_labels_equal(reply["labels"], expected)
+    body = {"texts": sample, "labels": ZERO_SHOT, "template": "About {}.", "multi_label": True}
+    status, reply = post(gateway, "/v1/classify/nli", body)
+    assert status == 200, reply
+    expected = pipeline_of("zero-shot-classification", models["nli"])(
+        sample, candidate_labels=ZERO_SHOT, hypothesis_template="About {}.", multi_label=True
+    )
+    assert_labels_equal(
+        reply["labels"], [[{"label": n, "score": s} for n, s in zip(e["labels"], e["scores"])] for e in expected]
+    )
+
+
+def test_online_extract_equals_the_pipeline(gateway, models, texts):
+    sample = texts[:12] + texts[80:82]
+    for aggregation in ("simple", "average"):
+        status, reply = post(gateway, "/v1/extract/ner", {"texts": sample, "aggregation": aggregation})
+        assert status == 200, reply
+        reference = pipeline_of("token-classification", models["ner"], aggregation_strategy=aggregation)
+        assert_entities_equal(reply["entities"], reference(sample), sample)
+    body = {"texts": sample, "labels": ["ORG"], "threshold": 0.3}
+    status, reply = post(gateway, "/v1/extract/ner", body, "application/json")
+    assert status == 200, reply
+    expected = [
+        [e for e in row if e["entity_group"] == "ORG" and e["score"] >= 0.3]
+        for row in pipeline_of("token-classification", models["ner"], aggregation_strategy="simple")(sample)
+    ]
+    assert_entities_equal(reply["entities"], expected, sample)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/classify/sentiment", {"texts": ["a"], "top_k": 0}, 400),
+        ("/v1/classify/sentiment", {"texts": ["a"], "top_k": True}, 400),
+        ("/v1/classify/sentiment", {"texts": ["a"], "threshold": "high"}, 400),
+        (
+            "/v1/classify/sentiment",
+            {"texts": ["a"], "labels": ["x", "y"]},
+            400,
+        ),  # no entailment label: the worker's 400
+        ("/v1/classify/nli", {"texts": ["a"], "labels": []}, 400),
+        ("/v1/classify/nli", {"texts": ["a"], "labels": ["x", "x"]}, 400),
+        ("/v1/classify/nli", {"texts": ["a"], "labels": ["x"], "template": "no slot"}, 400),
+        ("/v1/classify/nli", {"texts": ["a"], "multi_label": True}, 400),  # no labels to score alone
+        ("/v1/classify/sentiment", {"texts": ["a"], "aggregation": "simple"}, 400),  # not a classify field
+        ("/v1/classify/sentiment", {"texts": ["word " * 300], "truncate": False}, 422),
+        ("/v1/classify/ner", {"texts": ["a"]}, 400),  # a token classifier
+        ("/v1/extract/sentiment", {"texts": ["a"]}, 400),  # a sequence classifier
+        ("/v1/extract/ner", {"texts": ["a"], "aggregation": "mean"}, 400),
+        ("/v1/extract/ner", {"texts": ["a"], "top_k": 3}, 400),  # not an extract field
+        ("/v1/extract/ner", {"texts": []}, 422),
+        ("/v1/extract/nope", {"texts": ["a"]}, 404),
+    ],
+)
+def test_bad_classifier_requests_are_refused_and_the_gateway_stays_up(gateway, path, body, status):
+    got, reply = post(gateway, path, body)
+    assert got == status, reply
+    assert reply["error"]["code"] == status
+    assert post(gateway, "/v1/classify/sentiment", {"texts": ["still up"]})[0] == 200
