@@ -390,3 +390,48 @@ def test_bad_classifier_requests_are_refused_and_the_gateway_stays_up(gateway, p
     assert got == status, reply
     assert reply["error"]["code"] == status
     assert post(gateway, "/v1/classify/sentiment", {"texts": ["still up"]})[0] == 200
+
+
+# -- the rest of the batch machinery: Lance, reindex ---------------------------------------------------
+
+
+def test_classify_into_lance_holds_the_parquet_rows(cluster, catalog, shards, tmp_path):
+    lance = pytest.importorskip("lance")
+    source, ids = shards
+    run_job(cluster, catalog, "classify", source, tmp_path / "parquet", "--model", "topics", "--top-k", "3")
+    dataset = str(tmp_path / "labels.lance")
+    run_job(cluster, catalog, "classify", source, f"lance://{dataset}", "--model", "topics", "--top-k", "3")
+    rows = {row["id"]: row["labels"] for row in lance.dataset(dataset).to_table().to_pylist()}
+    assert rows == by_id(read_output(tmp_path / "parquet"), "labels") and len(rows) == len(ids)
+
+
+def test_reindex_keeps_entities_current(cluster, catalog, models, texts, tmp_path):
+    ids = write_shards(tmp_path / "in", texts[:40], shards=2, row_group_size=10)
+    _, client = cluster
+    job = {
+        "name": "entities",
+        "input": str(tmp_path / "in"),
+        "output": str(tmp_path / "index"),
+        "model": "ner",
+        "catalog": catalog,
+        "scheduler": client.scheduler.address,
+        "labels": ["PER"],
+        "aggregation": "max",
+        "lock": {"settle_seconds": 0.1},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    done = invoke_shoal("reindex", str(tmp_path / "job.yaml"))
+    assert done.returncode == 0, done.stderr
+    current = tmp_path / "index" / (tmp_path / "index" / "_CURRENT").read_text().strip()
+    got = by_id(read_output(current), "entities")
+    reference = pipeline_of("token-classification", models["ner"], aggregation_strategy="max")
+    expected = [[e for e in row if e["entity_group"] == "PER"] for row in reference(texts[:40])]
+    assert_entities_equal([got[i] for i in ids], expected, texts[:40])
+    again = invoke_shoal("reindex", str(tmp_path / "job.yaml"))
+    assert again.returncode == 0, again.stderr
+    manifest = json.loads((current / "_manifest.json").read_text())
+    assert manifest["work"]["run"] == 0 and manifest["operation"] == "extract"  # nothing changed: nothing redone
+    job["precision"] = "int8"  # an embedding's option: refused, not ignored
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    refused = invoke_shoal("reindex", str(tmp_path / "job.yaml"))
+    assert refused.returncode == 2 and "precision" in refused.stderr

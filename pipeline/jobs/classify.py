@@ -23,7 +23,8 @@ from shoal.scheduler_plugins.protocol import Aggregation, ClassifyPayload, Stora
 from shoal.workers.data.chunking import ChunkSettings
 
 Operation = Literal["classify", "extract"]
-KIND = {"classify": "classifier", "extract": "token_classifier"}  # the model kind each operation runs
+KIND: dict[Operation, str] = {"classify": "classifier", "extract": "token_classifier"}  # the kind each one runs
+OPERATION_OF: dict[str, Operation] = {kind: operation for operation, kind in KIND.items()}
 AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
 
 

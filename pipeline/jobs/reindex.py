@@ -1,4 +1,4 @@
-"""`shoal reindex job.yaml`: keep an embedded output in step with its inputs and model.
+"""`shoal reindex job.yaml`: keep an embedded (or classified) output in step with its inputs and model.
 
 Output layout::
 
@@ -30,15 +30,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
-from shoal.configs import Catalog, Profile, explain, load_catalog, load_profile, read_yaml
+from shoal.configs import Catalog, ConfigError, ModelSpec, Profile, explain, load_catalog, load_profile, read_yaml
 from shoal.pipeline.cluster import AdaptRange, connect
+from shoal.pipeline.jobs.classify import OPERATION_OF, ClassifyRequest, check_classify_options, classify_job
 from shoal.pipeline.jobs.embed import EMBED_KINDS, EMBED_OPERATIONS, EmbedRequest, check_embed_options, embed_job
-from shoal.pipeline.jobs.engine import JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
+from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
 from shoal.pipeline.jobs.fingerprints import model_fingerprint
 from shoal.pipeline.jobs.lance_output import LanceTarget
 from shoal.pipeline.jobs.lock import JobLock, LockHeld
 from shoal.pipeline.jobs.resume import job_params
-from shoal.scheduler_plugins.protocol import StorageOptions
+from shoal.scheduler_plugins.protocol import Aggregation, StorageOptions
 from shoal.workers.data.chunking import ChunkSettings
 from shoal.workers.data.storage import atomic_write, open_fs
 from shoal.workers.data.vector_precision import Precision, VectorFormat
@@ -65,7 +66,7 @@ class LockSettings(BaseModel):
 
 
 class ReindexJob(BaseModel):
-    """A job file: what to keep embedded, where, with what."""
+    """A job file: what to keep embedded (or classified, by the model's kind), where, with what."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,6 +81,12 @@ class ReindexJob(BaseModel):
     dim: int | None = Field(default=None, gt=0)
     top_k: int | None = Field(default=None, gt=0)  # a sparse model's largest terms per row
     input_type: Literal["query", "document"] | None = None  # a multi-vector model's encoding (document)
+    # A classifier's (shoal classify and extract: pipeline/jobs/classify.py); top_k is a sequence classifier's too.
+    threshold: float | None = None
+    labels: list[str] = Field(default_factory=list)
+    template: str | None = None
+    multi_label: bool = False
+    aggregation: Aggregation | None = None
     format: Literal["parquet", "lance"] = "parquet"  # lance: OUTPUT is a Lance dataset, a version per changed run
     storage_options: StorageOptions = Field(default_factory=dict)
     profile: str | None = None
@@ -104,6 +111,45 @@ class ReindexJob(BaseModel):
             top_k=self.top_k,
             input_type=self.input_type,
         )
+
+    def batch_job(self, output: str, spec: ModelSpec) -> BatchJob:
+        """The job into `output` by the model's kind, its options checked: an embed or a classifier's."""
+        classifying = {"threshold", "labels", "template", "multi_label", "aggregation"} & self.model_fields_set
+        if spec.kind in OPERATION_OF:
+            embedding = {"precision", "dim", "input_type"} & self.model_fields_set
+            if embedding:
+                raise ConfigError(f"{', '.join(sorted(embedding))}: options of an embedding, not of {spec.kind!r}")
+            request = ClassifyRequest(
+                **{k: v for k, v in vars(self.request(output)).items() if k in CLASSIFY_SHARED},
+                operation=OPERATION_OF[spec.kind],
+                top_k=self.top_k,
+                threshold=self.threshold,
+                labels=self.labels,
+                template=self.template,
+                multi_label=self.multi_label,
+                aggregation=self.aggregation,
+            )
+            check_classify_options(request, spec)
+            return classify_job(request)
+        if classifying:
+            raise ConfigError(f"{', '.join(sorted(classifying))}: options of a classifier, not of {spec.kind!r}")
+        check_embed_options(self.request(output), spec)
+        return embed_job(self.request(output), EMBED_OPERATIONS[spec.kind])
+
+
+# What an embed request and a classifier's share: where rows come from and go, and the columns they carry.
+CLASSIFY_SHARED = (
+    "input",
+    "output",
+    "model",
+    "text_column",
+    "id_column",
+    "keep_columns",
+    "storage_options",
+    "chunk",
+    "lance",
+    "input_format",
+)
 
 
 def load_job(path: str | os.PathLike) -> ReindexJob:
@@ -231,12 +277,10 @@ def job_config(job: ReindexJob) -> tuple[Profile, Catalog]:
 def plan_reindex(job: ReindexJob, profile: Profile, catalog: Catalog) -> ReindexPlan:
     """Compare inputs and model with the target version's manifest; touches nothing."""
     layout = VersionedOutput(job.output, job.storage_options)
-    spec = model_for(catalog, profile, job.model, EMBED_KINDS)
-    check_embed_options(job.request(job.output), spec)
-    operation = EMBED_OPERATIONS[spec.kind]
-    probe = embed_job(job.request(job.output), operation)
+    spec = model_for(catalog, profile, job.model, (*EMBED_KINDS, *OPERATION_OF))
+    probe = job.batch_job(job.output, spec)
     version = version_name(model_fingerprint(spec), job_params(probe.operation, probe.payload))
-    versioned = embed_job(job.request(layout.version_url(version)), operation)
+    versioned = job.batch_job(layout.version_url(version), spec)
     versioned.output_root = job.output  # the versions beside it are never input either (OUTPUT inside INPUT)
     prepared = prepare_job(versioned, spec, profile)
     recorded = {i["url"]: (i["size"], i["version"]) for i in (prepared.previous or {}).get("inputs", [])}
