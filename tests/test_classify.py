@@ -435,3 +435,43 @@ def test_reindex_keeps_entities_current(cluster, catalog, models, texts, tmp_pat
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     refused = invoke_shoal("reindex", str(tmp_path / "job.yaml"))
     assert refused.returncode == 2 and "precision" in refused.stderr
+
+
+# -- the quality gate -------------------------------------------------------------------------------
+
+
+def test_judges_of_labels_and_spans_name_each_failing_figure():
+    from types import SimpleNamespace
+
+    from shoal.pipeline.tuning.quality_gate import judge_entities, judge_labels
+
+    reference = np.array([[0.7, 0.2, 0.1]] * 99 + [[0.4, 0.35, 0.25]], dtype=np.float32)
+    figures, failures = judge_labels(reference + 0.005, reference)
+    assert figures == {"top1_agreement": 1.0, "score_delta_max": pytest.approx(0.005)} and not failures
+    flipped = reference.copy()
+    flipped[-2:] = [0.3, 0.4, 0.3]  # two texts' top label changes, by far more than 0.02
+    figures, failures = judge_labels(flipped, reference)
+    assert figures["top1_agreement"] == 0.98 and len(failures) == 2
+
+    def span(label: str, start: int, score: float) -> SimpleNamespace:
+        return SimpleNamespace(label=label, start=start, end=start + 3, score=score)
+
+    expected = [[span("PER", 0, 0.9), span("LOC", 10, 0.8)], [span("ORG", 4, 0.6)]]
+    figures, failures = judge_entities([[span("PER", 0, 0.905), span("LOC", 10, 0.8)], [span("ORG", 4, 0.6)]], expected)
+    assert figures["span_agreement"] == 1.0 and figures["score_delta_max"] == pytest.approx(0.005) and not failures
+    figures, failures = judge_entities([[span("PER", 0, 0.9)], [span("ORG", 5, 0.6)]], expected)
+    assert figures["span_agreement"] == 0.25 and failures == ["span agreement 0.2500 < 0.98"]
+
+
+def test_gate_judges_bfloat16_classifiers_against_fp32(catalog, texts):
+    from shoal.pipeline.tuning.quality_gate import PrecisionGate, candidates
+
+    plan = DevicePlan("cpu", "cpu", "float32", 10**9)
+    for name, figure in (("sentiment", "top1_agreement"), ("ner", "span_agreement")):
+        spec = spec_of(catalog, name)
+        assert [c.dtype for c in candidates("cpu", spec.kind)] == ["float32", "bfloat16"]  # torch only
+        gate = PrecisionGate(spec, plan, texts[:40], judged_set=None)
+        same = gate.check(candidates("cpu", spec.kind)[0])
+        assert same.passed and same.figures[figure] == 1.0 and same.figures["score_delta_max"] <= TOLERANCE
+        bf16 = gate.check(candidates("cpu", spec.kind)[1])
+        assert set(bf16.figures) == {figure, "score_delta_max"} and bf16.figures["score_delta_max"] > TOLERANCE

@@ -12,7 +12,11 @@ the user's own texts (or the demo corpus):
 - sparse models: the same cosine figures over the whole vocabulary (a row's
   term weights, zeros elsewhere), so a term lost or gained counts;
 - multi-vector models: the same cosine figures over every token's vector
-  (both sides tokenize alike, so the tokens pair up one to one).
+  (both sides tokenize alike, so the tokens pair up one to one);
+- sequence classifiers: the top label agrees with fp32's on >= 99% of texts,
+  and no label's score (a probability) moves by more than 0.02;
+- token classifiers: of the spans (label, start, end) either side finds,
+  >= 98% are found by both, and no shared span's score moves by more than 0.02.
 
 The other kinds run on torch only, so their candidates are its dtypes; `auto`
 measures none of them (they run in the workers' dtype unless a profile pins
@@ -27,8 +31,10 @@ reader of the profile sees why a model runs as it does.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +51,12 @@ COSINE_MEAN_AT_LEAST = 0.999
 COSINE_MIN_AT_LEAST = 0.99
 NDCG_DROP_AT_MOST = 0.005
 KENDALL_TAU_AT_LEAST = 0.99
+LABEL_AGREEMENT_AT_LEAST = 0.99
+SPAN_AGREEMENT_AT_LEAST = 0.98
+SCORE_DELTA_AT_MOST = 0.02
 REFERENCE = RuntimeChoice(runtime="torch", dtype="float32")
-GATED = ("embedder", "reranker", "sparse", "multivector")  # the kinds with an agreement measure below
+# The kinds with an agreement measure below.
+GATED = ("embedder", "reranker", "sparse", "multivector", "classifier", "token_classifier")
 
 
 @dataclass
@@ -119,6 +129,50 @@ def judge_scores(candidate: np.ndarray, reference: np.ndarray) -> tuple[dict[str
     return figures, failures
 
 
+def judge_labels(candidate: np.ndarray, reference: np.ndarray) -> tuple[dict[str, float], list[str]]:
+    """Top-1 agreement and the largest score change of two (texts, labels) score matrices."""
+    figures = {
+        "top1_agreement": float((candidate.argmax(axis=1) == reference.argmax(axis=1)).mean()),
+        "score_delta_max": float(np.abs(candidate - reference).max(initial=0.0)),
+    }
+    failures = []
+    if not figures["top1_agreement"] >= LABEL_AGREEMENT_AT_LEAST:
+        failures.append(f"top-1 label agreement {figures['top1_agreement']:.4f} < {LABEL_AGREEMENT_AT_LEAST}")
+    return figures, failures + _score_delta(figures["score_delta_max"])
+
+
+def judge_entities(candidate: list[list[Any]], reference: list[list[Any]]) -> tuple[dict[str, float], list[str]]:
+    """Of the spans either side finds per text (label, start, end), the share both find; their largest score change."""
+    both = either = 0
+    delta = 0.0
+    for found, expected in zip(candidate, reference):
+        ours = {(e.label, e.start, e.end): e.score for e in found}
+        theirs = {(e.label, e.start, e.end): e.score for e in expected}
+        shared = ours.keys() & theirs.keys()
+        both, either = both + len(shared), either + len(ours.keys() | theirs.keys())
+        delta = max([delta, *(abs(ours[span] - theirs[span]) for span in shared)])
+    figures = {"span_agreement": both / either if either else 1.0, "score_delta_max": delta}
+    failures = []
+    if not figures["span_agreement"] >= SPAN_AGREEMENT_AT_LEAST:
+        failures.append(f"span agreement {figures['span_agreement']:.4f} < {SPAN_AGREEMENT_AT_LEAST}")
+    return figures, failures + _score_delta(delta)
+
+
+def _score_delta(delta: float) -> list[str]:
+    return [] if delta <= SCORE_DELTA_AT_MOST else [f"a score moved by {delta:.4f} > {SCORE_DELTA_AT_MOST}"]
+
+
+# How each kind's outputs are held to fp32's.
+JUDGES: dict[str, Callable[[Any, Any], tuple[dict[str, float], list[str]]]] = {
+    "embedder": judge_vectors,
+    "sparse": judge_vectors,
+    "multivector": judge_vectors,
+    "reranker": judge_scores,
+    "classifier": judge_labels,
+    "token_classifier": judge_entities,
+}
+
+
 class PrecisionGate:
     """Checks candidates for one model against its fp32 torch runtime, loaded once.
 
@@ -157,7 +211,7 @@ class PrecisionGate:
                 texts_per_second=rate,
                 reference_texts_per_second=self.reference_rate,
             )
-            judged = (judge_scores if self.spec.kind == "reranker" else judge_vectors)(outputs, self.reference_outputs)
+            judged = JUDGES[self.spec.kind](outputs, self.reference_outputs)
             parts = [judged]
             if self.judged is not None and not judged[1]:  # refused on the sample: retrieval cannot save it
                 parts.append(judge_retrieval(self._ndcg(runtime, self.judged), self.reference_ndcg()))
@@ -183,8 +237,8 @@ class PrecisionGate:
         runtime = self._load(spec, self.plan)
         return runtime, time.perf_counter() - began
 
-    def _outputs(self, runtime) -> tuple[np.ndarray, float]:
-        """The runtime's vectors (or scores) on the sample, and its rate in texts per second."""
+    def _outputs(self, runtime) -> tuple[Any, float]:
+        """The runtime's vectors (scores, entities) on the sample, and its rate in texts per second."""
         import time
 
         began = time.perf_counter()
@@ -196,6 +250,10 @@ class PrecisionGate:
                 row[terms] = weights
         elif self.spec.kind == "multivector":  # every token's vector, in order
             outputs = np.concatenate(runtime.multivector(self.texts)[0])
+        elif self.spec.kind == "classifier":  # every label's score
+            outputs = runtime.classify(self.texts)[0]
+        elif self.spec.kind == "token_classifier":  # the spans a job writes (simple aggregation)
+            outputs = runtime.entities(self.texts)[0]
         else:  # reranker: each text scored against the text before it, as (query, passage) pairs
             outputs = runtime.score(self.texts[1:] + self.texts[:1], self.texts)[0]
         return outputs, len(self.texts) / max(time.perf_counter() - began, 1e-9)
