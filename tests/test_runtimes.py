@@ -136,6 +136,37 @@ def test_cross_encoder_on_every_runtime_is_judged_by_score_order(
         assert 0.8 < figures["kendall_tau"] < 0.99
 
 
+@pytest.mark.parametrize("runtime", ["torch", "onnx"])
+def test_each_pair_is_tokenized_once_and_scores_as_predict_past_the_window(
+    tiny_catalog, tiny_reranker, demo_texts, runtime
+):
+    from sentence_transformers import CrossEncoder
+
+    queries, passages = _pairs(demo_texts[:120])
+    passages = [p if i % 3 else " ".join(demo_texts[i : i + 12]) for i, p in enumerate(passages)]  # 40 too long
+    direct = CrossEncoder(str(tiny_reranker), device="cpu", max_length=128).predict(list(zip(queries, passages)))
+    loaded = load_runtime(_spec(tiny_catalog, "tiny-reranker", runtime, "float32"), PLAN)
+    calls: list[int] = []
+    encode = loaded.encoder.encode
+
+    def counted(texts, pairs=None):
+        calls.append(len(texts))
+        return encode(texts, pairs)
+
+    loaded.encoder.encode = counted
+    try:
+        scores, truncated = loaded.score(queries, passages)
+        assert calls == [len(queries)] and truncated >= 40
+        measured = loaded.token_lengths(queries[:30], passages[:30])
+        calls.clear()
+        given, _ = loaded.score(queries[:30], passages[:30], measured)  # an online group's tokens: reused
+        assert calls == []
+    finally:
+        loaded.close()
+    np.testing.assert_allclose(scores, direct, atol=1e-4)
+    np.testing.assert_allclose(given, scores[:30], atol=1e-5)  # other batches: other padding
+
+
 NO_TORCH_WORKER = """
 import json, sys
 import numpy as np
