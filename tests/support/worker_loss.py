@@ -55,12 +55,17 @@ def kill_busy_worker(cluster, job: subprocess.Popen) -> str:
 
 
 def embed_killing_a_worker(
-    tmp_path: Path, name: str, texts: list[str], output: str, write: Callable[..., list[str]] = write_shards
+    tmp_path: Path,
+    name: str,
+    texts: list[str],
+    output: str,
+    write: Callable[..., list[str]] = write_shards,
+    model: tuple[str, dict[str, Any]] = ("slow-sim", SLOW_SIM),
 ) -> tuple[list[str], int, str, int]:
     """Shards of `texts` in tmp_path/in (written by `write`, as `write_shards` does) embedded into `output`
-    by `shoal embed` with SLOW_SIM, on a local cluster of two workers (profile `name`, 100 rows an item), one
-    busy worker SIGKILLed mid-job (`kill_busy_worker`). Returns the ids, the job's exit status and stderr,
-    and the scheduler's count of lost workers."""
+    by `shoal embed` with `model` (its name and catalog entry; SLOW_SIM unless given), on a local cluster of
+    two workers (profile `name`, 100 rows an item), one busy worker SIGKILLed mid-job (`kill_busy_worker`).
+    Returns the ids, the job's exit status and stderr, and the scheduler's count of lost workers."""
     from distributed import Client
 
     from shoal.configs import load_profile
@@ -69,11 +74,11 @@ def embed_killing_a_worker(
     profile = load_profile(str(write_profile(tmp_path, name=name, rows_per_item=100, lease_seconds=30)))
     ids = write(tmp_path / "in", texts, shards=4, row_group_size=50)
     catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(yaml.safe_dump({"models": {"slow-sim": SLOW_SIM}}))
+    catalog.write_text(yaml.safe_dump({"models": dict([model])}))
     with start_local_cluster(profile) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         plugin = cluster.scheduler.extensions["shoal-pull-queue"]
-        on_cluster = {"scheduler": cluster.scheduler_address, "profile": profile.path, "model": "slow-sim"}
+        on_cluster = {"scheduler": cluster.scheduler_address, "profile": profile.path, "model": model[0]}
         job = subprocess.Popen(
             [SHOAL, *embed_args(tmp_path / "in", output, catalog, **on_cluster)],
             cwd=ROOT,
