@@ -475,3 +475,38 @@ def test_gate_judges_bfloat16_classifiers_against_fp32(catalog, texts):
         assert same.passed and same.figures[figure] == 1.0 and same.figures["score_delta_max"] <= TOLERANCE
         bf16 = gate.check(candidates("cpu", spec.kind)[1])
         assert set(bf16.figures) == {figure, "score_delta_max"} and bf16.figures["score_delta_max"] > TOLERANCE
+
+
+# -- a lost worker ------------------------------------------------------------------------------------
+
+
+def test_killed_worker_mid_extract_job_loses_no_rows(demo_texts, models, tmp_path):
+    """1,000 texts in 100-row items on a cluster of its own: a worker busy with an item is SIGKILLed mid-job;
+    its items go back to the queue and every row is written once, with its entities."""
+    import subprocess
+
+    from distributed import Client
+
+    from shoal.configs import load_profile
+    from shoal.pipeline.cluster import start_local_cluster
+    from tests.support.files import write_profile
+    from tests.support.paths import ROOT, SHOAL
+    from tests.support.worker_loss import kill_busy_worker
+
+    profile = load_profile(str(write_profile(tmp_path, name="kill-extract", rows_per_item=100, lease_seconds=30)))
+    ids = write_shards(tmp_path / "in", demo_texts[:1000], shards=4, row_group_size=50)
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": {"ner": {"source": models["ner"], "token_budget": {"cpu": 1024}}}}))
+    with start_local_cluster(profile) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        plugin = cluster.scheduler.extensions["shoal-pull-queue"]
+        options = shoal_options(catalog, cluster.scheduler_address, profile.path)
+        command = [SHOAL, "extract", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "ner", *options]
+        job = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        kill_busy_worker(cluster, job)
+        _, stderr = job.communicate(timeout=300)
+        assert job.returncode == 0, stderr
+        assert plugin.events["lost"] >= 1
+    table = read_output(tmp_path / "out")
+    assert sorted(table.column("id").to_pylist()) == sorted(ids)  # every row exactly once
+    assert table.column("entities").null_count == 0
