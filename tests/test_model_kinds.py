@@ -393,3 +393,44 @@ def test_killed_worker_mid_sparse_job_loses_no_rows(demo_texts, folders, tmp_pat
     table = read_output(tmp_path / "out")
     assert sorted(table.column("id").to_pylist()) == sorted(ids)  # every row exactly once
     assert table.column("sparse").null_count == 0
+
+
+def test_sparse_and_multivector_rows_into_lance(kinds_cluster, catalog, profile, corpus, tmp_path):
+    """The Lance sink takes either kind's rows as they are: the same rows as the Parquet parts."""
+    lance = pytest.importorskip("lance")
+    folder, texts = corpus
+    for model, column in (("splade", "sparse"), ("colbert", "embedding")):
+        dataset = str(tmp_path / f"{model}.lance")
+        done = shoal_embed(kinds_cluster, catalog, profile, folder, f"lance://{dataset}", model)
+        assert done.returncode == 0, done.stderr
+        stored = by_id(lance.dataset(dataset).to_table())
+        assert sorted(stored) == sorted(f"doc-{i}" for i in range(len(texts)))  # every row once
+        parquet = tmp_path / f"{model}-parquet"
+        assert shoal_embed(kinds_cluster, catalog, profile, folder, parquet, model).returncode == 0
+        for row_id, row in by_id(read_output(parquet)).items():
+            if row[column] is None:
+                assert stored[row_id][column] is None
+            else:
+                assert np.allclose(
+                    np.asarray(_values(stored[row_id][column])), np.asarray(_values(row[column])), atol=ATOL
+                )
+
+
+def _values(cell: list) -> list:
+    """A sparse row's weights by term, or a multi-vector row's matrix: comparable as arrays."""
+    return [term["value"] for term in cell] if cell and isinstance(cell[0], dict) else cell
+
+
+def test_quality_gate_judges_sparse_and_multivector_half_precision(catalog, demo_texts):
+    """bfloat16 against fp32 torch: cosine over the vocabulary (sparse) and per token (multi-vector)."""
+    from shoal.pipeline.tuning.quality_gate import PrecisionGate, candidates
+    from shoal.workers.devices import DevicePlan
+
+    plan = DevicePlan("cpu", "cpu", "float32", 10**9, 1)
+    for model in ("splade", "colbert"):
+        spec = load_catalog(str(catalog)).get(model)
+        assert [c.runtime for c in candidates("cpu", spec.kind)] == ["torch", "torch"]
+        bf16 = candidates("cpu", spec.kind)[1]
+        verdict = PrecisionGate(spec, plan, demo_texts[:16], judged_set=None).check(bf16)
+        assert set(verdict.figures) == {"cosine_mean", "cosine_min"}, verdict.summary()
+        assert 0.9 < verdict.figures["cosine_mean"] <= 1.0 + 1e-6, verdict.summary()
