@@ -3,7 +3,8 @@
 `OnlineClient` blocks and keeps one HTTP connection alive (http.client, no
 extra dependency); `AsyncOnlineClient` is for asyncio code and many requests
 at once (aiohttp). Both return numpy arrays and raise `OnlineError` with the
-gateway's status and message.
+gateway's status and message; `classify` and `extract` return each text's
+labels or entities as the gateway sends them.
 """
 
 from __future__ import annotations
@@ -44,6 +45,43 @@ def _headers(token: str | None) -> dict[str, str]:
     return headers
 
 
+class Labeled(TypedDict):
+    """One of a text's labels (classify), best first."""
+
+    label: str
+    score: float
+
+
+class Span(TypedDict):
+    """One of a text's entities (extract): `text` is the text's [start:end]."""
+
+    text: str
+    label: str
+    score: float
+    start: int
+    end: int
+
+
+class ClassifyCall(TypedDict, total=False):
+    """`classify`'s keyword options (docs/PROTOCOL.md): top_k, threshold; zero-shot labels, template, multi_label."""
+
+    truncate: bool
+    top_k: int
+    threshold: float
+    labels: list[str]
+    template: str
+    multi_label: bool
+
+
+class ExtractCall(TypedDict, total=False):
+    """`extract`'s keyword options: aggregation (simple, first, max, average, none), labels, threshold."""
+
+    truncate: bool
+    aggregation: str
+    labels: list[str]
+    threshold: float
+
+
 class Reply(TypedDict, total=False):
     """A gateway's answer body, as this client reads it (docs/PROTOCOL.md)."""
 
@@ -53,6 +91,8 @@ class Reply(TypedDict, total=False):
     shape: list[int]
     scores: list[float]  # rerank: one per document, in document order
     data: list[ServedModel]  # models
+    labels: list[list[Labeled]]  # classify: each text's
+    entities: list[list[Span]]  # extract: each text's
     usage: dict[str, int]
 
 
@@ -113,6 +153,10 @@ def _rerank_body(query: str, documents: list[str], truncate: bool) -> bytes:
     return msgpack.packb({"query": query, "documents": list(documents), "truncate": truncate})
 
 
+def _texts_body(texts: list[str], options: ClassifyCall | ExtractCall) -> bytes:
+    return msgpack.packb({"texts": list(texts), **options})
+
+
 class OnlineClient:
     """Blocking client over one keep-alive connection; use one per thread."""
 
@@ -130,6 +174,14 @@ class OnlineClient:
     def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
         """One score per document, in document order."""
         return np.asarray(self._post(f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))["scores"])
+
+    def classify(self, model: str, texts: list[str], **options: Unpack[ClassifyCall]) -> list[list[Labeled]]:
+        """Each text's labels, best first; `options` as ClassifyCall says."""
+        return self._post(f"/v1/classify/{model}", _texts_body(texts, options))["labels"]
+
+    def extract(self, model: str, texts: list[str], **options: Unpack[ExtractCall]) -> list[list[Span]]:
+        """Each text's entities, in order of `start`; `options` as ExtractCall says."""
+        return self._post(f"/v1/extract/{model}", _texts_body(texts, options))["entities"]
 
     def models(self) -> list[ServedModel]:
         return self._request("GET", "/v1/models", None)["data"]
@@ -184,6 +236,12 @@ class AsyncOnlineClient:
     async def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
         reply = await self._request("POST", f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))
         return np.asarray(reply["scores"])
+
+    async def classify(self, model: str, texts: list[str], **options: Unpack[ClassifyCall]) -> list[list[Labeled]]:
+        return (await self._request("POST", f"/v1/classify/{model}", _texts_body(texts, options)))["labels"]
+
+    async def extract(self, model: str, texts: list[str], **options: Unpack[ExtractCall]) -> list[list[Span]]:
+        return (await self._request("POST", f"/v1/extract/{model}", _texts_body(texts, options)))["entities"]
 
     async def models(self) -> list[ServedModel]:
         return (await self._request("GET", "/v1/models", None))["data"]

@@ -8,6 +8,7 @@ with each aggregation strategy, its stride for windows. Jobs run on the session'
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from shoal.configs import ModelSpec, load_catalog
+from shoal.pipeline.client import AsyncOnlineClient, OnlineClient
 from shoal.workers.devices import DevicePlan
 from tests.support.classifier_models import (
     BIO,
@@ -341,6 +343,10 @@ def test_online_classify_equals_the_pipelines(gateway, models, texts):
     assert_labels_equal(
         reply["labels"], [[{"label": n, "score": s} for n, s in zip(e["labels"], e["scores"])] for e in expected]
     )
+    with OnlineClient(gateway) as online:  # the Python client: the same answer
+        assert (
+            online.classify("nli", sample, labels=ZERO_SHOT, template="About {}.", multi_label=True) == reply["labels"]
+        )
 
 
 def test_online_extract_equals_the_pipeline(gateway, models, texts):
@@ -358,6 +364,12 @@ def test_online_extract_equals_the_pipeline(gateway, models, texts):
         for row in pipeline_of("token-classification", models["ner"], aggregation_strategy="simple")(sample)
     ]
     assert_entities_equal(reply["entities"], expected, sample)
+
+    async def ask() -> list:
+        async with AsyncOnlineClient(gateway) as online:
+            return await online.extract("ner", sample, labels=["ORG"], threshold=0.3)
+
+    assert asyncio.run(ask()) == reply["entities"]  # the asyncio client: the same answer
 
 
 @pytest.mark.parametrize(
