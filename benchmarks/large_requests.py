@@ -150,7 +150,13 @@ def main() -> None:
         [way, f"{medians[way]:.3f}", f"{min(measured['seconds'][way]):.3f}", f"{medians[way] / medians[WAYS[0]]:.2f}"]
         for way in WAYS
     ]
-    print("\n".join(markdown_table(["asked as", "median s", "best s", "x one request"], rows, right=("median s", "best s", "x one request"))))
+    print(
+        "\n".join(
+            markdown_table(
+                ["asked as", "median s", "best s", "x one request"], rows, right=("median s", "best s", "x one request")
+            )
+        )
+    )
     print(f"max |difference|: {results['max_abs_difference']}")
     print(f"\nJSON: {harness.write_result('large_requests', results, args.json)}")
 
