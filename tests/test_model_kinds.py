@@ -4,7 +4,7 @@ The references: sentence-transformers' `SparseEncoder.encode`, and its `MultiVec
 `encode_query`, which is itself held here to ColBERT's computation written out by hand on the tiny folder's
 weights (tests/support/kind_models.py). Batch runs are `shoal embed` on a real LocalCluster of two worker
 processes over real Parquet; online ones are real HTTP to the gateway on the same cluster. One cluster serves
-a dense, a sparse and a multi-vector model at once, and a worker killed mid-job loses no row.
+a dense, a sparse and a multi-vector model and both classifiers at once, and a worker killed mid-job loses no row.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import yaml
 from shoal.configs import load_catalog, load_profile
 from shoal.configs.model_resolution import ModelFiles
 from shoal.pipeline.cluster import pull_queue, start_local_cluster
-from tests.support.cli import embed_args, invoke_shoal
+from tests.support.classifier_models import SENTIMENT, build_tiny_sequence_classifier, build_tiny_token_classifier
+from tests.support.cli import embed_args, invoke_shoal, run_shoal, shoal_options
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.kind_models import (
     COLBERT_DIM,
@@ -41,6 +42,7 @@ pytestmark = pytest.mark.integration  # builds models and starts a cluster of it
 
 ATOL = 1e-4  # batch composition changes float sums in the last bits
 MB = 1_000_000
+EVERY_KIND = ("tiny", "splade", "colbert", "sentiment", "ner")  # dense, sparse, multi-vector, both classifiers
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +50,22 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     return {
         "splade": build_tiny_splade(tmp_path_factory.mktemp("splade")),
         "colbert": build_tiny_colbert(tmp_path_factory.mktemp("colbert")),
+        "sentiment": build_tiny_sequence_classifier(tmp_path_factory.mktemp("sentiment"), SENTIMENT),
+        "ner": build_tiny_token_classifier(tmp_path_factory.mktemp("ner")),
     }
 
 
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory, folders, tiny_model) -> Path:
-    """`tiny` (dense), `splade` and `colbert`; the last two by folder alone, their kinds read from their files."""
+    """`tiny` (dense), `splade`, `colbert` and the classifiers `sentiment` and `ner`; all but `tiny` by folder
+    alone, their kinds read from their files."""
     dense = {"kind": "embedder", "source": str(tiny_model), "dim": TINY_DIM, "max_seq_length": TINY_MAX_SEQ}
     entries = {
         "tiny": {**dense, "normalize": True, "memory_bytes": 10 * MB},
         "splade": {"source": str(folders["splade"]), "token_budget": {"cpu": 2048}},
         "colbert": {"source": str(folders["colbert"]), "token_budget": {"cpu": 2048}},
+        "sentiment": {"source": str(folders["sentiment"]), "max_seq_length": TINY_MAX_SEQ},
+        "ner": {"source": str(folders["ner"]), "max_seq_length": TINY_MAX_SEQ},
     }
     path = tmp_path_factory.mktemp("kinds-catalog") / "catalog.yaml"
     path.write_text(yaml.safe_dump({"models": entries}))
@@ -75,8 +82,8 @@ def profile(tmp_path_factory) -> Path:
 def kinds_cluster(profile, catalog):
     from distributed import Client
 
-    # Every worker holds all three models from its start (pinned), so each serves every kind at once.
-    pins = [arg for name in ("tiny", "splade", "colbert") for arg in ("--shoal-pin", name)]
+    # Every worker holds every model from its start (pinned), so each serves every kind at once.
+    pins = [arg for name in EVERY_KIND for arg in ("--shoal-pin", name)]
     local = start_local_cluster(
         load_profile(str(profile)), str(catalog), preload_argv=pins, resources={"MEMORY": 100 * MB}
     )
@@ -87,10 +94,10 @@ def kinds_cluster(profile, catalog):
 
 @pytest.fixture(scope="module")
 def gateway(kinds_cluster, catalog):
-    """The gateway on the kinds cluster, serving all three models: its URL."""
+    """The gateway on the kinds cluster, serving every model: its URL."""
     _, client = kinds_cluster
     models = {name: spec.model_dump() for name, spec in load_catalog(str(catalog)).models.items()}
-    models = {name: models[name] for name in ("tiny", "splade", "colbert")}
+    models = {name: models[name] for name in EVERY_KIND}
     reply = client.sync(pull_queue(client).gateway_start, settings={"port": 0}, models=models)
     yield reply["url"]
     client.sync(pull_queue(client).gateway_stop)
@@ -346,32 +353,53 @@ def test_bad_kind_requests_are_refused_and_the_gateway_stays_up(gateway, path, b
 # -- every kind on one cluster, and a lost worker ------------------------------------------------------
 
 
-def test_one_cluster_serves_dense_sparse_and_multivector_at_once(
+def test_one_cluster_serves_every_kind_at_once(
     kinds_cluster, catalog, profile, corpus, gateway, references, tmp_path, demo_texts
 ):
-    """One command embeds with all three models (OUTPUT/<model>/ each) while online requests of all three
-    are answered, by workers that each hold all three at once, within their model budget."""
-    _, client = kinds_cluster
+    """One command embeds with the dense, sparse and multi-vector models (OUTPUT/<model>/ each) while
+    `shoal classify` and `shoal extract` run beside it and online requests of all five models are answered,
+    by workers that each hold all five at once, within their model budget."""
+    local, client = kinds_cluster
     folder, texts = corpus
     answers: dict[str, int] = {}
+    routes = (
+        ("/v1/encode/", "tiny"),
+        ("/v1/sparse/", "splade"),
+        ("/v1/multivector/", "colbert"),
+        ("/v1/classify/", "sentiment"),
+        ("/v1/extract/", "ner"),
+    )
 
     def ask_online() -> None:
         for n in range(5):
-            for route, model in (("/v1/encode/", "tiny"), ("/v1/sparse/", "splade"), ("/v1/multivector/", "colbert")):
+            for route, model in routes:
                 status, _ = post(gateway, route + model, {"texts": [demo_texts[n]]})
                 answers[f"{model}-{n}"] = status
 
-    asking = threading.Thread(target=ask_online)
-    asking.start()
+    on_cluster = shoal_options(catalog, local.scheduler_address, profile)
+    ran: dict[str, Any] = {}
+
+    def run_beside(command: str, model: str) -> None:
+        ran[command] = run_shoal(command, str(folder), str(tmp_path / model), "--model", model, *on_cluster)
+
+    threads = [threading.Thread(target=ask_online)] + [
+        threading.Thread(target=run_beside, args=pair) for pair in (("classify", "sentiment"), ("extract", "ner"))
+    ]
+    for thread in threads:
+        thread.start()
     done = shoal_embed(kinds_cluster, catalog, profile, folder, tmp_path / "all", "tiny,splade,colbert")
-    asking.join(120)
+    for thread in threads:
+        thread.join(300)
     assert done.returncode == 0, done.stderr
-    assert set(answers.values()) == {200} and len(answers) == 15
+    assert all(result.returncode == 0 for result in ran.values()) and len(ran) == 2, ran
+    assert set(answers.values()) == {200} and len(answers) == 25
     dense, sparse, multi = (read_output(tmp_path / "all" / name) for name in ("tiny", "splade", "colbert"))
+    labels, entities = read_output(tmp_path / "sentiment"), read_output(tmp_path / "ner")
     assert dense.schema.field("embedding").type == pa.list_(pa.float32(), TINY_DIM)
     assert pa.types.is_struct(sparse.schema.field("sparse").type.value_type)
     assert pa.types.is_fixed_size_list(multi.schema.field("embedding").type.value_type)
-    assert dense.num_rows == sparse.num_rows == multi.num_rows == len(texts)
+    assert labels.schema.names == ["id", "labels"] and entities.schema.names == ["id", "entities"]
+    assert {table.num_rows for table in (dense, sparse, multi, labels, entities)} == {len(texts)}
 
     def pool_state(dask_worker) -> dict:
         pool = dask_worker.plugins["shoal-worker"].pool
@@ -379,7 +407,7 @@ def test_one_cluster_serves_dense_sparse_and_multivector_at_once(
 
     pools = client.run(pool_state).values()
     assert all(pool["budget"] == 100 * MB and pool["free"] >= 0 for pool in pools)
-    assert all({"tiny", "splade", "colbert"} <= set(pool["loaded"]) for pool in pools)
+    assert all(set(EVERY_KIND) <= set(pool["loaded"]) for pool in pools)
 
 
 def test_killed_worker_mid_sparse_job_loses_no_rows(demo_texts, folders, tmp_path):
