@@ -1,6 +1,7 @@
 """The official clients users already hold, with their default settings, against the gateway of the test cluster:
 openai (sync and async), langchain-openai's OpenAIEmbeddings, cohere's ClientV2 (and Client), llama-index's
-OpenAIEmbedding. Every answer is compared with a direct sentence-transformers call on the same tiny model.
+OpenAIEmbedding, and Shoal's own client with 2,048 texts. Every answer is compared with a direct
+sentence-transformers call on the same tiny model.
 
 Settings changed from a client's defaults, each the one docs/PROTOCOL.md ("Clients") names:
 - every client: its base URL (the gateway's) and an API key (any: auth is off here); llama-index's
@@ -156,3 +157,12 @@ def test_llama_index_openai_embedding(url, embedder, texts):
     flattened = [t.replace("\n", " ") for t in documents]  # as the client sends them
     close(embedding.get_text_embedding_batch(documents), embedder.encode(flattened))
     close(embedding.get_query_embedding("a question"), embedder.encode("a question"))
+
+
+def test_2048_texts_on_the_messagepack_route_equal_eight_requests_of_256_and_a_direct_call(url, embedder, texts):
+    with OnlineClient(url, timeout=120) as online:  # Shoal's own client: MessagePack, raw float32 bytes
+        one = online.encode("tiny", texts)
+        eight = np.concatenate([online.encode("tiny", texts[i : i + 256]) for i in range(0, 2048, 256)])
+    assert one.shape == (2048, 32)
+    np.testing.assert_allclose(one, eight, atol=1e-6)
+    close(one, embedder.encode(texts))
