@@ -147,8 +147,11 @@ def part_batch(texts: list[str], rounds: int, scratch: Path, fastembed_scratch: 
                 shutil.rmtree(written[name], ignore_errors=True)  # a fresh output, never a resumed run
             seconds, stderr = run(commands[name])
             timings = stages(stderr)
-            runs[name].append({"seconds": round(seconds, 2), "stages": timings, "fixed_s": fixed_part(timings)})
-            print(f"  round {r + 1} {name}: {seconds:.1f} s, stages {timings}", flush=True)
+            load = harness.load_average()  # others share this machine: the load beside each figure
+            runs[name].append(
+                {"seconds": round(seconds, 2), "stages": timings, "fixed_s": fixed_part(timings), "load_average": load}
+            )
+            print(f"  round {r + 1} {name}: {seconds:.1f} s (load {load}), stages {timings}", flush=True)
     reference = np.load(scratch / "direct.npy")
     outputs = {name: read_ours(folder, ids) for name, folder in written.items()}
     if "fastembed" in commands:

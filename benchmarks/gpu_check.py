@@ -79,7 +79,7 @@ def build_model(folder: Path, weights: str | None) -> Path:
     """A sentence-transformers folder: --weights (loaded as fp32), else the MiniLM-shaped random BERT."""
     import torch
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Normalize, Pooling, Transformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     from transformers import BertConfig, BertModel
 
     target = folder / MODEL

@@ -26,6 +26,14 @@ Run it on the tree before a change and after, side by side:
     .venv/bin/python benchmarks/worker_stages.py --texts 3000 --runtimes torch,onnx --rounds 3
     .venv/bin/python benchmarks/worker_stages.py --code-before /tmp/before   # the same, an older tree beside
 
+Beside the stages: the tokenizer alone (one core; its plain call against the worker's TokenEncoder, on
+these texts and on 800-word ones), and with ``--near-free`` ``shoal embed`` on a near-free model, with
+each tree: its steady rows/s (from the times its output parts were written, the first quarter and the
+last part left out) and its marginal rows/s (a run of 2N rows less one of N), against the tokenizer
+alone on every core. ``--near-free-layers 2,0``: the issue's 2-layer model, and one with no layers
+(embeddings and pooling: the forward nearly free on a CPU too), whose forward CPU per row the stages
+show with the forward kept (``--keep-forward``).
+
 Prints Markdown and writes JSON to --json.
 """
 
@@ -68,6 +76,19 @@ def texts(count: int) -> list[str]:
     ]
     picked = (long + demo)[:count]
     return list(np.random.default_rng(0).permutation(np.array(picked, dtype=object)))
+
+
+def long_texts(count: int, words: int = MAX_WORDS) -> list[str]:
+    """`count` texts of `words` words each, demo paragraphs joined (the shape of a long document, unchunked)."""
+    demo = texts(3000)
+    rng = np.random.default_rng(1)
+    out = []
+    for _ in range(count):
+        picked: list[str] = []
+        while sum(len(p.split()) for p in picked) < words:
+            picked.append(demo[int(rng.integers(len(demo)))])
+        out.append(" ".join(" ".join(picked).split(" ")[:words]))
+    return out
 
 
 class Clock:
@@ -139,6 +160,31 @@ def skip_forward(runtime: Any, clock: Clock) -> None:
     runtime.model = Model()
 
 
+def time_forward(runtime: Any, clock: Clock) -> None:
+    """The model's forward kept, its thread CPU charged to "forward" (one torch thread: all of it)."""
+    if hasattr(runtime, "session"):  # ONNX
+        session = runtime.session
+
+        class TimedSession:
+            def run(self, outputs: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+                with clock.stage("forward"):
+                    return session.run(outputs, inputs)
+
+        runtime.session = TimedSession()
+        return
+    model = runtime.model
+
+    class TimedModel:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(model, name)
+
+        def __call__(self, features: dict[str, Any]) -> dict[str, Any]:
+            with clock.stage("forward"):
+                return model(features)
+
+    runtime.model = TimedModel()
+
+
 def instrument(runtime: Any, clock: Clock) -> None:
     """Wrap the functions each stage is made of, in this tree's modules (absent ones are skipped)."""
     import shoal.workers.batching.token_batching as batching
@@ -157,6 +203,8 @@ def instrument(runtime: Any, clock: Clock) -> None:
     encoder = getattr(runtime, "encoder", None)  # tokenized once (token_counts.TokenEncoder), in its thread
     if encoder is not None:
         clock.wrap(encoder, "encode", "tokenize")
+        if hasattr(encoder, "_encodings"):  # a share of a long list, in each tokenizing thread
+            clock.wrap(encoder, "_encodings", "tokenize")
         clock.wrap(encoder, "pad", "batching/padding")
     tokenizer = runtime.tokenizer
     backend = getattr(tokenizer, "backend", None) or getattr(tokenizer, "_tokenizer", None)
@@ -177,9 +225,17 @@ def instrument(runtime: Any, clock: Clock) -> None:
 
 
 def measure(
-    runtime_name: str, count: int, rounds: int, scratch: Path, catalog: str | None, model: str, profile_name: str
+    runtime_name: str,
+    count: int,
+    rounds: int,
+    scratch: Path,
+    catalog: str | None,
+    model: str,
+    profile_name: str,
+    keep_forward: bool = False,
 ) -> dict[str, Any]:
-    """Per-row µs of each stage and of the whole item, best round, on this tree's code."""
+    """Per-row µs of each stage and of the whole item, best round, on this tree's code; `keep_forward`:
+    the model's forward runs (its CPU is then the rest of "compute's own Python", shown as "forward")."""
     import torch
 
     from shoal.configs import RuntimeChoice, load_catalog, load_profile
@@ -194,14 +250,20 @@ def measure(
     profile = load_profile(profile_name)
     plan = detect_device(profile, {})
     apply_torch_threads(plan)
-    torch.set_num_threads(1)  # the forward is skipped: one thread, so thread CPU is the work's
     spec = load_catalog(catalog).get(model)
     choice = RuntimeChoice.model_validate({"runtime": runtime_name, "dtype": "float32"})
-    runtime = cast(Embedder, load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan))
+
+    def load() -> Embedder:
+        """The runtime, then one torch thread (the load sets the plan's): thread CPU is then the work's."""
+        loaded = cast(Embedder, load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan))
+        torch.set_num_threads(1)
+        return loaded
+
+    runtime = load()
     best: dict[str, float] | None = None
     for r in range(rounds + 1):  # the first round warms caches, and is not counted
         clock = Clock()
-        skip_forward(runtime, clock)
+        (time_forward if keep_forward else skip_forward)(runtime, clock)
         instrument(runtime, clock)
         payload: dict[str, Any] = {
             "input": str(shard),
@@ -219,12 +281,14 @@ def measure(
             computed = embed_operation.compute(runtime, data)
         embed_operation.write(payload, data, computed, spec)  # type: ignore[arg-type]
         per_row = {name: clock.seconds.get(name, 0.0) * 1e6 / len(rows) for name in STAGES}
+        if keep_forward:
+            per_row["forward"] = clock.seconds.get("forward", 0.0) * 1e6 / len(rows)
         per_row["whole item (process CPU)"] = (time.process_time() - cpu) * 1e6 / len(rows)
         per_row["whole item (wall)"] = (time.perf_counter() - wall) * 1e6 / len(rows)
         print(f"  {runtime_name} round {r}: " + ", ".join(f"{k} {v:.1f}" for k, v in per_row.items()), flush=True)
         if r and (best is None or per_row["whole item (process CPU)"] < best["whole item (process CPU)"]):
             best = per_row
-        runtime = cast(Embedder, load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan))
+        runtime = load()
     assert best is not None
     tokens = runtime.token_lengths(rows)[0]
     return {
@@ -235,52 +299,79 @@ def measure(
     }
 
 
-def tokenizer_alone(count: int, rounds: int) -> float:
-    """µs of CPU per row of MiniLM's tokenizer alone (truncated to the window), one call over all texts."""
+def minilm_tokenizer() -> Any:
+    """MiniLM's tokenizer as its file sets it up, less its padding: the plain call, truncated at 256."""
     from tokenizers import Tokenizer
 
     from shoal.configs import load_catalog
 
-    spec = load_catalog().get("minilm")
-    backend = Tokenizer.from_file(str(Path(spec.resolve_path()) / "tokenizer.json"))
-    backend.enable_truncation(spec.max_seq_length)
-    rows = texts(count)
-    best = float("inf")
-    for _ in range(rounds):
-        began = time.process_time()
-        backend.encode_batch(rows)
-        best = min(best, time.process_time() - began)
-    return round(best * 1e6 / len(rows), 1)
+    backend = Tokenizer.from_file(str(Path(load_catalog().get("minilm").resolve_path()) / "tokenizer.json"))
+    backend.no_padding()
+    backend.enable_truncation(256)
+    return backend
 
 
-def near_free(scratch: Path, count: int) -> dict[str, Any]:
-    """`shoal embed`'s marginal rows/s on a random 2-layer BERT of width 32 with MiniLM's tokenizer, no flags,
-    against that tokenizer alone on all cores (its own thread pool), over the same texts.
+def tokenizer_alone(count: int, rounds: int) -> dict[str, float]:
+    """µs of CPU per row on one core: MiniLM's tokenizer alone (its plain call, truncated) and the worker's
+    TokenEncoder (this tree's), over these texts and over 800-word texts."""
+    backend = minilm_tokenizer()
+    try:
+        from shoal.workers.runtimes.token_counts import TokenEncoder
 
-    Marginal: the rows of a run of 2N rows less a run of N, over the seconds between them, so the
-    command's start and stop cancel out.
-    """
+        encoder: Any = TokenEncoder(backend, 256, 0, 0, "right")
+    except (ImportError, TypeError):  # an older tree: no TokenEncoder (or another signature)
+        encoder = None
+    figures = {}
+    for label, rows in (("texts", texts(count)), ("800-word texts", long_texts(max(count // 5, 100)))):
+        calls = {"tokenizer alone": lambda rows=rows: backend.encode_batch(rows)}
+        if encoder is not None:
+            calls["TokenEncoder"] = lambda rows=rows: encoder.encode(rows)
+        for name, call in calls.items():
+            best = float("inf")
+            for _ in range(rounds):
+                began = time.process_time()
+                call()
+                best = min(best, time.process_time() - began)
+            figures[f"{name}, {label}"] = round(best * 1e6 / len(rows), 1)
+    return figures
+
+
+def tokenizer_on_all_cores(rows: list[str], rounds: int) -> float:
+    """Rows/s of MiniLM's tokenizer alone on every core (its own thread pool), best of `rounds`."""
+    backend = minilm_tokenizer()
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    try:
+        best = float("inf")
+        for _ in range(rounds):
+            began = time.perf_counter()
+            backend.encode_batch(rows)
+            best = min(best, time.perf_counter() - began)
+    finally:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    return round(len(rows) / best, 1)
+
+
+def near_free_model(scratch: Path, layers: int) -> Path:
+    """A catalog naming "near-free": a random BERT of width 32 and `layers` layers with MiniLM's tokenizer."""
     import shutil as files
 
     import torch
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Pooling, Transformer
-    from tokenizers import Tokenizer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     from transformers import BertConfig, BertModel
 
     from shoal.configs import load_catalog
 
     minilm = Path(load_catalog().get("minilm").resolve_path())
-    scratch = scratch.resolve()  # the catalog names the model's folder: absolute, not relative to the catalog
-    scratch.mkdir(parents=True, exist_ok=True)
-    backbone, folder = scratch / "backbone", scratch / "tiny"
+    root = scratch.resolve() / f"layers-{layers}"  # the catalog names the model's folder: absolute
+    backbone, folder = root / "backbone", root / "tiny"
     if not folder.is_dir():
         torch.manual_seed(0)
-        backbone.mkdir(exist_ok=True)
+        backbone.mkdir(parents=True, exist_ok=True)
         for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             files.copy(minilm / name, backbone / name)
         shape: dict[str, Any] = {
-            "num_hidden_layers": 2,
+            "num_hidden_layers": layers,
             "hidden_size": 32,
             "intermediate_size": 37,
             "num_attention_heads": 2,
@@ -288,39 +379,106 @@ def near_free(scratch: Path, count: int) -> dict[str, Any]:
         BertModel(BertConfig(vocab_size=30522, max_position_embeddings=512, **shape)).save_pretrained(backbone)
         transformer = Transformer(str(backbone), max_seq_length=256)
         SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="mean")]).save(str(folder))
-    catalog = scratch / "catalog.yaml"
+    catalog = root / "catalog.yaml"
     entry = {"kind": "embedder", "source": str(folder), "dim": 32, "max_seq_length": 256}
     catalog.write_text(json.dumps({"models": {"near-free": entry}}))
-    rows = texts(count)
-    seconds = {}
-    for n in (count, 2 * count):
+    return catalog
+
+
+def steady_rows_per_s(out: Path) -> float:
+    """Rows/s while every worker computes: from the times the output parts were written, the first quarter
+    (model loads, the first items) and the last part (one worker left) left out."""
+    parts = sorted((p.stat().st_mtime, pq.read_metadata(p).num_rows) for p in out.glob("part-*.parquet"))
+    first = max(1, len(parts) // 4)
+    kept = parts[first:-1]
+    if len(kept) < 2:
+        return 0.0
+    return sum(rows for _, rows in kept[1:]) / max(kept[-1][0] - kept[0][0], 1e-9)
+
+
+# Machines a near-free run may stand for: this one, or this one with bf16 treated as absent (the issue's
+# AVX2 machine: auto's layout is then one worker process on every core, not one per core).
+MACHINES = {"this": {}, "no-bf16": {"SHOAL_NO_BF16": "1"}}
+
+
+def near_free(
+    scratch: Path, count: int, rows: int, rounds: int, layers: list[int], trees: dict[str, str], machines: list[str]
+) -> list[dict[str, Any]]:
+    """`shoal embed` with no flags on the near-free models, the trees in turn within each round: steady and
+    marginal rows/s (best of `rounds`), against MiniLM's tokenizer alone on every core over the same texts,
+    measured right after each model and machine's runs (the load drifts)."""
+    picked = texts(count)
+    for n in (rows, 2 * rows):
         shard = scratch / f"in-{n}" / "part-0.parquet"
-        shard.parent.mkdir(exist_ok=True)
-        picked = (rows * (n // len(rows) + 1))[:n]
-        pq.write_table(pa.table({"id": [f"t{i}" for i in range(n)], "text": picked}), shard)
-        out = scratch / f"out-{n}"
-        files.rmtree(out, ignore_errors=True)
-        command = [harness.venv_command("shoal"), "embed", str(shard.parent), str(out), "--model", "near-free"]
-        env = {**os.environ, "SHOAL_PROFILE": "", "SHOAL_AUTO_MEASURE": "wait"}
-        subprocess.run([*command, "--catalog", str(catalog)], check=True, capture_output=True, env=env)  # verdicts
-        files.rmtree(out, ignore_errors=True)
-        began = time.perf_counter()
-        subprocess.run([*command, "--catalog", str(catalog)], check=True, capture_output=True, env=env)
-        seconds[n] = time.perf_counter() - began
-    marginal = count / max(seconds[2 * count] - seconds[count], 1e-9)
-    backend = Tokenizer.from_file(str(minilm / "tokenizer.json"))
-    backend.enable_truncation(256)
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"  # all cores: the tokenizer's own pool
-    began = time.perf_counter()
-    backend.encode_batch(rows)
-    alone = len(rows) / (time.perf_counter() - began)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    return {
-        "seconds": {str(n): round(s, 2) for n, s in seconds.items()},
-        "marginal_rows_per_s": round(marginal, 1),
-        "tokenizer_alone_rows_per_s": round(alone, 1),
-        "ratio": round(marginal / alone, 2),
-    }
+        shard.parent.mkdir(parents=True, exist_ok=True)
+        repeated = (picked * (n // len(picked) + 1))[:n]
+        pq.write_table(pa.table({"id": [f"t{i}" for i in range(n)], "text": repeated}), shard)
+    results: list[dict[str, Any]] = []
+    for depth in layers:
+        catalog = near_free_model(scratch, depth)
+        for machine in machines:
+            seconds: dict[str, dict[int, float]] = {label: {} for label in trees}
+            steady = dict.fromkeys(trees, 0.0)
+            loads: list[float] = []
+            for r in range(rounds + 1):  # round 0 caches auto's verdicts (as after a first use), untimed
+                labels = list(trees)
+                for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+                    for n in (rows, 2 * rows) if r else (rows,):
+                        began = time.perf_counter()
+                        out = embed_near_free(scratch, n, catalog, trees[label], label, MACHINES[machine])
+                        if r:
+                            took = time.perf_counter() - began
+                            seconds[label][n] = min(seconds[label].get(n, float("inf")), took)
+                            if n == 2 * rows:
+                                steady[label] = max(steady[label], steady_rows_per_s(out))
+                            loads.append(harness.load_average())
+            alone = tokenizer_on_all_cores(picked, 3)
+            for label in trees:
+                marginal = rows / max(seconds[label][2 * rows] - seconds[label][rows], 1e-9)
+                results.append(
+                    {
+                        "layers": depth,
+                        "machine": machine,
+                        "tree": label,
+                        "seconds": {str(n): round(v, 2) for n, v in seconds[label].items()},
+                        "steady_rows_per_s": round(steady[label], 1),
+                        "marginal_rows_per_s": round(marginal, 1),
+                        "tokenizer_alone_all_cores_rows_per_s": alone,
+                        "steady_vs_tokenizer": round(steady[label] / alone, 2),
+                        "marginal_vs_tokenizer": round(marginal / alone, 2),
+                        "load_average": [min(loads), max(loads)],
+                    }
+                )
+                print(f"  near-free: {results[-1]}", flush=True)
+    return results
+
+
+def embed_near_free(scratch: Path, n: int, catalog: Path, tree: str, label: str, machine: dict[str, str]) -> Path:
+    """One `shoal embed` of `n` rows on the near-free model, no flags, with `tree`'s code; its output folder."""
+    import shutil as files
+
+    out = scratch / f"out-{label.replace(' ', '-')}-{n}"
+    files.rmtree(out, ignore_errors=True)
+    command = [harness.venv_command("shoal"), "embed", str(scratch / f"in-{n}"), str(out)]
+    command += ["--model", "near-free", "--catalog", str(catalog)]
+    env = {**os.environ, "SHOAL_PROFILE": "", "SHOAL_AUTO_MEASURE": "wait", "PYTHONPATH": tree, **machine}
+    subprocess.run(command, check=True, capture_output=True, env=env, cwd=tree)
+    return out
+
+
+def near_free_stages(scratch: Path, count: int, rounds: int, layers: list[int]) -> dict[str, Any]:
+    """The stages with the near-free models' forward kept, this tree, torch: what the forward costs per row."""
+    figures = {}
+    for depth in layers:
+        catalog = near_free_model(scratch, depth)
+        command = [sys.executable, str(Path(__file__)), "--one", "torch", "--texts", str(count), "--keep-forward"]
+        command += ["--rounds", str(rounds), "--catalog", str(catalog), "--model", "near-free"]
+        command += ["--scratch", str(scratch / f"stages-{depth}")]
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if done.returncode:
+            raise SystemExit(f"near-free stages failed:\n{done.stderr[-3000:]}")
+        figures[f"{depth} layers"] = json.loads(done.stdout.strip().splitlines()[-1])["us_per_row"]
+    return figures
 
 
 def main() -> None:
@@ -328,7 +486,9 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runtimes", default="torch,onnx")
-    parser.add_argument("--code-before", default=None, help="an older tree, measured beside this one in turn")
+    parser.add_argument(
+        "--code-before", action="append", default=[], help="an older tree, measured beside this one (repeatable)"
+    )
     parser.add_argument("--scratch", default=str(ROOT / "out" / "bench-worker-stages"))
     parser.add_argument("--json", default=DEFAULT_JSON)
     parser.add_argument("--catalog", default=None, help="a catalog file naming --model (benchmarks/gpu_check.py's)")
@@ -336,46 +496,86 @@ def main() -> None:
     parser.add_argument(
         "--profile", default="cpu-local", help="the device plan's profile (auto: a GPU where there is one)"
     )
+    parser.add_argument("--skip-stages", action="store_true", help="only the tokenizer and --near-free figures")
     parser.add_argument(
-        "--near-free", action="store_true", help="also: shoal embed's marginal rows/s on a near-free model"
+        "--near-free", action="store_true", help="also: shoal embed's steady and marginal rows/s on a near-free model"
     )
+    parser.add_argument("--near-free-rows", type=int, default=24000, help="N: runs of N and 2N rows")
+    parser.add_argument("--near-free-rounds", type=int, default=2)
+    parser.add_argument("--near-free-layers", default="2,0")
+    parser.add_argument("--near-free-machines", default="this,no-bf16", help=f"of {', '.join(MACHINES)}")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child's runtime: print its JSON
+    parser.add_argument("--keep-forward", action="store_true", help=argparse.SUPPRESS)  # with --one
     args = parser.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if args.one:
         scratch = Path(args.scratch) / args.one
-        print(json.dumps(measure(args.one, args.texts, args.rounds, scratch, args.catalog, args.model, args.profile)))
+        figures = measure(
+            args.one, args.texts, args.rounds, scratch, args.catalog, args.model, args.profile, args.keep_forward
+        )
+        print(json.dumps(figures))
         return
-    trees = {"after": str(ROOT), **({"before": args.code_before} if args.code_before else {})}
+    before = {f"before {Path(tree).name}": str(Path(tree).resolve()) for tree in args.code_before}
+    trees = {**before, "after": str(ROOT)}
     results: dict[str, Any] = {"texts": args.texts, "rounds": args.rounds, "trees": trees, "rows": []}
-    for runtime_name in args.runtimes.split(","):
-        for label in sorted(trees, key=lambda t: t != "before"):  # before, then after, per runtime
-            tree = trees[label]
+    results["load_average_at_start"] = harness.load_average()
+    for runtime_name in [] if args.skip_stages else args.runtimes.split(","):
+        for label, tree in trees.items():  # the older trees first, then this one, per runtime
             command = [sys.executable, str(Path(tree) / "benchmarks" / "worker_stages.py"), "--one", runtime_name]
             command += ["--texts", str(args.texts), "--rounds", str(args.rounds), "--model", args.model]
             command += ["--profile", args.profile, *(["--catalog", args.catalog] if args.catalog else [])]
-            command += ["--scratch", str(Path(args.scratch) / label)]
+            command += ["--scratch", str(Path(args.scratch) / label.replace(" ", "-"))]
             env = {**os.environ, "PYTHONPATH": tree}
             done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tree)
             if done.returncode:
                 raise SystemExit(f"{label} {runtime_name} failed:\n{done.stderr[-3000:]}")
             row = json.loads(done.stdout.strip().splitlines()[-1])
             results["rows"].append({"tree": label, **row})
-    results["tokenizer_alone_us_per_row"] = tokenizer_alone(args.texts, args.rounds)
+    results["tokenizer_us_per_row"] = tokenizer_alone(args.texts, args.rounds)
     if args.near_free:
-        results["near_free"] = near_free(Path(args.scratch) / "near-free", args.texts)
+        layers = [int(x) for x in args.near_free_layers.split(",")]
+        scratch = Path(args.scratch) / "near-free"
+        results["near_free_stages_us_per_row"] = near_free_stages(scratch, args.texts, args.rounds, layers)
+        machines = args.near_free_machines.split(",")
+        results["near_free_rows"] = args.near_free_rows
+        results["near_free"] = near_free(
+            scratch, args.texts, args.near_free_rows, args.near_free_rounds, layers, trees, machines
+        )
+    results["load_average_at_end"] = harness.load_average()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
+    report(results)
+
+
+def report(results: dict[str, Any]) -> None:
+    """The figures as Markdown tables."""
     names = [*STAGES, "whole item (process CPU)", "whole item (wall)"]
-    print(f"\nCPU µs per row outside the forward, {args.texts} texts, best of {args.rounds} rounds:\n")
-    for line in markdown_table(
-        ["stage", *(f"{r['runtime']} {r['tree']}" for r in results["rows"])],
-        [[name, *(r["us_per_row"][name] for r in results["rows"])] for name in names],
-    ):
+    if results["rows"]:
+        print(f"\nCPU µs per row outside the forward, {results['texts']} texts, best of {results['rounds']} rounds:\n")
+        for line in markdown_table(
+            ["stage", *(f"{r['runtime']} {r['tree']}" for r in results["rows"])],
+            [[name, *(r["us_per_row"].get(name, "-") for r in results["rows"])] for name in names],
+        ):
+            print(line)
+    print("\nTokenizer, CPU µs per row on one core:\n")
+    for line in markdown_table(["call, texts", "µs/row"], list(results["tokenizer_us_per_row"].items())):
         print(line)
-    print(f"\nMiniLM's tokenizer alone (Rust, one call, truncated): {results['tokenizer_alone_us_per_row']} µs/row")
     if "near_free" in results:
-        print(f"\nNear-free model: {json.dumps(results['near_free'])}")
+        stages = results["near_free_stages_us_per_row"]
+        print("\nNear-free models, torch, forward kept, CPU µs per row:\n")
+        for line in markdown_table(
+            ["stage", *stages], [[name, *(s.get(name, "-") for s in stages.values())] for name in [*names, "forward"]]
+        ):
+            print(line)
+        print(f"\nshoal embed, near-free models, N = {results['near_free_rows']} and 2N rows:\n")
+        columns = ["layers", "machine", "tree", "steady rows/s", "marginal rows/s", "tokenizer alone, all cores"]
+        columns += ["steady vs tokenizer", "marginal vs tokenizer", "load"]
+        keys = ["layers", "machine", "tree", "steady_rows_per_s", "marginal_rows_per_s"]
+        keys += ["tokenizer_alone_all_cores_rows_per_s", "steady_vs_tokenizer", "marginal_vs_tokenizer", "load_average"]
+        rows = [[r[k] for k in keys] for r in results["near_free"]]
+        for line in markdown_table(columns, rows):
+            print(line)
+    print(f"\nload average: {results['load_average_at_start']} at start, {results['load_average_at_end']} at end")
 
 
 if __name__ == "__main__":
