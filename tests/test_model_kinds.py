@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -28,6 +25,7 @@ from shoal.pipeline.cluster import pull_queue, start_local_cluster
 from tests.support.classifier_models import SENTIMENT, build_tiny_sequence_classifier, build_tiny_token_classifier
 from tests.support.cli import embed_args, invoke_shoal, run_shoal, shoal_options
 from tests.support.files import read_output, write_profile, write_shards
+from tests.support.gateway import post
 from tests.support.kind_models import (
     COLBERT_DIM,
     COLBERT_DOCUMENT_LENGTH,
@@ -273,18 +271,6 @@ def test_reindex_keeps_a_sparse_output_current(kinds_cluster, catalog, corpus, r
 
 
 # -- online --------------------------------------------------------------------------------------------
-
-
-def post(url: str, path: str, body: Any, media: str = "application/msgpack") -> tuple[int, Any]:
-    data = msgpack.packb(body) if media.endswith("msgpack") else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": media}, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, raw = error.code, error.read()
-        media = error.headers.get("Content-Type", media)
-    return status, msgpack.unpackb(raw) if media.endswith("msgpack") else json.loads(raw)
 
 
 def test_online_sparse_equals_sparse_encoder(gateway, references, demo_texts):
