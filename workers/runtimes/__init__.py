@@ -122,7 +122,7 @@ def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread 
 
         return SimulatedRuntime(spec, plan.kind, device_thread)
     if spec.kind not in ("embedder", "reranker"):
-        raise ValueError(f"model {spec.name!r}: no runtime for kind {spec.kind!r} yet")
+        raise ValueError(f"model {spec.name!r} is of kind {spec.kind!r}: no embedder or reranker runtime loads it")
     runtime, dtype = choice_for(spec, plan)
     require_installed(runtime)
     began = time.perf_counter()
