@@ -23,6 +23,7 @@ its direct script and how its two outputs compare; a new kind is an entry.
 
     .venv/bin/python benchmarks/model_kinds.py                     # every kind, 2,000 texts, 2 rounds
     .venv/bin/python benchmarks/model_kinds.py --kinds sparse --limit 500 --rounds 1
+    .venv/bin/python benchmarks/model_kinds.py --kinds "" --sparse-budgets 8192,2048,1024,512   # the head's cap
 
 Prints Markdown and writes JSON to --json.
 """
@@ -37,6 +38,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +245,50 @@ def run_kind(kind: Kind, inputs: Path, ids: list[str], rounds: int, scratch: Pat
     }
 
 
+def sparse_budgets(texts: list[str], budgets: list[int], rounds: int, scratch: Path) -> list[dict[str, Any]]:
+    """The sparse runtime in this process at several token budgets (the cap's evidence), each round in another
+    order, against SparseEncoder.encode's default batch of 32: seconds over the same texts."""
+    import torch
+    from sentence_transformers import SparseEncoder
+
+    from shoal.configs.model_resolution import ModelFiles
+    from shoal.workers.devices import DevicePlan
+    from shoal.workers.runtimes import sparse_encoder
+
+    model = scratch / "sparse" / "model"
+    if not model.is_dir():
+        model = build_splade(scratch / "sparse")
+    torch.set_num_threads(harness.usable_cores())
+    spec = ModelFiles(model).spec("splade", str(model))
+    plan = DevicePlan("cpu", "cpu", "float32", 10**10, harness.usable_cores())
+    direct = SparseEncoder(str(model), device="cpu", local_files_only=True)
+    sides: dict[str, Callable[[], object]] = {"direct encode": lambda: direct.encode(texts)}
+    cap = sparse_encoder.HEAD_VALUES
+    sparse_encoder.HEAD_VALUES = {"cpu": 2**62}  # no cap: each budget as given
+    for budget in budgets:
+        runtime = sparse_encoder.SparseEmbedder(spec.model_copy(update={"token_budget": {"cpu": budget}}), plan)
+        sides[f"budget {budget}"] = partial(runtime.sparse, texts)
+    sparse_encoder.HEAD_VALUES = cap
+    seconds: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            with Meter() as meter:
+                sides[name]()
+            seconds[name].append(round(meter.seconds, 2))
+            print(f"  sparse budgets round {r + 1} {name}: {meter.seconds:.1f} s", flush=True)
+    best = {name: min(values) for name, values in seconds.items()}
+    return [
+        {
+            "side": name,
+            "best_s": best[name],
+            "vs_direct": round(best["direct encode"] / best[name], 2),
+            "runs": seconds[name],
+        }
+        for name in names
+    ]
+
+
 def markdown(result: dict[str, Any]) -> str:
     columns = [
         "kind",
@@ -269,7 +315,16 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     right = tuple(columns[1:])
     head = f"{result['texts']} texts, best of {result['rounds']} rounds, whole processes"
-    return "\n".join([head, "", *markdown_table(columns, rows, right)])
+    lines = [head, "", *markdown_table(columns, rows, right)]
+    if result.get("sparse_budgets"):
+        table = [[r["side"], r["best_s"], f"{r['vs_direct']}x"] for r in result["sparse_budgets"]]
+        lines += [
+            "",
+            "sparse runtime in process, by token budget:",
+            "",
+            *markdown_table(["side", "best s", "vs direct"], table, ("best s", "vs direct")),
+        ]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -279,6 +334,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side, alternating which goes first")
     parser.add_argument("--scratch", default=str(ROOT / "out" / "bench-model-kinds"))
     parser.add_argument("--json", default=DEFAULT_JSON)
+    parser.add_argument(
+        "--sparse-budgets",
+        default="",
+        help="also time the sparse runtime in process at these token budgets, e.g. 8192,2048,1024",
+    )
     args = parser.parse_args()
     chosen = [k for k in KINDS if k.name in args.kinds.split(",")]
     scratch = Path(args.scratch)
@@ -287,12 +347,15 @@ def main() -> None:
     inputs = scratch / "input"
     inputs.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"id": ids, "text": texts}), inputs / "part-0.parquet", row_group_size=1024)
-    result = {
+    result: dict[str, Any] = {
         "texts": len(texts),
         "rounds": args.rounds,
         "kinds": [run_kind(kind, inputs, ids, args.rounds, scratch) for kind in chosen],
-        "conditions": harness.conditions(),
     }
+    if args.sparse_budgets:
+        budgets = [int(b) for b in args.sparse_budgets.split(",")]
+        result["sparse_budgets"] = sparse_budgets(texts, budgets, args.rounds, scratch)
+    result["conditions"] = harness.conditions()
     harness.write_result("model_kinds", result, args.json)
     print(markdown(result))
 
