@@ -7,9 +7,7 @@ so budgets and GPU tags differ per worker; jobs come from the real CLI.
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
-from typing import Any
 
 import pytest
 import yaml
@@ -69,32 +67,28 @@ def start(profile_path, catalog, workers: dict[str, dict]) -> SpecCluster:
 
 
 class JobWatch:
-    """Snapshots of the scheduler plugin's jobs while CLI jobs run."""
+    """When each job's first rows and last rows were acked, seen by the scheduler plugin as it records them (its
+    `ack`, wrapped while the watch lasts), so no job is missed however briefly it lives."""
 
     def __init__(self, plugin) -> None:
-        self.plugin, self._stop = plugin, threading.Event()
+        self.plugin = plugin
         self.seen: dict[str, dict] = {}
-        self.jobs: dict[str, Any] = {}
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
+        self._ack = plugin.ack
+        plugin.ack = self._acked  # the plugin's own calls (worker_events) find the wrapper first
 
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            for job_id, job in list(self.plugin.jobs.items()):
-                self.jobs[job_id] = job  # kept: a job released between two polls still has its final counts
-                model = next(iter(job.items.values())).model
-                snap = self.seen.setdefault(job_id, {"model": model, "first_rows_at": None, "done_at": None})
-                if job.rows_done and snap["first_rows_at"] is None:
-                    snap["first_rows_at"] = time.monotonic()
-                if job.complete and snap["done_at"] is None:
-                    snap["done_at"] = time.monotonic()
-            time.sleep(0.02)  # the sampling interval of the watch, not an ordering
+    def _acked(self, worker: str, item_id: str, result: dict) -> bool:
+        item = self.plugin.items.get(item_id)
+        job = self.plugin.jobs.get(item.job) if item is not None else None
+        recorded = self._ack(worker, item_id, result)
+        if recorded and job is not None:
+            snap = self.seen.setdefault(job.id, {"model": item.model, "first_rows_at": time.monotonic()})
+            snap["rows_by_worker"] = dict(job.rows_by_worker)
+            if job.complete:
+                snap.setdefault("done_at", time.monotonic())
+        return recorded
 
     def stop(self) -> dict:
-        self._stop.set()
-        self._thread.join()
-        for job_id, snap in self.seen.items():
-            snap["rows_by_worker"] = dict(self.jobs[job_id].rows_by_worker)
+        del self.plugin.ack
         return {s["model"]: s for s in self.seen.values()}
 
 
