@@ -307,7 +307,8 @@ def run_kind(kind: Kind, inputs: Path, ids: list[str], rounds: int, scratch: Pat
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in commands}
     for r in range(rounds):
         for name in list(commands)[r % 2 :] + list(commands)[: r % 2]:  # each side goes first in turn
-            shutil.rmtree(shoal_out, ignore_errors=True)  # a fresh output, not a resumed one
+            if name == "shoal":  # a fresh output, not a resumed one; kept after the last run for the comparison
+                shutil.rmtree(shoal_out, ignore_errors=True)
             seconds, other = timed(commands[name])
             runs[name].append({"seconds": round(seconds, 2), "other_cpu": None if other is None else round(other, 3)})
             print(f"  {kind.name} round {r + 1} {name}: {seconds:.1f} s ({len(ids) / seconds:.1f} texts/s)", flush=True)
