@@ -10,7 +10,9 @@ Shoal has never run on a GPU. On a CUDA machine this checks, in order:
 5. a whole ``shoal embed`` of datasets/demo with no flags (its ``--verbose`` stage timings), and a burst of
    one-text online requests (32 concurrent clients) on ``shoal serve`` with no flags;
 6. the worker's CPU per row outside the forward, stage by stage (benchmarks/worker_stages.py, its forward
-   skipped, on this GPU's device plan): what one worker process can feed this device.
+   skipped, on this GPU's device plan): what one worker process can feed this device; beside them the
+   tokenizer alone and the worker's TokenEncoder on this host's CPU, and with ``--near-free`` ``shoal
+   embed``'s rows/s on the near-free 2-layer model against the tokenizer alone on every core.
 
 On a machine without a CUDA device it refuses (exit 2) before importing torch.
 
@@ -262,11 +264,13 @@ async def burst(url: str, texts: list[str]) -> dict[str, Any]:
     return {"clients": CLIENTS, "requests_per_s": round(answered / (time.perf_counter() - began), 1), "failed": failed}
 
 
-def check_worker_stages(catalog_path: Path, scratch: Path, figures: dict[str, Any]) -> None:
-    """benchmarks/worker_stages.py on this machine's device plan (auto: cuda), torch and ONNX, µs per row."""
+def check_worker_stages(catalog_path: Path, scratch: Path, figures: dict[str, Any], near_free: bool) -> None:
+    """benchmarks/worker_stages.py on this machine's device plan (auto: cuda), torch and ONNX, µs per row; the
+    tokenizer's own figures; with `near_free`, shoal embed on the near-free model (N = 24,000 rows)."""
+    script = str(ROOT / "benchmarks" / "worker_stages.py")
     figures["worker_stages_us_per_row"] = {}
     for runtime in ("torch", "onnx"):
-        command = [sys.executable, str(ROOT / "benchmarks" / "worker_stages.py"), "--one", runtime, "--texts", "3000"]
+        command = [sys.executable, script, "--one", runtime, "--texts", "3000"]
         command += ["--rounds", "2", "--catalog", str(catalog_path), "--model", MODEL, "--profile", "auto"]
         command += ["--scratch", str(scratch / "stages")]
         done = subprocess.run(command, capture_output=True, text=True, timeout=150)
@@ -274,6 +278,19 @@ def check_worker_stages(catalog_path: Path, scratch: Path, figures: dict[str, An
             figures["worker_stages_us_per_row"][runtime] = f"failed: {done.stderr[-1000:]}"
             continue
         figures["worker_stages_us_per_row"][runtime] = json.loads(done.stdout.strip().splitlines()[-1])
+    result = scratch / "worker_stages.json"
+    command = [sys.executable, script, "--skip-stages", "--texts", "3000", "--rounds", "2", "--json", str(result)]
+    if near_free:
+        command += ["--near-free", "--near-free-layers", "2", "--near-free-machines", "this", "--near-free-rounds", "1"]
+    command += ["--scratch", str(scratch / "stages")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=420 if near_free else 120)
+    if done.returncode:
+        figures["tokenizer_us_per_row"] = f"failed: {done.stderr[-1000:]}"
+        return
+    measured = json.loads(result.read_text())
+    figures["tokenizer_us_per_row"] = measured["tokenizer_us_per_row"]
+    if near_free:
+        figures["near_free"] = {"stages": measured["near_free_stages_us_per_row"], "runs": measured["near_free"]}
 
 
 def main() -> None:
@@ -281,6 +298,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(os.environ.get("OUT", ROOT / "out")) / "gpu_check.json"))
     parser.add_argument("--weights", default=None, help="MiniLM's folder in fp16 (--export-half); else random weights")
     parser.add_argument("--export-half", default=None, metavar="DIR", help="Write that folder here, then stop.")
+    parser.add_argument("--near-free", action="store_true", help="check 6 also runs the near-free model (~5 min)")
     args = parser.parse_args()
     if args.export_half:
         export_half(Path(args.export_half))
@@ -303,7 +321,7 @@ def main() -> None:
             ("gate and speed", lambda: check_gate_and_speed(catalog, figures)),
             ("packing", lambda: check_packing(catalog, figures)),
             ("commands", lambda: check_commands(catalog, scratch, figures)),
-            ("worker stages", lambda: check_worker_stages(catalog, scratch, figures)),
+            ("worker stages", lambda: check_worker_stages(catalog, scratch, figures, args.near_free)),
         ):
             try:
                 _, seconds = timed(check)
