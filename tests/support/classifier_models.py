@@ -26,16 +26,7 @@ def build_tiny_sequence_classifier(
     from transformers import BertForSequenceClassification
 
     problem = {"problem_type": "multi_label_classification"} if multi_label else {}
-    folder, config = _seeded_bert(
-        target,
-        seed,
-        hidden,
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
-        initializer_range=0.5,
-        **problem,
-    )
+    folder, config = _labelled_bert(target, labels, seed, hidden, initializer_range=0.5, **problem)
     BertForSequenceClassification(config).save_pretrained(folder)
     return folder.rename(target / "model")
 
@@ -47,15 +38,7 @@ def build_tiny_token_classifier(target: Path, labels: list[str] = BIO, seed: int
     import torch
     from transformers import AutoTokenizer, BertForTokenClassification
 
-    folder, config = _seeded_bert(
-        target,
-        seed,
-        hidden,
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
-        initializer_range=0.3,
-    )
+    folder, config = _labelled_bert(target, labels, seed, hidden, initializer_range=0.3)
     model = BertForTokenClassification(config).eval()
     probe = AutoTokenizer.from_pretrained(folder)(PROBE, return_tensors="pt")
     with torch.no_grad():
@@ -63,3 +46,16 @@ def build_tiny_token_classifier(target: Path, labels: list[str] = BIO, seed: int
         model.classifier.bias[0] += 0.5
     model.save_pretrained(folder)
     return folder.rename(target / "model")
+
+
+def _labelled_bert(target: Path, labels: list[str], seed: int, hidden: int, **config):
+    """`_seeded_bert` with a head of `labels`, named as transformers' configs name them."""
+    return _seeded_bert(
+        target,
+        seed,
+        hidden,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        **config,
+    )

@@ -93,7 +93,8 @@ def online(runtime: SequenceClassifier, payloads: list[ClassifyTexts]) -> list[O
     """{"texts", "truncate"[, "top_k", "threshold", "labels", "template", "multi_label"]} per request
     -> {"outputs": [[{"label", "score"}, ...] per text, best first], "tokens"}.
 
-    Zero-shot labels asked of a model without an entailment label are that request's 400.
+    Zero-shot labels asked of a model without an entailment label are that request's 400; with truncation
+    off, a zero-shot text is measured beside its longest hypothesis.
     """
     results: list[OnlineResult] = [
         {"error": f"model {runtime.spec.name!r} has no entailment label: it scores only its own labels", "status": 400}
@@ -106,10 +107,19 @@ def online(runtime: SequenceClassifier, payloads: list[ClassifyTexts]) -> list[O
         zero_shot_of,
         lambda texts, measured, zero_shot: _scored(runtime, texts, zero_shot, measured),
         _answer,
+        lambda texts, zero_shot: _lengths(runtime, texts, zero_shot),
     )
     for i, result in zip(asked, answered):
         results[i] = result
     return results
+
+
+def _lengths(runtime: SequenceClassifier, texts: list[str], zero_shot: ZeroShot | None) -> Measured:
+    """Tokens per text, each beside its longest hypothesis when zero-shot: what truncation off is held to."""
+    if zero_shot is None:
+        return runtime.token_lengths(texts)
+    labels, template, _ = zero_shot
+    return runtime.zero_shot_lengths(texts, list(labels), template)
 
 
 def _scored(

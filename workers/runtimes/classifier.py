@@ -15,7 +15,7 @@ template with the label in it, the text truncated first.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -50,11 +50,7 @@ class SequenceClassifier(TextModel):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         super().__init__(spec, plan, model, tokenizer, device_thread, dtype)
         config = model.config
-        self.labels: list[str] = [config.id2label[i] for i in range(config.num_labels)]
-        if len(self.labels) != spec.dim:
-            raise ValueError(
-                f"model {spec.name!r}: catalog says dim {spec.dim}, the model has {len(self.labels)} labels"
-            )
+        self.labels = labels_of(config, spec)
         self.function: Function = function_of(config.problem_type, config.num_labels)
         # The label whose logit says "the hypothesis holds": what zero-shot labels are scored by.
         self.entailment = next((i for i, label in enumerate(self.labels) if label.lower().startswith("entail")), None)
@@ -93,18 +89,19 @@ class SequenceClassifier(TextModel):
             len(self.labels),
         )
         per_label = logits.reshape(len(texts), len(labels), len(self.labels))
+        truncated = self.zero_shot_lengths(texts, labels, template)[1]
         if multi_label or len(labels) == 1:
             contradiction = -1 if self.entailment == 0 else 0
             pair = per_label[..., [contradiction, self.entailment]]
             scores = np.exp(pair) / np.exp(pair).sum(-1, keepdims=True)
-            return scores[..., 1], self._truncated(texts, labels, template)
+            return scores[..., 1], truncated
         entailed = per_label[..., self.entailment]
-        return np.exp(entailed) / np.exp(entailed).sum(-1, keepdims=True), self._truncated(texts, labels, template)
+        return np.exp(entailed) / np.exp(entailed).sum(-1, keepdims=True), truncated
 
-    def _truncated(self, texts: list[str], labels: list[str], template: str) -> int:
-        """Texts cut to fit beside their longest hypothesis."""
+    def zero_shot_lengths(self, texts: list[str], labels: list[str], template: str = DEFAULT_TEMPLATE) -> Measured:
+        """Each text's tokens beside its longest hypothesis, and how many texts are cut to fit."""
         longest = max((template.format(label) for label in labels), key=len)
-        return self._pair_lengths(texts, [longest] * len(texts))[1]
+        return self._pair_lengths(texts, [longest] * len(texts))
 
     def _pair_lengths(self, premises: list[str], hypotheses: list[str]) -> Measured:
         """Tokens per (premise, hypothesis) after the premise is cut to fit, and how many were cut."""
@@ -130,6 +127,14 @@ class SequenceClassifier(TextModel):
             features = {k: v.to(self.torch_device) for k, v in features.items()}
         with torch.inference_mode():
             return self.model(**features).logits.float().cpu().numpy()
+
+
+def labels_of(config: Any, spec: ModelSpec) -> list[str]:
+    """A classification head's label names in id order, refused if the catalog's dim says otherwise."""
+    labels = [str(config.id2label[i]) for i in range(config.num_labels)]
+    if len(labels) != spec.dim:
+        raise ValueError(f"model {spec.name!r}: catalog says dim {spec.dim}, the model has {len(labels)} labels")
+    return labels
 
 
 def function_of(problem_type: str | None, num_labels: int) -> Function:

@@ -24,6 +24,7 @@ from shoal.workers.batching.device_thread import DeviceThread
 from shoal.workers.batching.token_batching import plan_batches
 from shoal.workers.devices import DevicePlan
 
+from .classifier import labels_of
 from .text_model import TextModel
 
 AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
@@ -52,11 +53,7 @@ class TokenClassifier(TextModel):
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError(f"model {spec.name!r}: spans need a fast (Rust) tokenizer's character offsets")
         super().__init__(spec, plan, model, tokenizer, device_thread, dtype)
-        self.labels: list[str] = [model.config.id2label[i] for i in range(model.config.num_labels)]
-        if len(self.labels) != spec.dim:
-            raise ValueError(
-                f"model {spec.name!r}: catalog says dim {spec.dim}, the model has {len(self.labels)} labels"
-            )
+        self.labels = labels_of(model.config, spec)
         # The pipeline only for its post-processing: the forward is ours, in token-budget batches.
         self.pipeline = TokenClassificationPipeline(model=model, tokenizer=tokenizer, device=model.device)
 
@@ -104,7 +101,7 @@ class TokenClassifier(TextModel):
 
         lengths = [len(encoded["input_ids"][w]) for w in windows]
         width = max(lengths)
-        ids = np.full((len(windows), width), self.tokenizer.pad_token_id, dtype=np.int64)
+        ids = np.full((len(windows), width), self.tokenizer.pad_token_id or 0, dtype=np.int64)
         type_ids = np.zeros((len(windows), width), dtype=np.int64)
         for row, w in enumerate(windows):
             ids[row, : lengths[row]] = encoded["input_ids"][w]
