@@ -59,9 +59,11 @@ def _model_options() -> list[tuple[str, str, int]]:
 def test_the_options_found_are_every_model_option_of_every_command():
     assert {(c, o) for c, o, _ in _model_options()} == {
         ("check-precision", "--model"),
+        ("classify", "--model"),
         ("embed", "--model"),
         ("eval", "--model"),
         ("eval", "--reranker"),
+        ("extract", "--model"),
         ("rerank", "--model"),
         ("serve", "--models"),
         ("tune", "--models"),
