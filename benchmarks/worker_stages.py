@@ -130,15 +130,28 @@ class Clock:
         setattr(owner, attribute, timed)
 
 
-def skip_forward(runtime: Any, clock: Clock) -> None:
-    """The runtime's forward replaced by zeros of the right shape; everything around it kept (benchmark only)."""
+def wrap_forward(runtime: Any, clock: Clock, keep: bool) -> None:
+    """The model's forward kept and timed as "forward" (`keep`; one torch thread: all of its CPU), or replaced
+    by zeros of the right shape, its call timed as "forward overhead" (a benchmark-only runtime: everything
+    around it kept, tokenizing included)."""
     dim = runtime.spec.dim
+
+    def forward(compute: Callable[[], Any], rows: int, zeros: Callable[[int], Any]) -> Any:
+        if keep:
+            with clock.stage("forward"):
+                return compute()
+        with clock.stage("forward overhead"):
+            return zeros(rows)
+
     if hasattr(runtime, "session"):  # ONNX
+        session = runtime.session
 
         class Session:
             def run(self, outputs: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-                with clock.stage("forward overhead"):
-                    return [np.zeros((len(next(iter(inputs.values()))), dim), dtype=np.float32)]
+                rows = len(next(iter(inputs.values())))
+                return forward(
+                    lambda: session.run(outputs, inputs), rows, lambda n: [np.zeros((n, dim), dtype=np.float32)]
+                )
 
         runtime.session = Session()
         return
@@ -147,42 +160,20 @@ def skip_forward(runtime: Any, clock: Clock) -> None:
     model = runtime.model
 
     class Model:
-        """The model's modules, its call skipped: preprocess and attributes pass through."""
+        """The model's modules, its call timed or skipped: preprocess and attributes pass through."""
 
         def __getattr__(self, name: str) -> Any:
             return getattr(model, name)
 
         def __call__(self, features: dict[str, Any]) -> dict[str, Any]:
-            with clock.stage("forward overhead"):
-                rows = len(features["input_ids"])
-                return {"sentence_embedding": torch.zeros((rows, dim), dtype=torch.float32)}
+            rows = len(features["input_ids"])
+            return forward(
+                lambda: model(features),
+                rows,
+                lambda n: {"sentence_embedding": torch.zeros((n, dim), dtype=torch.float32)},
+            )
 
     runtime.model = Model()
-
-
-def time_forward(runtime: Any, clock: Clock) -> None:
-    """The model's forward kept, its thread CPU charged to "forward" (one torch thread: all of it)."""
-    if hasattr(runtime, "session"):  # ONNX
-        session = runtime.session
-
-        class TimedSession:
-            def run(self, outputs: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-                with clock.stage("forward"):
-                    return session.run(outputs, inputs)
-
-        runtime.session = TimedSession()
-        return
-    model = runtime.model
-
-    class TimedModel:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(model, name)
-
-        def __call__(self, features: dict[str, Any]) -> dict[str, Any]:
-            with clock.stage("forward"):
-                return model(features)
-
-    runtime.model = TimedModel()
 
 
 def instrument(runtime: Any, clock: Clock) -> None:
@@ -263,7 +254,7 @@ def measure(
     best: dict[str, float] | None = None
     for r in range(rounds + 1):  # the first round warms caches, and is not counted
         clock = Clock()
-        (time_forward if keep_forward else skip_forward)(runtime, clock)
+        wrap_forward(runtime, clock, keep_forward)
         instrument(runtime, clock)
         payload: dict[str, Any] = {
             "input": str(shard),
