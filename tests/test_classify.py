@@ -177,6 +177,15 @@ def test_token_classifier_equals_the_token_classification_pipeline(catalog, mode
     assert_entities_equal([[asdict(e) for e in row] for row in found], reference(sample), sample)
 
 
+def test_a_stride_the_window_cannot_hold_is_refused_by_name(catalog):
+    from shoal.workers.runtimes.token_classifier import TokenClassifier
+
+    runtime = TokenClassifier(spec_of(catalog, "ner"), DevicePlan("cpu", "cpu", "float32", 10**9))
+    with pytest.raises(ValueError, match="leaves 8 tokens of text per window .* not more than overlap=8"):
+        runtime.entities(["word " * 40], "first", stride=8, window=10)  # the tokenizer itself would panic
+    assert len(runtime.entities(["word " * 40], "first", stride=7, window=10)[0][0]) > 0
+
+
 # -- batch jobs on the cluster ----------------------------------------------------------------
 
 

@@ -69,10 +69,17 @@ class TokenClassifier(TextModel):
             return [], 0
         if stride is not None and aggregation == "none":
             raise ValueError("windows overlapping by a stride need an aggregation other than none")
+        window = window or self.spec.max_seq_length
+        content = window - self.tokenizer.num_special_tokens_to_add(pair=False)
+        if stride is not None and stride >= content:  # the tokenizer would panic (a BaseException) instead
+            raise ValueError(
+                f"chunk tokens={window} leaves {content} tokens of text per window beside the model's special "
+                f"tokens, not more than overlap={stride}"
+            )
         encoded = self.tokenizer(
             texts,
             truncation=True,
-            max_length=window or self.spec.max_seq_length,
+            max_length=window,
             stride=stride or 0,
             return_overflowing_tokens=True,
             return_offsets_mapping=True,
