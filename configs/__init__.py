@@ -131,7 +131,8 @@ class ModelSpec(BaseModel):
 
     @property
     def online_batch(self) -> int:
-        """Online requests one pull leases: a forward batch's worth (a request has a text or more)."""
+        """Online requests one pull leases, and their inputs in all (a request has a text or more): a forward
+        batch's worth."""
         return min(self.max_batch_size, MAX_ONLINE_BATCH)
 
     def budget_for(self, device_kind: str) -> int:

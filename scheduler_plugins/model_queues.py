@@ -38,17 +38,27 @@ class _JobFifos:
                 oldest = fifo[0]
         return oldest
 
-    def take(self, limit: int) -> list[WorkItem]:
+    def take(self, limit: int, rows: int | None = None) -> list[WorkItem]:
+        """Up to `limit` items, and with `rows`, no more rows than that in all (but at least one item)."""
         taken: list[WorkItem] = []
+        taken_rows = 0
         while self.fifos and len(taken) < limit:
             job, fifo = next(iter(self.fifos.items()))
-            item = fifo.popleft() if fifo else None
             if not fifo:
                 del self.fifos[job]
-            else:
+                continue
+            item = fifo[0]
+            queued = item.state is ItemState.QUEUED
+            if queued and taken and rows is not None and taken_rows + item.rows > rows:
+                break
+            fifo.popleft()
+            if fifo:
                 self.fifos.move_to_end(job)
-            if item is not None and item.state is ItemState.QUEUED:
+            else:
+                del self.fifos[job]
+            if queued:
                 taken.append(item)
+                taken_rows += item.rows
         return taken
 
     def __len__(self) -> int:
@@ -78,9 +88,10 @@ class ModelQueues:
         queue = self._queues.get(model, {}).get(lane)
         return queue.head() if queue is not None else None
 
-    def take(self, model: str, lane: Lane, limit: int) -> list[WorkItem]:
+    def take(self, model: str, lane: Lane, limit: int, rows: int | None = None) -> list[WorkItem]:
+        """The next items of `model` in `lane`, jobs in rotation: at most `limit`, and `rows` rows (at least one)."""
         queue = self._queues.get(model, {}).get(lane)
-        taken = queue.take(limit) if queue is not None else []
+        taken = queue.take(limit, rows) if queue is not None else []
         for item in taken:
             self._count(item, -1)
         return taken

@@ -175,9 +175,10 @@ class OnlineQueue:
                 return None
             model = claim if claim and self.core.queues.waiting_items(claim, Lane.ONLINE) else None
             model = model or self.core.placement.online_model_for(view, busy, self.pulls, self._claims)
-            items = (
-                self.core.queues.take(model, Lane.ONLINE, self.core.model_specs[model].online_batch) if model else []
-            )
+            batch = self.core.model_specs[model].online_batch if model else 0
+            # A group of about one forward batch: requests up to `batch` in all, and no more texts than that,
+            # so the parts of a large request (request_parts) go to as many workers as pull for them.
+            items = self.core.queues.take(model, Lane.ONLINE, batch, rows=batch) if model else []
             if not (model and items):
                 return None
             grace = 0.0 if model in view.loaded else load_grace(view, model)

@@ -373,13 +373,14 @@ class PullQueue(QueueState, SchedulerPlugin):
         model, lane = choice
         # A steal takes one item: the model must load before any of them runs,
         # and meanwhile the rest are better off with the workers that hold it.
-        if lane is Lane.ONLINE:
-            limit = self.model_specs[model].online_batch
+        rows = None
+        if lane is Lane.ONLINE:  # a group of about one forward batch, as an online pull takes (online_queue)
+            limit = rows = self.model_specs[model].online_batch
         elif model in view.held:
             limit = min(room, self._fair_share(model))
         else:
             limit = 1
-        items = self.queues.take(model, lane, limit)
+        items = self.queues.take(model, lane, limit, rows)
         for item in items:
             self.lease(item, view.address)
         self.hold(view, model)

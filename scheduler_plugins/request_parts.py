@@ -2,11 +2,12 @@
 
 A request may hold 2,048 texts (OpenAI's limit per call) or 10,000 documents
 (Cohere's), more than one model call of a worker's online group is meant to
-take: an online pull leases up to a model's `online_batch` requests, each
-meant as about a forward batch's worth. The gateway splits a larger request
-into parts of at most `online_batch` inputs, each an online item of its own:
-the parts queue in order, go to whichever workers pull them, are leased and
-retried alone, and their answers are joined in input order. A part that gets
+take: an online pull leases requests of up to a model's `online_batch`
+inputs in all, about a forward batch's worth. The gateway splits a larger
+request into parts of at most `online_batch` inputs, each an online item of
+its own: the parts queue in order, go to whichever workers pull them (one
+part a pull, so idle workers share a large request), are leased and retried
+alone, and their answers are joined in input order. A part that gets
 an error makes it the request's answer, and the parts not answered yet are
 withdrawn from the queue.
 """

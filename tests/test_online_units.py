@@ -66,6 +66,18 @@ async def test_an_online_pull_takes_at_most_the_models_max_batch_size_and_wakes_
         ]
 
 
+async def test_an_online_pull_takes_requests_of_at_most_a_batch_of_texts_but_always_one():
+    async with running_queue(models={"m": spec("m", max_batch_size=4)}) as plugin:
+        sizes = [1, 2, 1, 3, 6, 1]
+        submitted = [plugin.online.submit("m", "encode", {"texts": ["t"] * n}, n, SETTINGS)[0].id for n in sizes]
+        taken = [
+            [m["id"] for m in (await plugin.online.pull(w, held=["m"], timeout=0))["items"]]
+            for w in ("w1", "w2", "w1", "w2")
+        ]
+        # 1+2+1 texts; 3 (a fourth text would pass 4); 6 alone (larger than a batch: never left behind); 1
+        assert taken == [submitted[:3], [submitted[3]], [submitted[4]], [submitted[5]]]
+
+
 async def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason(plugin):
     item, future = plugin.online.submit("m", "encode", {"texts": ["x"]}, 1, SETTINGS)
     await plugin.online.pull("w1", held=["m"], timeout=0)

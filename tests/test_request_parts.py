@@ -98,11 +98,18 @@ async def test_the_gateway_queues_a_large_request_as_parts_and_answers_in_input_
 
             request = asyncio.create_task(post({"model": "m", "input": texts, "encoding_format": "float"}))
             await async_wait_for(lambda: plugin.online.pending("m") == 3, what="three parts queued")
-            reply = await plugin.online.pull("w1", held=["m"], timeout=0)
-            items = reply["items"]
-            assert [m["payload"]["texts"] for m in items] == [texts[:4], texts[4:8], texts[8:]]
-            assert [plugin.items[m["id"]].rows for m in items] == [4, 4, 2]
-            acks = [[m["id"], encoded(m["payload"]["texts"], tokens=2), 0.01] for m in reversed(items)]
+            # One part a pull (requests of a forward batch's inputs in all), so idle workers share the request.
+            items = [(await plugin.online.pull(w, held=["m"], timeout=0))["items"] for w in ("w1", "w2", "w1")]
+            assert [[m["payload"]["texts"] for m in group] for group in items] == [
+                [texts[:4]],
+                [texts[4:8]],
+                [texts[8:]],
+            ]
+            assert [plugin.items[group[0]["id"]].rows for group in items] == [4, 4, 2]
+            answer = {group[0]["id"]: encoded(group[0]["payload"]["texts"], tokens=2) for group in items}
+            ids = [group[0]["id"] for group in items]
+            await plugin.online.pull("w2", held=["m"], timeout=0, acks=[[ids[1], answer[ids[1]], 0.01]])
+            acks = [[item_id, answer[item_id], 0.01] for item_id in (ids[2], ids[0])]
             await plugin.online.pull("w1", held=["m"], timeout=0, acks=acks)
             status, body = await request
             assert status == 200 and [d["index"] for d in body["data"]] == list(range(10))
@@ -111,9 +118,9 @@ async def test_the_gateway_queues_a_large_request_as_parts_and_answers_in_input_
 
             request = asyncio.create_task(post({"model": "m", "input": texts}))
             await async_wait_for(lambda: plugin.online.pending("m") == 3, what="three parts queued")
-            items = (await plugin.online.pull("w1", held=["m"], timeout=0))["items"]
+            items = [(await plugin.online.pull(w, held=["m"], timeout=0))["items"][0] for w in ("w1", "w2")]
             failed = [[items[1]["id"], {"status": 422, "error": "an input is too long"}, 0.01]]
-            await plugin.online.pull("w1", held=["m"], timeout=0, acks=failed)
+            await plugin.online.pull("w2", held=["m"], timeout=0, acks=failed)
             status, body = await request
             assert status == 422 and body["error"]["message"] == "an input is too long"
             await async_wait_for(lambda: plugin.online.pending("m") == 0, what="the other parts withdrawn")
