@@ -24,10 +24,6 @@ from .text_model import TextModel
 
 # One row's sparse vector: term ids (int32, ascending) and their weights (float32).
 SparseRow = tuple[np.ndarray, np.ndarray]
-# The masked-LM head's output is (tokens x vocabulary) values per batch, before max pooling: at a dense
-# embedder's token budget (8,192 on a CPU) a 30,522-term vocabulary makes it 1 GB, written and read once
-# per batch. A batch's tokens are capped so it stays near this many values (docs/BENCHMARKS.md, issue 35).
-HEAD_VALUES = {"cpu": 32 * 2**20, "cuda": 256 * 2**20}
 
 
 class SparseEmbedder(TextModel):
@@ -40,10 +36,6 @@ class SparseEmbedder(TextModel):
         model.max_seq_length = spec.max_seq_length
         super().__init__(spec, plan, model, model.tokenizer, device_thread, dtype)
         self.prompts = model_prompts(spec)  # spec.dim (the vocabulary's size) shapes nothing: rows are term lists
-        vocabulary = max(spec.dim, 1)
-        self.token_budget = min(
-            self.token_budget, max(spec.max_seq_length, HEAD_VALUES.get(plan.kind, HEAD_VALUES["cpu"]) // vocabulary)
-        )
 
     def token_lengths(self, texts: list[str], prompt: str | None = None) -> Measured:
         """Token counts after truncation (the prompt included), and how many texts were truncated."""
