@@ -239,6 +239,8 @@ def check_runtimes(profile: Profile) -> None:
     from shoal.workers.runtimes import RuntimeNotInstalled, require_installed
 
     for model, choice in profile.runtimes.items():
+        if choice.runtime == "torch":
+            continue  # a dependency of Shoal itself: importing it here only cost every pinned profile 1.3 s
         try:
             require_installed(choice.runtime)
         except RuntimeNotInstalled as exc:  # escaped: the CLI prints errors as rich markup, and "[onnx]" is a tag
