@@ -70,7 +70,8 @@ class TokenEncoder:
         self.pad_id, self.pad_type_id = pad_id, pad_type_id
         self.prefix_cut = PrefixCut.of(self.backend, limit, truncation_side)  # None: texts tokenize whole
         self.threads = threads
-        self._pool: ThreadPoolExecutor | None = None  # the threads beside the calling one, started on a long list
+        # The threads beside the calling one (a pool starts its threads on the first long list, not here).
+        self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="shoal-tokenize-share") if threads > 1 else None
 
     @classmethod
     def of(cls, tokenizer, limit: int, threads: int = 1) -> TokenEncoder | None:
@@ -93,8 +94,7 @@ class TokenEncoder:
         if len(spans) == 1:
             encodings = self._encodings(texts, pairs)
         else:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="shoal-tokenize-share")
+            assert self._pool is not None  # more than one share: more than one thread
             rest = [
                 self._pool.submit(self._encodings, texts[a:b], None if pairs is None else pairs[a:b])
                 for a, b in spans[1:]
