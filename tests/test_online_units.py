@@ -306,7 +306,7 @@ def groups_on_a_recorded_stream(
     """A worker's online groups whose event stream to the scheduler is recorded; on exit they are closed
     and the device thread shut down, whether the test passed or not."""
     sent = RecordingStream()
-    groups = OnlineGroups("w", pool, device, specs, SchedulerStream(SimpleNamespace(batched_stream=sent)))
+    groups = OnlineGroups("w", pool, device, specs, SchedulerStream(SimpleNamespace(batched_stream=sent), 0.25))
     try:
         yield groups, sent
     finally:

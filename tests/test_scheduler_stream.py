@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 from shoal.scheduler_plugins.protocol import EVENTS
-from shoal.workers.scheduler_stream import SchedulerStream
+from shoal.workers.scheduler_stream import SchedulerStream, flush_interval
 
 
 @contextmanager
@@ -69,3 +69,23 @@ async def test_events_taken_for_a_pull_leave_with_it_and_their_flush_is_cancelle
         assert sent == [{"op": EVENTS, **riding}]
         stream.send(stream.take())  # nothing gathered: no message
         assert len(sent) == 1
+
+
+async def test_events_gather_for_half_the_heartbeat_dask_stretches_with_the_cluster():
+    assert [flush_interval(dask_heartbeat) for dask_heartbeat in (0.5, 1, 2, 6)] == [0.25, 0.5, 1.0, 3.0]
+    heartbeat = SimpleNamespace(callback_time=500)  # ms: Dask's for up to 10 workers
+    sent: list[dict] = []
+    worker = SimpleNamespace(
+        batched_stream=SimpleNamespace(send=sent.append), periodic_callbacks={"heartbeat": heartbeat}
+    )
+    stream = SchedulerStream(worker)
+    try:
+        assert stream.flush_seconds == 0.25
+        heartbeat.callback_time = 2000  # the scheduler's heartbeat reply for 50 to 199 workers
+        stream.ack("a", {"rows": 1})
+        await asyncio.sleep(0.5)
+        assert sent == []  # gathers for a second now
+        await asyncio.sleep(0.7)
+        assert sent == [{"op": EVENTS, "acks": [("a", {"rows": 1})]}]
+    finally:
+        stream.close()

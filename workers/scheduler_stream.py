@@ -4,11 +4,12 @@ A message costs the scheduler far more than the queue's own work on an item,
 so nothing here waits for a reply, and one message carries many items' events.
 They gather here and leave together as one ``EVENTS`` message
 (protocol.WorkerEvents) on Dask's worker stream: at most `flush_seconds`
-after the first of them, or on the next loop pass for what a client waits on
-(failures, online acks that cannot ride on an online pull, the last ack
-before the worker runs out of work). When the worker pulls before then, they
-ride on the pull instead (`take`): one message fewer. A busy worker thus costs the scheduler
-a few messages a second, however many items it finishes.
+after the first of them (longer as the cluster grows, as Dask's heartbeats
+do), or on the next loop pass for what a client waits on (failures, online
+acks that cannot ride on an online pull, the last ack before the worker runs
+out of work). When the worker pulls before then, they ride on the pull
+instead (`take`): one message fewer. A busy worker thus costs the scheduler a
+few messages a second, however many items it finishes.
 
 Leases of everything the worker holds are renewed from here, each at a quarter
 of its own lease, and sent within an eighth of it: an online request's lease
@@ -28,24 +29,44 @@ from shoal.scheduler_plugins.protocol import EVENTS, ItemResult, OnlineAck, Work
 
 logger = logging.getLogger("shoal.worker")
 
-FLUSH_SECONDS = 0.5  # how long a batch item's events may wait for others to share their message (a worker: 2 a second)
+MIN_FLUSH_SECONDS = 0.25  # a batch item's events wait at least this long for others to share their message
 # A lease is renewed this many times over its length, each renewal sent within half of that interval:
 # a short online lease survives a loop that lags by half of it.
 RENEWALS_PER_LEASE = 4
 RENEW_TICK_SECONDS = 0.05  # how often leases due for renewal are looked for
 
 
+def flush_interval(heartbeat_seconds: float) -> float:
+    """How long events gather: half the worker's heartbeat interval, never under `MIN_FLUSH_SECONDS`.
+
+    Dask stretches the heartbeat with the cluster's size (0.5 s up to 10
+    workers, 2 s up to 200, then one more second per 200 workers), so the
+    scheduler gets at most two events messages per heartbeat from each
+    worker, however many workers there are: a few workers report within a
+    quarter second, a thousand every 3 s.
+    """
+    return max(MIN_FLUSH_SECONDS, heartbeat_seconds / 2)
+
+
 class SchedulerStream:
-    def __init__(self, dask_worker: Any, flush_seconds: float = FLUSH_SECONDS) -> None:
-        """`dask_worker`: the Dask worker, whose ``batched_stream`` reaches the scheduler."""
+    def __init__(self, dask_worker: Any, flush_seconds: float | None = None) -> None:
+        """`dask_worker`: the Dask worker, whose ``batched_stream`` reaches the scheduler; `flush_seconds`: how
+        long events gather, or None for `flush_interval` of the worker's present heartbeat interval."""
         self.dask_worker = dask_worker
-        self.flush_seconds = flush_seconds
+        self._flush_seconds = flush_seconds
         self._events: WorkerEvents = {}
         self._starts: dict[str, None] = {}  # in order; an ack before the flush drops its start
         self._flush: asyncio.Handle | None = None
         self._flush_urgent = False
         self._renewals: dict[str, tuple[float, float]] = {}  # item id -> (lease seconds, when to renew)
         self._renewer: asyncio.Task | None = None
+
+    @property
+    def flush_seconds(self) -> float:
+        if self._flush_seconds is not None:
+            return self._flush_seconds
+        heartbeat = self.dask_worker.periodic_callbacks["heartbeat"]  # its interval is the scheduler's answer
+        return flush_interval(heartbeat.callback_time / 1000)
 
     def start(self) -> None:
         self._renewer = asyncio.create_task(self._renew())
@@ -110,7 +131,8 @@ class SchedulerStream:
     def _arm(self, within: float | None = None) -> None:
         """Send within `flush_seconds`, or sooner (`within`: a short lease's renewal cannot wait that long)."""
         loop = asyncio.get_running_loop()
-        at = loop.time() + min(self.flush_seconds, self.flush_seconds if within is None else within)
+        flush_seconds = self.flush_seconds
+        at = loop.time() + min(flush_seconds, flush_seconds if within is None else within)
         if isinstance(self._flush, asyncio.TimerHandle) and at < self._flush.when():
             self._flush.cancel()
             self._flush = None
