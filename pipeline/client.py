@@ -3,15 +3,16 @@
 `OnlineClient` blocks and keeps one HTTP connection alive (http.client, no
 extra dependency); `AsyncOnlineClient` is for asyncio code and many requests
 at once (aiohttp). Both return numpy arrays and raise `OnlineError` with the
-gateway's status and message; `classify` and `extract` return each text's
-labels or entities as the gateway sends them.
+gateway's status and message; `sparse` returns each text's term ids and
+weights, `multivector` each text's matrix of token vectors; `classify` and
+`extract` return each text's labels or entities as the gateway sends them.
 """
 
 from __future__ import annotations
 
 import http.client
 import os
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, Unpack
 from urllib.parse import urlsplit
 
 import msgpack
@@ -43,6 +44,25 @@ def _headers(token: str | None) -> dict[str, str]:
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return headers
+
+
+class SparseVector(NamedTuple):
+    """One text's sparse vector (`sparse`): its non-zero term ids, ascending, and their weights."""
+
+    indices: np.ndarray  # int32
+    values: np.ndarray  # float32
+
+
+class MultiVectorOptions(TypedDict, total=False):
+    """`multivector`'s keyword options: input_type ("document", default, or "query"), and encode's dtype,
+    truncate, precision, dim and ranges, applied to every token's vector."""
+
+    input_type: str
+    dtype: str
+    truncate: bool
+    precision: str
+    dim: int
+    ranges: list[list[float]]
 
 
 class Labeled(TypedDict):
@@ -86,9 +106,11 @@ class Reply(TypedDict, total=False):
     """A gateway's answer body, as this client reads it (docs/PROTOCOL.md)."""
 
     model: str
-    embeddings: bytes  # encode: raw little-endian values of `dtype`, `shape` rows by columns
+    embeddings: Any  # encode: raw little-endian values of `dtype`, `shape` rows by columns; multivector: one per text
     dtype: str
     shape: list[int]
+    shapes: list[list[int]]  # multivector: each text's [tokens, dim]
+    sparse: list[dict[str, bytes]]  # sparse: each text's {"indices", "values"}, raw little-endian int32 and float32
     scores: list[float]  # rerank: one per document, in document order
     data: list[ServedModel]  # models
     labels: list[list[Labeled]]  # classify: each text's
@@ -153,8 +175,23 @@ def _rerank_body(query: str, documents: list[str], truncate: bool) -> bytes:
     return msgpack.packb({"query": query, "documents": list(documents), "truncate": truncate})
 
 
-def _texts_body(texts: list[str], options: ClassifyCall | ExtractCall) -> bytes:
+def _texts_body(texts: list[str], options: ClassifyCall | ExtractCall | MultiVectorOptions) -> bytes:
     return msgpack.packb({"texts": list(texts), **options})
+
+
+def _sparse_body(texts: list[str], top_k: int | None, truncate: bool) -> bytes:
+    return msgpack.packb({"texts": list(texts), "truncate": truncate, **({"top_k": top_k} if top_k else {})})
+
+
+def _sparse_vectors(reply: Reply) -> list[SparseVector]:
+    return [
+        SparseVector(np.frombuffer(r["indices"], "<i4"), np.frombuffer(r["values"], "<f4")) for r in reply["sparse"]
+    ]
+
+
+def _matrices(reply: Reply) -> list[np.ndarray]:
+    dtype = _DTYPES[reply["dtype"]]
+    return [np.frombuffer(data, dtype).reshape(shape) for data, shape in zip(reply["embeddings"], reply["shapes"])]
 
 
 class OnlineClient:
@@ -174,6 +211,16 @@ class OnlineClient:
     def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
         """One score per document, in document order."""
         return np.asarray(self._post(f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))["scores"])
+
+    def sparse(
+        self, model: str, texts: list[str], *, top_k: int | None = None, truncate: bool = True
+    ) -> list[SparseVector]:
+        """Each text's sparse (SPLADE) vector; `top_k`: its K largest weights only."""
+        return _sparse_vectors(self._post(f"/v1/sparse/{model}", _sparse_body(texts, top_k, truncate)))
+
+    def multivector(self, model: str, texts: list[str], **options: Unpack[MultiVectorOptions]) -> list[np.ndarray]:
+        """Each text's (tokens, dim) token vectors (ColBERT); `options` as MultiVectorOptions says."""
+        return _matrices(self._post(f"/v1/multivector/{model}", _texts_body(texts, options)))
 
     def classify(self, model: str, texts: list[str], **options: Unpack[ClassifyCall]) -> list[list[Labeled]]:
         """Each text's labels, best first; `options` as ClassifyCall says."""
@@ -236,6 +283,17 @@ class AsyncOnlineClient:
     async def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
         reply = await self._request("POST", f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))
         return np.asarray(reply["scores"])
+
+    async def sparse(
+        self, model: str, texts: list[str], *, top_k: int | None = None, truncate: bool = True
+    ) -> list[SparseVector]:
+        body = _sparse_body(texts, top_k, truncate)
+        return _sparse_vectors(await self._request("POST", f"/v1/sparse/{model}", body))
+
+    async def multivector(
+        self, model: str, texts: list[str], **options: Unpack[MultiVectorOptions]
+    ) -> list[np.ndarray]:
+        return _matrices(await self._request("POST", f"/v1/multivector/{model}", _texts_body(texts, options)))
 
     async def classify(self, model: str, texts: list[str], **options: Unpack[ClassifyCall]) -> list[list[Labeled]]:
         return (await self._request("POST", f"/v1/classify/{model}", _texts_body(texts, options)))["labels"]

@@ -21,6 +21,7 @@ import yaml
 
 from shoal.configs import load_catalog, load_profile
 from shoal.configs.model_resolution import ModelFiles
+from shoal.pipeline.client import OnlineClient
 from shoal.pipeline.cluster import pull_queue, start_local_cluster
 from tests.support.classifier_models import SENTIMENT, build_tiny_sequence_classifier, build_tiny_token_classifier
 from tests.support.cli import embed_args, invoke_shoal, run_shoal, shoal_options
@@ -283,6 +284,13 @@ def test_online_sparse_equals_sparse_encoder(gateway, references, demo_texts):
         dense = np.zeros(expected.size, dtype=np.float32)
         dense[np.frombuffer(row["indices"], "<i4")] = np.frombuffer(row["values"], "<f4")
         assert np.abs(dense - expected).max() < ATOL
+    with OnlineClient(gateway) as online:  # the Python client reads the same rows
+        for got, expected in zip(online.sparse("splade", texts), want):
+            assert got.indices.dtype == np.int32 and np.all(np.diff(got.indices) > 0)
+            dense = np.zeros(expected.size, dtype=np.float32)
+            dense[got.indices] = got.values
+            assert np.abs(dense - expected).max() < ATOL
+        assert all(len(row.indices) <= 4 for row in online.sparse("splade", texts, top_k=4))
     status, reply = post(gateway, "/v1/sparse/splade", {"texts": texts, "top_k": 4}, "application/json")
     assert status == 200, reply
     for row, expected in zip(reply["sparse"], references["sparse"](texts, top_k=4)):
@@ -307,6 +315,11 @@ def test_online_multivector_equals_multi_vector_encoder(gateway, references, dem
     assert status == 200, reply
     for matrix, want in zip(reply["embeddings"], references["multivector"](texts, "query")):
         assert np.abs(np.asarray(matrix) - want).max() < 2e-3
+    with OnlineClient(gateway) as online:
+        queries = online.multivector("colbert", texts, input_type="query", dtype="float16")
+        assert all(q.dtype == np.float16 for q in queries)
+        for matrix, want in zip(queries, references["multivector"](texts, "query")):
+            assert np.abs(matrix.astype(np.float32) - want).max() < 2e-3
     status, reply = post(gateway, "/v1/multivector/colbert", {"texts": texts, "precision": "ubinary"})
     assert status == 200, reply
     for data, shape, want in zip(reply["embeddings"], reply["shapes"], references["multivector"](texts)):
