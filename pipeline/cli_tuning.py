@@ -82,6 +82,14 @@ def tune(
         write_profile(path, {**fields, "name": path.stem}, comments)
         console.print(f"wrote {path} (derived from published {derive} figures)")
         return
+    tuned_kinds = ("embedder", "reranker")
+    other = {n: k for n in names if (k := load_catalog(catalog).get(n).kind) not in tuned_kinds}
+    if other:
+        listed = ", ".join(f"{n} ({k})" for n, k in other.items())
+        raise click.UsageError(
+            f"shoal tune sweeps embedders and rerankers; not {listed}: those run in the workers' dtype on their "
+            "catalog entry's token budget (docs/TUNING.md)"
+        )
     if input_url is None and not Path(DEMO_INPUT).is_dir():
         raise click.UsageError(
             "no --input, and no demo corpus to sample (an installed Shoal has no datasets/): "

@@ -10,7 +10,23 @@ import yaml
 from shoal.configs import ConfigError, load_catalog, load_profile
 from shoal.pipeline.tuning.derived import GPUS, derive
 from shoal.pipeline.tuning.profile import write_profile
-from tests.support.cli import run_shoal
+from tests.support.cli import invoke_shoal, run_shoal
+
+
+def test_tune_refuses_the_kinds_it_does_not_sweep_before_any_work(tmp_path):
+    catalog = tmp_path / "catalog.yaml"
+    entries = {"splade": {"kind": "sparse", "dim": 30522}, "topics": {"kind": "classifier", "dim": 5}}
+    catalog.write_text(
+        yaml.safe_dump(
+            {"models": {n: {**e, "max_seq_length": 64, "source": str(tmp_path)} for n, e in entries.items()}}
+        )
+    )
+    result = invoke_shoal(
+        "tune", "--profile", str(tmp_path / "x.yaml"), "--models", "splade,topics", "--catalog", str(catalog)
+    )
+    assert result.returncode == 2
+    assert "not splade (sparse), topics (classifier)" in result.stderr
+    assert not (tmp_path / "x.yaml").exists()
 
 
 def test_tune_quick_mode_writes_a_valid_profile_with_its_evidence(tmp_path, tiny_catalog):
