@@ -3,18 +3,22 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 DEMO_OUT ?= out/demo-embeddings
+GLINER := gliner==0.2.29
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: typecheck-tree install demo test test-fast lint bench tune bench-tuned bench-runtimes bench-defaults image clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	# torch first and pinned, so nothing later pulls another build; on this kind of
 	# machine pip's configured local wheel directory supplies the CPU wheel
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[test]'
+	# GLiNER span extractors: gliner declares transformers<5.17 and runs on the newer one Shoal installs, so
+	# it goes in without its dependencies (docs/DEPLOY.md, "Models")
+	$(PIP) install --quiet --no-deps $(GLINER)
 	touch $@
 
 install: $(VENV)/.installed

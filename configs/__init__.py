@@ -100,8 +100,11 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    # sparse, multivector, classifier, token_classifier: told from a folder in configs/model_resolution.py
-    kind: Literal["embedder", "reranker", "sim", "sparse", "multivector", "classifier", "token_classifier"]
+    # sparse, multivector, classifier, token_classifier, span_extractor (GLiNER): told from a folder in
+    # configs/model_resolution.py
+    kind: Literal[
+        "embedder", "reranker", "sim", "sparse", "multivector", "classifier", "token_classifier", "span_extractor"
+    ]
     source: str = ""
     dim: int = Field(gt=0)
     max_seq_length: int = Field(gt=0)

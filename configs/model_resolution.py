@@ -16,6 +16,9 @@ The kind, from the files each library writes:
   stated, modules from ``multi_vector_encoder``, or a transformer and a
   Dense projection with no pooling; its window is ``document_length``;
 - any other sentence-transformers folder (``modules.json``) a dense embedder;
+- a GLiNER folder (``gliner_config.json``) a span extractor: entities of
+  labels named per job or request; its width is the span representation's
+  (``hidden_size``), its window the encoder's positions;
 - a bare transformers folder by ``config.json`` ``architectures``:
   ``*ForTokenClassification`` a token classifier, ``*ForSequenceClassification``
   a reranker with one label and a classifier with more, anything else an embedder.
@@ -53,7 +56,8 @@ UNBOUNDED_LENGTH = 1_000_000  # tokenizers without a limit state ~1e30
 
 # A JSON object from a model's own files (config.json, modules.json, ...): whatever its library wrote.
 JsonObject = dict[str, Any]
-ModelKind = Literal["embedder", "reranker", "sparse", "multivector", "classifier", "token_classifier"]
+ModelKind = Literal["embedder", "reranker", "sparse", "multivector", "classifier", "token_classifier", "span_extractor"]
+GLINER_CONFIG = "gliner_config.json"
 
 
 def hub_cache_dir() -> Path:
@@ -125,6 +129,8 @@ class ModelFiles:
 
     def kind(self) -> ModelKind:
         """What the folder computes, from what its library wrote (the module docstring lists the rules)."""
+        if (self.folder / GLINER_CONFIG).is_file():
+            return "span_extractor"
         stated = _mapping(self.folder / "config_sentence_transformers.json")
         if stated.get("model_type") == "CrossEncoder":
             return "reranker"
@@ -159,6 +165,8 @@ class ModelFiles:
         return len(config.get("id2label") or {}) or int(config.get("num_labels", 1))
 
     def dim(self, kind: str) -> int:
+        if kind == "span_extractor":  # the span representation's width (its labels are named per call)
+            return int(_mapping(self.folder / GLINER_CONFIG).get("hidden_size") or 0) or self._no_dim()
         backbone = _mapping(self._transformer_folder() / "config.json")
         if kind in ("reranker", "classifier", "token_classifier"):
             return len(backbone.get("id2label") or {}) or int(backbone.get("num_labels", 1))
@@ -178,6 +186,10 @@ class ModelFiles:
         raise ConfigError(f"{self.folder}: cannot tell the embedding dimension (no Pooling module, no hidden_size)")
 
     def max_seq_length(self) -> int:
+        gliner = _mapping(self.folder / GLINER_CONFIG)
+        if gliner:  # the encoder's positions; GLiNER itself also cuts a text at `max_len` words
+            encoder = gliner.get("encoder_config") or {}
+            return int(encoder.get("max_position_embeddings") or 512)
         folder = self._transformer_folder()
         transformer = _mapping(folder / "sentence_bert_config.json")
         # A multi-vector model's documents' window (its prefix token included): the transformer's, or PyLate's.

@@ -14,4 +14,6 @@ apt-get install -y --no-install-recommends python3-venv
 python3 -m venv /opt/shoal
 /opt/shoal/bin/pip install --find-links /wheels ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} "$TORCH"
 /opt/shoal/bin/pip install --find-links /wheels /src
+# GLiNER span extractors: gliner declares transformers<5.17 and runs on Shoal's newer one (docs/DEPLOY.md)
+/opt/shoal/bin/pip install --find-links /wheels --no-deps gliner==0.2.29
 /opt/shoal/bin/pip uninstall -y pip

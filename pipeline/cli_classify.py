@@ -97,7 +97,12 @@ def classify(labels: str | None, **options: Any) -> None:
 @click.command()
 @click.argument("input_url", metavar="INPUT")
 @click.argument("output_url", metavar="OUTPUT")
-@click.option("--model", required=True, callback=model_names, help="A token classifier (kind: token_classifier).")
+@click.option(
+    "--model",
+    required=True,
+    callback=model_names,
+    help="A token classifier (kind: token_classifier), or a GLiNER span extractor (kind: span_extractor).",
+)
 @rows_options
 @click.option(
     "--aggregation",
@@ -106,7 +111,12 @@ def classify(labels: str | None, **options: Any) -> None:
     show_default=True,
     help="How token labels become spans (the token-classification pipeline's aggregation_strategy).",
 )
-@click.option("--labels", default=None, help="Keep only entities of these comma-separated labels. [default: all]")
+@click.option(
+    "--labels",
+    default=None,
+    help="Keep only entities of these comma-separated labels [default: all]; a span extractor finds these (required).",
+)
+@click.option("--multi-label", is_flag=True, help="Span extractor: a span may carry more than one of the labels.")
 @click.option(
     "--chunk",
     default=None,
@@ -120,7 +130,8 @@ def extract(labels: str | None, **options: Any) -> None:
 
     Spans, labels and scores are those of transformers' token-classification
     pipeline with --aggregation; start and end are character offsets into the
-    row's text.
+    row's text. A span extractor (GLiNER) finds the entities of --labels instead,
+    scoring at least --threshold (0.5 by default), as GLiNER's inference does.
     """
     _run("extract", labels=parse_columns(labels), **options)
 

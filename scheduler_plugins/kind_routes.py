@@ -185,9 +185,15 @@ def classify_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySetting
 
 
 def extract_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySettings) -> TextsCall:
-    texts, options = _split(body, {"aggregation", "labels", "threshold"})
+    texts, options = _split(body, {"aggregation", "labels", "threshold", "multi_label"})
     payload: ClassifyTexts = {**_texts(model, texts, limits)}
     _label_options(options, payload)
+    if spec.kind == "span_extractor":  # GLiNER: it finds the labels it is given, whatever aggregation means
+        return TextsCall(model, _span_options(options, payload, model))
+    if "multi_label" in options:
+        raise RequestError(
+            400, "invalid request: multi_label is a span extractor's; a token classifier labels each token once"
+        )
     aggregation = options.get("aggregation")
     if aggregation is not None:
         if aggregation not in get_args(Aggregation):
@@ -195,6 +201,19 @@ def extract_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySettings
             raise RequestError(400, f"invalid request: aggregation must be one of {allowed}, not {aggregation!r}")
         payload["aggregation"] = aggregation
     return TextsCall(model, payload)
+
+
+def _span_options(options: dict[str, Any], payload: ClassifyTexts, model: str) -> ClassifyTexts:
+    if "labels" not in payload:
+        raise RequestError(400, f"invalid request: {model} is a span extractor (GLiNER): name the entities in labels")
+    if "aggregation" in options:
+        raise RequestError(400, "invalid request: aggregation is a token classifier's; a span extractor scores spans")
+    multi_label = options.get("multi_label", False)
+    if not isinstance(multi_label, bool):
+        raise RequestError(400, f"invalid request: multi_label must be true or false, not {multi_label!r}")
+    if multi_label:
+        payload["multi_label"] = True
+    return payload
 
 
 def _label_options(options: dict[str, Any], payload: ClassifyTexts) -> None:
@@ -236,5 +255,7 @@ KIND_ROUTES = [
         multivector_answer,
     ),
     KindRoute("classify", ("classifier",), "classify texts", "label", classify_call, classify_answer),
-    KindRoute("extract", ("token_classifier",), "extract entities", "tag", extract_call, extract_answer),
+    KindRoute(
+        "extract", ("token_classifier", "span_extractor"), "extract entities", "tag", extract_call, extract_answer
+    ),
 ]

@@ -184,9 +184,9 @@ class ClassifyOptions(TypedDict, total=False):
     extract_operation)."""
 
     threshold: float  # labels (entities) scoring below it are dropped
-    labels: list[str]  # classify: zero-shot labels (an NLI model); extract: the entity labels kept
+    labels: list[str]  # classify: zero-shot labels (an NLI model); extract: the entity labels kept (found, by GLiNER)
     template: str  # classify, zero-shot: the hypothesis, "{}" standing for the label
-    multi_label: bool  # classify, zero-shot: each label scored on its own
+    multi_label: bool  # classify, zero-shot: each label scored on its own; extract, GLiNER: a span may carry several
     aggregation: Aggregation  # extract
 
 

@@ -2,7 +2,8 @@
 
 A `ClassifyRequest` becomes a `BatchJob` of the `classify` operation (a
 sequence classifier: workers/operations/classify_operation.py) or the
-`extract` operation (a token classifier: extract_operation.py); the engine
+`extract` operation (a token classifier, or a GLiNER span extractor:
+extract_operation.py); the engine
 plans, submits, follows, resumes and writes the manifest as for `embed`.
 Options are refused here, before any work, when the model cannot meet them.
 """
@@ -23,8 +24,12 @@ from shoal.scheduler_plugins.protocol import Aggregation, ClassifyPayload, Stora
 from shoal.workers.data.chunking import ChunkSettings
 
 Operation = Literal["classify", "extract"]
-KIND: dict[Operation, str] = {"classify": "classifier", "extract": "token_classifier"}  # the kind each one runs
-OPERATION_OF: dict[str, Operation] = {kind: operation for operation, kind in KIND.items()}
+# The kinds each one runs: extract, a token classifier's spans or a span extractor's (GLiNER).
+KIND: dict[Operation, tuple[str, ...]] = {
+    "classify": ("classifier",),
+    "extract": ("token_classifier", "span_extractor"),
+}
+OPERATION_OF: dict[str, Operation] = {kind: operation for operation, kinds in KIND.items() for kind in kinds}
 AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
 
 
@@ -86,6 +91,10 @@ def check_classify_options(request: ClassifyRequest, spec: ModelSpec) -> None:
     if request.top_k is not None and request.top_k < 1:
         raise ConfigError(f"top-k must be at least 1, got {request.top_k}")
     if request.operation == "extract":
+        if spec.kind == "span_extractor":
+            check_span_options(request, spec)
+        elif request.multi_label:
+            raise ConfigError(f"model {spec.name!r} labels each token once: multi-label is a span extractor's")
         if request.chunk and request.aggregation == "none":
             raise ConfigError("chunked windows are merged into spans: give an aggregation other than none")
         return
@@ -98,6 +107,14 @@ def check_classify_options(request: ClassifyRequest, spec: ModelSpec) -> None:
                 f"model {spec.name!r} has no entailment label: zero-shot labels need an NLI model "
                 "(one with a label named entailment); without labels it scores its own"
             )
+
+
+def check_span_options(request: ClassifyRequest, spec: ModelSpec) -> None:
+    """A span extractor (GLiNER) finds the labels it is given, in texts it reads whole up to its word limit."""
+    if not request.labels:
+        raise ConfigError(f"model {spec.name!r} is a span extractor (GLiNER): name the entities with --labels")
+    if request.chunk:
+        raise ConfigError(f"model {spec.name!r} reads each text whole up to its max_len words: no --chunk windows")
 
 
 def check_template(template: str | None) -> None:

@@ -59,3 +59,23 @@ def _labelled_bert(target: Path, labels: list[str], seed: int, hidden: int, **co
         label2id={label: i for i, label in enumerate(labels)},
         **config,
     )
+
+
+def build_tiny_gliner(target: Path, seed: int = 0, hidden: int = TINY_DIM, max_words: int = 64) -> Path:
+    """A GLiNER span extractor (gliner's span model) on a tiny random BERT, saved as GLiNER saves it:
+    `gliner_config.json` (the encoder's config inline), weights and the tokenizer; it loads without the
+    backbone folder. `max_words`: its `max_len`, the words of a text it reads."""
+    import shutil
+
+    from gliner import GLiNER, GLiNERConfig
+    from transformers import BertModel
+
+    backbone, config = _seeded_bert(target, seed, hidden, initializer_range=0.3)
+    BertModel(config).save_pretrained(backbone)
+    model = GLiNER.from_config(
+        GLiNERConfig(model_name=str(backbone), hidden_size=hidden, max_width=6, max_len=max_words)
+    )
+    folder = target / "model"
+    model.save_pretrained(folder)
+    shutil.rmtree(backbone)  # a GLiNER folder stands alone, as on the hub
+    return folder

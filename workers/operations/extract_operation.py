@@ -1,4 +1,4 @@
-"""The `extract` operation: the entities of each row's text, from a token classifier.
+"""The `extract` operation: the entities of each row's text, from a token classifier or a span extractor.
 
 Stored as ``entities: list<struct<text: string, label: string, score:
 float32, start: int64, end: int64>>`` in order of `start`: the spans,
@@ -9,7 +9,10 @@ row per input row always: under a `chunk` setting a long text is read in
 windows of `tokens` overlapping by `overlap` (the pipeline's ``stride``), and
 the entities of every window, offsets already into the whole text, are
 merged as the pipeline merges them. `labels` keeps only entities of those
-labels and `threshold` those scoring at least it. Online, `online` (op `tag`) answers
+labels and `threshold` those scoring at least it. A span extractor (GLiNER)
+finds the entities of the `labels` it is given, scoring at least `threshold`
+(0.5 by default), `multi_label` letting a span carry several; it reads a
+text whole up to its `max_len` words (no windows). Online, `online` (op `tag`) answers
 a group of requests with one model call per aggregation: each text's
 entities as [{"text", "label", "score", "start", "end"}].
 """
@@ -22,6 +25,8 @@ import pyarrow as pa
 
 from shoal.configs import ModelSpec
 from shoal.scheduler_plugins.protocol import ClassifyPayload, ClassifyTexts, ItemResult, OnlineResult
+from shoal.workers.batching.token_batching import Measured
+from shoal.workers.runtimes.span_extractor import SpanExtractor
 from shoal.workers.runtimes.token_classifier import Aggregation, Entity, TokenClassifier
 
 from .embed_operation import read as read_texts
@@ -39,8 +44,11 @@ def read(payload: ClassifyPayload) -> KindInput:
     return KindInput(read_texts(payload), payload)
 
 
-def compute(runtime: TokenClassifier, data: KindInput) -> ExtractComputed:
+def compute(runtime: TokenClassifier | SpanExtractor, data: KindInput) -> ExtractComputed:
     present, texts, _ = row_texts(data.rows, runtime.tokenizer, None)  # windows are the runtime's own: one row each
+    if isinstance(runtime, SpanExtractor):
+        found, truncated = _spans(runtime, texts, data.payload)
+        return present, found, truncated
     chunk = data.rows.chunk
     found, truncated = runtime.entities(
         texts,
@@ -49,6 +57,20 @@ def compute(runtime: TokenClassifier, data: KindInput) -> ExtractComputed:
         window=chunk.tokens if chunk else 0,
     )
     return present, [kept(entities, data.payload) for entities in found], truncated
+
+
+SpanQuery = tuple[tuple[str, ...], float | None, bool]  # what a span extractor is asked: labels, threshold, multi
+
+
+def span_query(payload: ClassifyTexts) -> SpanQuery:
+    return tuple(payload.get("labels") or ()), payload.get("threshold"), payload.get("multi_label", False)
+
+
+def _spans(
+    runtime: SpanExtractor, texts: list[str], payload: ClassifyPayload | ClassifyTexts
+) -> tuple[list[list[Entity]], int]:
+    labels = payload.get("labels") or []
+    return runtime.entities(texts, labels, payload.get("threshold"), payload.get("multi_label", False))
 
 
 def aggregation_of(payload: ClassifyPayload | ClassifyTexts) -> Aggregation:
@@ -86,9 +108,16 @@ def write(payload: ClassifyPayload, data: KindInput, computed: ExtractComputed, 
     return write_rows(payload, data.rows, present, None, truncated, "entities", entities_column(found))
 
 
-def online(runtime: TokenClassifier, payloads: list[ClassifyTexts]) -> list[OnlineResult]:
-    """{"texts", "truncate"[, "aggregation", "labels", "threshold"]} per request
+def online(runtime: TokenClassifier | SpanExtractor, payloads: list[ClassifyTexts]) -> list[OnlineResult]:
+    """{"texts", "truncate"[, "aggregation", "labels", "threshold", "multi_label"]} per request
     -> {"outputs": [[{"text", "label", "score", "start", "end"}, ...] per text], "tokens"}."""
+    if isinstance(runtime, SpanExtractor):  # one model call per distinct labels, threshold and multi_label
+        spans = runtime
+
+        def find(texts: list[str], measured: Measured, key: SpanQuery) -> list[list[Entity]]:
+            return spans.entities(texts, list(key[0]), key[1], key[2])[0]
+
+        return answer_texts(runtime, payloads, span_query, find, _answer)
     return answer_texts(
         runtime,
         payloads,

@@ -6,7 +6,7 @@ interface, stated below as protocols that mypy checks against each class: an
 `Embedder` (torch, ONNX, simulated) or a `Scorer` (torch, ONNX cross-encoders).
 A model without a choice for this device kind runs on torch in the worker's
 dtype (the profile's ``dtype``, fp16/bf16 on GPUs). The other kinds (sparse,
-multi-vector, classifiers: `KIND_RUNTIMES`) run on torch only, each with its
+multi-vector, classifiers, GLiNER: `KIND_RUNTIMES`) run on torch only, each with its
 own call for its operation; `load_model`, the pool's loader, loads any kind.
 """
 
@@ -36,6 +36,7 @@ KIND_RUNTIMES = {
     "multivector": ("multi_vector", "MultiVectorEmbedder"),
     "classifier": ("classifier", "SequenceClassifier"),
     "token_classifier": ("token_classifier", "TokenClassifier"),
+    "span_extractor": ("span_extractor", "SpanExtractor"),  # GLiNER
 }
 
 
