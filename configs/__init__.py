@@ -94,6 +94,9 @@ class RuntimeChoice(BaseModel):
         return self
 
 
+DEFAULT_TOKEN_BUDGET = {"cpu": 8192, "cuda": 65536}  # padded tokens per forward pass, by device kind
+
+
 class ModelSpec(BaseModel):
     """One catalog entry: what a worker needs to load and batch a model."""
 
@@ -110,7 +113,7 @@ class ModelSpec(BaseModel):
     max_seq_length: int = Field(gt=0)
     normalize: bool = False
     memory_bytes: int = Field(default=500_000_000, gt=0)
-    token_budget: dict[str, int] = Field(default_factory=lambda: {"cpu": 8192, "cuda": 65536})
+    token_budget: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_TOKEN_BUDGET))
     max_batch_size: int = Field(default=256, gt=0)
     requires: dict[str, float] = Field(default_factory=dict)
     runtimes: dict[str, RuntimeChoice] = Field(default_factory=dict)  # by device kind; absent: torch

@@ -47,7 +47,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from . import ConfigError, ModelSpec
+from . import DEFAULT_TOKEN_BUDGET, ConfigError, ModelSpec
 
 HF_PREFIX = "hf:"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -58,6 +58,10 @@ UNBOUNDED_LENGTH = 1_000_000  # tokenizers without a limit state ~1e30
 JsonObject = dict[str, Any]
 ModelKind = Literal["embedder", "reranker", "sparse", "multivector", "classifier", "token_classifier", "span_extractor"]
 GLINER_CONFIG = "gliner_config.json"
+# GLiNER scores every span of up to max_width words against every label: its cost grows faster than the
+# encoder's with a batch's longest text, so it runs smaller batches than an encoder (docs/BENCHMARKS.md,
+# issue 35: 2,048 tokens ran 1.5x faster than 8,192 on the CPU).
+SPAN_TOKEN_BUDGET = {"cpu": 2048, "cuda": 16384}
 
 
 def hub_cache_dir() -> Path:
@@ -248,6 +252,7 @@ class ModelFiles:
             max_seq_length=self.max_seq_length(),
             normalize=self.normalize() if kind in ("embedder", "multivector") else False,
             memory_bytes=max(1, self.weight_bytes()),
+            token_budget=dict(SPAN_TOKEN_BUDGET) if kind == "span_extractor" else dict(DEFAULT_TOKEN_BUDGET),
         )
 
 
