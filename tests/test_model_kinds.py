@@ -245,6 +245,31 @@ def test_multivector_job_equals_multi_vector_encoder(kinds_cluster, catalog, pro
             assert np.abs(got - want.astype(dtype).astype(np.float32)).max() < (ATOL if dtype is np.float32 else 2e-3)
 
 
+def test_int8_multivector_job_quantizes_every_token_with_the_jobs_calibration(
+    kinds_cluster, catalog, profile, corpus, references, tmp_path
+):
+    """int8: each token's vector quantized as quantize_embeddings does, with ranges calibrated over every token
+    of the job's first item (the manifest keeps them), so a row's matrix dequantizes near the float one."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    folder, texts = corpus
+    done = shoal_embed(kinds_cluster, catalog, profile, folder, tmp_path / "int8", "colbert", "--precision", "int8")
+    assert done.returncode == 0, done.stderr
+    table = read_output(tmp_path / "int8")
+    assert table.schema.field("embedding").type == pa.list_(pa.list_(pa.int8(), COLBERT_DIM))
+    ranges = np.asarray(json.loads((tmp_path / "int8" / "_manifest.json").read_text())["vectors"]["ranges"], np.float32)
+    assert ranges.shape == (2, COLBERT_DIM) and (ranges[0] < ranges[1]).all()
+    rows = by_id(table)
+    present = [i for i, text in enumerate(texts) if text is not None]
+    expected = references["multivector"]([texts[i] for i in present])
+    for i, want in zip(present, expected):
+        got = np.asarray(rows[f"doc-{i}"]["embedding"], dtype=np.int8)
+        quantized = np.asarray(quantize_embeddings(want, precision="int8", ranges=ranges))
+        assert (
+            got.shape == want.shape and np.abs(got.astype(int) - quantized.astype(int)).max() <= 1
+        )  # a float's last bit
+
+
 def test_reindex_keeps_a_sparse_output_current(kinds_cluster, catalog, corpus, references, tmp_path):
     local, _ = kinds_cluster
     folder, texts = corpus
