@@ -58,6 +58,14 @@ input_format_option = click.option(
     default=None,
     help="How INPUT's files are read. [default: by name: .parquet, .jsonl, .jsonl.gz, .csv, .csv.gz]",
 )
+output_format_option = click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["parquet", "lance"]),
+    default="parquet",
+    show_default=True,
+    help="lance: OUTPUT is a Lance dataset (also OUTPUT=lance://PATH), committed as one version per run.",
+)
 
 
 @click.command()
@@ -92,14 +100,7 @@ input_format_option = click.option(
     default=None,
     help="Keep the first N dimensions, re-normalised (Matryoshka models).",
 )
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["parquet", "lance"]),
-    default="parquet",
-    show_default=True,
-    help="lance: OUTPUT is a Lance dataset (also OUTPUT=lance://PATH), committed as one version per run.",
-)
+@output_format_option
 @click.option(
     "--prompt-name",
     default=None,

@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 
 from shoal.configs import load_catalog, load_profile
-from shoal.pipeline.cli_batch import input_format_option
+from shoal.pipeline.cli_batch import input_format_option, output_format_option
 from shoal.pipeline.cli_options import (
     cluster_options,
     model_names,
@@ -45,14 +45,7 @@ rows_options = stack(
     input_format_option,
     passthrough_options,
     cluster_options(storage=True),
-    click.option(
-        "--format",
-        "output_format",
-        type=click.Choice(["parquet", "lance"]),
-        default="parquet",
-        show_default=True,
-        help="lance: OUTPUT is a Lance dataset (also OUTPUT=lance://PATH), committed as one version per run.",
-    ),
+    output_format_option,
     click.option(
         "--threshold", type=float, default=None, help="Drop labels (entities) scoring below it. [default: keep all]"
     ),

@@ -83,7 +83,8 @@ def tune(
         console.print(f"wrote {path} (derived from published {derive} figures)")
         return
     tuned_kinds = ("embedder", "reranker")
-    other = {n: k for n in names if (k := load_catalog(catalog).get(n).kind) not in tuned_kinds}
+    known = load_catalog(catalog)
+    other = {n: k for n in names if (k := known.get(n).kind) not in tuned_kinds}
     if other:
         listed = ", ".join(f"{n} ({k})" for n, k in other.items())
         raise click.UsageError(

@@ -35,20 +35,39 @@ from __future__ import annotations
 
 import importlib.abc
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The session's own caches, made fresh and removed at its end (pytest_unconfigure): no test reads or writes the
+# user's (~/.cache/shoal's verdicts and ONNX exports, the Hub cache), so a run never depends on what ran before
+# it, and running the tests never changes what the user's next `shoal embed` does. Set, not defaulted: a
+# SHOAL_CACHE_DIR or HF_HOME in the caller's environment is exactly what must not leak in. The processes tests
+# start inherit them.
+SESSION_CACHES = Path(tempfile.mkdtemp(prefix="shoal-test-caches-"))
+for _variable, _folder in {
+    "SHOAL_CACHE_DIR": "shoal",
+    "HF_HOME": "huggingface",
+    "HF_HUB_CACHE": "huggingface/hub",
+    "XDG_CACHE_HOME": "xdg",
+}.items():
+    os.environ[_variable] = str(SESSION_CACHES / _folder)
+os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach outside: a stand-in Hub test turns it off for its own processes
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # auto measures a model's first use in the background by default; a test waits for it, so no measuring
 # process outlives the test that started it (tests/test_profile_hold.py tests the background start).
 os.environ.setdefault("SHOAL_AUTO_MEASURE", "wait")
 
 pytest_plugins = ["tests.fixtures.models", "tests.fixtures.cluster", "tests.fixtures.s3"]
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(SESSION_CACHES, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

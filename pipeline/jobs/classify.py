@@ -19,7 +19,7 @@ from distributed import Client
 from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
-from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, run_job
+from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, run_job, text_rows_job, text_rows_payload
 from shoal.scheduler_plugins.protocol import Aggregation, ClassifyPayload, StorageOptions
 from shoal.workers.data.chunking import ChunkSettings
 
@@ -55,17 +55,7 @@ class ClassifyRequest:
 
     def payload(self) -> ClassifyPayload:
         """The item options, each only when asked for: the options digest of existing outputs stays as it was."""
-        payload: ClassifyPayload = {
-            "text_column": self.text_column,
-            "id_column": self.id_column,
-            "keep_columns": self.keep_columns,
-        }
-        if self.chunk:
-            payload["chunk"] = {"tokens": self.chunk.tokens, "overlap": self.chunk.overlap}
-        if self.lance:
-            payload["lance"] = self.lance
-        if self.input_format:
-            payload["input_format"] = self.input_format
+        payload: ClassifyPayload = {**text_rows_payload(self)}
         if self.top_k is not None:
             payload["top_k"] = self.top_k
         if self.threshold is not None:
@@ -133,16 +123,7 @@ def has_entailment(spec: ModelSpec) -> bool:
 
 
 def classify_job(request: ClassifyRequest) -> BatchJob:
-    return BatchJob(
-        operation=request.operation,
-        input=request.input,
-        output=request.output,
-        model=request.model,
-        payload=request.payload(),
-        required_columns=[request.text_column, *filter(None, [request.id_column]), *request.keep_columns],
-        manifest_columns={"text": request.text_column, "id": request.id_column, "keep": request.keep_columns},
-        storage_options=request.storage_options,
-    )
+    return text_rows_job(request, request.operation, request.payload())
 
 
 def run_classify(

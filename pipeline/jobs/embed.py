@@ -20,7 +20,16 @@ from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
 from shoal.configs.prompts import model_prompts
-from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, output_folder, plan_job, run_job
+from shoal.pipeline.jobs.engine import (
+    BatchJob,
+    JobOutcome,
+    model_for,
+    output_folder,
+    plan_job,
+    run_job,
+    text_rows_job,
+    text_rows_payload,
+)
 from shoal.pipeline.jobs.planner import Plan
 from shoal.scheduler_plugins.protocol import KindPayload, StorageOptions
 from shoal.workers.data.chunking import ChunkSettings
@@ -79,36 +88,17 @@ def with_prompt(request: EmbedRequest, spec: ModelSpec) -> EmbedRequest:
 
 def embed_job(request: EmbedRequest, operation: str = "embed") -> BatchJob:
     """`operation`: the model's kind's (EMBED_OPERATIONS)."""
-    payload: KindPayload = {
-        "text_column": request.text_column,
-        "id_column": request.id_column,
-        "keep_columns": request.keep_columns,
-    }
+    payload: KindPayload = {**text_rows_payload(request)}
     # Only when asked for: the options digest (params) of existing outputs stays as it was.
-    if request.chunk:
-        payload["chunk"] = {"tokens": request.chunk.tokens, "overlap": request.chunk.overlap}
     if not request.vectors.is_default:
         payload["vectors"] = request.vectors.payload()
-    if request.lance:
-        payload["lance"] = request.lance
-    if request.input_format:
-        payload["input_format"] = request.input_format
     if request.prompt is not None:  # the text, not the name: a prompt asked for is in the digest, a change re-embeds
         payload["prompt"] = request.prompt
     if request.top_k is not None:
         payload["top_k"] = request.top_k
     if request.input_type is not None:
         payload["input_type"] = request.input_type
-    return BatchJob(
-        operation=operation,
-        input=request.input,
-        output=request.output,
-        model=request.model,
-        payload=payload,
-        required_columns=[request.text_column, *filter(None, [request.id_column]), *request.keep_columns],
-        manifest_columns={"text": request.text_column, "id": request.id_column, "keep": request.keep_columns},
-        storage_options=request.storage_options,
-    )
+    return text_rows_job(request, operation, payload)
 
 
 def plan_embed(request: EmbedRequest, profile: Profile) -> Plan:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import Protocol, cast
 
 from distributed import Client
 from rich.console import Console
@@ -56,6 +56,7 @@ from shoal.scheduler_plugins.protocol import (
     SubmittedItem,
     VectorFields,
 )
+from shoal.workers.data.chunking import ChunkSettings
 from shoal.workers.data.vector_precision import VectorFormat
 
 SHOWN_REJECTIONS = 10
@@ -74,6 +75,52 @@ class BatchJob:
     manifest_columns: Columns
     storage_options: StorageOptions = field(default_factory=dict)
     output_root: str | None = None  # where all of this job's outputs live (a reindex's versions); never input
+
+
+class TextRows(Protocol):
+    """What a job over a text column (embed's, classify's and extract's requests) says of its rows."""
+
+    input: str
+    output: str
+    model: str
+    text_column: str
+    id_column: str | None
+    keep_columns: list[str]
+    storage_options: StorageOptions
+    chunk: ChunkSettings | None
+    lance: str | None
+    input_format: str | None
+
+
+def text_rows_payload(request: TextRows) -> EmbedPayload:
+    """The item options every text-column job has, each only when asked for: the options digest (params) of
+    existing outputs stays as it was."""
+    payload: EmbedPayload = {
+        "text_column": request.text_column,
+        "id_column": request.id_column,
+        "keep_columns": request.keep_columns,
+    }
+    if request.chunk:
+        payload["chunk"] = {"tokens": request.chunk.tokens, "overlap": request.chunk.overlap}
+    if request.lance:
+        payload["lance"] = request.lance
+    if request.input_format:
+        payload["input_format"] = request.input_format
+    return payload
+
+
+def text_rows_job(request: TextRows, operation: str, payload: EmbedPayload) -> BatchJob:
+    """`operation` over `request`'s rows with `payload` (text_rows_payload's and the operation's own options)."""
+    return BatchJob(
+        operation=operation,
+        input=request.input,
+        output=request.output,
+        model=request.model,
+        payload=payload,
+        required_columns=[request.text_column, *filter(None, [request.id_column]), *request.keep_columns],
+        manifest_columns={"text": request.text_column, "id": request.id_column, "keep": request.keep_columns},
+        storage_options=request.storage_options,
+    )
 
 
 @dataclass
