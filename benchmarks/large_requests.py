@@ -5,7 +5,7 @@
 answers three ways of asking for the same 2,048 texts' vectors on the MessagePack route, in rounds whose
 order turns, so drift on a shared machine hits each alike:
 - one request of 2,048 texts: the gateway queues it as parts of the model's online batch (256) and joins
-  the answers in input order (scheduler_plugins/request_parts.py);
+  the answers in input order (scheduler_plugins/gateway/request_parts.py);
 - eight requests of 256, sent at once from eight client threads;
 - the same eight one after another.
 The one request's vectors are compared with the eight's (and with a direct `SentenceTransformer.encode`).

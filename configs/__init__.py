@@ -191,7 +191,7 @@ class GatewaySettings(BaseModel):
     token_file: str | None = None  # or from this file; neither: no auth
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     # Texts per encode request (OpenAI's limit) and documents per rerank request (Cohere's); the gateway splits
-    # a request of more than a model's online batch into parts (scheduler_plugins/request_parts.py).
+    # a request of more than a model's online batch into parts (scheduler_plugins/gateway/request_parts.py).
     max_inputs: int = Field(default=2048, gt=0)
     max_documents: int = Field(default=10_000, gt=0)
     max_input_chars: int = Field(default=16_384, gt=0)  # longer: cut, or 422 without truncation

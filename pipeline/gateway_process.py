@@ -3,7 +3,7 @@
 The same routes, limits, auth and metrics as `shoal serve`'s gateway, but
 HTTP parsing, auth and encoding run here, not on the scheduler's one event
 loop; requests reach the scheduler in batches (see
-scheduler_plugins/gateway_link). Start as many as the load needs, on as many
+scheduler_plugins/gateway/link.py). Start as many as the load needs, on as many
 machines, behind any load balancer. A gateway started before its scheduler
 answers 503 until it connects; one that loses the scheduler answers 503 and
 reconnects. SIGINT or SIGTERM stops accepting, answers what is in flight,
@@ -19,8 +19,8 @@ from distributed.security import Security
 from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, GatewaySettings, ModelSpec, Profile
-from shoal.scheduler_plugins.gateway import Gateway
-from shoal.scheduler_plugins.gateway_link import SchedulerLink
+from shoal.scheduler_plugins.gateway.app import Gateway
+from shoal.scheduler_plugins.gateway.link import SchedulerLink
 
 
 async def run_gateway(

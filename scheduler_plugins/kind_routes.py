@@ -36,9 +36,9 @@ import numpy as np
 
 from shoal.configs import GatewaySettings, ModelSpec
 
-from . import api_formats as api
+from .gateway import api_formats as api
+from .gateway.wire import MSGPACK, RequestError
 from .protocol import Aggregation, ClassifyTexts, OnlineResult, TextsPayload
-from .wire import MSGPACK, RequestError
 
 # The fields an encode request's texts come with, checked by api_formats.encode_call.
 TEXT_FIELDS = {"texts", "truncate"}

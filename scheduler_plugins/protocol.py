@@ -141,7 +141,7 @@ class SimPayload(TypedDict, total=False):
 
 
 class EncodePayload(TypedDict, total=False):
-    """An online `encode` request (scheduler_plugins/api_formats.EncodeCall)."""
+    """An online `encode` request (scheduler_plugins/gateway/api_formats.EncodeCall)."""
 
     texts: Required[list[str]]
     truncate: bool
@@ -154,7 +154,7 @@ class EncodePayload(TypedDict, total=False):
 
 
 class ScorePayload(TypedDict, total=False):
-    """An online `score` request (scheduler_plugins/api_formats.ScoreCall)."""
+    """An online `score` request (scheduler_plugins/gateway/api_formats.ScoreCall)."""
 
     query: Required[str]
     documents: Required[list[str]]

@@ -21,7 +21,7 @@ Routes (all declared in ``PullQueue.start``):
   those of gateways in their own processes) are declared by ``OnlineQueue``
   (online_queue.py), started beside this plugin
 - ``shoal_gateway_start`` / ``shoal_gateway_stop``: the online HTTP gateway
-  (scheduler_plugins/gateway.py), on this scheduler's event loop
+  (scheduler_plugins/gateway/app.py), on this scheduler's event loop
 - Dask's own ``adaptive_target``, ``workers_to_close`` and ``retire_workers``,
   replaced so that Dask's autoscalers see Shoal's queue, with ``shoal_retire``
   and ``shoal_scaling``: declared by ``Elastic`` (elastic.py)
@@ -79,7 +79,7 @@ from .work_items import ItemState, WorkItem
 from .worker_views import WorkerView
 
 if TYPE_CHECKING:  # aiohttp, imported when a gateway starts: a batch job's scheduler never starts one
-    from .gateway import Gateway
+    from .gateway.app import Gateway
 
 logger = logging.getLogger("shoal.scheduler")
 
@@ -334,7 +334,7 @@ class PullQueue(QueueState, SchedulerPlugin):
             return {"error": f"this scheduler already serves the online gateway on {self.gateway.url}"}
         self.add_specs(models or {}, "the gateway's models")
         await self.gateway_stop()
-        from .gateway import Gateway
+        from .gateway.app import Gateway
 
         gateway = Gateway(self.online.local_backend(), GatewaySettings(**(settings or {})))
         url = await gateway.start()

@@ -49,7 +49,7 @@ def test_the_client_side_of_a_batch_job_loads_no_plugin():
 
 
 def test_the_scheduler_side_never_imports_torch():
-    loaded = imported_after("shoal.scheduler_plugins.pull_queue", "shoal.scheduler_plugins.gateway")
+    loaded = imported_after("shoal.scheduler_plugins.pull_queue", "shoal.scheduler_plugins.gateway.app")
     assert "torch" not in loaded and "sentence_transformers" not in loaded
     assert "shoal.scheduler_plugins.pull_queue" in loaded  # the check itself saw the plugin load
 

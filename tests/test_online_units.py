@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from shoal.configs import ConfigError, GatewaySettings, ModelSpec
-from shoal.scheduler_plugins import api_formats as api
-from shoal.scheduler_plugins.gateway_auth import BearerAuth
+from shoal.scheduler_plugins.gateway import api_formats as api
+from shoal.scheduler_plugins.gateway.auth import BearerAuth
+from shoal.scheduler_plugins.gateway.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
 from shoal.scheduler_plugins.online_requests import OnlineFailure
 from shoal.scheduler_plugins.pull_queue import PullQueue
-from shoal.scheduler_plugins.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
 from shoal.workers.batching.device_thread import DeviceThread
 from shoal.workers.batching.online_groups import OnlineGroups
 from shoal.workers.model_pool import ModelPool

@@ -25,8 +25,8 @@ from shoal.pipeline.jobs.resume import job_params
 from shoal.pipeline.model_listing import render_models
 from shoal.pipeline.retrieval.run import embed_requests
 from shoal.pipeline.retrieval.spec import JobSpec
-from shoal.scheduler_plugins import api_formats
-from shoal.scheduler_plugins.wire import RequestError
+from shoal.scheduler_plugins.gateway import api_formats
+from shoal.scheduler_plugins.gateway.wire import RequestError
 from shoal.workers.data.chunking import ChunkSettings
 from shoal.workers.operations import embed_operation, online_operations
 from shoal.workers.operations.embed_operation import EmbedInput

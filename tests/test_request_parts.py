@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from shoal.configs import GatewaySettings
-from shoal.scheduler_plugins import request_parts, token_arrays
-from shoal.scheduler_plugins.wire import RequestError
+from shoal.scheduler_plugins.gateway import request_parts, token_arrays
+from shoal.scheduler_plugins.gateway.wire import RequestError
 from tests.support.fake_scheduler import running_queue, spec
 from tests.support.waiting import async_wait_for
 

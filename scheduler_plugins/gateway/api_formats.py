@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shoal.configs import GatewaySettings, ModelSpec
 
-from .protocol import EncodePayload, OnlineResult, Precision, ScorePayload
+from ..protocol import EncodePayload, OnlineResult, Precision, ScorePayload
 from .wire import MSGPACK, RequestError
 
 PACKED = ("binary", "ubinary")  # 1 bit a dimension, 8 to a byte

@@ -24,9 +24,9 @@ from distributed.core import rpc
 
 from shoal.configs import GatewaySettings, ModelSpec
 
-from .model_specs import ModelSpecs
-from .protocol import OnlinePayload, OnlineResult, PullQueueClient, RemoteRequest, RemoteSettings, SpecFields
-from .work_items import unsendable
+from ..model_specs import ModelSpecs
+from ..protocol import OnlinePayload, OnlineResult, PullQueueClient, RemoteRequest, RemoteSettings, SpecFields
+from ..work_items import unsendable
 
 logger = logging.getLogger("shoal.gateway")
 

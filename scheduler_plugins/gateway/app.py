@@ -2,7 +2,7 @@
 
 A request is checked (auth, size, shape, limits), becomes an online item on its
 model's queue, and waits for a worker's answer. The gateway reaches the queue
-through a backend (gateway_link.GatewayBackend): in the scheduler's process
+through a backend (link.GatewayBackend): in the scheduler's process
 (`shoal serve`) it calls the queue directly, with no message and no thread
 hop; in a process of its own (`shoal gateway`) it sends requests to the
 scheduler and receives answers in batches, so HTTP parsing, auth and encoding
@@ -42,16 +42,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from shoal.configs import GatewaySettings, ModelSpec
 
+from ..kind_routes import KIND_ROUTES, KindRoute, TextsCall
+from ..protocol import OnlinePayload, OnlineResult, ServedModel
 from . import api_formats as api
 from . import request_parts, token_arrays
-from .gateway_auth import BearerAuth
-from .gateway_metrics import GatewayMetrics
-from .kind_routes import KIND_ROUTES, KindRoute, TextsCall
-from .protocol import OnlinePayload, OnlineResult, ServedModel
+from .auth import BearerAuth
+from .metrics import GatewayMetrics
 from .wire import JSON, MSGPACK, RequestError, decode, encode, media_type, response_type
 
 if TYPE_CHECKING:
-    from .gateway_link import GatewayBackend
+    from .link import GatewayBackend
 
 logger = logging.getLogger("shoal.gateway")
 

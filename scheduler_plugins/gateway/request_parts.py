@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
-from .protocol import OnlinePayload, OnlineResult
+from ..protocol import OnlinePayload, OnlineResult
 
 # Where a payload's inputs are: encode's and the kind routes' texts, score's documents (protocol.py).
 INPUT_FIELDS = ("texts", "documents")
