@@ -22,6 +22,7 @@ from pydantic import (
     PositiveInt,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -95,6 +96,7 @@ class RuntimeChoice(BaseModel):
 
 
 DEFAULT_TOKEN_BUDGET = {"cpu": 8192, "cuda": 65536}  # padded tokens per forward pass, by device kind
+DEFAULT_IMAGE_BATCH = {"cpu": 32, "cuda": 256}  # images per forward pass of an image kind, by device kind
 
 
 class ModelSpec(BaseModel):
@@ -106,7 +108,15 @@ class ModelSpec(BaseModel):
     # sparse, multivector, classifier, token_classifier, span_extractor (GLiNER): told from a folder in
     # configs/model_resolution.py
     kind: Literal[
-        "embedder", "reranker", "sim", "sparse", "multivector", "classifier", "token_classifier", "span_extractor"
+        "embedder",
+        "reranker",
+        "sim",
+        "sparse",
+        "multivector",
+        "classifier",
+        "token_classifier",
+        "span_extractor",
+        "image_embedder",
     ]
     source: str = ""
     dim: int = Field(gt=0)
@@ -115,6 +125,8 @@ class ModelSpec(BaseModel):
     memory_bytes: int = Field(default=500_000_000, gt=0)
     token_budget: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_TOKEN_BUDGET))
     max_batch_size: int = Field(default=256, gt=0)
+    # An image kind's forward batch, by device kind: images per forward, the image analogue of `token_budget`.
+    image_batch: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_IMAGE_BATCH))
     requires: dict[str, float] = Field(default_factory=dict)
     runtimes: dict[str, RuntimeChoice] = Field(default_factory=dict)  # by device kind; absent: torch
     # Named prompts laid over the model's own (config_sentence_transformers.json); see configs/prompts.py.
@@ -127,12 +139,12 @@ class ModelSpec(BaseModel):
     batch_fixed_seconds: float = 0.0
     per_token_seconds: float = 0.0
 
-    @field_validator("token_budget")
+    @field_validator("token_budget", "image_batch")
     @classmethod
-    def _budgets_positive(cls, budgets: dict[str, int]) -> dict[str, int]:
+    def _budgets_positive(cls, budgets: dict[str, int], info: ValidationInfo) -> dict[str, int]:
         for device, budget in budgets.items():
             if budget <= 0:
-                raise ValueError(f"token_budget.{device} must be positive, got {budget}")
+                raise ValueError(f"{info.field_name}.{device} must be positive, got {budget}")
         return budgets
 
     @property
@@ -144,6 +156,10 @@ class ModelSpec(BaseModel):
     def budget_for(self, device_kind: str) -> int:
         """Padded tokens per forward pass on this kind of device."""
         return self.token_budget.get(device_kind) or self.token_budget.get("cpu") or 8192
+
+    def images_for(self, device_kind: str) -> int:
+        """Images per forward pass on this kind of device (an image kind's)."""
+        return self.image_batch.get(device_kind) or self.image_batch.get("cpu") or DEFAULT_IMAGE_BATCH["cpu"]
 
     def resolve_path(self) -> str:
         """The local directory holding the weights; never a hub download."""

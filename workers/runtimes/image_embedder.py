@@ -1,0 +1,272 @@
+"""The image and text-image embedding runtime: CLIP and SigLIP, images and texts into one space.
+
+Two layouts load, each computed exactly as its own library computes it:
+
+- a sentence-transformers folder (``modules.json``: a multimodal Transformer,
+  or the legacy ``CLIPModel`` module): what ``SentenceTransformer.encode``
+  gives for PIL images and for texts (its ``preprocess``, then its forward,
+  truncated and normalised as its modules say);
+- a transformers folder (``CLIPModel``, ``SiglipModel``, ``Siglip2Model``...):
+  ``get_image_features`` and ``get_text_features`` on its own processor's
+  features, L2-normalised (how CLIP and SigLIP are compared: such a
+  folder's spec says ``normalize``). SigLIP's text
+  tower pools its last position, so its texts are padded to the tokenizer's
+  window as its model card says (``padding="max_length"``).
+
+Images are decoded (Pillow, under `ImageLimits`) and resized and normalised by
+the model's own image processor in a preparing thread, a batch or two ahead
+of the device, so decoding overlaps the forward and never runs on the device
+thread; Pillow releases the interpreter lock while it decodes and resizes.
+A forward batch is at most `image_batch` images (the spec's, for this
+device kind): the image analogue of the token budget. An image that cannot
+be decoded is left out of its batch and returned as that input's rejection;
+the rest are computed. Texts go through the text tower in token-budget
+batches, as every text runtime's do (this runtime is an `Embedder` too).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shoal.configs import ModelSpec
+from shoal.configs.prompts import model_prompts
+from shoal.workers.batching.device_thread import DeviceThread
+from shoal.workers.batching.token_batching import Measured
+from shoal.workers.data.images import DEFAULT_LIMITS, ImageLimits, ImageRejected, decode
+from shoal.workers.devices import DevicePlan
+
+from .token_counts import count_tokens
+from .torch_model import TorchModel
+
+# Image batches prepared ahead of the one computing: the device never waits for a decode unless decoding
+# is slower than the forward, and no more than this many batches of pixels are held at once.
+PREPARED_AHEAD = 2
+# transformers model types whose text tower pools the last position: their texts are padded to the window.
+PADDED_TEXT_TOWERS = ("siglip", "siglip2")
+
+# One input of an image call: its encoded bytes, or an `ImageRejected` found before (a read that failed).
+ImageInput = bytes | ImageRejected
+
+
+class _Towers:
+    """One layout's model and its two preprocessing and forward paths."""
+
+    model: Any  # the torch module TorchModel casts, measures and closes
+    tokenizer: Any
+
+    def prepare_images(self, images: list[Any]) -> dict[str, Any]:
+        """The model's input features for decoded images, on the CPU (the image processor's work)."""
+        raise NotImplementedError
+
+    def prepare_texts(self, texts: list[str], prompt: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def forward(self, features: dict[str, Any]) -> Any:
+        """The batch's vectors (a tensor), as the layout's library gives them."""
+        raise NotImplementedError
+
+    def dim(self) -> int:
+        raise NotImplementedError
+
+
+class _SentenceTransformerTowers(_Towers):
+    """A sentence-transformers folder: ``preprocess`` then the modules' forward, as ``encode`` runs them."""
+
+    def __init__(self, folder: str, spec: ModelSpec, device: str) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(folder, device=device, local_files_only=True)
+        if "image" not in self.model.modalities:
+            raise ValueError(
+                f"model {spec.name!r}: {folder} embeds no images (its modalities: {self.model.modalities})"
+            )
+        self.model.max_seq_length = spec.max_seq_length
+        self.tokenizer = self.model.tokenizer
+
+    def prepare_images(self, images: list[Any]) -> dict[str, Any]:
+        return self.model.preprocess(images)
+
+    def prepare_texts(self, texts: list[str], prompt: str) -> dict[str, Any]:
+        return self.model.preprocess(texts, prompt=prompt or None)
+
+    def forward(self, features: dict[str, Any]) -> Any:
+        from sentence_transformers.util import truncate_embeddings
+
+        vectors = self.model(features)["sentence_embedding"]
+        if self.model.truncate_dim is not None:
+            vectors = truncate_embeddings(vectors, self.model.truncate_dim)
+        return vectors
+
+    def dim(self) -> int:
+        return int(self.model.get_embedding_dimension())
+
+
+class _TransformersTowers(_Towers):
+    """A transformers folder: the processor's features, ``get_image_features`` / ``get_text_features``."""
+
+    def __init__(self, folder: str, spec: ModelSpec, device: str) -> None:
+        from transformers import AutoModel, AutoProcessor
+
+        self.processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
+        self.model = AutoModel.from_pretrained(folder, local_files_only=True).to(device)
+        if not hasattr(self.model, "get_image_features") or not hasattr(self.model, "get_text_features"):
+            raise ValueError(f"model {spec.name!r}: {type(self.model).__name__} has no image and text towers")
+        self.tokenizer = self.processor.tokenizer
+        self.max_length = spec.max_seq_length
+        self.padding: str | bool = "max_length" if self.model.config.model_type in PADDED_TEXT_TOWERS else True
+
+    def prepare_images(self, images: list[Any]) -> dict[str, Any]:
+        return dict(self.processor.image_processor(images=images, return_tensors="pt"))
+
+    def prepare_texts(self, texts: list[str], prompt: str) -> dict[str, Any]:
+        texts = [prompt + t for t in texts] if prompt else texts
+        features = self.tokenizer(
+            texts, padding=self.padding, truncation=True, max_length=self.max_length, return_tensors="pt"
+        )
+        return {**dict(features), "modality": "text"}
+
+    def forward(self, features: dict[str, Any]) -> Any:
+        import torch
+
+        if features.get("modality") == "text":
+            inputs = {k: v for k, v in features.items() if k != "modality"}
+            out = self.model.get_text_features(**inputs)
+        else:
+            out = self.model.get_image_features(**features)
+        return out if isinstance(out, torch.Tensor) else out.pooler_output  # normalised as the spec says
+
+    def dim(self) -> int:
+        config = self.model.config
+        width = getattr(config, "projection_dim", None) or config.vision_config.hidden_size
+        return int(width)
+
+
+class ImageEmbedder(TorchModel):
+    """Images (encoded bytes) and texts to float32 vectors in one space."""
+
+    def __init__(
+        self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None, dtype: str | None = None
+    ) -> None:
+        """`dtype`: the model's own choice (its profile entry); None takes the worker's."""
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        folder = spec.resolve_path()
+        layout = _SentenceTransformerTowers if (Path(folder) / "modules.json").is_file() else _TransformersTowers
+        self.towers = layout(folder, spec, plan.device)
+        super().__init__(spec, plan, self.towers.model, device_thread, dtype, self.towers.tokenizer)
+        self.torch_device = torch.device(plan.device)
+        self.torch_dtype = getattr(torch, self.dtype)
+        self.prompts = model_prompts(spec)
+        self.image_batch = spec.images_for(plan.kind)
+        self._preparing: ThreadPoolExecutor | None = None
+        dim = self.towers.dim()
+        if dim != spec.dim:
+            raise ValueError(f"model {spec.name!r}: catalog says dim {spec.dim}, the model gives {dim}")
+
+    # Texts: the Embedder protocol, through the text tower.
+
+    def token_lengths(self, texts: list[str], prompt: str | None = None) -> Measured:
+        """Token counts after truncation (as the forward pads them), and how many texts were truncated."""
+        prompt = self.prompts.text(prompt=prompt)
+        lengths, truncated = count_tokens(
+            self.tokenizer, self.spec.max_seq_length, [prompt + t for t in texts] if prompt else texts
+        )
+        if getattr(self.towers, "padding", True) == "max_length":  # every text costs the whole window
+            lengths = np.full_like(lengths, self.spec.max_seq_length)
+        return lengths, truncated
+
+    def embed(
+        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
+    ) -> tuple[np.ndarray, int]:
+        """float32 text vectors in input order, and the count of truncated texts."""
+        prompt = self.prompts.text(prompt=prompt)
+        return self.in_batches(
+            len(texts),
+            lambda: measured or self.token_lengths(texts, prompt),
+            lambda batch: self._vectors(self.towers.prepare_texts([texts[i] for i in batch], prompt)),
+            self.spec.dim,
+        )
+
+    # Images.
+
+    def embed_images(
+        self, images: Sequence[ImageInput], limits: ImageLimits = DEFAULT_LIMITS
+    ) -> tuple[np.ndarray, dict[int, str]]:
+        """float32 vectors of `images` in input order, and the inputs rejected (index -> why; their rows are 0).
+
+        Batches of `image_batch` are decoded and prepared PREPARED_AHEAD ahead in the preparing thread;
+        each forward is one device turn, so online work waiting goes between batches.
+        """
+        out = np.zeros((len(images), self.spec.dim), dtype=np.float32)
+        rejected: dict[int, str] = {}
+        starts = range(0, len(images), self.image_batch)
+        pending: deque[Future] = deque()
+        for start in starts:
+            pending.append(self._prepare_ahead(images, start, limits))
+            if len(pending) > PREPARED_AHEAD:
+                self._compute(pending.popleft(), out, rejected)
+        while pending:
+            self._compute(pending.popleft(), out, rejected)
+        return out, rejected
+
+    def _prepare_ahead(self, images: Sequence[ImageInput], start: int, limits: ImageLimits) -> Future:
+        if self._preparing is None:
+            self._preparing = ThreadPoolExecutor(1, thread_name_prefix="shoal-images")
+        batch = images[start : start + self.image_batch]
+        return self._preparing.submit(self.prepare_images, batch, start, limits)
+
+    def prepare_images(
+        self, batch: Sequence[ImageInput], start: int, limits: ImageLimits
+    ) -> tuple[np.ndarray, dict[str, Any] | None, dict[int, str]]:
+        """Decode and prepare one batch (off the device thread): (indices kept, their features, rejections)."""
+        decoded, kept, rejected = [], [], {}
+        for offset, data in enumerate(batch):
+            try:
+                if isinstance(data, ImageRejected):
+                    raise data
+                decoded.append(decode(data, limits))
+                kept.append(start + offset)
+            except ImageRejected as exc:
+                rejected[start + offset] = str(exc)
+        features = self.towers.prepare_images(decoded) if decoded else None
+        for image in decoded:
+            image.close()
+        return np.asarray(kept, dtype=np.int64), features, rejected
+
+    def _compute(self, prepared: Future, out: np.ndarray, rejected: dict[int, str]) -> None:
+        kept, features, bad = prepared.result()
+        rejected.update(bad)
+        if features is None:
+            return
+        with self.device_thread.turn():
+            out[kept] = self._vectors(features)
+
+    def _vectors(self, features: dict[str, Any]) -> np.ndarray:
+        """One forward batch: features on the device (pixels in the model's dtype), float32 vectors back."""
+        import torch
+
+        moved: dict[str, Any] = {}
+        for name, value in features.items():
+            if isinstance(value, torch.Tensor):
+                value = value.to(self.torch_device)
+                if value.is_floating_point():
+                    value = value.to(self.torch_dtype)
+            moved[name] = value
+        with torch.inference_mode():
+            vectors = self.towers.forward(moved)
+            if self.spec.normalize:
+                vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
+            return vectors.float().cpu().numpy()
+
+    def close(self) -> None:
+        if self._preparing is not None:
+            self._preparing.shutdown(wait=False, cancel_futures=True)
+        super().close()
