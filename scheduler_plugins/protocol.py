@@ -119,6 +119,16 @@ class KindPayload(EmbedPayload, total=False):
     input_type: Literal["query", "document"]  # multivector: ColBERT's query or document encoding (document)
 
 
+class ImagePayload(EmbedPayload, total=False):
+    """An image kind's `embed` item of images (workers/operations/image_operation): files, or a column."""
+
+    image_column: str  # a column of image bytes, or of URIs (any fsspec URL, or data: URIs)
+    root: str  # image files: the folder their paths are under (the rows' ids)
+    files: list[str]  # image files: the item's, under `root`
+    max_image_bytes: int  # an image larger is that row's rejection; absent: workers/data/images.py's default
+    max_image_pixels: int  # an image with more pixels (a decompression bomb) likewise
+
+
 class RerankPayload(SlicePayload, total=False):
     """A `rerank` item (workers/rerank_operation)."""
 
@@ -240,6 +250,7 @@ class ItemResult(TypedDict, total=False):
     rejections: list[str]  # the first of them, each naming its file, row and column
     truncated: int
     null_texts: int
+    null_images: int  # an image kind's rows with a null image (a null embedding), not counted as rejected
     empty_texts: int
     chunks: int
     pairs: int

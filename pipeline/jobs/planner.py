@@ -45,8 +45,10 @@ class Shard:
     row_groups: list[int] = field(default_factory=list)
     columns: list[str] = field(default_factory=list)
     error: str | None = None
-    format: str = "parquet"  # or jsonl, csv (workers/data/input_formats.py)
+    format: str = "parquet"  # or jsonl, csv (workers/data/input_formats.py), images (a group: image_files.py)
     lines: LineIndex | None = None  # a text shard's rows, once scanned
+    root: str = ""  # a group of image files: the folder their paths are under
+    files: list[str] = field(default_factory=list)  # and those paths, one row each
 
     @property
     def rows(self) -> int:
@@ -183,7 +185,7 @@ def _shards(fs, paths: list[str], input_format: str | None) -> list[Shard]:
         Shard(
             url=fs.unstrip_protocol(info["name"]),
             size=int(info.get("size") or 0),
-            version=_version(info) or _content_hash(fs, info["name"]),
+            version=object_version(info) or _content_hash(fs, info["name"]),
             format=input_format or format_of(info["name"]) or "parquet",
         )
         for info in infos
@@ -203,7 +205,7 @@ def _directory_format(input_url: str, paths: list[str]) -> str:
     return formats.pop()
 
 
-def _version(info: Mapping[str, object]) -> str | None:
+def object_version(info: Mapping[str, object]) -> str | None:
     """What changes when the object changes: etag, generation or mtime."""
     for key in ("ETag", "etag", "md5Hash", "generation", "mtime", "LastModified", "last_modified"):
         if info.get(key) not in (None, ""):
