@@ -97,6 +97,11 @@ class RuntimeChoice(BaseModel):
 
 DEFAULT_TOKEN_BUDGET = {"cpu": 8192, "cuda": 65536}  # padded tokens per forward pass, by device kind
 DEFAULT_IMAGE_BATCH = {"cpu": 32, "cuda": 256}  # images per forward pass of an image kind, by device kind
+# One image's limits, in batch jobs (workers/data/images.py) and online (the gateway's defaults): its encoded
+# bytes (Cohere's per-image limit), and its pixels, Pillow's own default (about 89.5 megapixels, a quarter GiB of
+# RGB), past which a few kilobytes of PNG are a decompression bomb.
+MAX_IMAGE_BYTES = 5 << 20
+MAX_IMAGE_PIXELS = 89_478_485
 
 
 class ModelSpec(BaseModel):
@@ -211,6 +216,9 @@ class GatewaySettings(BaseModel):
     max_inputs: int = Field(default=2048, gt=0)
     max_documents: int = Field(default=10_000, gt=0)
     max_input_chars: int = Field(default=16_384, gt=0)  # longer: cut, or 422 without truncation
+    # An image input's encoded bytes and decoded pixels (checked from its header, before any decoding): else a 400.
+    max_image_bytes: int = Field(default=MAX_IMAGE_BYTES, gt=0)
+    max_image_pixels: int = Field(default=MAX_IMAGE_PIXELS, gt=0)
     max_queue_depth: int = Field(default=4096, gt=0)  # requests of a model not yet answered, then 429
     request_timeout_seconds: float = Field(default=30.0, gt=0)  # then 504; for each DEADLINE_INPUTS inputs begun
     retry_after_seconds: int = Field(default=1, ge=0)

@@ -1,7 +1,7 @@
 """Images as inputs: their bytes from storage, data URIs or request bodies, decoded with Pillow under limits.
 
 An image kind's row is an image file, a column value of bytes, or a URI (any
-fsspec URL, or a ``data:`` URI). Decoding checks, in this order and before
+fsspec URL, ``data:`` URIs included). Decoding checks, in this order and before
 any pixel is decoded where it can: the bytes are at most `max_bytes`; Pillow
 recognises a format (else "not an image"); the header's width x height is at
 most `max_pixels` (a decompression bomb: a few kilobytes that would decode to
@@ -15,8 +15,6 @@ decoding, never on the device thread.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 import warnings
 from collections.abc import Sequence
@@ -25,13 +23,13 @@ from dataclasses import dataclass
 
 from PIL import Image
 
+from shoal.configs import MAX_IMAGE_PIXELS
 from shoal.scheduler_plugins.protocol import StorageOptions
 
 from .storage import open_fs
 
-# Pillow's own default (about 89.5 megapixels, a quarter GiB of RGB): past it, Pillow itself warns of a bomb.
-MAX_PIXELS = 89_478_485
-MAX_BYTES = 64 << 20  # one encoded image
+MAX_PIXELS = MAX_IMAGE_PIXELS  # Pillow's own default: past it, Pillow itself warns of a bomb
+MAX_BYTES = 64 << 20  # one encoded image in a batch job (the gateway's default is configs' MAX_IMAGE_BYTES)
 FETCH_THREADS = 16  # concurrent reads of one item's image files or URIs
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 
@@ -86,21 +84,6 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
-def data_uri_bytes(uri: str) -> bytes:
-    """The bytes of a ``data:[<type>][;base64],<data>`` URI (`ImageRejected` when it is not one)."""
-    head, comma, body = uri.partition(",")
-    if not head.startswith("data:") or not comma:
-        raise ImageRejected(f"not a data URI (expected data:image/...;base64,...): {uri[:40]!r}")
-    if not head.endswith(";base64"):
-        from urllib.parse import unquote_to_bytes
-
-        return unquote_to_bytes(body)
-    try:
-        return base64.b64decode(body, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ImageRejected(f"data URI of invalid base64: {exc}") from None
-
-
 def is_image_name(name: str) -> bool:
     return name.lower().endswith(IMAGE_EXTENSIONS)
 
@@ -108,7 +91,7 @@ def is_image_name(name: str) -> bool:
 def fetch(
     urls: Sequence[str], storage_options: StorageOptions | None = None, limits: ImageLimits = DEFAULT_LIMITS
 ) -> list[bytes | ImageRejected]:
-    """Each URL's bytes (a data URI's own), read concurrently, or why it could not be read.
+    """Each URL's bytes (fsspec's: a ``data:`` URI holds its own), read concurrently, or why it could not be read.
 
     A missing object, or one over `max_bytes` (one ranged read of at most a byte more, so a huge object is
     never held whole), is that row's rejection; any other storage error raises (`OSError`: the item is
@@ -121,11 +104,6 @@ def fetch(
 
 
 def _fetch_one(url: str, storage_options: StorageOptions | None, limits: ImageLimits) -> bytes | ImageRejected:
-    if url.startswith("data:"):
-        try:
-            return data_uri_bytes(url)
-        except ImageRejected as exc:
-            return exc
     try:
         fs, path = open_fs(url, storage_options)
         data = fs.cat_file(path, start=0, end=limits.max_bytes + 1)
