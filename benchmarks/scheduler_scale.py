@@ -73,6 +73,18 @@ class StandInScheduler:
         self.stream_comms: dict = {}
         self.extensions: dict = {}
         self.periodic_callbacks: dict = {}
+        self.plugins: dict = {}
+        self.tasks: dict = {}
+
+    # Dask's scaling methods, which the plugin replaces with its own (elastic.py) and keeps to call.
+    def adaptive_target(self, target_duration: float | None = None) -> int:
+        return 0
+
+    def workers_to_close(self, **kwargs) -> list[str]:
+        return []
+
+    async def retire_workers(self, workers: list[str], **kwargs) -> dict:
+        return {}
 
 
 class SimWorker:

@@ -9,6 +9,7 @@ rather than a surprise deep inside a worker. Nothing here imports torch.
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import os
 from pathlib import Path
@@ -46,6 +47,19 @@ DEADLINE_INPUTS = 256
 def cache_dir() -> Path:
     """The Shoal cache (``$SHOAL_CACHE_DIR``, default ``~/.cache/shoal``): auto profiles, verdicts, ONNX exports."""
     return Path(os.environ.get("SHOAL_CACHE_DIR") or "~/.cache/shoal").expanduser()
+
+
+def log_like_dask() -> None:
+    """In a `dask scheduler` or `dask worker` process (Shoal's preloads), Shoal's log lines go where Dask's do, at
+    Dask's level: Dask configures only its own loggers, so Shoal's showed only from WARNING, unformatted. Left
+    alone where logging is configured already (the root logger has handlers, or Dask config `logging: shoal`)."""
+    shoal, dask_logger = logging.getLogger("shoal"), logging.getLogger("distributed")
+    if shoal.handlers or logging.getLogger().handlers:
+        return
+    for handler in dask_logger.handlers:
+        shoal.addHandler(handler)
+    if shoal.level == logging.NOTSET:
+        shoal.setLevel(dask_logger.getEffectiveLevel())
 
 
 class ConfigError(ValueError):

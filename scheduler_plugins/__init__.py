@@ -14,7 +14,7 @@ import gc
 import click
 import dask.config
 
-from shoal.configs import GatewaySettings, load_catalog, load_profile
+from shoal.configs import GatewaySettings, load_catalog, load_profile, log_like_dask
 
 from .protocol import NAME
 
@@ -46,6 +46,7 @@ async def dask_setup(
 
     if NAME in scheduler.plugins:
         return
+    log_like_dask()
     settings = gateway_settings(shoal_gateway_port, shoal_gateway_host, shoal_profile)
     models = load_catalog().models if settings else None
     await scheduler.register_scheduler_plugin(PullQueue(gateway=settings, models=models), name=NAME, idempotent=True)

@@ -15,16 +15,18 @@ methods and as handlers of the same names, so every caller gets them:
 - ``retire_workers``: each worker is drained the Shoal way first (`drain`),
   then Dask retires it as before.
 
-Draining a worker: it takes no new work (its view is retiring: silent for
-good), the batch items it leased but did not start go back to the front of
-their queues at once and it is told to drop them (``REVOKE``), and what it
-started (batch items, online groups) finishes and is acked, within
-`drain_timeout_seconds`; what is still running then goes back when the
-worker is removed, as for a lost worker. No item is lost, and the first ack
+Draining a worker (a retirement): it takes no new work (its view is
+retiring: silent for good), the batch items it leased but did not start go
+back to the front of their queues at once and it is told to drop them
+(``REVOKE``), and what it started (batch items, online groups) finishes and
+is acked, within `drain_timeout_seconds` (or the grace its own
+``shoal_retire`` asks for); what is still running then goes back too. A
+retirement never spends an attempt: only a loss does (a worker that leaves
+without retiring, or whose lease lapses). No item is lost, and the first ack
 of an item counts (outputs are idempotent), so none is written twice. A
-worker stopped by a signal (``dask worker`` SIGTERM, a Kubernetes pod
-deletion) drains itself through ``shoal_retire`` while it closes
-(workers/worker_plugin.py).
+worker sent SIGTERM (``dask worker``, a Kubernetes pod deletion, a spot
+machine's notice) drains itself through ``shoal_retire`` with its grace
+(workers/termination.py).
 
 Scale to zero: while an autoscaler asks for the target (within
 `SCALER_SEEN_SECONDS` of its last ask), an online request that finds no
@@ -48,9 +50,9 @@ import dask.config
 from dask.utils import parse_timedelta
 from toolz import groupby
 
-from .protocol import Lane, ScalingStatus
+from .protocol import Lane, ScalingStatus, WorkerEvents
 from .scaling import OnlineLoad, ScalingNeed, ScalingSettings, need
-from .work_items import ItemState, WorkItem
+from .work_items import WorkItem
 
 if TYPE_CHECKING:
     from .pull_queue import PullQueue
@@ -205,24 +207,37 @@ class Elastic:
                 self._keep(address)  # Dask could not retire it (its data had nowhere to go): it serves again
         return retired
 
-    async def drain(self, worker: str, timeout: float | None = None) -> int:
+    async def drain(self, worker: str, timeout: float | None = None, events: WorkerEvents | None = None) -> int:
         """Retire `worker` from Shoal's work: no new work, unstarted items back now, started ones finish.
 
         Waits up to `timeout` (default `drain_timeout_seconds`) for its leases
-        to end; what it still holds then goes back when it is removed. The
-        count of items it still holds. Also the ``shoal_retire`` handler.
+        to end; what it still holds then goes back too, uncounted. The count
+        of items handed back then. Also the ``shoal_retire`` handler, whose
+        `events` (what the worker had gathered) are handled first, so that
+        what it started is not taken for unstarted.
         """
         queue = self.queue
+        if events:
+            queue.worker_events(worker, **events)
         view = queue.views.get(worker)
         if view is not None and not view.retiring:
             queue.views.retire(view)
             queue.view_changed(view)
             handed = self._hand_back(worker)
-            logger.info("retiring %s: %d items handed back, %d finishing", worker, handed, self._held(worker))
+            logger.info(
+                "retiring %s: %d unstarted items handed back, %d finishing within %g s",
+                worker,
+                handed,
+                self._held(worker),
+                self.settings.drain_timeout_seconds if timeout is None else timeout,
+            )
         deadline = time.monotonic() + (self.settings.drain_timeout_seconds if timeout is None else timeout)
         while self._held(worker) and worker in queue.scheduler.workers and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_SECONDS)
-        return self._held(worker)
+        late = self._hand_back(worker, started=True) if worker in queue.scheduler.workers else 0
+        if late:
+            logger.info("retired %s: %d items still running after the grace handed back", worker, late)
+        return late
 
     def workers_coming(self) -> bool:
         """An autoscaler asked for the target lately: a request that finds no worker may wait for one."""
@@ -265,23 +280,14 @@ class Elastic:
     def _held(self, worker: str) -> int:
         return len(self.queue.leases.of_worker(worker))
 
-    def _hand_back(self, worker: str) -> int:
-        """Its batch items not started go back to the front of their queues, and it is told to drop them."""
-        queue = self.queue
+    def _hand_back(self, worker: str, started: bool = False) -> int:
+        """Its batch items not started (with `started`, all its items) go back, and it is told to drop them."""
         back: list[WorkItem] = [
             item
-            for item in queue.leases.of_worker(worker).values()
-            if item.lane is Lane.BATCH and not item.started and item.state is ItemState.LEASED
+            for item in self.queue.leases.of_worker(worker).values()
+            if started or (item.lane is Lane.BATCH and not item.started)
         ]
-        for item in reversed(back):  # each goes to the front: the first leased is taken first again
-            queue.unlease(item)
-            item.attempts = max(0, item.attempts - 1)  # never started: the lease was not an attempt
-            item.requeue()
-            queue.queues.push(item, front=True)
-        for model, count in Counter(item.model for item in back).items():
-            queue.work_queued(model, Lane.BATCH, count)
-        queue.revoke(worker, [item.id for item in back])
-        queue.events["handed_back"] += len(back)
+        self.queue.hand_back(worker, back)
         return len(back)
 
     def _keep(self, worker: str) -> None:

@@ -510,9 +510,10 @@ class PullQueueClient:
             worker=address, room=room, in_hand=in_hand, timeout=timeout, events=events, **report
         )
 
-    async def retire(self, address: str, timeout: float) -> int:
-        """Drain the worker at `address` of Shoal's work (elastic.Elastic.drain): the items it still holds."""
-        return await self.scheduler.shoal_retire(worker=address, timeout=timeout)
+    async def retire(self, address: str, timeout: float, events: WorkerEvents) -> int:
+        """Drain the worker at `address` of Shoal's work within `timeout` (elastic.Elastic.drain); `events`: its
+        gathered events, handled first. The items still running then, handed back."""
+        return await self.scheduler.shoal_retire(worker=address, timeout=timeout, events=events)
 
     async def scaling(self) -> ScalingStatus:
         return await self.scheduler.shoal_scaling()

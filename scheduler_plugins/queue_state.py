@@ -275,17 +275,42 @@ class QueueState:
         if not self.views.holders.get(model) and self.queues.waiting_items(model, Lane.ONLINE):
             self.online_work_queued(model)  # its requests may now go to any worker
 
+    def hand_back(self, worker: str, items: list[WorkItem]) -> None:
+        """A retiring worker's `items` go back to the front of their queues, uncounted: a retirement is no
+        attempt. It is told to drop them (one it started runs on, and the first ack counts)."""
+        for item in reversed(items):  # each goes to the front: the first leased is taken first again
+            self.unlease(item)
+            item.attempts = max(0, item.attempts - 1)
+            item.requeue()
+            self.queues.push(item, front=True)
+        for (model, lane), count in Counter((item.model, item.lane) for item in items).items():
+            self.work_queued(model, lane, count)
+        self.revoke(worker, [item.id for item in items])
+        self.events["handed_back"] += len(items)
+
     def worker_lost(self, worker: str) -> None:
-        """A lost worker's leased items go back to the front of their queues, and wake their takers."""
+        """A removed worker's leased items go back to the front of their queues, and wake their takers: a
+        retiring one's uncounted (it had been told to go), a lost one's as a spent attempt."""
+        view = self.views.get(worker)
+        held = []
+        for item in list(self.leases.of_worker(worker).values()):
+            if item.state is ItemState.LEASED:
+                held.append(item)
+            else:
+                self.leases.remove(item)
+        if view is not None and view.retiring:
+            self.hand_back(worker, held)
+            if held:
+                logger.info("worker %s retired; %d items it still held handed back", worker, len(held))
         self.views.remove(worker)
         self.placement.worker_removed(worker)
-        held = list(self.leases.of_worker(worker).values())
+        if view is not None and view.retiring:
+            return
         for item in held:
-            self.leases.remove(item)
-            if item.state is ItemState.LEASED:
-                item.errors.append(f"attempt {item.attempts}: worker {worker} was lost")
-                self.events["lost"] += 1
-                self.retry_or_bury(item, permanent=False, front=True)
+            self.unlease(item)
+            item.errors.append(f"attempt {item.attempts}: worker {worker} was lost")
+            self.events["lost"] += 1
+            self.retry_or_bury(item, permanent=False, front=True)
         if held:
             logger.warning("worker %s lost; %d leased items put back", worker, len(held))
 

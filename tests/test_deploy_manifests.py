@@ -129,6 +129,17 @@ def test_gpu_workers_ask_kubernetes_and_dask_for_one_gpu_each():
     assert "nvidia.com/gpu" not in scheduler["resources"]["limits"]
 
 
+def test_a_sigtermed_worker_pod_is_killed_only_well_after_its_retirement_grace():
+    import dask.config
+
+    from shoal.workers.termination import GRACE_CONFIG, termination_grace
+
+    pod = cluster_pods()["worker"]
+    grace = env(pod["containers"][0])["DASK_SHOAL__WORKER__TERMINATION_GRACE"]
+    with dask.config.set({GRACE_CONFIG: grace}):
+        assert pod["terminationGracePeriodSeconds"] >= termination_grace() + 15  # hand back, close, free the GPU
+
+
 def test_scheduler_probes_its_dashboards_health_route():
     (scheduler,) = cluster_pods()["scheduler"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in scheduler["ports"]}

@@ -128,14 +128,33 @@ async def test_retiring_a_worker_hands_back_what_it_did_not_start_and_waits_for_
     assert plugin.scheduler.dask_retired == ["w1"] and plugin.job_status("j")["done"] == 1
 
 
-async def test_a_retiring_worker_that_does_not_finish_in_time_is_retired_and_its_item_goes_back(plugin):
+async def test_a_retiring_worker_that_does_not_finish_in_time_hands_its_item_back_without_spending_an_attempt(plugin):
     plugin.elastic.settings = ScalingSettings(drain_timeout_seconds=0.2)
     plugin.submit("j", items("m", 1), SPECS)
     item = (await plugin.pull("w1", held=["m"], timeout=0))["items"][0]["id"]
     plugin.scheduler.stream_handlers[EVENTS](worker="w1", started=[item])
     await plugin.scheduler.retire_workers(names=["w1"])
+    assert plugin.scheduler.revoked("w1") == [item]
     plugin.remove_worker(plugin.scheduler, "w1")  # what Dask's retirement does last
-    assert plugin.items[item].state.value == "queued" and plugin.events["lost"] == 1
+    assert plugin.items[item].state.value == "queued" and plugin.items[item].attempts == 0
+    assert plugin.events["handed_back"] == 1 and plugin.events["lost"] == 0
+
+
+async def test_a_worker_removed_while_it_retires_hands_back_what_it_held_and_a_lost_one_spends_an_attempt(plugin):
+    plugin.submit("j", items("m", 2), SPECS)
+    first, second = [m["id"] for m in (await plugin.pull("w1", held=["m"], room=2, timeout=0))["items"]]
+    retiring = asyncio.ensure_future(
+        plugin.scheduler.handlers["shoal_retire"](worker="w1", timeout=5.0, events={"started": [first]})
+    )
+    await asyncio.sleep(0)
+    assert plugin.scheduler.revoked("w1") == [second]  # not started: back at once
+    plugin.remove_worker(plugin.scheduler, "w1")  # killed during its grace
+    assert await retiring == 0
+    assert plugin.items[first].attempts == 0 and plugin.events["lost"] == 0
+    reply = await plugin.pull("w2", held=["m"], room=2, timeout=0)
+    assert [m["id"] for m in reply["items"]] == [first, second]
+    plugin.remove_worker(plugin.scheduler, "w2")  # not retiring: a loss
+    assert plugin.items[first].attempts == 1 and plugin.events["lost"] == 2
 
 
 async def test_a_worker_that_drains_itself_is_silent_to_placement_until_it_leaves(plugin):

@@ -38,6 +38,7 @@ logger = logging.getLogger("shoal.worker")
 RECONNECT_SECONDS = 1.0
 PULL_WINDOW_SECONDS = 4.0  # a pull leases what this worker expects to start within this long: one pull per ~2 s
 MAX_LEASED = 256  # items leased here at once, whatever the drain rate
+RETIRE_MARGIN_SECONDS = 5.0  # a retirement's answer may come this long after its grace
 
 
 class DrainRate:
@@ -74,6 +75,7 @@ class PullLoop:
         self._job_items: Counter[str] = Counter()  # items leased here per job: its context stays while any is
         self.drain = DrainRate()
         self._room = asyncio.Event()
+        self.retiring = False  # pulls no more: its work goes back or finishes (retire)
         self.online = OnlineGroups(dask_worker.address, pool, device_thread, self.specs, self.stream)
         dask_worker.stream_handlers[REVOKE] = self._revoked
 
@@ -83,7 +85,7 @@ class PullLoop:
         try:
             while True:
                 self._room.clear()
-                room = self._room_now()
+                room = 0 if self.retiring else self._room_now()
                 if room <= 0:
                     await self._room.wait()
                     continue
@@ -111,7 +113,7 @@ class PullLoop:
                 self._learn_specs(reply)
                 self.contexts.update(reply.get("contexts", {}))
                 self.pool.demand = reply.get("demand", self.pool.demand)
-                if self._start_online(reply["items"]):
+                if self._start_online(reply["items"]) or self.retiring:  # batch items: handed back by retire
                     continue
                 for message in reply["items"]:
                     self._leased(message)
@@ -126,18 +128,27 @@ class PullLoop:
             self.stream.close()
             self.io_executor.shutdown(wait=False, cancel_futures=True)
 
-    async def retire(self, timeout: float) -> None:
-        """This worker is closing (a signal, a scale-down): its unstarted items go back to the queue now,
-        and what it started finishes and is acked, for up to `timeout` seconds (elastic.Elastic.drain)."""
+    async def retire(self, grace: float) -> None:
+        """This worker is leaving (SIGTERM, a scale-down, a close): it pulls no more; the scheduler takes back
+        what it has not started at once, lets what started finish and be acked within `grace` seconds, then
+        takes back the rest; none of it spends an attempt (elastic.Elastic.drain)."""
+        self.retiring = True
+        self._room.set()
+        self.online.pulling = True  # no online pull comes again: online acks go on the stream
+        self.stream.ack_online(self.online.take_acks())
+        events = self.stream.take()  # they ride on the retirement, so that what started here counts as started
         try:
-            held = await asyncio.wait_for(self.queue.retire(self.dask_worker.address, timeout), timeout + 1.0)
+            late = await asyncio.wait_for(
+                self.queue.retire(self.dask_worker.address, grace, events), grace + RETIRE_MARGIN_SECONDS
+            )
         except Exception as exc:  # noqa: BLE001 - closing goes on: the scheduler puts back what is left
-            logger.warning("could not drain before closing (%s: %s)", type(exc).__name__, exc)
+            logger.warning("could not retire before closing (%s: %s)", type(exc).__name__, exc)
+            self.stream.send(events)
             return
         finally:
             self.stream.flush()
-        if held:
-            logger.warning("closing with %d items unfinished; the scheduler puts them back", held)
+        if late:
+            logger.info("retired: %d items still running after the grace of %g s were handed back", late, grace)
 
     def _room_now(self) -> int:
         """How many items to ask for now: none until half of what this worker expects to start is left."""
@@ -259,7 +270,7 @@ class PullLoop:
         While a group computes, requests wait at the scheduler (an idle worker
         may take them); the pull that follows the group takes them all.
         """
-        while True:
+        while not self.retiring:
             await self.online.quiet.wait()
             acks = self.online.take_acks()
             self.online.pulling = True
@@ -280,7 +291,7 @@ class PullLoop:
                 await asyncio.sleep(RECONNECT_SECONDS)
                 continue
             finally:
-                self.online.pulling = False
+                self.online.pulling = self.retiring
             if reply is None or (not reply["items"] and reply.get("reason")):
                 await asyncio.sleep(RECONNECT_SECONDS)
                 continue

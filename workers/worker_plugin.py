@@ -9,10 +9,12 @@ import logging
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol.pickle import dumps
 
 from shoal.configs import Catalog, Profile, load_catalog, load_profile
 
@@ -21,11 +23,12 @@ from .devices import detect_device
 from .model_pool import ModelPool
 from .pull_loop import PullLoop
 from .runtimes import load_model, require_installed
+from .termination import TerminationForwarder, take_over_sigterm, termination_grace
 
 logger = logging.getLogger("shoal.worker")
 
-# A closing worker's running items may finish within this long: `dask worker` gives its process 8 s
-# after SIGTERM (its nanny's close timeout of 10 s, times 0.8) before killing it.
+# A worker closed by Dask (not SIGTERM'd: its nanny's close, a scale-down) lets its running items finish within
+# this long: a nanny kills its worker process 8 s after asking it to close (its close timeout of 10 s, times 0.8).
 CLOSING_DRAIN_SECONDS = 5.0
 
 
@@ -61,6 +64,9 @@ class ShoalWorker(WorkerPlugin):
         self._warming: set[asyncio.Task] = set()
         self.device_thread: DeviceThread | None = None
         self.loader: ThreadPoolExecutor | None = None
+        self._undo_sigterm: Callable[[], None] | None = None
+        self._terminating: asyncio.Task | None = None
+        self._forwarding: asyncio.Task | None = None
 
     async def setup(self, worker) -> None:
         profile = load_profile(self.profile_name)
@@ -98,6 +104,33 @@ class ShoalWorker(WorkerPlugin):
         gc.collect()
         gc.freeze()
         self._task = asyncio.create_task(self.loop.run())
+        self._undo_sigterm = take_over_sigterm(partial(self._on_sigterm, worker))
+        if worker.nanny:  # its process gets a container's SIGTERM: it passes it on to this one
+            self._forwarding = asyncio.create_task(self._forward_sigterm(worker.rpc, worker.nanny))
+
+    @staticmethod
+    async def _forward_sigterm(rpc, nanny_address: str) -> None:
+        """Add the TerminationForwarder to this worker's nanny, in the background: a nanny answers no call
+        before its worker has started."""
+        try:
+            async with rpc(nanny_address) as nanny:
+                await nanny.plugin_add(plugin=dumps(TerminationForwarder()), name=TerminationForwarder.name)
+        except Exception as exc:  # noqa: BLE001 - SIGTERM then closes the worker as Dask does
+            logger.warning("SIGTERM will not be a retirement: could not reach the nanny (%s)", exc)
+
+    def _on_sigterm(self, worker) -> None:
+        if self._terminating is None:
+            self._terminating = asyncio.create_task(self._retire_and_close(worker))
+        else:
+            logger.info("SIGTERM again: already retiring")
+
+    async def _retire_and_close(self, worker) -> None:
+        """SIGTERM: a retirement within the grace (see termination.py), then Dask closes this worker, and
+        its nanny after it."""
+        grace = termination_grace()
+        logger.info("SIGTERM: retiring (a grace of %g s for the items started here), then closing", grace)
+        await self.loop.retire(grace)
+        await worker.close(reason="shoal-retired-on-sigterm")
 
     async def warmed(self) -> None:
         """Until the warm loads started at setup have ended, loaded or not."""
@@ -115,10 +148,13 @@ class ShoalWorker(WorkerPlugin):
         # Registered last, so it runs first at exit and every other handler runs once (see exit_without_teardown).
         if multiprocessing.parent_process() is not None:  # a nanny's worker process, never a command's own
             atexit.register(exit_without_teardown)
+        if self._undo_sigterm is not None:
+            self._undo_sigterm()
         for task in list(self._warming):
             task.cancel()
         if self._task is not None and not self._task.done():
-            await self.loop.retire(CLOSING_DRAIN_SECONDS)  # hand back what it has not started, finish the rest
+            if not self.loop.retiring:  # closed by Dask, not SIGTERM'd: a retirement all the same
+                await self.loop.retire(CLOSING_DRAIN_SECONDS)
             self._task.cancel()
             try:
                 await self._task

@@ -31,7 +31,11 @@ NAME = "shoal"
 IMAGE = f"localhost/shoal:{version('shoal')}"  # what `make image` builds
 OUTPUT = Path(__file__).with_name("daskcluster.yaml")
 ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-WORKER_ENV = {"SHOAL_PROFILE": "h100"}
+# SIGTERM (scale-down, eviction, node drain) retires a worker: what it started may finish within the grace,
+# then it closes; Kubernetes kills the pod TERMINATION_GRACE_PERIOD after SIGTERM, which leaves 20 s to hand
+# back, close the worker and its nanny, and free the GPU (docs/OPERATIONS.md, "Stopping workers").
+WORKER_ENV = {"SHOAL_PROFILE": "h100", "DASK_SHOAL__WORKER__TERMINATION_GRACE": "25s"}
+TERMINATION_GRACE_PERIOD = 45
 WORKER_COMMAND = "dask worker --nthreads 1 --nworkers 1 --resources GPU=1,VRAM=80e9 --shoal-pin minilm"
 AUTOSCALE_MINIMUM, AUTOSCALE_MAXIMUM = 1, 8
 WORKER_RESOURCES = {
@@ -53,6 +57,7 @@ def daskcluster(image: str = IMAGE) -> dict[str, Any]:
     scheduler["resources"] = SCHEDULER_RESOURCES
     worker_pod = spec["spec"]["worker"]["spec"]
     worker_pod["containers"][0]["env"] += [{"name": k, "value": v} for k, v in WORKER_ENV.items()]
+    worker_pod["terminationGracePeriodSeconds"] = TERMINATION_GRACE_PERIOD
     for pod in (scheduler_pod, worker_pod):
         pod["securityContext"] = NON_ROOT
     return json.loads(json.dumps(spec))
