@@ -118,6 +118,21 @@ MAX_IMAGE_BYTES = 5 << 20
 MAX_IMAGE_PIXELS = 89_478_485
 
 
+class AdapterSpec(BaseModel):
+    """A LoRA adapter over a base model: a ModelSpec's `adapter` (configs/adapters.py reads its folder).
+
+    The spec around it describes the base (kind, window, weights), so an adapter is a model of its base's kind;
+    a worker loads the base once and each adapter over it (workers/model_pool.py).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str  # the base model's name
+    name: str  # the adapter's own name: the model is BASE+NAME, and NAME is the adapter's inside PEFT
+    source: str  # the adapter's folder: adapter_config.json and its weights
+    memory_bytes: int = Field(default=1, gt=0)  # its weights' bytes, until a worker measures them
+
+
 class ModelSpec(BaseModel):
     """One catalog entry: what a worker needs to load and batch a model."""
 
@@ -157,6 +172,8 @@ class ModelSpec(BaseModel):
     # Simulated runtime only: timings of a device that is not there.
     batch_fixed_seconds: float = 0.0
     per_token_seconds: float = 0.0
+    # A LoRA adapter over the model the fields above describe; the spec is then named BASE+ADAPTER.
+    adapter: AdapterSpec | None = None
 
     @field_validator("token_budget", "image_batch")
     @classmethod
@@ -206,7 +223,12 @@ class Catalog(BaseModel):
         """The catalog entry, else the model's own files: a local folder or a cached Hugging Face id."""
         if name in self.models:
             return self.models[name]
+        from .adapters import resolve_adapter
         from .model_resolution import resolve_unlisted
+
+        adapter = resolve_adapter(self, name)
+        if adapter is not None:
+            return adapter
 
         return resolve_unlisted(name, sorted(self.models))
 
@@ -353,7 +375,10 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
     for user_path in (os.environ.get("SHOAL_CATALOG"), extra):
         if user_path:
             paths.append(Path(user_path))
+    from .adapters import catalog_adapter, is_adapter_folder
+
     models: dict[str, ModelSpec] = {}
+    adapters: list[tuple[Path, str, dict]] = []  # made once every base is known: a later file may hold it
     for path in paths:
         entries = read_yaml(path).get("models") or {}
         for name, entry in entries.items():
@@ -361,6 +386,9 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
             source = str(entry.get("source", ""))
             if source and not source.startswith(("package:", "hf:")) and not Path(source).expanduser().is_absolute():
                 entry["source"] = str((path.parent / source).resolve())  # relative to the catalog file
+            if source and is_adapter_folder(entry["source"]):
+                adapters.append((path, name, entry))
+                continue
             if source and not {"kind", "dim", "max_seq_length"} <= entry.keys():  # the rest from the model's files
                 from .model_resolution import fields_from_source
 
@@ -374,7 +402,11 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
                 raise explain(path, exc) from None
             except TypeError as exc:
                 raise ConfigError(f"{path}: models.{name}: {exc}") from None
-    return Catalog(models=models)
+    catalog = Catalog(models=models)
+    for path, name, entry in adapters:
+        spec = catalog_adapter(catalog, name, entry, str(path))
+        catalog.models[spec.name] = spec
+    return catalog
 
 
 def load_profile(name_or_path: str | None = None) -> Profile:

@@ -5,6 +5,14 @@ least-recently-used, never while a batch is using them. Loading runs in a
 thread so the worker's event loop keeps answering the scheduler meanwhile.
 Sizes are the catalog's estimate until a model has been loaded once, then
 what the runtime measured.
+
+A LoRA adapter (a spec with `adapter`, configs/adapters.py) is an entry of
+its own over its base's entry: the base loads once, as a model of its own,
+and each adapter is added to it (milliseconds: workers/runtimes/lora.py),
+costing its own measured bytes under the same budget and evicted in the same
+LRU. Using an adapter uses its base too, so a base is never evicted while any
+of its adapters is in use, and it is the more recently used of the two;
+evicting a base drops its adapters with it.
 """
 
 from __future__ import annotations
@@ -17,9 +25,10 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from shoal.configs import ModelSpec
+from shoal.configs.adapters import base_of
 
 logger = logging.getLogger("shoal.worker.pool")
 
@@ -34,6 +43,16 @@ class LoadedModel:
     size: int
     pinned: bool = False
     in_use: int = 0
+    base: str | None = None  # an adapter's: the entry of the base it is loaded over
+    adapter: str | None = None  # an adapter's own name within its base
+
+
+class AdapterLoader(Protocol):
+    """How the pool adds adapters to a loaded base and removes them (workers/runtimes/lora.AdapterLoader)."""
+
+    async def attach(self, base: Any, spec: ModelSpec) -> tuple[Any, int]: ...
+
+    def detach(self, base: Any, name: str) -> None: ...
 
 
 class ModelPool:
@@ -42,10 +61,12 @@ class ModelPool:
         budget_bytes: int,
         load: Callable[[ModelSpec], Any],
         executor: Executor,
+        adapters: AdapterLoader | None = None,
     ) -> None:
         self.budget = budget_bytes
         self._load = load
         self._executor = executor
+        self._adapters = adapters
         self._loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self._loading: dict[str, asyncio.Task] = {}
         self._reserved: dict[str, int] = {}
@@ -54,6 +75,7 @@ class ModelPool:
         self._sizes: dict[str, int] = {}
         self._changed = asyncio.Condition()
         self.loads = 0
+        self.load_counts: Counter[str] = Counter()  # loads per model: an adapter loaded again was evicted between
         self.evictions: list[str] = []
         self.load_seconds: dict[str, float] = {}  # measured, told to the scheduler
         # From the scheduler with each pull: {model: [waiting items, workers holding it]}.
@@ -87,13 +109,19 @@ class ModelPool:
         return self.size_of(spec) <= self.budget - pinned
 
     def size_of(self, spec: ModelSpec) -> int:
-        return self._sizes.get(spec.name, spec.memory_bytes)
+        """Measured, else the spec's estimate: an adapter's own bytes, not its base's."""
+        estimate = spec.adapter.memory_bytes if spec.adapter is not None else spec.memory_bytes
+        return self._sizes.get(spec.name, estimate)
 
     # -- use ----------------------------------------------------------------
 
     async def pin(self, spec: ModelSpec) -> None:
+        """Load `spec` now and keep it (an adapter keeps its base too)."""
         async with self.use(spec):
-            self._loaded[spec.name].pinned = True
+            entry = self._loaded[spec.name]
+            entry.pinned = True
+            if entry.base is not None:
+                self._loaded[entry.base].pinned = True
 
     async def warm(self, spec: ModelSpec) -> bool:
         """Load `spec` now if it fits without evicting anything; it stays evictable.
@@ -103,26 +131,46 @@ class ModelPool:
         """
         if spec.name in self._loaded:
             return True
-        if self.size_of(spec) > self.free_bytes() - self._loading_bytes():
+        base = base_of(spec) if spec.adapter is not None else None
+        needed = self.size_of(spec) + (self.size_of(base) if base and base.name not in self._loaded else 0)
+        if needed > self.free_bytes() - self._loading_bytes():
             return False
         async with self.use(spec):
             return True
 
     @asynccontextmanager
     async def use(self, spec: ModelSpec) -> AsyncIterator[Any]:
-        """The loaded runtime for `spec`, kept loaded while the block runs."""
+        """The loaded runtime for `spec`, kept loaded while the block runs (an adapter's base with it)."""
         entry = await self._acquire(spec)
         try:
             yield entry.runtime
         finally:
-            entry.in_use -= 1
+            self._release(entry)
             await self._wake()
 
+    def _release(self, entry: LoadedModel) -> None:
+        entry.in_use -= 1
+        if entry.base is not None:
+            self._loaded[entry.base].in_use -= 1
+
     async def _acquire(self, spec: ModelSpec) -> LoadedModel:
+        if spec.adapter is None:
+            return await self._acquire_one(spec)
+        base = await self._acquire_one(base_of(spec))  # held while the adapter loads, and while it is used
+        try:
+            return await self._acquire_one(spec)
+        except BaseException:
+            base.in_use -= 1
+            self._wake_soon()
+            raise
+
+    async def _acquire_one(self, spec: ModelSpec) -> LoadedModel:
         while True:
             entry = self._loaded.get(spec.name)
             if entry is not None:
                 self._loaded.move_to_end(spec.name)
+                if entry.base is not None:
+                    self._loaded.move_to_end(entry.base)  # the base is used whenever an adapter is
                 entry.in_use += 1
                 return entry
             pending = self._loading.get(spec.name)
@@ -160,13 +208,23 @@ class ModelPool:
     async def _load_now(self, spec: ModelSpec) -> None:
         try:
             began = time.perf_counter()
-            runtime = await asyncio.get_running_loop().run_in_executor(self._executor, self._load, spec)
-            self.load_seconds[spec.name] = round(time.perf_counter() - began, 3)
-            size = int(getattr(runtime, "memory_bytes", lambda: spec.memory_bytes)())
+            if spec.adapter is None:
+                runtime = await asyncio.get_running_loop().run_in_executor(self._executor, self._load, spec)
+                size = int(getattr(runtime, "memory_bytes", lambda: spec.memory_bytes)())
+                entry = LoadedModel(runtime, size)
+            else:
+                if self._adapters is None:
+                    raise RuntimeError(f"model {spec.name!r} is a LoRA adapter; this worker loads no adapters")
+                base = base_of(spec).name  # held by the adapter's _acquire
+                runtime, size = await self._adapters.attach(self._loaded[base].runtime, spec)
+                entry = LoadedModel(runtime, size, base=base, adapter=spec.adapter.name)
+            # Adapters load in milliseconds: kept to the microsecond, or placement would read 0 as unmeasured.
+            self.load_seconds[spec.name] = round(time.perf_counter() - began, 6 if spec.adapter else 3)
             self._sizes[spec.name] = size
-            self._loaded[spec.name] = LoadedModel(runtime, size)
+            self._loaded[spec.name] = entry
             self.loads += 1
-            logger.info("loaded %s (%.1f MB)", spec.name, size / 1e6)
+            self.load_counts[spec.name] += 1
+            logger.info("loaded %s (%.3f MB)", spec.name, size / 1e6)
         finally:
             del self._loading[spec.name]
             del self._reserved[spec.name]
@@ -207,19 +265,35 @@ class ModelPool:
         if not idle:
             return None
 
+        # A base's work is its adapters' too: their requests would pay its load.
+        demand = dict(self.demand)
+        for name, entry in self._loaded.items():
+            if entry.base is not None and name in self.demand:
+                waiting, holders = self.demand[name]
+                base_waiting, base_holders = demand.get(entry.base, (0, holders))
+                demand[entry.base] = [base_waiting + waiting, min(base_holders, holders)]
+
         def cost(entry: tuple[int, str]) -> tuple[bool, bool, int]:
-            waiting, holders = self.demand.get(entry[1], (0, 0))
+            waiting, holders = demand.get(entry[1], (0, 0))
             return waiting > 0 and holders <= 1, waiting > 0, entry[0]
 
         return min(idle, key=cost)[1]
 
     def _evict(self, name: str) -> None:
+        """Evict an idle entry: an adapter leaves its base's model; a base goes with its adapters."""
         entry = self._loaded.pop(name)
+        self.evictions.append(name)
+        logger.info("evicted %s", name)
+        if entry.base is not None:
+            assert self._adapters is not None and entry.adapter is not None
+            self._adapters.detach(self._loaded[entry.base].runtime, entry.adapter)
+            return
+        for adapter in [n for n, e in self._loaded.items() if e.base == name]:
+            del self._loaded[adapter]
+            self.evictions.append(adapter)
         close = getattr(entry.runtime, "close", None)
         if close is not None:
             close()
-        self.evictions.append(name)
-        logger.info("evicted %s", name)
 
     def _pinned_bytes(self) -> int:
         return sum(e.size for e in self._loaded.values() if e.pinned)

@@ -23,6 +23,7 @@ from .devices import detect_device
 from .model_pool import ModelPool
 from .pull_loop import PullLoop
 from .runtimes import load_model, require_installed
+from .runtimes.lora import AdapterLoader
 from .termination import TerminationForwarder, take_over_sigterm, termination_grace
 
 logger = logging.getLogger("shoal.worker")
@@ -67,6 +68,7 @@ class ShoalWorker(WorkerPlugin):
         self._undo_sigterm: Callable[[], None] | None = None
         self._terminating: asyncio.Task | None = None
         self._forwarding: asyncio.Task | None = None
+        self.adapter_reader: ThreadPoolExecutor | None = None
 
     async def setup(self, worker) -> None:
         profile = load_profile(self.profile_name)
@@ -77,8 +79,14 @@ class ShoalWorker(WorkerPlugin):
         self.device_thread = DeviceThread()  # every model call: batch items, and online groups first
         # Loads get their own thread: a model loads while another one computes.
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-load")
+        # LoRA adapters are read in a thread of their own (not behind a base's load: they take milliseconds)
+        # and placed on the device thread between forward batches.
+        self.adapter_reader = ThreadPoolExecutor(1, thread_name_prefix="shoal-adapters")
         self.pool = ModelPool(
-            plan.memory_budget, partial(load_model, plan=plan, device_thread=self.device_thread), self.loader
+            plan.memory_budget,
+            partial(load_model, plan=plan, device_thread=self.device_thread),
+            self.loader,
+            AdapterLoader(self.device_thread, self.adapter_reader),
         )
         self.loop = PullLoop(worker, profile, self.pool, self.device_thread)
         self.plan = plan
@@ -162,5 +170,6 @@ class ShoalWorker(WorkerPlugin):
                 pass
         if self.device_thread is not None:
             self.device_thread.shutdown()
-        if self.loader is not None:
-            self.loader.shutdown(wait=False, cancel_futures=True)
+        for executor in (self.loader, self.adapter_reader):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)

@@ -22,4 +22,6 @@ def model_fingerprint(spec: ModelSpec) -> str:
         weights = f"sim:{spec.name}"
     else:
         weights = folder_digest(spec.resolve_path())
+    if spec.adapter is not None:  # a LoRA adapter: its own weights over its base's
+        weights += f"|adapter:{folder_digest(spec.adapter.source)}"
     return hashlib.sha256(f"{weights}|{settings}".encode()).hexdigest()

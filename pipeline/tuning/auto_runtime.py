@@ -257,6 +257,8 @@ def resolve(profile: Profile, spec: ModelSpec, console: Console | None = None) -
     """
     if spec.kind not in ("embedder", "reranker") or spec.name in profile.runtimes:
         return
+    if spec.adapter is not None:  # a LoRA adapter runs on its base's torch copy (configs/adapters.base_of)
+        return
     held = profile._held.get(spec.name) or (
         None if profile.name == NAME else f"profile {profile.name} pins no runtime for {spec.name}"
     )

@@ -13,9 +13,10 @@ order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -30,6 +31,16 @@ Measured = tuple[np.ndarray, int]
 # while those compute. Small, so the device waits for little; large enough that the two groups, each sorted
 # by length, pad almost as little as one (every batch but each group's last is full).
 HEAD_ROWS = 256
+# The adapter each input of a call goes through, on a base with LoRA layers (workers/runtimes/lora.py): one
+# adapter's name for every input, a name per input (None: that input through the base alone), or None: the
+# base alone for all.
+Adapters = str | Sequence[str | None] | None
+
+
+class RowAdapters(Protocol):
+    """A base's LoRA layers (workers/runtimes/lora.LoraLayers), as the batching loops use them."""
+
+    def rows(self, names: Sequence[str | None] | None) -> AbstractContextManager[Any]: ...
 
 
 def plan_batches(lengths: np.ndarray, token_budget: int, max_batch_size: int) -> list[np.ndarray]:
@@ -79,6 +90,17 @@ class BatchedRuntime:
         # (they are idle while it tokenizes, in series with the forward); elsewhere all but the one the
         # device thread needs to keep the device fed.
         self.tokenizer_threads = max(1, cores if device_kind == "cpu" else cores - 1)
+        self.lora: RowAdapters | None = None  # the LoRA layers of a base serving adapters (workers/model_pool)
+
+    def through(self, adapters: Adapters, rows: np.ndarray) -> AbstractContextManager[Any]:
+        """Around one forward batch of the inputs at `rows`: each through its adapter in `adapters`."""
+        if self.lora is None:
+            if adapters is not None and (isinstance(adapters, str) or any(adapters)):
+                raise RuntimeError(f"model {self.spec.name!r} has no adapters loaded")
+            return nullcontext()
+        if adapters is None or isinstance(adapters, str):
+            return self.lora.rows(None if adapters is None else [adapters] * len(rows))
+        return self.lora.rows([adapters[i] for i in rows.tolist()])
 
     def in_batches(
         self,
@@ -86,6 +108,7 @@ class BatchedRuntime:
         measure: Callable[[], Measured],
         forward: Callable[[np.ndarray], np.ndarray],
         width: int | None = None,
+        adapters: Adapters = None,
     ) -> tuple[np.ndarray, int]:
         """float32 rows of `count` inputs in input order, and how many inputs were truncated.
 
@@ -93,7 +116,7 @@ class BatchedRuntime:
         inputs: a tokenizer may refuse an empty list); `forward(batch)` computes
         the rows of one batch of input indices, inside one device turn, so
         online work waiting runs between batches. `width`: values per row, or
-        None for one value per input (scores).
+        None for one value per input (scores). `adapters`: each input's adapter.
         """
         shape = (count,) if width is None else (count, width)
         out = np.empty(shape, dtype=np.float32)
@@ -101,7 +124,7 @@ class BatchedRuntime:
             return out, 0
         lengths, truncated = measure()
         for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
-            with self.device_thread.turn():
+            with self.device_thread.turn(), self.through(adapters, batch):
                 out[batch] = np.reshape(forward(batch), (len(batch), *shape[1:]))
         return out, truncated
 
@@ -117,6 +140,7 @@ class BatchedRuntime:
         forward: Callable[[Any, np.ndarray], np.ndarray],
         width: int | None = None,
         given: Any = None,
+        adapters: Adapters = None,
     ) -> tuple[np.ndarray, int]:
         """As `in_batches`, each input tokenized once and ahead of the device.
 
@@ -126,7 +150,7 @@ class BatchedRuntime:
         compute, so the device waits only for the head's tokens (on a device other than the CPU:
         `tokenize_ahead`; on the CPU all at once, in series). `given`: the inputs' Tokens, tokenized
         already (an online group's): the tokenizer thread is not asked, so an online group never waits
-        behind a batch item's tokenizing there.
+        behind a batch item's tokenizing there. `adapters`: each input's adapter.
         """
         shape = (count,) if width is None else (count, width)
         out = np.empty(shape, dtype=np.float32)
@@ -147,6 +171,6 @@ class BatchedRuntime:
             tokens = part.result() if isinstance(part, Future) else part
             truncated += tokens[1]
             for batch in plan_batches(tokens[0], self.token_budget, self.spec.max_batch_size):
-                with self.device_thread.turn():
+                with self.device_thread.turn(), self.through(adapters, start + batch):
                     out[start + batch] = np.reshape(forward(tokens, batch), (len(batch), *shape[1:]))
         return out, truncated

@@ -20,9 +20,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from shoal.configs import ModelSpec, RuntimeChoice
+from shoal.configs.adapters import base_of
 from shoal.configs.prompts import ModelPrompts
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Measured
+from shoal.workers.batching.token_batching import Adapters, Measured
 from shoal.workers.devices import DevicePlan, apply_torch_threads
 
 logger = logging.getLogger("shoal.worker.runtimes")
@@ -60,7 +61,7 @@ class Embedder(Runtime, Protocol):
     def token_lengths(self, texts: list[str], prompt: str | None = None) -> Measured: ...
 
     def embed(
-        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
+        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None, adapters: Adapters = None
     ) -> tuple[np.ndarray, int]: ...
 
 
@@ -71,7 +72,7 @@ class Scorer(Runtime, Protocol):
     def token_lengths(self, queries: list[str], passages: list[str]) -> Measured: ...
 
     def score(
-        self, queries: list[str], passages: list[str], measured: Measured | None = None
+        self, queries: list[str], passages: list[str], measured: Measured | None = None, adapters: Adapters = None
     ) -> tuple[np.ndarray, int]: ...
 
 
@@ -101,7 +102,15 @@ def choice_for(spec: ModelSpec, plan: DevicePlan) -> tuple[str, str]:
 
 
 def load_model(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None) -> Runtime:
-    """The model pool's loader: the runtime of a spec of any kind (`load_runtime` for embedders and rerankers)."""
+    """The model pool's loader: the runtime of a spec of any kind (`load_runtime` for embedders and rerankers).
+
+    A LoRA adapter's spec loads its base with the adapter over it, standalone (tuning, the quality gate); a
+    worker's pool loads the base once and adds its adapters to it instead (workers/runtimes/lora.py).
+    """
+    if spec.adapter is not None:
+        from .lora import load_adapter_alone
+
+        return load_adapter_alone(spec, load_model(base_of(spec), plan, device_thread))
     if spec.kind not in KIND_RUNTIMES:
         return load_runtime(spec, plan, device_thread)
     runtime, dtype = choice_for(spec, plan)

@@ -21,7 +21,7 @@ import numpy as np
 
 from shoal.configs import ModelSpec
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Measured
+from shoal.workers.batching.token_batching import Adapters, Measured
 from shoal.workers.devices import DevicePlan
 
 from .text_model import TextModel
@@ -55,28 +55,37 @@ class SequenceClassifier(TextModel):
         # The label whose logit says "the hypothesis holds": what zero-shot labels are scored by.
         self.entailment = next((i for i, label in enumerate(self.labels) if label.lower().startswith("entail")), None)
 
-    def classify(self, texts: list[str], measured: Measured | None = None) -> tuple[np.ndarray, int]:
+    def classify(
+        self, texts: list[str], measured: Measured | None = None, adapters: Adapters = None
+    ) -> tuple[np.ndarray, int]:
         """(texts, labels) scores in input order, and the count of truncated texts.
 
-        `measured`: ``token_lengths(texts)``, when the caller has it already.
+        `measured`: ``token_lengths(texts)``, when the caller has it already; `adapters`: each text's LoRA adapter.
         """
         logits, truncated = self.in_batches(
             len(texts),
             lambda: measured or self.token_lengths(texts),
             lambda batch: self._logits([texts[i] for i in batch]),
             len(self.labels),
+            adapters,
         )
         if self.function == "sigmoid":
             return sigmoid(logits), truncated
         return (softmax(logits) if self.function == "softmax" else logits), truncated
 
     def zero_shot(
-        self, texts: list[str], labels: list[str], template: str = DEFAULT_TEMPLATE, multi_label: bool = False
+        self,
+        texts: list[str],
+        labels: list[str],
+        template: str = DEFAULT_TEMPLATE,
+        multi_label: bool = False,
+        adapters: Adapters = None,
     ) -> tuple[np.ndarray, int]:
         """(texts, `labels`) scores of each label's hypothesis about each text, and the count of truncated texts.
 
         `multi_label`: each label on its own (entailment against contradiction); else one softmax of the
         entailment logits over the labels, as the pipeline (which also treats a single label on its own).
+        `adapters`: each text's LoRA adapter.
         """
         if self.entailment is None:
             raise ValueError(f"model {self.spec.name!r} has no entailment label: it scores only its own labels")
@@ -87,6 +96,7 @@ class SequenceClassifier(TextModel):
             lambda: self._pair_lengths(premises, hypotheses),
             lambda batch: self._logits([premises[i] for i in batch], [hypotheses[i] for i in batch]),
             len(self.labels),
+            adapters if adapters is None or isinstance(adapters, str) else [a for a in adapters for _ in labels],
         )
         per_label = logits.reshape(len(texts), len(labels), len(self.labels))
         truncated = self.zero_shot_lengths(texts, labels, template)[1]

@@ -16,7 +16,7 @@ import numpy as np
 
 from shoal.configs import ModelSpec
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Measured
+from shoal.workers.batching.token_batching import Adapters, Measured
 from shoal.workers.devices import DevicePlan
 
 from .token_counts import TokenEncoder, Tokens, count_tokens
@@ -54,11 +54,12 @@ class CrossEncoderScorer(TorchModel):
         return count_tokens(self.tokenizer, self.spec.max_seq_length, queries, passages)
 
     def score(
-        self, queries: list[str], passages: list[str], measured: Measured | None = None
+        self, queries: list[str], passages: list[str], measured: Measured | None = None, adapters: Adapters = None
     ) -> tuple[np.ndarray, int]:
         """One float32 score per pair in input order, and the count of truncated pairs.
 
-        `measured`: ``token_lengths(queries, passages)``, when the caller has it already.
+        `measured`: ``token_lengths(queries, passages)``, when the caller has it already; `adapters`: each
+        pair's LoRA adapter.
         """
         encoder = self.encoder
         if encoder is None:
@@ -66,11 +67,15 @@ class CrossEncoderScorer(TorchModel):
                 len(queries),
                 lambda: measured or self.token_lengths(queries, passages),
                 lambda batch: self._predict([(queries[i], passages[i]) for i in batch]),
+                adapters=adapters,
             )
         if isinstance(measured, Tokens):
-            return self.in_token_batches(len(queries), measured.part, self._forward_ids, None, measured)
+            return self.in_token_batches(len(queries), measured.part, self._forward_ids, None, measured, adapters)
         return self.in_token_batches(
-            len(queries), lambda start, end: encoder.encode(queries[start:end], passages[start:end]), self._forward_ids
+            len(queries),
+            lambda start, end: encoder.encode(queries[start:end], passages[start:end]),
+            self._forward_ids,
+            adapters=adapters,
         )
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from shoal.configs import ModelSpec
 from shoal.configs.prompts import model_prompts
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Measured
+from shoal.workers.batching.token_batching import Adapters, Measured
 from shoal.workers.devices import DevicePlan
 
 from .token_counts import TokenEncoder, Tokens, count_tokens
@@ -63,12 +63,16 @@ class SentenceEmbedder(TorchModel):
         return count_tokens(self.tokenizer, self.spec.max_seq_length, prompted)
 
     def embed(
-        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
+        self,
+        texts: list[str],
+        measured: Measured | None = None,
+        prompt: str | None = None,
+        adapters: Adapters = None,
     ) -> tuple[np.ndarray, int]:
         """float32 vectors in input order, and the count of truncated texts.
 
         `measured`: ``token_lengths(texts, prompt)``, when the caller has it already. `prompt`: the text
-        before each input; None: the model's default prompt.
+        before each input; None: the model's default prompt. `adapters`: each text's LoRA adapter.
         """
         prompt = self.prompts.text(prompt=prompt)
         encoder = self.encoder
@@ -78,12 +82,19 @@ class SentenceEmbedder(TorchModel):
                 lambda: measured or self.token_lengths(texts, prompt),
                 lambda batch: self._forward([texts[i] for i in batch], prompt),
                 self.spec.dim,
+                adapters,
             )
         if isinstance(measured, Tokens):
-            return self.in_token_batches(len(texts), measured.part, self._forward_ids, self.spec.dim, measured)
+            return self.in_token_batches(
+                len(texts), measured.part, self._forward_ids, self.spec.dim, measured, adapters
+            )
         prompted = [prompt + t for t in texts] if prompt else texts
         return self.in_token_batches(
-            len(texts), lambda start, end: encoder.encode(prompted[start:end]), self._forward_ids, self.spec.dim
+            len(texts),
+            lambda start, end: encoder.encode(prompted[start:end]),
+            self._forward_ids,
+            self.spec.dim,
+            adapters=adapters,
         )
 
     def _forward_ids(self, tokens: Tokens, batch: np.ndarray) -> np.ndarray:

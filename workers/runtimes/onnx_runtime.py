@@ -17,7 +17,7 @@ import numpy as np
 from shoal.configs import ModelSpec
 from shoal.configs.prompts import model_prompts
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import BatchedRuntime, Measured
+from shoal.workers.batching.token_batching import Adapters, BatchedRuntime, Measured
 from shoal.workers.devices import DevicePlan
 
 from .onnx_cache import Artifact, ensure_artifact
@@ -85,15 +85,20 @@ class OnnxEmbedder(OnnxModel):
         return self.encoder.encode([prompt + t for t in texts])
 
     def embed(
-        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
+        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None, adapters: Adapters = None
     ) -> tuple[np.ndarray, int]:
-        """float32 vectors in input order, and the count of truncated texts; `prompt`: None is the default."""
+        """float32 vectors in input order, and the count of truncated texts; `prompt`: None is the default.
+        `adapters`: an ONNX graph has no LoRA layers (adapters run on torch): refused unless None."""
         if isinstance(measured, Tokens):
-            return self.in_token_batches(len(texts), measured.part, self._run, self.spec.dim, measured)
+            return self.in_token_batches(len(texts), measured.part, self._run, self.spec.dim, measured, adapters)
         prompt = self.prompts.text(prompt=prompt)
         prompted = [prompt + t for t in texts]
         return self.in_token_batches(
-            len(texts), lambda start, end: self.encoder.encode(prompted[start:end]), self._run, self.spec.dim
+            len(texts),
+            lambda start, end: self.encoder.encode(prompted[start:end]),
+            self._run,
+            self.spec.dim,
+            adapters=adapters,
         )
 
 
@@ -103,11 +108,14 @@ class OnnxCrossEncoder(OnnxModel):
         return self.encoder.encode(queries, passages)
 
     def score(
-        self, queries: list[str], passages: list[str], measured: Measured | None = None
+        self, queries: list[str], passages: list[str], measured: Measured | None = None, adapters: Adapters = None
     ) -> tuple[np.ndarray, int]:
-        """One float32 score per pair in input order, and the count of truncated pairs."""
+        """One float32 score per pair in input order, and the count of truncated pairs (`adapters`: as `embed`)."""
         if isinstance(measured, Tokens):
-            return self.in_token_batches(len(queries), measured.part, self._run, None, measured)
+            return self.in_token_batches(len(queries), measured.part, self._run, None, measured, adapters)
         return self.in_token_batches(
-            len(queries), lambda start, end: self.encoder.encode(queries[start:end], passages[start:end]), self._run
+            len(queries),
+            lambda start, end: self.encoder.encode(queries[start:end], passages[start:end]),
+            self._run,
+            adapters=adapters,
         )

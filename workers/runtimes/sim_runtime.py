@@ -18,7 +18,7 @@ import numpy as np
 from shoal.configs import ModelSpec
 from shoal.configs.prompts import model_prompts
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import BatchedRuntime, Measured
+from shoal.workers.batching.token_batching import Adapters, BatchedRuntime, Measured
 
 CHARS_PER_TOKEN = 4
 
@@ -41,8 +41,9 @@ class SimulatedRuntime(BatchedRuntime):
         return np.minimum(raw, limit), int((raw > limit).sum())
 
     def embed(
-        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
+        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None, adapters: Adapters = None
     ) -> tuple[np.ndarray, int]:
+        """`adapters`: a simulated model has no LoRA layers: refused unless None."""
         prompt = self.prompts.text(prompt=prompt)
         lengths, truncated = measured or self.token_lengths(texts, prompt)
         texts = [prompt + t for t in texts] if prompt else texts
@@ -54,7 +55,7 @@ class SimulatedRuntime(BatchedRuntime):
                 time.sleep(seconds)
             return self._vectors([texts[i] for i in batch])
 
-        return self.in_batches(len(texts), lambda: (lengths, truncated), forward, self.spec.dim)
+        return self.in_batches(len(texts), lambda: (lengths, truncated), forward, self.spec.dim, adapters)
 
     def _vectors(self, texts: list[str]) -> np.ndarray:
         """Pseudo-random unit vectors drawn from a hash of each text: the same text, the same vector."""

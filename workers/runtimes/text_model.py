@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from shoal.configs import ModelSpec
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Measured, plan_batches
+from shoal.workers.batching.token_batching import Adapters, Measured, plan_batches
 from shoal.workers.devices import DevicePlan
 
 from .token_counts import count_tokens
@@ -45,18 +45,22 @@ class TextModel(TorchModel):
         return count_tokens(self.tokenizer, self.spec.max_seq_length, texts)
 
     def in_rows(
-        self, texts: list[str], forward: Callable[[list[str]], Sequence[T]], measured: Measured | None = None
+        self,
+        texts: list[str],
+        forward: Callable[[list[str]], Sequence[T]],
+        measured: Measured | None = None,
+        adapters: Adapters = None,
     ) -> tuple[list[T], int]:
         """One output per text in input order (of any size), and how many were truncated; batches by tokens.
 
-        `measured`: ``token_lengths(texts)``, when the caller has it already.
+        `measured`: ``token_lengths(texts)``, when the caller has it already; `adapters`: each text's adapter.
         """
         out: list[Any] = [None] * len(texts)
         if not texts:
             return out, 0
         lengths, truncated = measured or self.token_lengths(texts)
         for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
-            with self.device_thread.turn():
+            with self.device_thread.turn(), self.through(adapters, batch):
                 for i, row in zip(batch, forward([texts[i] for i in batch]), strict=True):
                     out[i] = row
         return out, truncated

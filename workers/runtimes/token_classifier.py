@@ -21,7 +21,7 @@ import numpy as np
 from shoal.configs import ModelSpec
 from shoal.scheduler_plugins.protocol import Aggregation
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import plan_batches
+from shoal.workers.batching.token_batching import Adapters, plan_batches
 from shoal.workers.devices import DevicePlan
 
 from .classifier import labels_of
@@ -58,12 +58,18 @@ class TokenClassifier(TextModel):
         self.pipeline = TokenClassificationPipeline(model=model, tokenizer=tokenizer, device=model.device)
 
     def entities(
-        self, texts: list[str], aggregation: Aggregation = "simple", stride: int | None = None, window: int = 0
+        self,
+        texts: list[str],
+        aggregation: Aggregation = "simple",
+        stride: int | None = None,
+        window: int = 0,
+        adapters: Adapters = None,
     ) -> tuple[list[list[Entity]], int]:
         """Each text's entities in order of their start, and how many texts were cut at the window.
 
         `stride`: read all of a long text, in windows overlapping by `stride` tokens (never cut then);
-        `window`: tokens a window holds, special tokens included (0: the model's whole window).
+        `window`: tokens a window holds, special tokens included (0: the model's whole window);
+        `adapters`: each text's LoRA adapter.
         """
         if not texts:
             return [], 0
@@ -94,7 +100,7 @@ class TokenClassifier(TextModel):
         logits: dict[int, np.ndarray] = {}
         lengths = np.fromiter((len(encoded["input_ids"][w]) for w in windows), dtype=np.int64, count=len(windows))
         for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
-            with self.device_thread.turn():
+            with self.device_thread.turn(), self.through(adapters, source[windows[batch]]):
                 rows = self._logits(encoded, windows[batch])
             logits.update(zip(windows[batch].tolist(), rows))
         per_text: list[list[int]] = [[] for _ in texts]
