@@ -1,0 +1,1 @@
+"""Configs: the catalog and profiles, and models resolved without a catalog entry."""
