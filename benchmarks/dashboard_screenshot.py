@@ -10,7 +10,7 @@ points headless Chromium at the scheduler's /shoal page:
     .venv/bin/python benchmarks/dashboard_screenshot.py --profile cpu-2core --out /tmp/d.png
 
 Needs a Chromium binary (`apt-get install -y chromium` on Debian); the test
-suite checks the same page over HTTP without one (tests/test_dashboard.py).
+suite checks the same page over HTTP without one (tests/scheduler/test_dashboard.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,18 @@
 """The test tiers, and the fixtures' modules (tests/fixtures/: tiny models, a real multi-process Dask cluster, a
 real S3 API). What tests share besides fixtures is in tests/support/, imported as `from tests.support.x import ...`.
 
+Layout
+------
+Tests live by the part they test: tests/scheduler/ (the queue, leases, placement, the online queue, elastic
+scaling), tests/worker/ (model pool, runtimes, tokenizing, the device thread, workers killed or frozen),
+tests/gateway/ (the online endpoint, its clients, hostile requests), tests/jobs/ (batch jobs, their inputs and
+outputs, resume, reindex, run, eval), tests/cli/ (commands as a user runs them: refusals, `shoal serve`,
+signals, status), tests/kinds/ (one kind of model end to end against its reference library), tests/tuning/
+(auto, the quality gate, `shoal tune`), tests/configs/ (catalog, profiles, model resolution), tests/deploy/ (the
+image, Kubernetes manifests, `dask` CLI processes). tests/test_*.py check the tree as a whole (layering, the
+namespace, the architecture map). A new test file goes into the folder of the part it tests; each folder's
+__init__.py says what belongs there.
+
 Two tiers
 ---------
 `make test-fast` (`pytest -m unit`): the unit tests only, in seconds. A unit test starts no Dask cluster
@@ -21,7 +33,7 @@ A test that forgets its `integration` mark fails in the fast tier rather than sl
 libraries (torch, transformers, sentence-transformers, onnxruntime, moto; caught when not imported yet,
 as in `make test-fast`, where nothing heavy runs first). The fast tier still collects every file: a model
 library imported at a test module's top costs every `make test-fast` its import, so import it inside
-the tests that use it (test_runtimes.py). One file's unit tests: `pytest -m unit tests/test_pull_queue.py`.
+the tests that use it (tests/worker/test_runtimes.py). One file's unit tests: `pytest -m unit tests/scheduler/test_pull_queue.py`.
 
 Waiting
 -------
@@ -60,7 +72,7 @@ for _variable, _folder in {
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach outside: a stand-in Hub test turns it off for its own processes
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # auto measures a model's first use in the background by default; a test waits for it, so no measuring
-# process outlives the test that started it (tests/test_profile_hold.py tests the background start).
+# process outlives the test that started it (tests/tuning/test_profile_hold.py tests the background start).
 os.environ.setdefault("SHOAL_AUTO_MEASURE", "wait")
 
 pytest_plugins = ["tests.fixtures.models", "tests.fixtures.cluster", "tests.fixtures.s3"]
@@ -82,7 +94,7 @@ def anyio_backend() -> str:
 HEAVY_FIXTURES = {"cluster", "tiny_model", "tiny_reranker", "tiny_catalog", "s3_server"}
 # Libraries a unit test must not import: models and the S3 server (checked only while they are not yet imported).
 HEAVY_MODULES = {"torch", "transformers", "sentence_transformers", "onnxruntime", "moto"}
-# Commands a unit test may run: system tools that take milliseconds (a tmpfs to fill up, in test_hardening.py).
+# Commands a unit test may run: system tools that take milliseconds (a tmpfs to fill up, in tests/jobs/test_bad_input.py).
 UNIT_COMMANDS = {"mount", "umount"}
 
 

@@ -13,7 +13,7 @@ AUTOSCALE_MINIMUM and AUTOSCALE_MAXIMUM worker pods; the pinned model keeps one 
 
     python deploy/k8s/daskcluster.py [--image REGISTRY/shoal:VERSION]
 
-tests/test_deploy_manifests.py checks that the committed YAML is what this writes.
+tests/deploy/test_manifests.py checks that the committed YAML is what this writes.
 """
 
 from __future__ import annotations

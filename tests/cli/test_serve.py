@@ -1,4 +1,5 @@
-"""`shoal serve` as a process (signals, drain, exit 0), and the gateway of a `dask scheduler` preload."""
+"""`shoal serve` as a process: signals, drain and exit 0; uvloop in a served cluster; a worker in the server's
+own process."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,11 +18,10 @@ import yaml
 
 from shoal.pipeline.client import OnlineClient, OnlineError
 from tests.support.cli import embed_args
-from tests.support.dask_cli import dask_cli_cluster
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.gateway import SIM, requests_in_flight
 from tests.support.paths import ROOT, SHOAL
-from tests.support.processes import free_port, wait_for_line
+from tests.support.processes import wait_for_line
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
@@ -133,21 +132,3 @@ def test_serve_with_the_worker_in_the_server_process_answers_online_while_a_batc
         assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-
-
-def test_dask_scheduler_preload_starts_the_gateway(sim_catalog, tmp_path, test_profile):
-    port = free_port()
-    env = {"SHOAL_CATALOG": str(sim_catalog)}
-    with dask_cli_cluster(tmp_path, test_profile, scheduler_args=("--shoal-gateway-port", str(port)), env=env):
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with OnlineClient(url) as online:
-                    vectors = online.encode("simzero", ["from a dask scheduler"])
-                break
-            except (ConnectionError, OnlineError):  # not listening yet, or no worker yet (503)
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        assert vectors.shape == (1, 8)

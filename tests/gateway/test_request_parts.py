@@ -1,6 +1,6 @@
 """Large online requests as parts (scheduler_plugins/request_parts.py), their deadline, and OpenAI token arrays
 read as cl100k_base (scheduler_plugins/token_arrays.py): without a cluster (the real clients against a served
-cluster are tests/test_online_clients.py)."""
+cluster are tests/gateway/test_clients.py)."""
 
 from __future__ import annotations
 

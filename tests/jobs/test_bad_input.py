@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.cli import embed_args, invoke_shoal, run_shoal
-from tests.support.files import read_output, write_shards
+from tests.support.files import read_only_folder, read_output, write_rows, write_shards
 
 
 @pytest.fixture
@@ -149,3 +151,88 @@ def test_non_string_text_column(shoal, tmp_path):
     result = shoal(tmp_path / "nums.parquet", tmp_path / "out")
     assert result.returncode == 1
     assert "nums.parquet" in result.stderr and "column 'text' has type double" in result.stderr
+
+
+def direct(model_path, texts: list[str]):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(model_path), device="cpu").encode(texts)
+
+
+def test_a_refused_part_write_is_permanent_and_a_refused_manifest_still_ends_with_a_summary(tmp_path):
+    from shoal.pipeline.jobs.engine import BatchJob, _write_manifest
+    from shoal.workers.data.parquet_slices import write_part
+    from shoal.workers.data.storage import OutputRefused
+    from shoal.workers.operations import PERMANENT_ERRORS
+
+    with read_only_folder(tmp_path / "ro") as ro:
+        with pytest.raises(OutputRefused) as info:
+            write_part(str(ro / "out" / "part-1.parquet"), pa.table({"a": [1]}), None)
+        assert isinstance(info.value, PERMANENT_ERRORS) and "part-1.parquet: cannot write" in str(info.value)
+        manifest = {"complete": True}
+        url, error = _write_manifest(BatchJob("embed", "in", str(ro), "tiny", {}, [], {}), manifest)
+        assert url == "" and "cannot write the manifest" in error and manifest["complete"] is False
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(OutputRefused):  # a file where a folder should be
+        write_part(str(tmp_path / "a-file" / "part.parquet"), pa.table({"a": [1]}), None)
+    if os.geteuid() == 0:  # a full disk: a 64 KiB tmpfs and a part of incompressible bytes
+        full = tmp_path / "full"
+        full.mkdir()
+        if (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=64k", "shoal-full", str(full)], capture_output=True
+            ).returncode
+            == 0
+        ):
+            try:
+                with pytest.raises(OutputRefused, match="No space left"):
+                    write_part(str(full / "part.parquet"), pa.table({"a": [os.urandom(1 << 20)]}), None)
+                assert not list(full.iterdir())  # the temporary file is gone too
+            finally:
+                subprocess.run(["umount", str(full)], check=True)
+
+
+def test_underscore_and_dot_folders_in_the_input_are_not_input(tmp_path):
+    from shoal.pipeline.jobs.planner import PlanError, list_shards
+
+    for folder in ("", "_staging/", ".cache/", "keep/"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": ["x"]}), tmp_path / folder / "a.parquet")
+    names = [s.url.split(str(tmp_path), 1)[1] for s in list_shards(str(tmp_path))]
+    assert names == ["/a.parquet", "/keep/a.parquet"]
+    # A file named on its own is input even inside OUTPUT (parts written beside their source).
+    assert len(list_shards(str(tmp_path / "keep" / "a.parquet"), None, str(tmp_path / "keep"))) == 1
+    with pytest.raises(PlanError, match="is inside output"):
+        list_shards(str(tmp_path / "keep"), None, str(tmp_path))
+
+
+def test_a_row_that_is_not_utf8_is_a_named_rejection_and_every_other_row_is_embedded(shoal, tiny_model, tmp_path):
+    texts = [f"sentence {i}".encode() for i in range(30)]
+    texts[7] = b"broken \xed\xa0\x80 surrogate"
+    texts[21] = b"\xff\xfe"
+    column = pa.array(texts, type=pa.binary()).view(pa.string())  # written as a careless writer would
+    (tmp_path / "in").mkdir()
+    pq.write_table(
+        pa.table({"id": list(range(30)), "text": column}), tmp_path / "in" / "bad.parquet", row_group_size=10
+    )
+    result = shoal(tmp_path / "in", tmp_path / "out")
+    assert result.returncode == 1, result.stderr
+    assert "bad.parquet row 7, column 'text': not valid UTF-8 (byte 0xed at offset 7)" in result.stderr
+    assert "bad.parquet row 21, column 'text': not valid UTF-8 (byte 0xff at offset 0)" in result.stderr
+    table = read_output(tmp_path / "out").sort_by("id")
+    assert table.column("id").to_pylist() == list(range(30))
+    vectors = table.column("embedding").to_pylist()
+    assert vectors[7] is None and vectors[21] is None
+    good = [i for i in range(30) if i not in (7, 21)]
+    np.testing.assert_allclose(
+        [vectors[i] for i in good], direct(tiny_model, [texts[i].decode() for i in good]), atol=1e-5
+    )
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert manifest["rejected_rows"] == 2 and manifest["complete"]
+
+
+def test_a_model_named_twice_runs_once(shoal, tmp_path):
+    source = write_rows(tmp_path / "in")
+    result = shoal(source, tmp_path / "out", model="tiny,tiny")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "_manifest.json").exists() and not (tmp_path / "out" / "tiny").exists()
