@@ -46,6 +46,19 @@ def model_name(base: str, adapter: str) -> str:
     return f"{base}{SEPARATOR}{adapter}"
 
 
+def unknown_model(name: str, served: list[str]) -> str:
+    """Why `name` is not served (a gateway's 404): what is served, and for BASE+ADAPTER, BASE's adapters first."""
+    known = ", ".join(sorted(served)) or "none"
+    base, separator, adapter = name.partition(SEPARATOR)
+    own = sorted(n for n in served if n.startswith(base + SEPARATOR)) if separator else []
+    if separator and (base in served or own):
+        return (
+            f"unknown adapter {adapter!r} of model {base!r}: its adapters served here are "
+            f"{', '.join(own) or 'none'}; this gateway serves: {known}"
+        )
+    return f"unknown model {name!r}; this gateway serves: {known}"
+
+
 def base_of(spec: ModelSpec) -> ModelSpec:
     """The base an adapter runs on, as a model of its own: what a worker loads once for all its adapters.
 

@@ -44,6 +44,7 @@ ModelRow = TypedDict(
         "default_prompt_name": str | None,
         "prompts_error": str,
         "auto_runtime": str,
+        "base": str,  # a LoRA adapter's base model: its row follows the base's
         "error": str,
     },
     total=False,
@@ -57,6 +58,22 @@ def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -
 
     def row(name: str, source_kind: str, spec: ModelSpec) -> ModelRow:
         tuned = profile.tuned(spec)
+        if spec.adapter is not None:  # its own weights and folder; it runs on its base's torch copy
+            return {
+                "name": name,
+                "from": source_kind,
+                "kind": tuned.kind,
+                "dim": tuned.dim,
+                "max_seq_length": tuned.max_seq_length,
+                "normalize": tuned.normalize,
+                "memory_bytes": spec.adapter.memory_bytes,
+                "source": spec.adapter.source,
+                "token_budget_cpu": tuned.budget_for("cpu"),
+                "max_batch_size": tuned.max_batch_size,
+                **prompt_fields(spec),
+                "auto_runtime": f"its base's, on torch (LoRA over {spec.adapter.base})",
+                "base": spec.adapter.base,
+            }
         return {
             "name": name,
             "from": source_kind,
@@ -72,7 +89,15 @@ def model_rows(catalog: Catalog, profile: Profile, include_cache: bool = True) -
             "auto_runtime": listed_choice(profile, spec, machine),  # the profile's pin, else auto's choice here
         }
 
-    rows = [row(name, "catalog", spec) for name, spec in catalog.models.items()]
+    adapters: dict[str, list[ModelRow]] = {}  # each base's adapters, listed under it
+    for name, spec in catalog.models.items():
+        if spec.adapter is not None:
+            adapters.setdefault(spec.adapter.base, []).append(row(name, "catalog", spec))
+    rows: list[ModelRow] = []
+    for name, spec in catalog.models.items():
+        if spec.adapter is None:
+            rows += [row(name, "catalog", spec), *adapters.pop(name, [])]
+    rows += [adapter for under_folder in adapters.values() for adapter in under_folder]  # bases named by folder
     for repo_id in cached_models() if include_cache else []:
         if repo_id in catalog.models:
             continue
@@ -108,7 +133,7 @@ def render_models(rows: list[ModelRow], console: Console) -> None:
             table.add_row(row["name"], row["from"], f"[red]{row['error']}[/red]", *[""] * 7)
             continue
         table.add_row(
-            row["name"],
+            f"  └ {row['name']}" if "base" in row else row["name"],
             row["from"],
             row["kind"],
             str(row["dim"]),

@@ -26,7 +26,7 @@ memory, ready to compute.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal, Required, TypedDict, get_args
+from typing import Any, Literal, NotRequired, Required, TypedDict, get_args
 
 NAME = "shoal-pull-queue"  # the scheduler plugin's name and its key in `scheduler.extensions`
 EVENTS = "shoal-events"  # worker -> scheduler stream op: WorkerEvents
@@ -223,6 +223,7 @@ class ServedModel(TypedDict):
     dim: int
     max_seq_length: int
     loaded_workers: int
+    parent: NotRequired[str]  # a LoRA adapter's base model (as vLLM lists its adapters)
 
 
 # -- what a worker answers -----------------------------------------------------------------

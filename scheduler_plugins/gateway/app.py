@@ -41,6 +41,7 @@ from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from shoal.configs import GatewaySettings, ModelSpec
+from shoal.configs.adapters import unknown_model
 
 from ..kind_routes import KIND_ROUTES, KindRoute, TextsCall
 from ..protocol import OnlinePayload, OnlineResult, ServedModel
@@ -337,8 +338,7 @@ class Gateway:
         specs = self.backend.specs()
         spec = specs.get(model)
         if spec is None:
-            known = ", ".join(sorted(specs)) or "none"
-            raise RequestError(404, f"unknown model {model!r}; this gateway serves: {known}")
+            raise RequestError(404, unknown_model(model, list(specs)))
         if spec.kind not in kinds:
             raise RequestError(400, f"model {model!r} is of kind {spec.kind!r}; it cannot {action}")
         return spec
@@ -430,8 +430,9 @@ class Gateway:
         if not self.auth.allows(request.headers.get("Authorization")):
             raise RequestError(401, "missing or wrong bearer token")
         loaded = self.backend.loaded_counts()
-        data: list[ServedModel] = [
-            {
+        data: list[ServedModel] = []
+        for name, spec in sorted(self.backend.specs().items()):
+            served: ServedModel = {
                 "id": name,
                 "object": "model",
                 "owned_by": "shoal",
@@ -440,8 +441,9 @@ class Gateway:
                 "max_seq_length": spec.max_seq_length,
                 "loaded_workers": loaded.get(name, 0),
             }
-            for name, spec in sorted(self.backend.specs().items())
-        ]
+            if spec.adapter is not None:
+                served["parent"] = spec.adapter.base
+            data.append(served)
         return self._reply(request, {"object": "list", "data": data})
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -8,6 +8,8 @@ Each base is a tiny model (tests/support); its adapters are PEFT folders built o
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 from shoal.configs import ModelSpec, load_catalog
 from shoal.workers.batching.device_thread import DeviceThread
 from shoal.workers.devices import DevicePlan
-from tests.support.adapters import build_loras, peft_embeddings, peft_logits, peft_scores
+from tests.support.adapters import build_loras, peft_embeddings, peft_entities, peft_logits, peft_scores
 from tests.support.classifier_models import BIO, SENTIMENT, build_tiny_sequence_classifier, build_tiny_token_classifier
 from tests.support.models import catalog_yaml
 
@@ -146,3 +148,159 @@ def test_classifier_adapters_mixed_in_one_forward_equal_peft(catalog_path, bases
         folder = adapters[kind][int(adapter[-1])] if adapter else None
         np.testing.assert_allclose(got[row], peft_logits(bases[kind], folder, [TEXTS[row]], kind)[0], atol=1e-5)
     device.shutdown()
+
+
+# -- on the cluster: a job of several adapters, online requests of many at once ---------------------------
+
+ADAPTED = [f"embedder+lora-{i}" for i in range(ADAPTERS)]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory, demo_texts: list[str]) -> tuple[Path, dict[int, str | None]]:
+    """A corpus unlike the demo's: integer keys, the text in `body`, a `lang` column; one null body; 3 shards."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("hidden-style") / "corpus"
+    folder.mkdir()
+    bodies: list[str | None] = [*demo_texts[:119], None, "Zürich’s naïve café 🙂", "x" * 900]
+    keys = [7000 + 3 * i for i in range(len(bodies))]
+    for shard in range(3):
+        rows = slice(shard * 41, (shard + 1) * 41)
+        table = pa.table({"key": keys[rows], "body": bodies[rows], "lang": ["en"] * len(keys[rows])})
+        pq.write_table(table, folder / f"shard-{shard}.parquet", row_group_size=16)
+    return folder, dict(zip(keys, bodies))
+
+
+def test_a_job_of_several_adapters_writes_every_id_once_per_adapter_equal_to_peft(
+    cluster, catalog_path, bases, adapters, corpus, tmp_path
+):
+    from shoal.pipeline.jobs.engine import output_folder
+    from tests.support.cli import invoke_shoal, shoal_options
+    from tests.support.files import read_output
+
+    _, client = cluster
+    folder, bodies = corpus
+    result = invoke_shoal(
+        "embed", str(folder), str(tmp_path / "out"), "--model", ",".join(ADAPTED),
+        "--text-column", "body", "--id-column", "key", "--keep-columns", "lang",
+        *shoal_options(catalog_path, client.scheduler.address),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    present = [key for key, body in bodies.items() if body is not None]
+    texts = [bodies[key] for key in present]
+    for i, name in enumerate(ADAPTED):
+        table = read_output(tmp_path / "out" / output_folder(name))
+        assert table.column_names == ["key", "embedding", "lang"]
+        keys = table.column("key").to_pylist()
+        assert sorted(keys) == sorted(bodies)  # every id once, the null body's too (its vector null)
+        got = dict(zip(keys, table.column("embedding").to_pylist()))
+        vectors = np.array([got[key] for key in present], dtype=np.float32)
+        expected = peft_embeddings(bases["embedder"], adapters["embedder"][i], texts)
+        cosines = (
+            np.sum(vectors * expected, axis=1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(expected, axis=1)
+        )
+        assert cosines.min() >= 0.9999, (name, cosines.min())
+        manifest = json.loads((tmp_path / "out" / output_folder(name) / "_manifest.json").read_text())
+        assert manifest["model"]["name"] == name and manifest["complete"] and manifest["rows"] == len(bodies)
+        assert got[min(key for key, body in bodies.items() if body is None)] is None
+
+
+def test_an_adapter_that_does_not_fit_or_lacks_its_base_is_refused_before_any_work(
+    catalog_path, bases, adapters, tmp_path
+):
+    from tests.support.cli import invoke_shoal, shoal_options
+
+    source = tmp_path / "in"
+    source.mkdir()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": ["a"], "text": ["hello"]}), source / "part.parquet")
+    # A reranker's adapter over the embedder: its modules sit under `bert.` in a classification model.
+    crossed = invoke_shoal(
+        "embed", str(source), str(tmp_path / "out"), "--model", f"embedder+{adapters['reranker'][0]}",
+        *shoal_options(catalog_path),
+    )  # fmt: skip
+    assert crossed.returncode == 2, crossed.stderr
+    assert f"adapter {adapters['reranker'][0]} does not fit base model 'embedder'" in crossed.stderr
+    assert str(bases["reranker"]) in crossed.stderr  # the base it names
+    orphan = tmp_path / "orphan"
+    orphan.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (orphan / name).write_bytes((adapters["embedder"][0] / name).read_bytes())
+    config = json.loads((orphan / "adapter_config.json").read_text())
+    (orphan / "adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": str(tmp_path / "gone")})
+    )
+    missing = invoke_shoal(
+        "embed", str(source), str(tmp_path / "out"), "--model", str(orphan), *shoal_options(catalog_path)
+    )
+    assert missing.returncode == 2 and f"adapter {orphan} names base model '{tmp_path / 'gone'}'" in missing.stderr
+    assert not (tmp_path / "out").exists()  # before any work: nothing planned, nothing written
+
+
+@pytest.fixture(scope="module")
+def gateway(cluster, catalog_path):
+    """The gateway on the session's cluster, serving every base and adapter of the catalog: its URL."""
+    from shoal.pipeline.cluster import pull_queue
+
+    _, client = cluster
+    models = {name: spec.model_dump() for name, spec in load_catalog(catalog_path).models.items()}
+    reply = client.sync(pull_queue(client).gateway_start, settings={"port": 0}, models=models, replace=True)
+    yield reply["url"]
+    client.sync(pull_queue(client).gateway_stop)
+
+
+def test_online_requests_for_many_adapters_at_once_equal_peft(gateway, bases, adapters):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shoal.pipeline.client import OnlineClient
+
+    names = [None, *range(ADAPTERS)]  # the base and each adapter, every one asked twice at once
+    query, documents = TEXTS[0], TEXTS[1:]
+
+    def ask(which: int | None) -> tuple[np.ndarray, np.ndarray, list, list]:
+        suffix = "" if which is None else f"+lora-{which}"
+        with OnlineClient(gateway, timeout=120) as online:
+            return (
+                online.encode(f"embedder{suffix}", TEXTS),
+                online.rerank(f"reranker{suffix}", query, documents),
+                online.classify(f"classifier{suffix}", TEXTS),
+                online.extract(f"token_classifier{suffix}", TEXTS),
+            )
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, [*names, *names]))
+    for which, (vectors, scores, labels, entities) in zip([*names, *names], answers):
+        folder = {kind: None if which is None else adapters[kind][which] for kind in bases}
+        np.testing.assert_allclose(vectors, peft_embeddings(bases["embedder"], folder["embedder"], TEXTS), atol=1e-5)
+        pairs = [(query, document) for document in documents]
+        np.testing.assert_allclose(scores, peft_scores(bases["reranker"], folder["reranker"], pairs), atol=1e-5)
+        logits = np.array(peft_logits(bases["classifier"], folder["classifier"], TEXTS, "classifier"))
+        probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        for row, answer in zip(probabilities, labels):
+            assert max(abs(entry["score"] - row[SENTIMENT.index(entry["label"])]) for entry in answer) <= 1e-5
+        expected = peft_entities(bases["token_classifier"], folder["token_classifier"], TEXTS)
+        assert [[(e["label"], e["start"], e["end"]) for e in row] for row in entities] == expected
+
+
+def test_served_adapters_are_listed_under_their_base_and_an_unknown_one_is_a_404_naming_them(gateway):
+    from tests.support.gateway import post
+
+    with urllib.request.urlopen(gateway + "/v1/models", timeout=30) as response:
+        served = {entry["id"]: entry for entry in json.loads(response.read())["data"]}
+    assert served["embedder+lora-1"]["parent"] == "embedder" and "parent" not in served["embedder"]
+    assert (
+        served["embedder+lora-1"]["kind"] == "embedder"
+        and served["embedder+lora-1"]["dim"] == served["embedder"]["dim"]
+    )
+    status, reply = post(gateway, "/v1/encode/embedder+lora-9", {"texts": ["hello"]}, "application/json")
+    assert status == 404
+    assert "unknown adapter 'lora-9' of model 'embedder'" in reply["error"]["message"]
+    assert "embedder+lora-0, embedder+lora-1, embedder+lora-2" in reply["error"]["message"]
+    status, _ = post(gateway, "/v1/encode/embedder+lora-0", {"texts": ["still up"]}, "application/json")
+    assert status == 200
+    with urllib.request.urlopen(gateway + "/metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    assert 'shoal_online_requests_total{model="embedder+lora-0",status="200"}' in metrics  # per adapter

@@ -4,8 +4,8 @@ Each adapter is what `PeftModel.save_pretrained` writes (adapter_config.json nam
 adapter_model.safetensors) for the transformers model its base's library loads: a sentence-transformers
 model's inner one for an embedder or a cross-encoder, the bare model for a classifier. Its LoRA matrices are
 random (PEFT's `init_lora_weights=False`) and seeded, so every adapter moves the outputs, each its own way.
-A classifier's adapter also carries its own head (`modules_to_save`), as PEFT's sequence-classification
-task saves one.
+A classifier's adapter also carries its own head (`modules_to_save`), as PEFT's sequence- and
+token-classification tasks save one.
 
 The reference outputs (`peft_*`) come from a fresh copy of the base with `PeftModel.from_pretrained` over
 it, that adapter active, through the library's own call: `encode`, `predict`, or the transformers model and
@@ -46,9 +46,9 @@ def build_lora(base: Path, target: Path, kind: str, seed: int = 0, rank: int = 4
     torch.manual_seed(seed)
     loaded, attribute = _transformers_model(base, kind)
     model = getattr(loaded, attribute) if attribute else loaded
-    heads = {"classifier": ["classifier"], "token_classifier": ["classifier"]}.get(kind)
+    task = {"classifier": "SEQ_CLS", "token_classifier": "TOKEN_CLS"}.get(kind)  # PEFT then saves the head too
     config = LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS, init_lora_weights=False, modules_to_save=heads
+        r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS, init_lora_weights=False, task_type=task
     )
     peft_model = get_peft_model(model, config)
     with torch.no_grad():
@@ -56,7 +56,7 @@ def build_lora(base: Path, target: Path, kind: str, seed: int = 0, rank: int = 4
             if "lora_" in name:
                 parameter.normal_(0.0, scale)
             elif "modules_to_save" in name:
-                parameter.add_(torch.randn_like(parameter) * scale)
+                parameter.add_(torch.randn_like(parameter) * scale / 10)
     peft_model.save_pretrained(str(target))
     return target
 
@@ -100,3 +100,13 @@ def peft_logits(base: Path, adapter: Path | None, texts: list[str], kind: str) -
         for text in texts:
             out.append(model(**tokenizer(text, return_tensors="pt")).logits[0].float().numpy())
     return out
+
+
+def peft_entities(base: Path, adapter: Path | None, texts: list[str]) -> list[list[tuple[str, int, int]]]:
+    """Each text's (label, start, end) spans from transformers' token-classification pipeline over PEFT's model."""
+    from transformers import AutoTokenizer, pipeline
+
+    model = _peft_over(base, "token_classifier", adapter)
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    reference: Any = pipeline("token-classification", model=model, tokenizer=tokenizer, aggregation_strategy="simple")
+    return [[(str(e["entity_group"]), int(e["start"]), int(e["end"])) for e in row] for row in reference(texts)]
