@@ -47,7 +47,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
-from . import DEFAULT_TOKEN_BUDGET, ConfigError, ModelSpec
+from . import DEFAULT_TOKEN_BUDGET, ConfigError, ModelSpec, image_models
 
 HF_PREFIX = "hf:"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -56,7 +56,16 @@ UNBOUNDED_LENGTH = 1_000_000  # tokenizers without a limit state ~1e30
 
 # A JSON object from a model's own files (config.json, modules.json, ...): whatever its library wrote.
 JsonObject = dict[str, Any]
-ModelKind = Literal["embedder", "reranker", "sparse", "multivector", "classifier", "token_classifier", "span_extractor"]
+ModelKind = Literal[
+    "embedder",
+    "reranker",
+    "sparse",
+    "multivector",
+    "classifier",
+    "token_classifier",
+    "span_extractor",
+    "image_embedder",
+]
 GLINER_CONFIG = "gliner_config.json"
 # GLiNER scores every span of up to max_width words against every label: its cost grows faster than the
 # encoder's with a batch's longest text, so it runs smaller batches than an encoder (docs/BENCHMARKS.md,
@@ -135,6 +144,8 @@ class ModelFiles:
         """What the folder computes, from what its library wrote (the module docstring lists the rules)."""
         if (self.folder / GLINER_CONFIG).is_file():
             return "span_extractor"
+        if image_models.tower_folder(self.folder) is not None:
+            return "image_embedder"
         stated = _mapping(self.folder / "config_sentence_transformers.json")
         if stated.get("model_type") == "CrossEncoder":
             return "reranker"
@@ -169,6 +180,8 @@ class ModelFiles:
         return len(config.get("id2label") or {}) or int(config.get("num_labels", 1))
 
     def dim(self, kind: str) -> int:
+        if kind == "image_embedder":
+            return image_models.width(self.folder)
         if kind == "span_extractor":  # the span representation's width (its labels are named per call)
             return int(_mapping(self.folder / GLINER_CONFIG).get("hidden_size") or 0) or self._no_dim()
         backbone = _mapping(self._transformer_folder() / "config.json")
@@ -244,13 +257,18 @@ class ModelFiles:
 
     def spec(self, name: str, source: str) -> ModelSpec:
         kind = self.kind()
+        image = kind == "image_embedder"
         return ModelSpec(
             name=name,
             kind=kind,
             source=source,
             dim=self.dim(kind),
-            max_seq_length=self.max_seq_length(),
-            normalize=self.normalize() if kind in ("embedder", "multivector") else False,
+            max_seq_length=image_models.window(self.folder) if image else self.max_seq_length(),
+            normalize=image_models.normalizes(self.folder)
+            if image
+            else self.normalize()
+            if kind in ("embedder", "multivector")
+            else False,
             memory_bytes=max(1, self.weight_bytes()),
             token_budget=dict(SPAN_TOKEN_BUDGET) if kind == "span_extractor" else dict(DEFAULT_TOKEN_BUDGET),
         )

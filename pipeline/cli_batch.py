@@ -33,7 +33,15 @@ from shoal.pipeline.cli_options import (
     user_errors,
 )
 from shoal.pipeline.cluster import AdaptRange, connect
-from shoal.pipeline.jobs.embed import EMBED_KINDS, EmbedRequest, check_embed_options, run_embed, run_embed_models
+from shoal.pipeline.jobs import image_files
+from shoal.pipeline.jobs.embed import (
+    EMBED_KINDS,
+    EmbedRequest,
+    check_embed_options,
+    run_embed,
+    run_embed_models,
+    with_images,
+)
 from shoal.pipeline.jobs.engine import model_for, preflight
 from shoal.pipeline.jobs.lance_output import LanceTarget
 from shoal.pipeline.jobs.lock import LockHeld
@@ -54,9 +62,10 @@ RESUMABLE = ("embed", "rerank", "classify", "extract", "run", "reindex", "eval")
 
 input_format_option = click.option(
     "--input-format",
-    type=click.Choice(INPUT_FORMATS),
+    type=click.Choice([*INPUT_FORMATS, image_files.FORMAT]),
     default=None,
-    help="How INPUT's files are read. [default: by name: .parquet, .jsonl, .jsonl.gz, .csv, .csv.gz]",
+    help="How INPUT's files are read; images: one row per image file (an image model's). "
+    "[default: by name: .parquet, .jsonl, .jsonl.gz, .csv, .csv.gz; an image model's INPUT of image files: images]",
 )
 output_format_option = click.option(
     "--format",
@@ -119,6 +128,18 @@ output_format_option = click.option(
     default=None,
     help="Multi-vector (ColBERT) models: encode as documents or as queries. [default: document]",
 )
+@click.option(
+    "--image-column",
+    default=None,
+    help="Image models: a column of image bytes or URIs (s3://…, https://…, data:…) to embed. "
+    "[default: INPUT's image files, one row each; else --text-column's texts, through the text tower]",
+)
+@click.option(
+    "--max-image-pixels",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Image models: an image of more pixels is its row's rejection (decompression bombs). [default: 89,478,485]",
+)
 @user_errors()
 def embed(
     input_url: str,
@@ -141,6 +162,8 @@ def embed(
     prompt: str | None,
     top_k: int | None,
     input_type: Literal["query", "document"] | None,
+    image_column: str | None,
+    max_image_pixels: int | None,
 ) -> None:
     """Embed the TEXT column of every row of INPUT into Parquet parts under OUTPUT.
 
@@ -148,7 +171,10 @@ def embed(
     (local, s3://, gs://…); OUTPUT is a directory there. What a row holds
     follows the model's kind: a dense vector (`embedding`), a sparse one's
     terms (`sparse`, SPLADE models) or a vector per token (`embedding`, a
-    list of them: ColBERT models).
+    list of them: ColBERT models). An image model (CLIP, SigLIP) embeds
+    INPUT's image files (a folder or a glob: one row per file, its id the
+    path under the folder), or an --image-column, or texts through its text
+    tower, into one space.
     """
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
@@ -176,12 +202,16 @@ def embed(
         prompt=prompt,
         top_k=top_k,
         input_type=input_type,
+        image_column=image_column,
+        max_image_pixels=max_image_pixels,
     )
     for name in models:
         check_embed_options(request, model_for(catalog_config, profile_config, name, EMBED_KINDS))
+    for name in models:  # INPUT read as image files for an image model
+        request = with_images(request, model_for(catalog_config, profile_config, name, EMBED_KINDS))
     if lance:  # named as given: preflight checks the staging folder inside it
         check_apart(request.input, lance.dataset, request.storage_options)
-    preflight(request.input, request.output, request.storage_options, input_format)
+    preflight(request.input, request.output, request.storage_options, request.input_format)
     with connect(scheduler, profile_config, catalog, adapt=adapt, warm=warm) as client:
         if len(models) == 1:
             outcomes = [run_embed(client, request, profile_config, catalog_config, console)]
@@ -254,7 +284,7 @@ def rerank(
         storage_options=parse_storage_options(storage_options),
         input_format=input_format,
     )
-    preflight(request.input, request.output, request.storage_options, input_format)
+    preflight(request.input, request.output, request.storage_options, request.input_format)
     with connect(scheduler, profile_config, catalog, adapt=adapt, warm=[model]) as client:
         outcome = run_rerank(client, request, profile_config, catalog_config, console)
     sys.exit(outcome.exit_code)

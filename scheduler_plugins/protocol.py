@@ -119,7 +119,7 @@ class KindPayload(EmbedPayload, total=False):
     input_type: Literal["query", "document"]  # multivector: ColBERT's query or document encoding (document)
 
 
-class ImagePayload(EmbedPayload, total=False):
+class ImagePayload(KindPayload, total=False):
     """An image kind's `embed` item of images (workers/operations/image_operation): files, or a column."""
 
     image_column: str  # a column of image bytes, or of URIs (any fsspec URL, or data: URIs)

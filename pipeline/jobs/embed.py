@@ -20,6 +20,7 @@ from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
 from shoal.configs.prompts import model_prompts
+from shoal.pipeline.jobs import image_files
 from shoal.pipeline.jobs.engine import (
     BatchJob,
     JobOutcome,
@@ -31,14 +32,20 @@ from shoal.pipeline.jobs.engine import (
     text_rows_payload,
 )
 from shoal.pipeline.jobs.planner import Plan
-from shoal.scheduler_plugins.protocol import KindPayload, StorageOptions
+from shoal.scheduler_plugins.protocol import ImagePayload, StorageOptions
 from shoal.workers.data.chunking import ChunkSettings
 from shoal.workers.data.vector_precision import VectorFormat
 
 # The operation `shoal embed` runs for each kind of model, and so what its rows hold: a vector (`embedding`),
 # a sparse vector's terms (`sparse`), or a vector per token (`embedding`, a list of them).
-EMBED_OPERATIONS = {"embedder": "embed", "sim": "embed", "sparse": "sparse", "multivector": "multivector"}
-EMBED_KINDS = ("embedder", "sparse", "multivector")
+EMBED_OPERATIONS = {
+    "embedder": "embed",
+    "sim": "embed",
+    "sparse": "sparse",
+    "multivector": "multivector",
+    "image_embedder": "embed_images",
+}
+EMBED_KINDS = ("embedder", "sparse", "multivector", "image_embedder")
 
 
 @dataclass
@@ -58,6 +65,9 @@ class EmbedRequest:
     prompt: str | None = None  # or the prompt text itself; neither: the model's default prompt
     top_k: int | None = None  # sparse: each row's largest terms kept; None: the model's own setting (all)
     input_type: Literal["query", "document"] | None = None  # multivector: ColBERT's query encoding; None: document
+    # An image kind's images: a column of image bytes or URIs; None: INPUT's image files, else `text_column`'s texts
+    image_column: str | None = None
+    max_image_pixels: int | None = None  # an image with more is its row's rejection; None: Pillow's default limit
 
 
 def check_embed_options(request: EmbedRequest, spec: ModelSpec) -> None:
@@ -86,9 +96,28 @@ def with_prompt(request: EmbedRequest, spec: ModelSpec) -> EmbedRequest:
     return replace(request, prompt=model_prompts(spec).text(request.prompt_name, request.prompt), prompt_name=None)
 
 
+def with_images(request: EmbedRequest, spec: ModelSpec) -> EmbedRequest:
+    """`request` reading INPUT as image files when the model takes images, no column is named and INPUT holds
+    images (image_files.holds_images); options of images refused for a model without an image tower."""
+    takes_images = spec.kind == "image_embedder"
+    if not takes_images and (request.image_column or request.input_format == image_files.FORMAT):
+        raise ConfigError(f"model {spec.name!r} is of kind {spec.kind!r}: it embeds no images")
+    if not takes_images or request.image_column or request.input_format not in (None, image_files.FORMAT):
+        return request
+    if request.input_format == image_files.FORMAT or image_files.holds_images(request.input, request.storage_options):
+        return replace(request, input_format=image_files.FORMAT)
+    return request
+
+
 def embed_job(request: EmbedRequest, operation: str = "embed") -> BatchJob:
     """`operation`: the model's kind's (EMBED_OPERATIONS)."""
-    payload: KindPayload = {**text_rows_payload(request)}
+    payload: ImagePayload = {**text_rows_payload(request)}
+    if request.image_column or request.input_format == image_files.FORMAT:
+        payload.pop("text_column", None)
+        if request.image_column:
+            payload["image_column"] = request.image_column
+        if request.max_image_pixels:
+            payload["max_image_pixels"] = request.max_image_pixels
     # Only when asked for: the options digest (params) of existing outputs stays as it was.
     if not request.vectors.is_default:
         payload["vectors"] = request.vectors.payload()
@@ -98,7 +127,13 @@ def embed_job(request: EmbedRequest, operation: str = "embed") -> BatchJob:
         payload["top_k"] = request.top_k
     if request.input_type is not None:
         payload["input_type"] = request.input_type
-    return text_rows_job(request, operation, payload)
+    job = text_rows_job(request, operation, payload)
+    if request.input_format == image_files.FORMAT:
+        job.required_columns, job.manifest_columns = [], {"id": request.id_column or image_files.ID_COLUMN}
+    elif request.image_column:
+        job.required_columns[0] = request.image_column
+        job.manifest_columns = {"image": request.image_column, "id": request.id_column, "keep": request.keep_columns}
+    return job
 
 
 def plan_embed(request: EmbedRequest, profile: Profile) -> Plan:
@@ -110,7 +145,8 @@ def run_embed(
 ) -> JobOutcome:
     spec = model_for(catalog, profile, request.model, EMBED_KINDS)
     check_embed_options(request, spec)
-    return run_job(client, embed_job(with_prompt(request, spec), EMBED_OPERATIONS[spec.kind]), spec, profile, console)
+    request = with_images(with_prompt(request, spec), spec)
+    return run_job(client, embed_job(request, EMBED_OPERATIONS[spec.kind]), spec, profile, console)
 
 
 def run_embed_models(

@@ -22,6 +22,7 @@ from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
 from shoal.configs.auto import LAYOUT
 from shoal.configs.auto import NAME as AUTO
 from shoal.pipeline.cluster import ClusterError, pull_queue
+from shoal.pipeline.jobs import image_files
 from shoal.pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
 from shoal.pipeline.jobs.fingerprints import model_fingerprint
 from shoal.pipeline.jobs.follower import follow, summarize
@@ -49,6 +50,7 @@ from shoal.pipeline.jobs.stages import STAGES
 from shoal.scheduler_plugins.protocol import (
     DeadLetter,
     EmbedPayload,
+    ImagePayload,
     ItemResult,
     JobStatus,
     RerankPayload,
@@ -177,11 +179,24 @@ def output_folder(model: str) -> str:
 
 
 def plan_job(job: BatchJob, profile: Profile) -> Plan:
+    rows = profile.rows_per_item
+    if job.payload.get("input_format") == image_files.FORMAT:  # one row per file
+        return image_files.plan_image_job(
+            job.input,
+            job.output,
+            job.storage_options,
+            rows,
+            job.model,
+            job.operation,
+            cast(ImagePayload, job.payload),
+            job.output_root,
+        )
     shards = list_shards(job.input, job.storage_options, job.output_root or job.output, job.payload.get("input_format"))
     read_footers(shards, job.storage_options)
     check_columns(shards, job.required_columns)
-    items = plan_items(shards, job.output, profile.rows_per_item, job.model, job.operation, job.payload)
-    return Plan(shards, items)
+    if job.payload.get("image_column"):
+        rows = image_files.images_per_item(rows)
+    return Plan(shards, plan_items(shards, job.output, rows, job.model, job.operation, job.payload))
 
 
 @dataclass
@@ -321,7 +336,10 @@ def preflight(
 ) -> None:
     """What can be refused before a cluster starts: an INPUT with no shards or not apart from OUTPUT, then
     an OUTPUT that cannot be written (checked last: its write probe would create an OUTPUT inside INPUT)."""
-    list_shards(input_url, storage_options, output_url, input_format)
+    if input_format == image_files.FORMAT:
+        image_files.list_image_groups(input_url, storage_options, output_url)
+    else:
+        list_shards(input_url, storage_options, output_url, input_format)
     check_output(output_url, storage_options)
 
 

@@ -93,6 +93,7 @@ def summarize(status: JobStatus, console: Console, output: str, chosen: Sequence
         table.add_row(f"rows on {worker}", f"{rows:,}")
     for key, label in (
         ("null_texts", "null texts (null embedding)"),
+        ("null_images", "null images (null embedding)"),
         ("empty_texts", "empty texts"),
         ("truncated", "texts truncated to max_seq_length"),
     ):

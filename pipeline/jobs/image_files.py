@@ -24,6 +24,7 @@ import posixpath
 
 from shoal.pipeline.jobs.planner import (
     GLOB_CHARS,
+    Plan,
     PlanError,
     PlannedItem,
     Shard,
@@ -37,8 +38,16 @@ from shoal.workers.data.input_formats import format_of
 from shoal.workers.data.storage import open_fs
 
 FORMAT = "images"  # a job's input_format, and each group's Shard.format
-FILES_PER_ITEM = 256  # images per work item, on average
-LONGEST_GROUP = 4  # times FILES_PER_ITEM: a group ends there whatever its names hash to
+# Images per work item at most (on average, for files): an image costs a forward of the order of a hundred texts', so
+# the profile's rows_per_item (texts) would make items of minutes; a smaller profile value is kept (tests).
+IMAGES_PER_ITEM = 128
+ID_COLUMN = "id"  # the rows' paths under the root, unless the job names the column
+LONGEST_GROUP = 4  # times the files per item: a group ends there whatever its names hash to
+
+
+def images_per_item(rows_per_item: int) -> int:
+    """An image job's rows per item, from the profile's."""
+    return max(1, min(rows_per_item, IMAGES_PER_ITEM))
 
 
 def holds_images(input_url: str, storage_options: StorageOptions | None = None) -> bool:
@@ -55,7 +64,7 @@ def list_image_groups(
     input_url: str,
     storage_options: StorageOptions | None = None,
     output_url: str | None = None,
-    files_per_item: int = FILES_PER_ITEM,
+    files_per_item: int = IMAGES_PER_ITEM,
 ) -> list[Shard]:
     """INPUT's image files in groups, each a `Shard` whose `files` are its paths under `root`."""
     try:
@@ -131,6 +140,21 @@ def _group(fs, root: str, members: list[tuple[str, dict]]) -> Shard:
     )
 
 
+def plan_image_job(
+    input_url: str,
+    output_url: str,
+    storage_options: StorageOptions,
+    rows_per_item: int,
+    model: str,
+    op: str,
+    payload: ImagePayload,
+    apart_from: str | None = None,
+) -> Plan:
+    """The plan of a job over image files: its groups and their items (`apart_from`: the outputs' root)."""
+    shards = list_image_groups(input_url, storage_options, apart_from or output_url, images_per_item(rows_per_item))
+    return Plan(shards, plan_image_items(shards, output_url, model, op, payload))
+
+
 def plan_image_items(
     shards: list[Shard], output_url: str, model: str, op: str, payload: ImagePayload
 ) -> list[PlannedItem]:
@@ -146,6 +170,7 @@ def plan_image_items(
             "format": FORMAT,
             "root": shard.root,
             "files": shard.files,
+            "id_column": payload.get("id_column") or ID_COLUMN,
             "row_groups": None,
             "rows": None,
             "row_range": [0, rows],

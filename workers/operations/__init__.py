@@ -27,6 +27,7 @@ from . import (
     classify_operation,
     embed_operation,
     extract_operation,
+    image_operation,
     multivector_operation,
     online_operations,
     rerank_operation,
@@ -55,6 +56,7 @@ OPERATIONS: dict[str, BatchOperation[Any, Any, Any, Any]] = {
     "multivector": multivector_operation,
     "classify": classify_operation,
     "extract": extract_operation,
+    "embed_images": image_operation,
     "sim": sim_operation,  # simulated runtime only: no storage (cluster experiments)
 }
 

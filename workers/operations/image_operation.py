@@ -34,8 +34,6 @@ from shoal.workers.data.vector_precision import VectorFormat, compact
 from . import embed_operation
 from .embed_operation import EmbedInput
 
-ID_COLUMN = "id"  # image files' ids (their paths under the root), unless the job names the column
-
 
 @dataclass
 class ImageRows:
@@ -73,7 +71,8 @@ def _files(payload: ImagePayload) -> ImageRows:
     urls = [posixpath.join(root, rel) for rel in files]
     limits = limits_of(payload)
     images: list[bytes | ImageRejected | None] = list(fetch(urls, payload.get("storage_options"), limits))
-    id_column = payload.get("id_column") or ID_COLUMN
+    id_column = payload["id_column"]  # the planner names it (pipeline/jobs/image_files.py)
+    assert id_column, "an item of image files names its id column"
     return ImageRows(pa.table({id_column: pa.array(files, pa.string())}), images, limits, id_column, urls=urls)
 
 

@@ -38,6 +38,7 @@ KIND_RUNTIMES = {
     "classifier": ("classifier", "SequenceClassifier"),
     "token_classifier": ("token_classifier", "TokenClassifier"),
     "span_extractor": ("span_extractor", "SpanExtractor"),  # GLiNER
+    "image_embedder": ("image_embedder", "ImageEmbedder"),  # CLIP, SigLIP
 }
 
 
