@@ -3,7 +3,7 @@
 `OnlineClient` blocks and keeps one HTTP connection alive (http.client, no
 extra dependency); `AsyncOnlineClient` is for asyncio code and many requests
 at once (aiohttp). Both return numpy arrays and raise `OnlineError` with the
-gateway's status and message; `sparse` returns each text's term ids and
+gateway's status and message; `embed_images` an image model's vectors of images; `sparse` returns each text's term ids and
 weights, `multivector` each text's matrix of token vectors; `classify` and
 `extract` return each text's labels or entities as the gateway sends them.
 """
@@ -171,6 +171,47 @@ def _encode_body(
     return msgpack.packb({"texts": list(texts), "dtype": dtype, "truncate": truncate, **compact})
 
 
+class ImageOptions(TypedDict, total=False):
+    """The keyword options of both clients' `embed_images`: dtype, precision, dim, ranges, as `encode`'s."""
+
+    dtype: str
+    precision: str
+    dim: int | None
+    ranges: list[list[float]] | None
+
+
+# An image as `embed_images` takes it: its encoded bytes (JPEG, PNG, WebP...), a file's path, or a PIL image.
+ImageSource = bytes | str | os.PathLike | Any
+
+
+def _image_bytes(image: ImageSource) -> bytes:
+    """The encoded bytes sent for an image: a file's own, a PIL image saved as PNG (lossless)."""
+    if isinstance(image, bytes):
+        return image
+    if isinstance(image, str | os.PathLike):
+        with open(image, "rb") as f:
+            return f.read()
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _images_body(
+    images: list[ImageSource],
+    *,
+    dtype: str = "float32",
+    precision: str = "float32",
+    dim: int | None = None,
+    ranges: list[list[float]] | None = None,
+) -> bytes:
+    compact: dict[str, object] = {k: v for k, v in {"dim": dim, "ranges": ranges}.items() if v is not None}
+    if precision != "float32":
+        compact["precision"] = precision
+    return msgpack.packb({"images": [_image_bytes(image) for image in images], "dtype": dtype, **compact})
+
+
 def _rerank_body(query: str, documents: list[str], truncate: bool) -> bytes:
     return msgpack.packb({"query": query, "documents": list(documents), "truncate": truncate})
 
@@ -207,6 +248,13 @@ class OnlineClient:
     def encode(self, model: str, texts: list[str], **options: Unpack[EncodeOptions]) -> np.ndarray:
         """(len(texts), dim) vectors; `options` as EncodeOptions says."""
         return _vectors(self._post(f"/v1/encode/{model}", _encode_body(texts, **options)))
+
+    def embed_images(self, model: str, images: list[ImageSource], **options: Unpack[ImageOptions]) -> np.ndarray:
+        """(len(images), dim) vectors of an image model (CLIP, SigLIP): its texts' space, which `encode` gives.
+
+        `images`: encoded bytes, file paths or PIL images, sent as raw bytes; a non-image is `OnlineError` 400.
+        """
+        return _vectors(self._post(f"/v1/encode/{model}", _images_body(images, **options)))
 
     def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
         """One score per document, in document order."""
@@ -279,6 +327,10 @@ class AsyncOnlineClient:
     async def encode(self, model: str, texts: list[str], **options: Unpack[EncodeOptions]) -> np.ndarray:
         """(len(texts), dim) vectors; `options` as EncodeOptions says."""
         return _vectors(await self._request("POST", f"/v1/encode/{model}", _encode_body(texts, **options)))
+
+    async def embed_images(self, model: str, images: list[ImageSource], **options: Unpack[ImageOptions]) -> np.ndarray:
+        """As `OnlineClient.embed_images`."""
+        return _vectors(await self._request("POST", f"/v1/encode/{model}", _images_body(images, **options)))
 
     async def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True) -> np.ndarray:
         reply = await self._request("POST", f"/v1/rerank/{model}", _rerank_body(query, documents, truncate))

@@ -151,9 +151,14 @@ class SimPayload(TypedDict, total=False):
 
 
 class EncodePayload(TypedDict, total=False):
-    """An online `encode` request (scheduler_plugins/gateway/api_formats.EncodeCall)."""
+    """An online `encode` request (scheduler_plugins/gateway/api_formats.EncodeCall): texts, or an image model's
+    images (encoded bytes, checked by the gateway up to their headers)."""
 
-    texts: Required[list[str]]
+    texts: list[str]
+    images: list[bytes]
+    max_image_bytes: int  # the gateway's limits, which the worker's decoding keeps to
+    max_image_pixels: int
+    first_input: int  # a part of a larger request (gateway/request_parts.py): its first input's index there
     truncate: bool
     dtype: str
     precision: Precision

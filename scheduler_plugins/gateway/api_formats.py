@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from shoal.configs import GatewaySettings, ModelSpec
 
 from ..protocol import EncodePayload, OnlineResult, Precision, ScorePayload
+from .image_inputs import image_bytes, is_data_uri
 from .wire import MSGPACK, RequestError
 
 PACKED = ("binary", "ubinary")  # 1 bit a dimension, 8 to a byte
@@ -41,9 +42,16 @@ class EncodeCall:
     ranges: list[list[float]] | None = None  # int8/uint8: the batch job's calibration (its manifest's vectors.ranges)
     prompt_name: str | None = None  # one of the model's named prompts; the worker resolves it (configs/prompts.py)
     prompt: str | None = None  # or the prompt text itself; neither: the model's default prompt
+    images: list[bytes] | None = None  # an image model's inputs instead of texts (image_inputs.py checked them)
+    image_limits: tuple[int, int] = (0, 0)  # their max bytes and pixels, the gateway's: the worker decodes within
 
     def payload(self) -> EncodePayload:
-        payload: EncodePayload = {"texts": self.texts, "truncate": self.truncate, "dtype": self.dtype}
+        payload: EncodePayload = {"truncate": self.truncate, "dtype": self.dtype}
+        if self.images is not None:
+            payload["images"] = self.images
+            payload["max_image_bytes"], payload["max_image_pixels"] = self.image_limits
+        else:
+            payload["texts"] = self.texts
         if self.dim is not None:
             payload["dim"] = self.dim
         if self.ranges is not None:
@@ -70,7 +78,7 @@ class EncodeCall:
 
     @property
     def inputs(self) -> int:
-        return len(self.texts)
+        return len(self.images) if self.images is not None else len(self.texts)
 
 
 @dataclass
@@ -96,7 +104,8 @@ class _Native(BaseModel):
 
 
 class EncodeBody(_Native):
-    texts: list[str]
+    texts: list[str] | None = None
+    images: list[bytes | str] | None = None  # an image model's: raw bytes (MessagePack) or data URIs
     truncate: bool = True
     dtype: Literal["float32", "float16"] = "float32"
     precision: Precision = "float32"
@@ -147,6 +156,18 @@ class CohereRerankBody(_Compat):
     documents: list[str | CohereDocument]
     top_n: int | None = Field(default=None, gt=0)
     return_documents: bool = False
+
+
+class CohereEmbedBody(_Compat):
+    """Cohere's v2 embed: texts, or images as data URIs (input_type "image"); float vectors."""
+
+    model: str
+    input_type: Literal["search_document", "search_query", "classification", "clustering", "image"] | None = None
+    texts: list[str] | None = None
+    images: list[str] | None = None
+    embedding_types: list[str] | None = None
+    output_dimension: int | None = Field(default=None, gt=0)
+    truncate: Literal["NONE", "START", "END"] = "END"
 
 
 def _validate(schema: type[BaseModel], body: Any) -> Any:
@@ -217,10 +238,16 @@ def _prompt(name: str | None, text: str | None, limits: GatewaySettings) -> None
             raise RequestError(422, f"prompt has {len(text)} characters, over the limit of {limits.max_input_chars}")
 
 
-def encode_call(model: str, body: Any, limits: GatewaySettings) -> EncodeCall:
+def encode_call(model: str, body: Any, limits: GatewaySettings, takes_images: bool = False) -> EncodeCall:
+    """`takes_images`: the model embeds images (`images` instead of `texts`)."""
     request = _validate(EncodeBody, body)
+    if (request.texts is None) == (request.images is None):
+        raise RequestError(400, "invalid request: give texts or images, one of them")
+    if request.images is not None and not takes_images:
+        raise RequestError(400, f"model {model!r} embeds no images: give texts")
     _prompt(request.prompt_name, request.prompt, limits)
-    texts = _within_limits(request.texts, "texts", request.truncate, limits)
+    images = None if request.images is None else image_bytes(request.images, "images", limits)
+    texts = [] if request.texts is None else _within_limits(request.texts, "texts", request.truncate, limits)
     if request.precision in ("int8", "uint8") and request.ranges is None:
         raise RequestError(
             422,
@@ -239,7 +266,13 @@ def encode_call(model: str, body: Any, limits: GatewaySettings) -> EncodeCall:
         request.ranges,
         request.prompt_name,
         request.prompt,
+        images,
+        _image_limits(limits),
     )
+
+
+def _image_limits(limits: GatewaySettings) -> tuple[int, int]:
+    return limits.max_image_bytes, limits.max_image_pixels
 
 
 def _check_ranges(ranges: list[list[float]]) -> None:
@@ -265,15 +298,53 @@ def openai_request(body: Any) -> OpenAIEmbeddingsBody:
     return _validate(OpenAIEmbeddingsBody, body)
 
 
-def openai_call(request: OpenAIEmbeddingsBody, texts: list[str], limits: GatewaySettings) -> EncodeCall:
-    """`texts`: the request's input, its token arrays decoded (token_arrays.decode)."""
+def openai_call(
+    request: OpenAIEmbeddingsBody, texts: list[str], limits: GatewaySettings, takes_images: bool = False
+) -> EncodeCall:
+    """`texts`: the request's input, its token arrays decoded (token_arrays.decode). For an image model
+    (`takes_images`), an input of data URIs is its images (every one: texts and images are two requests)."""
     _prompt(request.prompt_name, None, limits)
+    uris = [is_data_uri(text) for text in texts]
+    if takes_images and any(uris):
+        if not all(uris):
+            text = uris.index(False)
+            raise RequestError(
+                400, f"input[{text}] is text and input[{uris.index(True)}] an image (a data URI): send them apart"
+            )
+        images = image_bytes(texts, "input", limits)
+        return EncodeCall(request.model, [], dim=request.dimensions, images=images, image_limits=_image_limits(limits))
     return EncodeCall(
         request.model,
         _within_limits(texts, "input", True, limits),
         dim=request.dimensions,
         prompt_name=request.prompt_name,
     )
+
+
+def cohere_embed_request(body: Any) -> CohereEmbedBody:
+    return _validate(CohereEmbedBody, body)
+
+
+def cohere_embed_call(request: CohereEmbedBody, limits: GatewaySettings, takes_images: bool) -> EncodeCall:
+    """Texts or images (data URIs), never both; float vectors only; truncation at the end, or none."""
+    if (request.texts is None) == (request.images is None):
+        raise RequestError(400, "invalid request: give texts or images, one of them")
+    if (request.input_type == "image") != (request.images is not None):
+        raise RequestError(400, 'invalid request: images go with input_type "image", and only they')
+    if request.embedding_types not in (None, ["float"]):
+        raise RequestError(400, f"embedding_types {request.embedding_types}: only float is served")
+    if request.truncate == "START":
+        raise RequestError(400, "truncate START is not served: END (the default) or NONE")
+    if request.images is not None:
+        if not takes_images:
+            raise RequestError(400, f"model {request.model!r} embeds no images: give texts")
+        images = image_bytes(request.images, "images", limits)
+        return EncodeCall(
+            request.model, [], dim=request.output_dimension, images=images, image_limits=_image_limits(limits)
+        )
+    truncate = request.truncate != "NONE"
+    texts = _within_limits(request.texts or [], "texts", truncate, limits)
+    return EncodeCall(request.model, texts, truncate, dim=request.output_dimension)
 
 
 def cohere_call(body: Any, limits: GatewaySettings) -> tuple[ScoreCall, CohereRerankBody]:
@@ -319,6 +390,24 @@ def openai_response(call: EncodeCall, request: OpenAIEmbeddingsBody, result: Onl
         "model": call.model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def cohere_embed_response(call: EncodeCall, result: OnlineResult) -> ResponseBody:
+    """Cohere's v2 embed answer: embeddings by type (float), the texts echoed, billed units."""
+    response: dict[str, object] = {
+        "id": str(uuid.uuid4()),
+        "response_type": "embeddings_by_type",
+        "embeddings": {"float": _matrix(result).astype("<f4", copy=False).tolist()},
+        "meta": {
+            "api_version": {"version": "2"},
+            "billed_units": {"images": call.inputs}
+            if call.images is not None
+            else {"input_tokens": result.get("tokens", 0)},
+        },
+    }
+    if call.images is None:
+        response["texts"] = call.texts
+    return response
 
 
 def cohere_response(call: ScoreCall, request: CohereRerankBody, result: OnlineResult, version: str) -> ResponseBody:

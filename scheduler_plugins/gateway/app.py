@@ -11,7 +11,7 @@ aiohttp serves it (its C parser is faster than tornado's).
 
 Routes: Shoal's own ``POST /v1/encode/{model}`` and ``/v1/rerank/{model}``
 (MessagePack first, JSON when asked), OpenAI's ``POST /v1/embeddings``,
-Cohere's ``POST /v1/rerank`` and ``/v2/rerank``, the other kinds' routes
+Cohere's ``POST /v1/rerank``, ``/v2/rerank`` and ``/v2/embed`` (texts, or an image model's images), the other kinds' routes
 (kind_routes: ``/v1/sparse/{model}``, ``/v1/multivector/{model}``, ...), ``GET /v1/models``,
 ``/healthz``, ``/readyz``, ``/metrics``. A request of more inputs than a
 model's online batch is queued as parts (request_parts). The protocol is in
@@ -102,7 +102,8 @@ ERROR_TYPES = {
 MODEL = web.RequestKey("shoal_model", str)  # metrics label, set once the route knows it
 REPLY = web.RequestKey("shoal_reply", str)  # media type of the answer, errors included
 TIMING = web.RequestKey("shoal_timing", dict)  # stage timings from the worker's ack
-EMBEDDING_KINDS = ("embedder", "sim")
+EMBEDDING_KINDS = ("embedder", "sim", "image_embedder")
+IMAGE_KINDS = ("image_embedder",)  # models that embed images too: their requests go to the image operation
 SCORING_KINDS = ("reranker",)
 
 
@@ -174,6 +175,7 @@ class Gateway:
                 *(web.post(f"/v1/{route.path}/{{model:.+}}", partial(self.kind_route, route)) for route in KIND_ROUTES),
                 web.post("/v1/embeddings", self.openai_embeddings),
                 web.post("/v{version:[12]}/rerank", self.cohere_rerank),  # the same shape in Cohere's v1 and v2
+                web.post("/v2/embed", self.cohere_embed),
                 web.get("/v1/models", self.models),
                 web.get("/healthz", self.healthz),
                 web.get("/readyz", self.readyz),
@@ -384,9 +386,9 @@ class Gateway:
         self._label(request, model)
         body = await self._body(request, MSGPACK)
         spec = self._spec(request, model, EMBEDDING_KINDS, "encode")
-        call = api.encode_call(model, body, self.settings)
+        call = api.encode_call(model, body, self.settings, spec.kind in IMAGE_KINDS)
         call.check_dim(spec)
-        result = await self._run(request, "encode", call)
+        result = await self._run(request, _encode_op(spec), call)
         return self._reply(request, api.encode_response(call, result, request[REPLY]))
 
     async def rerank(self, request: web.Request) -> web.Response:
@@ -413,10 +415,19 @@ class Gateway:
         spec = self._spec(request, body.model, EMBEDDING_KINDS, "embed")
         arrays = body.token_arrays()
         texts = body.texts() if arrays is None else await asyncio.to_thread(token_arrays.decode, arrays)
-        call = api.openai_call(body, texts, self.settings)
+        call = api.openai_call(body, texts, self.settings, spec.kind in IMAGE_KINDS)
         call.check_dim(spec)
-        result = await self._run(request, "encode", call)
+        result = await self._run(request, _encode_op(spec), call)
         return self._reply(request, api.openai_response(call, body, result))
+
+    async def cohere_embed(self, request: web.Request) -> web.Response:
+        request[MODEL] = UNKNOWN_MODEL
+        body = api.cohere_embed_request(await self._body(request, JSON))
+        spec = self._spec(request, body.model, EMBEDDING_KINDS, "embed")
+        call = api.cohere_embed_call(body, self.settings, spec.kind in IMAGE_KINDS)
+        call.check_dim(spec)
+        result = await self._run(request, _encode_op(spec), call)
+        return self._reply(request, api.cohere_embed_response(call, result))
 
     async def cohere_rerank(self, request: web.Request) -> web.Response:
         request[MODEL] = UNKNOWN_MODEL
@@ -458,6 +469,11 @@ class Gateway:
 
     async def prometheus(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _encode_op(spec: ModelSpec) -> str:
+    """The online operation of an encode: an image model's answers images and texts."""
+    return "encode_images" if spec.kind in IMAGE_KINDS else "encode"
 
 
 class ClientGone(Exception):

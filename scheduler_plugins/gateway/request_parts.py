@@ -20,8 +20,8 @@ from typing import Any, cast
 
 from ..protocol import OnlinePayload, OnlineResult
 
-# Where a payload's inputs are: encode's and the kind routes' texts, score's documents (protocol.py).
-INPUT_FIELDS = ("texts", "documents")
+# Where a payload's inputs are: an image model's images, encode's and the kind routes' texts, score's documents.
+INPUT_FIELDS = ("images", "texts", "documents")
 # An answer's per-input lists (score's scores, the kind routes' outputs), joined in order.
 LIST_FIELDS = ("scores", "outputs")
 
@@ -35,11 +35,15 @@ def _inputs(payload: OnlinePayload) -> tuple[str, list[Any]]:
 
 
 def split(payload: OnlinePayload, size: int) -> list[OnlinePayload]:
-    """`payload` as parts of at most `size` inputs, in order; the other fields go with each part."""
+    """`payload` as parts of at most `size` inputs, in order; the other fields go with each part, and
+    `first_input`, where the part starts (a worker's error names an input by its index in the request)."""
     field, inputs = _inputs(payload)
     if len(inputs) <= size:
         return [payload]
-    return [cast(OnlinePayload, {**payload, field: inputs[i : i + size]}) for i in range(0, len(inputs), size)]
+    return [
+        cast(OnlinePayload, {**payload, field: inputs[i : i + size], "first_input": i})
+        for i in range(0, len(inputs), size)
+    ]
 
 
 def join(results: list[OnlineResult]) -> OnlineResult:

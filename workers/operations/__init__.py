@@ -71,6 +71,7 @@ ONLINE_OPERATIONS: dict[str, OnlineOperation] = {
     "encode_multivector": multivector_operation.online,
     "label": classify_operation.online,
     "tag": extract_operation.online,
+    "encode_images": image_operation.online,  # an image model's requests of images or of texts
 }
 
 # Failures no retry can fix: the item (or online request) goes to dead letters at once.

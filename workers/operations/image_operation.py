@@ -19,19 +19,20 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
 
 from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import ImagePayload, ItemResult
+from shoal.scheduler_plugins.protocol import EncodePayload, ImagePayload, ItemResult, OnlineResult
 from shoal.workers.data.images import MAX_BYTES, MAX_PIXELS, ImageLimits, ImageRejected, fetch
 from shoal.workers.data.input_formats import read_input
 from shoal.workers.data.lance_fragments import write_fragment
 from shoal.workers.data.parquet_slices import InputError, identity_columns, part_ack, part_table, rejection, write_part
 from shoal.workers.data.vector_precision import VectorFormat, compact
 
-from . import embed_operation
+from . import embed_operation, online_operations
 from .embed_operation import EmbedInput
 
 
@@ -164,3 +165,32 @@ def _named(payload: ImagePayload, data: ImageRows, row: int, why: str) -> str:
     assert data.column is not None
     uri = data.uris.get(row)
     return rejection(payload, row, data.column, f"{_short(uri)}: {why}" if uri else why)
+
+
+def online(runtime, payloads: list[EncodePayload]) -> list[OnlineResult]:
+    """A group of an image model's online requests: those of texts as `encode` answers them (the text tower),
+    those of images (their encoded bytes, checked by the gateway up to their headers) decoded and computed
+    together, in image batches; a request with an image that does not decode is its 400, naming the input."""
+    results: list[OnlineResult] = [{} for _ in payloads]
+    texts = [i for i, payload in enumerate(payloads) if "images" not in payload]
+    for i, result in zip(texts, online_operations.encode(runtime, [payloads[i] for i in texts])):
+        results[i] = result
+    by_limits: dict[ImageLimits, list[int]] = {}
+    for i, payload in enumerate(payloads):
+        if "images" in payload:
+            by_limits.setdefault(limits_of(cast(ImagePayload, payload)), []).append(i)
+    for limits, answered in by_limits.items():
+        images = [image for i in answered for image in payloads[i]["images"]]
+        vectors, rejected = runtime.embed_images(images, limits)
+        start = 0
+        for i in answered:
+            payload = payloads[i]
+            end = start + len(payload["images"])
+            bad = next((row for row in range(start, end) if row in rejected), None)
+            if bad is None:
+                results[i] = {**online_operations.encoded(vectors[start:end], payload), "tokens": 0}
+            else:
+                index = payload.get("first_input", 0) + bad - start
+                results[i] = {"error": f"input {index} is not an image that decodes: {rejected[bad]}", "status": 400}
+            start = end
+    return results
