@@ -369,9 +369,9 @@ def part_first_use(scratch: Path, rounds: int, code_before: str | None) -> dict[
     their no-flag commands find the verdicts.
     """
     from shoal.configs import load_catalog, load_profile
+    from shoal.configs.fingerprints import model_fingerprint
     from shoal.configs.machine import probe
-    from shoal.pipeline.jobs.fingerprints import model_fingerprint
-    from shoal.pipeline.tuning.auto_runtime import verdict_path
+    from shoal.configs.verdicts import verdict_path
 
     spec, profile, machine = load_catalog().get("minilm"), load_profile("auto"), probe()
     trees = {"this tree": str(ROOT), **({"before": code_before} if code_before else {})}

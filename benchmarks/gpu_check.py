@@ -122,17 +122,20 @@ def timed(call) -> tuple[Any, float]:
 
 def check_auto(catalog_path: Path, figures: dict[str, Any]) -> None:
     from shoal.configs import load_catalog, load_profile
-    from shoal.pipeline.tuning.auto_runtime import resolve
+    from shoal.configs.machine import probe
+    from shoal.workers.devices import detect_device
+    from shoal.workers.runtime_choice import RuntimeChooser
 
     profile = load_profile("auto")
     spec = load_catalog(str(catalog_path)).get(MODEL)
-    _, seconds = timed(lambda: resolve(profile, spec))
+    chooser = RuntimeChooser(profile, detect_device(profile, {}), probe())  # as a GPU worker chooses: it waits
+    chosen, seconds = timed(lambda: chooser.choose(spec))
     figures["auto"] = {
         "layout": profile.reasons.get("layout"),
         "workers": profile.workers,
         "memory_fraction": profile.memory_fraction,
-        "choice": profile.runtimes[MODEL].model_dump(),
-        "why": profile.reasons.get(MODEL),
+        "choice": chosen.runtimes["cuda"].model_dump(),
+        "why": chooser.report().get(MODEL),
         "measure_s": round(seconds, 1),
     }
 

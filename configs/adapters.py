@@ -24,7 +24,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import AdapterSpec, ConfigError, ModelSpec
+from . import AdapterSpec, ConfigError, ModelSpec, RuntimeChoice
 
 if TYPE_CHECKING:
     from . import Catalog
@@ -68,7 +68,9 @@ def base_of(spec: ModelSpec) -> ModelSpec:
     assert spec.adapter is not None, f"model {spec.name!r} is no adapter"
     torch_only = {device: choice for device, choice in spec.runtimes.items() if choice.runtime == "torch"}
     name = spec.adapter.base if torch_only == spec.runtimes else f"{spec.adapter.base} (torch)"
-    return spec.model_copy(update={"name": name, "adapter": None, "runtimes": torch_only})
+    # Pinned to torch on every device kind: a worker chooses an unpinned model's runtime (workers/runtime_choice).
+    pinned = {device: torch_only.get(device) or RuntimeChoice(runtime="torch") for device in ("cpu", "cuda")}
+    return spec.model_copy(update={"name": name, "adapter": None, "runtimes": pinned})
 
 
 class AdapterFolder:

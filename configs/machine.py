@@ -131,18 +131,34 @@ class Machine:
             if not self.has(need)
         ]
 
-    def signature(self) -> str:
-        """`cpu-` or `cuda-` and a short hash of everything that changes a runtime's speed or output."""
+    def signature(self, device: str | None = None) -> str:
+        """`cpu-` or `cuda-` and a short hash of everything that changes a runtime's speed or output on `device`.
+
+        `device` ("cpu" or "cuda"; this machine's kind unless given): a CPU worker on a GPU machine is measured
+        as a CPU, so its verdicts are keyed without the GPUs, and a GPU worker's with them.
+        """
+        kind = device or self.kind
         parts = [
-            self.kind,
+            kind,
             self.cpu_model,
             str(self.cores),
             ",".join(sorted(self.features)),
-            *(f"{g.name}/{g.memory_bytes}/{g.compute_capability}" for g in self.gpus),
+            *(f"{g.name}/{g.memory_bytes}/{g.compute_capability}" for g in (self.gpus if kind == "cuda" else ())),
             f"no_bf16={self.no_bf16}",
             *(f"{name}={version}" for name, version in self.versions),
         ]
-        return f"{self.kind}-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:12]}"
+        return f"{kind}-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:12]}"
+
+    def device_class(self, device: str | None = None) -> str:
+        """What a shipped verdict is keyed by: the CPU's features that change which number format is fast
+        (never its model or cores), or the GPU's name and compute capability; bf16 switched off counts."""
+        kind = device or self.kind
+        if kind == "cuda" and self.gpus:
+            gpu = self.gpus[0]
+            named = f"{gpu.name} cc{'.'.join(map(str, gpu.compute_capability))}"
+        else:
+            named = ",".join(sorted(self.features)) or "none"
+        return f"{kind}:{named}" + (" no_bf16" if self.no_bf16 else "")
 
 
 def switched_off(name: str) -> bool:

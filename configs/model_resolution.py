@@ -277,7 +277,7 @@ class ModelFiles:
 def folder_digest(path: str) -> str:
     """sha256 over every file's relative name and bytes, in a fixed order: what a model folder holds.
 
-    The model fingerprint (pipeline/jobs/fingerprints) and the ONNX export
+    The model fingerprint (configs/fingerprints) and the ONNX export
     cache's key (workers/runtimes/onnx_cache) both start from it. The files are read
     again only when one is added, removed or modified.
     """

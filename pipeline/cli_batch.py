@@ -53,7 +53,6 @@ from shoal.pipeline.retrieval.beir import load_beir
 from shoal.pipeline.retrieval.evaluation import print_report, run_eval
 from shoal.pipeline.retrieval.run import embed_requests, run_pipeline
 from shoal.pipeline.retrieval.spec import load_job_spec
-from shoal.pipeline.tuning.auto_runtime import resolve_unpinned
 from shoal.workers.data.input_formats import INPUT_FORMATS
 from shoal.workers.data.vector_precision import PRECISIONS, Precision, VectorFormat
 
@@ -180,8 +179,6 @@ def embed(
     profile_config = load_profile(profile)
     catalog_config = load_catalog(catalog)
     models = parse_columns(model)
-    if not scheduler:  # auto's runtime where the profile pins none, or one this machine lacks the features for
-        resolve_unpinned(profile_config, catalog_config, models)
     warm = [model_for(catalog_config, profile_config, name, EMBED_KINDS).name for name in models]
     lance = LanceTarget.of(output_url, output_format)
     if lance and len(models) > 1:
@@ -267,8 +264,6 @@ def rerank(
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
     catalog_config = load_catalog(catalog)
-    if not scheduler:  # auto's runtime where the profile pins none, or one this machine lacks the features for
-        resolve_unpinned(profile_config, catalog_config, [model])
     model_for(catalog_config, profile_config, model, "reranker")
     request = RerankRequest(
         input=input_url,

@@ -21,7 +21,7 @@ import dask
 from distributed import Client, LocalCluster
 from rich.console import Console
 
-from shoal.configs import ConfigError, Profile
+from shoal.configs import Profile
 from shoal.configs.auto import NAME as AUTO
 from shoal.pipeline.jobs.stages import STAGES
 from shoal.scheduler_plugins.protocol import NAME as PULL_QUEUE
@@ -302,8 +302,6 @@ def connect(
         return
     STAGES.mark("checks")
     loads: dict[str, dict[str, float]] = {}
-    choose_runtimes(profile, catalog, warm)
-    STAGES.mark("runtime choice")
     check_runtimes(profile)  # the embedded workers share this machine's packages
     argv = [arg for name in dict.fromkeys(warm) for arg in ("--shoal-warm", name)]
     with local_cluster(profile, catalog, preload_argv=argv, adapt=adapt) as cluster, Client(cluster) as client:
@@ -323,26 +321,6 @@ def connect(
                 )
 
 
-def choose_runtimes(profile: Profile, catalog: str | None, models: Sequence[str]) -> None:
-    """On `auto`, each model's runtime for this machine, measured once if it never was.
-
-    Only for an embedded cluster: its workers run on this machine. A joined cluster's workers run
-    where their own profiles say, so `auto` chooses nothing for them from this machine.
-    """
-    if profile.name != AUTO or not models:
-        return
-    from shoal.configs import load_catalog
-    from shoal.pipeline.tuning.auto_runtime import resolve
-
-    specs = load_catalog(catalog)
-    for name in dict.fromkeys(models):
-        try:
-            spec = specs.get(name)
-        except ConfigError:
-            continue  # the job refuses it with the reason; warming skips it
-        resolve(profile, spec)
-
-
 def mark_cluster_start(cluster: LocalCluster) -> None:
     """The scheduler's start and the last worker's arrival, from the scheduler's own clock and events."""
     STAGES.mark_at("scheduler up", cluster.scheduler.time_started)
@@ -357,3 +335,22 @@ def model_loads(dask_worker) -> dict[str, float]:
     """Seconds each model took to load on this worker (its pool's own timing)."""
     plugin = dask_worker.plugins.get("shoal-worker")
     return dict(plugin.pool.load_seconds) if plugin is not None else {}
+
+
+def _runtimes_here(dask_worker) -> dict[str, str]:
+    plugin = dask_worker.plugins.get("shoal-worker")
+    chooser = getattr(plugin, "chooser", None)
+    return chooser.report() if chooser is not None else {}
+
+
+def worker_runtimes(client: Client) -> dict[str, dict[str, str]]:
+    """Per worker, each model it loaded: the runtime it ran on and why (workers/runtime_choice.py chose it there).
+
+    One call to every worker, once per job; a worker that left meanwhile is missing from the answer.
+    """
+    try:
+        replies = client.run(_runtimes_here, on_error="ignore")  # a worker that cannot answer is left out
+    except (OSError, TimeoutError) as exc:  # the cluster is going away: the summary goes without it
+        logging.getLogger("shoal").info("could not ask the workers what they ran: %s", exc)
+        return {}
+    return {worker: ran for worker, ran in replies.items() if ran}

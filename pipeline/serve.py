@@ -22,9 +22,16 @@ from distributed import Client
 from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, Profile
-from shoal.pipeline.cluster import AdaptRange, check_plugin, connect, contact_address, local_cluster, pull_queue
+from shoal.pipeline.cluster import (
+    AdaptRange,
+    check_plugin,
+    connect,
+    contact_address,
+    local_cluster,
+    pull_queue,
+    worker_runtimes,
+)
 from shoal.pipeline.jobs.engine import choice_lines
-from shoal.pipeline.tuning.auto_runtime import resolve as resolve_runtime
 
 
 @contextmanager
@@ -74,9 +81,6 @@ def serve(
     pinned = {spec.name: spec for spec in map(catalog.get, models)}  # catalog names, folders, cached HF ids
     if scheduler and models:
         console.print("[yellow]note:[/yellow] --models pins only on an embedded cluster; there they load on first use")
-    if not scheduler:  # auto: each served model's runtime for this machine (an embedded cluster's), measured once
-        for spec in pinned.values():
-            resolve_runtime(profile, spec, console)
     settings = profile.gateway.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
     specs = {name: profile.tuned(spec).model_dump() for name, spec in {**catalog.models, **pinned}.items()}
     stop = _stop_signal()
@@ -94,7 +98,8 @@ def serve(
         )
         if adapt is not None:
             console.print(f"workers: adaptive, {adapt.minimum} to {adapt.maximum} as the queue needs", highlight=False)
-        for label, why in choice_lines(profile, [profile.tuned(spec) for spec in pinned.values()]):
+        served = [profile.tuned(spec) for spec in pinned.values()]
+        for label, why in choice_lines(profile, served, worker_runtimes(client)):
             console.print(f"{label}: {why}", highlight=False)
         while not stop.wait(0.5):
             pass

@@ -71,9 +71,11 @@ for _variable, _folder in {
     os.environ[_variable] = str(SESSION_CACHES / _folder)
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach outside: a stand-in Hub test turns it off for its own processes
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# auto measures a model's first use in the background by default; a test waits for it, so no measuring
-# process outlives the test that started it (tests/tuning/test_profile_hold.py tests the background start).
-os.environ.setdefault("SHOAL_AUTO_MEASURE", "wait")
+# A worker chooses each model's runtime for its device (workers/runtime_choice.py), measuring in the background
+# on a first use. Off here: workers run fp32 torch, so every comparison with the reference library's own call is
+# of fp32 torch, and no measuring process outlives a test. A test of auto's choice sets "wait" (or "background",
+# with the child stood in for) itself (tests/worker/test_runtime_choice*.py, tests/tuning/test_auto_profile.py).
+os.environ.setdefault("SHOAL_AUTO_MEASURE", "off")
 
 pytest_plugins = ["tests.fixtures.models", "tests.fixtures.cluster", "tests.fixtures.s3"]
 

@@ -16,18 +16,21 @@ from functools import partial
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol.pickle import dumps
 
-from shoal.configs import Catalog, Profile, load_catalog, load_profile
+from shoal.configs import Catalog, ModelSpec, Profile, load_catalog, load_profile
+from shoal.configs.machine import probe
 
 from .batching.device_thread import DeviceThread
 from .devices import detect_device
 from .model_pool import ModelPool
 from .pull_loop import PullLoop
-from .runtimes import load_model, require_installed
+from .runtime_choice import RuntimeChooser
+from .runtimes import Runtime, load_model, require_installed
 from .runtimes.lora import AdapterLoader
 from .termination import TerminationForwarder, take_over_sigterm, termination_grace
 
 logger = logging.getLogger("shoal.worker")
 
+IDLE_CHECK_SECONDS = 5.0  # how often an idle worker looks for shipped verdicts to confirm by measuring
 # A worker closed by Dask (not SIGTERM'd: its nanny's close, a scale-down) lets its running items finish within
 # this long: a nanny kills its worker process 8 s after asking it to close (its close timeout of 10 s, times 0.8).
 CLOSING_DRAIN_SECONDS = 5.0
@@ -63,12 +66,14 @@ class ShoalWorker(WorkerPlugin):
         self.catalog_path = catalog
         self._task: asyncio.Task | None = None
         self._warming: set[asyncio.Task] = set()
+        self._confirming: asyncio.Task | None = None
         self.device_thread: DeviceThread | None = None
         self.loader: ThreadPoolExecutor | None = None
         self._undo_sigterm: Callable[[], None] | None = None
         self._terminating: asyncio.Task | None = None
         self._forwarding: asyncio.Task | None = None
         self.adapter_reader: ThreadPoolExecutor | None = None
+        self.chooser: RuntimeChooser | None = None
 
     async def setup(self, worker) -> None:
         profile = load_profile(self.profile_name)
@@ -79,12 +84,14 @@ class ShoalWorker(WorkerPlugin):
         self.device_thread = DeviceThread()  # every model call: batch items, and online groups first
         # Loads get their own thread: a model loads while another one computes.
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-load")
+        # This device's runtime for each model it loads: the gate's verdict here (runtime_choice).
+        self.chooser = RuntimeChooser(profile, plan, probe())
         # LoRA adapters are read in a thread of their own (not behind a base's load: they take milliseconds)
         # and placed on the device thread between forward batches.
         self.adapter_reader = ThreadPoolExecutor(1, thread_name_prefix="shoal-adapters")
         self.pool = ModelPool(
             plan.memory_budget,
-            partial(load_model, plan=plan, device_thread=self.device_thread),
+            partial(self._load, self.chooser, plan, self.device_thread),
             self.loader,
             AdapterLoader(self.device_thread, self.adapter_reader),
         )
@@ -112,6 +119,7 @@ class ShoalWorker(WorkerPlugin):
         gc.collect()
         gc.freeze()
         self._task = asyncio.create_task(self.loop.run())
+        self._confirming = asyncio.create_task(self._confirm_when_idle(self.chooser))
         self._undo_sigterm = take_over_sigterm(partial(self._on_sigterm, worker))
         if worker.nanny:  # its process gets a container's SIGTERM: it passes it on to this one
             self._forwarding = asyncio.create_task(self._forward_sigterm(worker.rpc, worker.nanny))
@@ -140,6 +148,19 @@ class ShoalWorker(WorkerPlugin):
         await self.loop.retire(grace)
         await worker.close(reason="shoal-retired-on-sigterm")
 
+    @staticmethod
+    def _load(chooser: RuntimeChooser, plan, device_thread: DeviceThread, spec: ModelSpec) -> Runtime:
+        """The pool's loader: the runtime this device's choice names for `spec` (in the loader thread)."""
+        return load_model(chooser.choose(spec), plan, device_thread)
+
+    async def _confirm_when_idle(self, chooser: RuntimeChooser) -> None:
+        """Shipped verdicts used here are measured here too, once no work is in hand (not beside a job)."""
+        while True:
+            await asyncio.sleep(IDLE_CHECK_SECONDS)
+            if chooser.unconfirmed and not self.loop.leased and not self.loop.online.models():
+                for started in chooser.confirm():
+                    logger.info("confirming a shipped verdict: %s", started)
+
     async def warmed(self) -> None:
         """Until the warm loads started at setup have ended, loaded or not."""
         await asyncio.gather(*self._warming, return_exceptions=True)
@@ -160,6 +181,8 @@ class ShoalWorker(WorkerPlugin):
             self._undo_sigterm()
         for task in list(self._warming):
             task.cancel()
+        if self._confirming is not None:
+            self._confirming.cancel()
         if self._task is not None and not self._task.done():
             if not self.loop.retiring:  # closed by Dask, not SIGTERM'd: a retirement all the same
                 await self.loop.retire(CLOSING_DRAIN_SECONDS)
@@ -173,3 +196,5 @@ class ShoalWorker(WorkerPlugin):
         for executor in (self.loader, self.adapter_reader):
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
+        if self.chooser is not None:
+            self.chooser.confirm()  # a closing worker leaves its measurements running: an embedded cluster's end

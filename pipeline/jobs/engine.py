@@ -20,11 +20,10 @@ from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
 from shoal.configs.auto import LAYOUT
-from shoal.configs.auto import NAME as AUTO
-from shoal.pipeline.cluster import ClusterError, pull_queue
+from shoal.configs.fingerprints import model_fingerprint
+from shoal.pipeline.cluster import ClusterError, pull_queue, worker_runtimes
 from shoal.pipeline.jobs import image_files
 from shoal.pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
-from shoal.pipeline.jobs.fingerprints import model_fingerprint
 from shoal.pipeline.jobs.follower import follow, summarize
 from shoal.pipeline.jobs.lance_output import commit_parts
 from shoal.pipeline.jobs.manifest import (
@@ -62,6 +61,7 @@ from shoal.workers.data.chunking import ChunkSettings
 from shoal.workers.data.vector_precision import VectorFormat
 
 SHOWN_REJECTIONS = 10
+WORKERS_NAMED = 3  # a summary line names this many workers that ran a model alike, then counts the rest
 
 
 @dataclass
@@ -151,25 +151,28 @@ def model_for(catalog: Catalog, profile: Profile, name: str, kind: str | tuple[s
     return spec
 
 
-def choice_lines(profile: Profile, specs: list[ModelSpec]) -> list[tuple[str, str]]:
-    """What ran a job or serves a gateway, and why: the profile's layout, each model's runtime."""
+def choice_lines(
+    profile: Profile, specs: list[ModelSpec], ran: dict[str, dict[str, str]] | None = None
+) -> list[tuple[str, str]]:
+    """What ran a job or serves a gateway, and why: the profile's layout, and each model's runtime on each
+    worker, as the workers chose it for their devices (`ran`: pipeline.cluster.worker_runtimes)."""
     layout = profile.reasons.get(LAYOUT) or (
         f"{profile.workers} workers x {profile.threads_per_worker or 'all'} threads, from "
         f"{'--profile' if profile.path else 'the default'} {profile.name}"
     )
-    kind = profile.device if profile.device != "auto" else "cpu"
     rows = [(f"profile {profile.name}", layout)]
     for spec in specs:
-        choice = spec.runtimes.get(kind)
-        if spec.name in profile.reasons:
-            runtime = profile.reasons[spec.name]
-        elif choice:
-            runtime = f"{choice.runtime} {choice.dtype}, from profile {profile.name}"
-        elif profile.name == AUTO:
-            runtime = "torch in the workers' dtype: auto chooses runtimes for an embedded cluster, on this machine"
-        else:
-            runtime = "torch in the workers' dtype"
-        rows.append((f"runtime of {spec.name}", runtime))
+        workers: dict[str, list[str]] = {}  # what ran -> the workers it ran on
+        for worker, models in sorted((ran or {}).items()):
+            if spec.name in models:
+                workers.setdefault(models[spec.name], []).append(worker)
+        for why, where in workers.items():
+            shown = ", ".join(where[:WORKERS_NAMED]) + (
+                f" and {len(where) - WORKERS_NAMED} more" if len(where) > WORKERS_NAMED else ""
+            )
+            rows.append((f"runtime of {spec.name} on {shown}", why))
+        if not workers:
+            rows.append((f"runtime of {spec.name}", "chosen by each worker for its device when it loads the model"))
     return rows
 
 
@@ -246,7 +249,6 @@ def run_prepared(
     job, inventory, store = prepared.job, prepared.inventory, prepared.store
     spec = profile.tuned(prepared.spec)  # with the runtime `connect` chose for it on `auto`
     job_id = f"{job_prefix or job.operation}-{uuid.uuid4().hex[:12]}"
-    chosen = choice_lines(profile, [spec])
     if inventory.todo or inventory.stale or prepared.previous is None:
         # From here until the new manifest the output has none: a crash leaves no stale one.
         remove_manifest(job.output, job.storage_options)
@@ -301,7 +303,7 @@ def run_prepared(
     manifest_url, manifest_error = _write_manifest(job, manifest)
     STAGES.mark("manifest")
     if inventory.todo:
-        summarize(status, console, job.output, chosen)
+        summarize(status, console, job.output, choice_lines(profile, [spec], worker_runtimes(client) if client else {}))
     console.print(
         f"resume: {work['reused']} of {work['items']} parts already done, {work['run']} run, "
         f"{work['removed']} stale parts removed"

@@ -31,11 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile, explain, load_catalog, load_profile, read_yaml
+from shoal.configs.fingerprints import model_fingerprint
 from shoal.pipeline.cluster import AdaptRange, connect
 from shoal.pipeline.jobs.classify import OPERATION_OF, ClassifyRequest, check_classify_options, classify_job
 from shoal.pipeline.jobs.embed import EMBED_KINDS, EMBED_OPERATIONS, EmbedRequest, check_embed_options, embed_job
 from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
-from shoal.pipeline.jobs.fingerprints import model_fingerprint
 from shoal.pipeline.jobs.lance_output import LanceTarget
 from shoal.pipeline.jobs.lock import JobLock, LockHeld
 from shoal.pipeline.jobs.resume import job_params

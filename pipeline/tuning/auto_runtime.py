@@ -1,9 +1,9 @@
-"""`auto`'s runtime x dtype per model: the fastest candidate whose gate verdict here is `pass`.
+"""Measuring `auto`'s runtime verdicts: each candidate's speed against fp32 torch, and the gate's verdict.
 
-The verdicts are measured once per model and kind of machine, then cached
-under the Shoal cache (``verdicts/FINGERPRINT-SIGNATURE-tTHREADS.json``): a
-model's fingerprint (its weights and settings) and the machine signature
-(configs/machine.py: CPU model, cores, features, GPUs, runtime versions).
+A worker measures a model once per kind of device (workers/runtime_choice.py starts this module in a child),
+and the record is cached under the Shoal cache (``verdicts/FINGERPRINT-SIGNATURE-tTHREADS.json``, see
+configs/verdicts.py, which also holds `choose`): a model's fingerprint (its weights and settings) and the
+device's signature (configs/machine.py: CPU model, cores, features, GPUs, runtime versions).
 
 Measuring takes seconds, not minutes, because it does only what can change
 the choice. Candidates the hardware cannot make fast are not offered (bf16
@@ -22,130 +22,48 @@ quantized, and the export is the one the job's workers load afterwards. The
 sample and the judged set are package data (``gate_sample/``), so an installed
 Shoal measures without a checkout's datasets/.
 
-It runs in a child process, so the command's own process (the embedded
-scheduler's) never imports torch. A measurement that fails is cached too,
-with its reason: the command runs fp32 torch and says why, and later
-commands do not retry it (delete the file, or a new MEASUREMENT format, to
-measure again).
+It runs in a child process, so the worker never loads the candidates itself. A measurement that fails is
+cached too, with its reason: the worker runs fp32 torch and says why, and later loads do not retry it (delete
+the file, or a new MEASUREMENT format, to measure again). A record carries what a shipped copy is matched by
+(the model's fingerprint, the device's class, the runtime versions): copied into configs/verdicts/, it is
+the first use's choice on every machine of that class.
 
-    python -m shoal.pipeline.tuning.auto_runtime PROFILE.yaml VERDICTS.json < SPEC.json   # what a command runs, once
+    python -m shoal.pipeline.tuning.auto_runtime PROFILE.yaml VERDICTS.json < SPEC.json   # what a worker runs, once
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
-import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypedDict, cast, final
+from typing import Any
 
 from rich.console import Console
 
-from shoal.configs import Catalog, ConfigError, GateEvidence, ModelSpec, Profile, RuntimeChoice, load_profile
-from shoal.configs.auto import NAME, cache_dir, save
+from shoal.configs import ModelSpec, Profile, RuntimeChoice, load_profile
+from shoal.configs.auto import NAME
+from shoal.configs.fingerprints import model_fingerprint
 from shoal.configs.machine import Machine, probe
+from shoal.configs.verdicts import (
+    LOSSY_GAIN,
+    MEASURED_KINDS,
+    MEASUREMENT,
+    Candidate,
+    Measurement,
+    choose,
+    entry_bar,
+    failure,
+    label,
+    read_verdicts,
+    shipped_verdict,
+    write_record,
+)
 
-# The record's format: a record of another (an older way of measuring) is measured again. 3: int8 per channel;
-# 4: a full precision starting without torch gated from within MIN_GAIN of fp32.
-MEASUREMENT = 4
 TIMED_PAIRS = 3  # back-to-back pairs per candidate, their median ratio its speed
 TIMED_TEXTS = 32  # of the sample, per timed run: timing took most of a first use at 64 (docs/BENCHMARKS.md)
-MIN_GAIN = 0.05  # a candidate must beat fp32 by this much to replace it (timing noise is a few percent)
-# Runtimes whose workers import neither torch nor transformers: such a worker loads MiniLM in 0.5-0.7 s
-# against 5.7-7.5 s on torch (docs/BENCHMARKS.md, fourth pass), on every command's start. The timing, on a
-# loaded model, cannot see that: a full-precision candidate of these needs only to come within MIN_GAIN
-# of fp32 torch (as fast, within the timing's noise) to be chosen over it.
-STARTS_WITHOUT_TORCH = frozenset({"onnx"})
-# A reduced-precision candidate (bf16, fp16, int8) changes the vectors, within the gate: it must also beat the
-# fastest full-precision one by this much (a tiny model's int8 at 1.08x is not worth its rounding).
-LOSSY_GAIN = 0.25
-# "wait": a model's first use here waits for its measurement; otherwise (the default) it runs fp32 torch while
-# a background child measures (resolve).
-MEASURE_ENV = "SHOAL_AUTO_MEASURE"
-BACKGROUND_NICENESS = 10  # the background measurement yields the CPU to the job it shares it with
-
-
-class Candidate(TypedDict):
-    """One runtime x dtype of a measurement: its speed against fp32 torch, and the gate's verdict if gated."""
-
-    runtime: str
-    dtype: str
-    verdict: Literal["pass", "refused", "too slow"]
-    figures: dict[str, float]  # the gate's (quality_gate.Verdict.figures); none when not gated
-    failures: list[str]
-    speed_vs_fp32: float
-
-
-@final
-class Measurement(TypedDict):
-    """A verdicts file: every candidate for one model on this kind of machine, and what measuring cost."""
-
-    measurement: int  # MEASUREMENT when written
-    model: str
-    machine: str  # Machine.signature()
-    described: str
-    device: str
-    threads: int
-    texts: int
-    candidates: list[Candidate]
-    seconds: float
-    steps: dict[str, float]  # seconds per step of the measurement
-    checked: str
-
-
-@final
-class MeasurementFailed(TypedDict):
-    """A verdicts file for a measurement that failed, cached with its reason so it is not retried."""
-
-    measurement: int
-    model: str
-    failed: str
-    details: str
-    checked: str
-
-
-VerdictsRecord = Measurement | MeasurementFailed
-
-
-def verdict_path(fingerprint: str, machine: Machine, threads: int) -> Path:
-    """Keyed by the threads per worker too: they change which runtime is fastest."""
-    return cache_dir() / "verdicts" / f"{fingerprint[:16]}-{machine.signature()}-t{threads}.json"
-
-
-def read_verdicts(fingerprint: str, machine: Machine, threads: int) -> VerdictsRecord | None:
-    """The cached measurement (or failure) for this model on this kind of machine at `threads`, or None."""
-    path = verdict_path(fingerprint, machine, threads)
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("measurement") != MEASUREMENT:
-        return None
-    return cast(VerdictsRecord, record)  # written by write_record in this format
-
-
-def write_record(path: Path, record: VerdictsRecord) -> None:
-    """Written whole or not at all: concurrent commands read a complete record or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.{os.getpid()}")
-    staged.write_text(json.dumps(record, indent=1))
-    os.replace(staged, path)
-
-
-def failure(model: str, reason: str, details: str = "") -> MeasurementFailed:
-    """The record of a measurement that failed: cached like a result, so it is not retried on every command."""
-    return {
-        "measurement": MEASUREMENT,
-        "model": model,
-        "failed": reason,
-        "details": details,
-        "checked": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    }
 
 
 def gate_texts() -> list[str]:
@@ -157,81 +75,23 @@ def gate_texts() -> list[str]:
     return [str(t) for t in pq.read_table(GATE_SAMPLE / "sample.parquet", columns=["text"]).column("text").to_pylist()]
 
 
-def label(row: Candidate) -> str:
-    return f"{row['runtime']} {row['dtype']}"
-
-
-def entry_bar(runtime: str, dtype: str) -> float:
-    """The speed (x fp32 torch) a candidate needs to replace fp32 torch at all."""
-    return 1 - MIN_GAIN if dtype == "float32" and runtime in STARTS_WITHOUT_TORCH else 1 + MIN_GAIN
-
-
-def choose(record: VerdictsRecord) -> tuple[RuntimeChoice, str]:
-    """The fastest passing candidate past its `entry_bar` (else fp32 torch), and why, from a measurement."""
-    if "failed" in record:
-        return RuntimeChoice(runtime="torch", dtype="float32"), (
-            f"measuring failed ({record['failed']}; {record['checked']}): fp32 torch"
-        )
-    rows = record["candidates"]
-    passing = [r for r in rows if r["verdict"] == "pass" and r.get("speed_vs_fp32") is not None]
-    faster = [r for r in passing if (r["runtime"], r["dtype"]) != ("torch", "float32")]
-    entering = [r for r in faster if r["speed_vs_fp32"] >= entry_bar(r["runtime"], r["dtype"])]
-    # What runs without a reduced precision: the fastest full precision that may replace fp32, else fp32.
-    exact = max((r["speed_vs_fp32"] for r in entering if r["dtype"] == "float32"), default=1.0)
-    worth = [r for r in entering if r["dtype"] == "float32" or r["speed_vs_fp32"] >= exact * (1 + LOSSY_GAIN)]
-    best = max(worth, key=lambda r: r["speed_vs_fp32"], default=None)
-    refused = [label(r) for r in rows if r["verdict"] == "refused"]
-    slow = [f"{label(r)} {r['speed_vs_fp32']:.2f}x" for r in rows if r["verdict"] == "too slow"]
-    threads = record["threads"]
-    at = f"at {threads} thread{'s' * (threads > 1)} per worker, measured {record['checked']}"
-    if best is None:
-        if not faster and refused and not slow:
-            why = f"no candidate passed the gate ({', '.join(refused)} refused): fp32 torch"
-        else:
-            why = (
-                f"no candidate that passed the gate beat fp32 by {MIN_GAIN:.0%} "
-                f"(one starting without torch: came within {MIN_GAIN:.0%}; "
-                f"reduced precision by {LOSSY_GAIN:.0%} more; {at}"
-                + (f"; too slow to gate: {', '.join(slow)}" if slow else "")
-                + (f"; refused: {', '.join(refused)}" if refused else "")
-                + "): fp32 torch"
-            )
-        return RuntimeChoice(runtime="torch", dtype="float32"), why
-    figures = ", ".join(f"{k} {v:.4f}" for k, v in best["figures"].items() if k != "ndcg@10_fp32")
-    even = (
-        f" (within {MIN_GAIN:.0%} of fp32 torch, and its workers start without importing torch)"
-        if best["speed_vs_fp32"] < 1 + MIN_GAIN
-        else ""
-    )
-    why = (
-        f"{label(best)}: gate pass ({figures}), {best['speed_vs_fp32']:.2f}x fp32{even} {at}"
-        + (f"; fastest of {len(faster)} that passed" if len(faster) > 1 else "")
-        + (f"; refused: {', '.join(refused)}" if refused else "")
-        + (f"; too slow to gate: {', '.join(slow)}" if slow else "")
-    )
-    gate: GateEvidence = {
-        "verdict": "pass",
-        **best["figures"],
-        "speed_vs_fp32": best["speed_vs_fp32"],
-        "checked": record["checked"],
-    }
-    return RuntimeChoice.model_validate({"runtime": best["runtime"], "dtype": best["dtype"], "gate": gate}), why
-
-
 def cached_choice(spec: ModelSpec, machine: Machine, threads: int) -> str:
-    """`shoal models`' column: auto's runtime for `spec` here, short, or that it is measured on first use."""
-    if spec.kind not in ("embedder", "reranker"):  # not measured: torch in the workers' dtype, or a profile's pin
+    """`shoal models`' column: auto's runtime for `spec` on this machine's CPU, short, or that it is measured on
+    first use."""
+    if spec.kind not in MEASURED_KINDS:  # not measured: torch in the workers' dtype, or a profile's pin
         return "-" if spec.kind == "sim" else "torch (workers' dtype)"
-    from shoal.pipeline.jobs.fingerprints import model_fingerprint
-
-    record = read_verdicts(model_fingerprint(spec), machine, threads)
+    fingerprint = model_fingerprint(spec)
+    record = read_verdicts(fingerprint, machine, threads, "cpu")
+    shipped = shipped_verdict(fingerprint, machine, "cpu") if record is None else None
+    record = record or shipped
     if record is None:
         return "on first use"
     if "failed" in record:
         return f"torch float32 (measuring failed: {record['failed']})"
     choice, _ = choose(record)
     speed = (choice.gate or {}).get("speed_vs_fp32")
-    return f"{choice.runtime} {choice.dtype}" + (f" ({speed:.2f}x fp32)" if speed else " (none faster passed)")
+    listed = f"{choice.runtime} {choice.dtype}" + (f" ({speed:.2f}x fp32" if speed else " (none faster passed")
+    return listed + ("; shipped verdict, measured here on first use)" if shipped else ")")
 
 
 def listed_choice(profile: Profile, spec: ModelSpec, machine: Machine) -> str:
@@ -248,139 +108,6 @@ def listed_choice(profile: Profile, spec: ModelSpec, machine: Machine) -> str:
     return f"{choice}; {profile.name}'s {pin} pin needs what this machine lacks" if held else choice
 
 
-def resolve(profile: Profile, spec: ModelSpec, console: Console | None = None) -> None:
-    """Set `auto`'s runtime for `spec`'s model (on `auto`, or where the profile's pin does not hold here).
-
-    With no verdicts for this kind of machine yet, the command does not wait for them: it runs fp32 torch
-    (the reference, the safe choice) while a child process measures, and later commands use the verdict
-    (`MEASURE_ENV=wait` waits instead, as tests and benchmarks that time the chosen runtime do).
-    """
-    if spec.kind not in ("embedder", "reranker") or spec.name in profile.runtimes:
-        return
-    if spec.adapter is not None:  # a LoRA adapter runs on its base's torch copy (configs/adapters.base_of)
-        return
-    held = profile._held.get(spec.name) or (
-        None if profile.name == NAME else f"profile {profile.name} pins no runtime for {spec.name}"
-    )
-    from shoal.pipeline.jobs.fingerprints import model_fingerprint
-
-    machine = profile._machine or probe()
-    fingerprint, threads = model_fingerprint(spec), profile.torch_threads(machine.cores)
-    path = verdict_path(fingerprint, machine, threads)
-    record = read_verdicts(fingerprint, machine, threads)
-    console = console or Console(stderr=True)
-    if record is None and os.environ.get(MEASURE_ENV) != "wait":
-        started = measure_in_background(profile, spec, path)
-        console.print(
-            f"auto: {spec.name} runs on fp32 torch this time: its runtimes are being measured in the background "
-            f"({started}; once per kind of machine, cached in {path.parent})",
-            highlight=False,
-        )
-        choice, why = (
-            RuntimeChoice(runtime="torch", dtype="float32"),
-            (
-                f"fp32 torch, the safe choice, on first use here: the measurement runs in the background ({started}), "
-                "later commands run its verdict"
-            ),
-        )
-    else:
-        if record is None:
-            console.print(
-                f"auto: measuring {spec.name}'s runtimes on this kind of machine (once; cached in {path.parent})",
-                highlight=False,
-            )
-            crashed = measure_in_child(profile, spec, path)
-            record = read_verdicts(fingerprint, machine, threads)
-            if record is None:  # the child died before writing: cached all the same
-                record = failure(spec.name, crashed or f"nothing written to {path}")
-                try:
-                    write_record(path, record)
-                except OSError:
-                    pass  # a read-only cache: measured again next time
-            if "failed" in record:
-                console.print(
-                    f"auto: measuring {spec.name} failed ({record['failed']}): it runs on fp32 torch; "
-                    f"delete {path} to measure again",
-                    highlight=False,
-                )
-        choice, why = choose(record)
-    profile.runtimes[spec.name] = choice
-    profile.reasons[spec.name] = f"{held}; auto's choice: {why}" if held else why
-    save(profile)
-
-
-def resolve_unpinned(profile: Profile, catalog: Catalog, models: list[str]) -> None:
-    """`auto`'s runtime for each of `models` that `profile` pins none for, or whose pin does not hold here.
-
-    For an embedded cluster (its workers run here): a profile refines `auto`, it never makes a model slower
-    than `auto` would run it (configs.hold). `auto` itself is resolved by the cluster's start.
-    """
-    if profile.name == NAME:
-        return
-    for name in dict.fromkeys(models):
-        try:
-            spec = catalog.get(name)
-        except ConfigError:
-            continue  # the job refuses it with the reason
-        resolve(profile, spec)
-
-
-def measure_in_child(profile: Profile, spec: ModelSpec, path: Path) -> str:
-    """`measure` in a fresh interpreter, writing `path` (torch and the model stay out of this process).
-
-    Why it died without writing, or "".
-    """
-    done = subprocess.run(
-        _child_command(profile, path),
-        input=spec.model_dump_json(),
-        text=True,
-        env=_child_env(),
-        stdout=subprocess.DEVNULL,
-    )
-    return f"the measuring process exited with {done.returncode}" if done.returncode else ""
-
-
-def measure_in_background(profile: Profile, spec: ModelSpec, path: Path) -> str:
-    """`measure` in a detached child that outlives the command, unless one is at it already; what was done.
-
-    A lock file beside the record names the child's pid: concurrent first uses start one measurement, and
-    a child that died without writing leaves a stale lock the next command replaces. The child runs at a
-    lower CPU priority than the job it shares the machine with; its timing is of pairs run back to back,
-    so the job's load falls on both sides of each ratio.
-    """
-    lock = path.with_name(f"{path.name}.measuring")
-    try:
-        pid = int(lock.read_text())
-        os.kill(pid, 0)
-        return f"already started, pid {pid}"
-    except (OSError, ValueError):
-        pass  # no lock, or a stale one
-    path.parent.mkdir(parents=True, exist_ok=True)
-    child = subprocess.Popen(
-        _child_command(profile, path),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=_child_env(),
-        start_new_session=True,  # not stopped by the command's Ctrl-C or exit
-        preexec_fn=lambda: os.nice(BACKGROUND_NICENESS),
-    )
-    assert child.stdin is not None
-    child.stdin.write(spec.model_dump_json())
-    child.stdin.close()
-    lock.write_text(str(child.pid))
-    return f"pid {child.pid}"
-
-
-def _child_command(profile: Profile, path: Path) -> list[str]:
-    return [sys.executable, "-m", "shoal.pipeline.tuning.auto_runtime", profile.path or NAME, str(path)]
-
-
-def _child_env() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
 def offered(plan_kind: str, machine: Machine) -> list[RuntimeChoice]:
     """The candidates this machine could make fast, fp32 torch (the reference) left out."""
     from shoal.pipeline.tuning.quality_gate import REFERENCE, candidates
@@ -390,6 +117,8 @@ def offered(plan_kind: str, machine: Machine) -> list[RuntimeChoice]:
     for choice in candidates(plan_kind):
         if choice == REFERENCE or (choice.dtype == "bfloat16" and not machine.bf16):
             continue  # bf16 without bf16 hardware is emulated: many times slower than fp32
+        if choice.dtype == "float16" and not machine.has("fp16"):
+            continue  # a GPU before Volta has no fp16 tensor cores
         try:
             require_installed(choice.runtime)
         except RuntimeNotInstalled:
@@ -506,7 +235,7 @@ def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> Measurement:
     return {
         "measurement": MEASUREMENT,
         "model": spec.name,
-        "machine": machine.signature(),
+        "machine": machine.signature(plan.kind),
         "described": machine.describe(),
         "device": plan.kind,
         "threads": plan.threads,
@@ -515,6 +244,9 @@ def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> Measurement:
         "seconds": round(time.perf_counter() - began, 1),
         "steps": steps,
         "checked": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "fingerprint": model_fingerprint(spec),
+        "device_class": machine.device_class(plan.kind),
+        "versions": dict(machine.versions),
     }
 
 

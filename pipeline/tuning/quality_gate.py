@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from shoal.configs import GateEvidence, ModelSpec, RuntimeChoice, RuntimeDType
+from shoal.configs.verdicts import REFERENCE
 from shoal.pipeline.retrieval.beir import RetrievalSet, load_beir
 from shoal.pipeline.retrieval.evaluation import evaluate
 from shoal.pipeline.retrieval.top_k import top_k
@@ -54,7 +55,6 @@ KENDALL_TAU_AT_LEAST = 0.99
 LABEL_AGREEMENT_AT_LEAST = 0.99
 SPAN_AGREEMENT_AT_LEAST = 0.98
 SCORE_DELTA_AT_MOST = 0.02
-REFERENCE = RuntimeChoice(runtime="torch", dtype="float32")
 # The kinds with an agreement measure below.
 GATED = ("embedder", "reranker", "sparse", "multivector", "classifier", "token_classifier")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shoal.configs import ConfigError, load_catalog
+from shoal.configs import ConfigError, RuntimeChoice, load_catalog
 from shoal.configs.adapters import base_of
 from tests.support.models import catalog_yaml
 
@@ -87,7 +87,9 @@ def test_a_catalog_adapter_is_a_model_of_its_bases_kind_named_base_plus_adapter(
     assert spec.adapter is not None and spec.adapter.base == "bert" and spec.adapter.name == "legal"
     assert (spec.kind, spec.dim, spec.max_seq_length, spec.source) == (base.kind, HIDDEN, 128, base.source)
     assert spec.adapter.memory_bytes == (fleet["legal"] / "adapter_model.safetensors").stat().st_size
-    assert base_of(spec) == base  # what a worker loads once for all of them
+    # What a worker loads once for all of them: the base, pinned to torch (LoRA layers live in the torch model).
+    torch = RuntimeChoice(runtime="torch")
+    assert base_of(spec) == base.model_copy(update={"runtimes": {"cpu": torch, "cuda": torch}})
 
 
 def test_an_adapter_folder_or_base_plus_folder_is_accepted_as_a_model(tmp_path, fleet):

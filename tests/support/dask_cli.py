@@ -34,7 +34,8 @@ def dask_cli_cluster(
     tag: str = "",
 ) -> Iterator[tuple[str, list[subprocess.Popen]]]:
     """`dask scheduler` (with `--preload shoal.scheduler_plugins` unless not `plugins`) on 127.0.0.1:`port` and, when
-    `workers`, one `dask worker --nworkers workers --preload shoal.workers --shoal-profile profile`, as in the README.
+    `workers`, one `dask worker --nworkers workers --preload shoal.workers --shoal-profile profile` (no
+    `--shoal-profile` when `profile` is None: the workers' own `auto`), as in the README.
 
     Yields the scheduler address and the processes, scheduler first (append more: they are stopped first);
     on exit every one still running is stopped. `env` is laid over this process's environment; `tag` names
@@ -60,7 +61,11 @@ def dask_cli_cluster(
         if workers:
             # The address comes first: dask passes the options it does not know to the preload.
             worker = [DASK, "worker", address, "--nthreads", "1", "--nworkers", str(workers), *worker_args]
-            worker += ["--preload", "shoal.workers", "--shoal-profile", str(profile)]
+            worker += [
+                "--preload",
+                "shoal.workers",
+                *(["--shoal-profile", str(profile)] if profile is not None else []),
+            ]
             procs.append(start(worker))
         yield address, procs
     finally:

@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 from shoal.configs import load_catalog, load_profile
 from shoal.configs.auto import cpu_layout, gpu_layout
 from shoal.configs.machine import NO_BF16_ENV, Gpu, Machine, probe
+from shoal.configs.verdicts import MEASUREMENT, choose
 from shoal.pipeline.tuning import REPO_ROOT
-from shoal.pipeline.tuning.auto_runtime import choose, gate_texts, judge
+from shoal.pipeline.tuning.auto_runtime import gate_texts, judge
 from shoal.pipeline.tuning.quality_gate import GATE_SAMPLE
-from tests.support.cli import embed_args, invoke_shoal, run_shoal
+from tests.support.cli import embed_args, run_shoal
 from tests.support.files import write_shards
 
 GIB = 2**30
@@ -168,32 +169,6 @@ def test_a_cache_that_cannot_be_written_leaves_auto_by_name(tmp_path, monkeypatc
     assert profile.path == "" and profile.workers >= 1  # workers load `auto` by name and derive the same layout
 
 
-def test_a_failed_measurement_runs_fp32_says_why_and_is_not_retried(tmp_path, monkeypatch, no_gpu_probe):
-    from shoal.pipeline.tuning import auto_runtime
-
-    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("shoal.pipeline.jobs.fingerprints.model_fingerprint", lambda spec: "f" * 64)
-    tries = []
-
-    def killed(profile, spec, path):  # a measuring process that died before writing anything
-        tries.append(spec.name)
-        return "the measuring process exited with -9"
-
-    monkeypatch.setattr(auto_runtime, "measure_in_child", killed)
-    monkeypatch.setenv(auto_runtime.MEASURE_ENV, "wait")  # the first use waits for the measurement
-    spec = load_catalog().get("minilm")
-    for _ in range(2):  # two commands
-        profile = load_profile("auto")
-        auto_runtime.resolve(profile, spec)
-        assert (profile.runtimes["minilm"].runtime, profile.runtimes["minilm"].dtype) == ("torch", "float32")
-        assert profile.reasons["minilm"].startswith("measuring failed (the measuring process exited with -9")
-        assert load_profile(profile.path).runtimes["minilm"].dtype == "float32"  # what the workers load
-    assert tries == ["minilm"]  # cached with its reason: the second command did not measure again
-    listed = invoke_shoal("models", "--catalog-only", "--json")
-    row = next(r for r in json.loads(listed.stdout) if r["name"] == "minilm")
-    assert row["auto_runtime"] == "torch float32 (measuring failed: the measuring process exited with -9)"
-
-
 def test_the_measuring_process_caches_why_it_failed(tmp_path, monkeypatch, no_gpu_probe):
     from shoal.pipeline.tuning import auto_runtime
 
@@ -207,7 +182,7 @@ def test_the_measuring_process_caches_why_it_failed(tmp_path, monkeypatch, no_gp
     auto_runtime.main()
     record = json.loads((tmp_path / "verdicts.json").read_text())
     assert record["failed"] == "FileNotFoundError: no folder datasets/demo" and "Traceback" in record["details"]
-    assert record["measurement"] == auto_runtime.MEASUREMENT
+    assert record["measurement"] == MEASUREMENT
     assert choose(record)[1].startswith("measuring failed (FileNotFoundError: no folder datasets/demo;")
 
 
@@ -339,6 +314,7 @@ def test_without_bf16_a_job_on_the_default_profile_runs_a_runtime_that_passed_th
         NO_BF16_ENV: "1",
         "SHOAL_PROFILE": "",
         "SHOAL_AUTO_MEASURE": "wait",
+        "COLUMNS": "400",  # the summary's rows on one line each
     }
     done = run_shoal(*embed_args(tmp_path / "in", tmp_path / "out", tiny_catalog, "--verbose"), env=env)
     assert done.returncode == 0, done.stderr
@@ -351,15 +327,17 @@ def test_without_bf16_a_job_on_the_default_profile_runs_a_runtime_that_passed_th
     assert chosen["verdict"] == "pass"
     gated = [r for r in measured["candidates"][1:] if r["verdict"] != "too slow"]  # fast enough to be chosen
     assert all(r["figures"] for r in gated) and measured["seconds"] > 0
-    summary = " ".join(done.stderr.split())  # the summary table wraps its long cells
-    assert "profile auto" in summary and "runtime of tiny" in summary
-    assert "measuring tiny's runtimes" in done.stderr
+    assert "profile auto" in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "runtime of tiny on tcp://127.0.0.1:" in line]
+    assert line.split("│")[2].strip() == why  # the worker's choice, in the gate's words
+    measured_at = verdicts.stat().st_mtime_ns
     stages = [line.split(":")[0] for line in done.stderr.splitlines() if line.startswith("stage ")]
     assert stages[:2] == ["stage imports", "stage checks"] and stages[-2:] == ["stage stop", "stage total"]
     # Measured once: a second job reuses the verdicts.
     again = run_shoal(*embed_args(tmp_path / "in", tmp_path / "again", tiny_catalog), env=env)
     assert again.returncode == 0, again.stderr
-    assert "measuring" not in again.stderr
+    assert verdicts.stat().st_mtime_ns == measured_at and len(list(verdicts.parent.glob("*.json"))) == 1
+    assert f"│ {why}" in again.stderr
     listed = run_shoal("models", "--catalog", str(tiny_catalog), "--catalog-only", "--json", env=env)
     rows = {row["name"]: row for row in json.loads(listed.stdout)}
     assert rows["tiny"]["auto_runtime"].startswith(f"{choice.runtime} {choice.dtype}")  # `shoal models` shows it

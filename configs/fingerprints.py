@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from shoal.configs import ModelSpec
-from shoal.configs.model_resolution import folder_digest
+from . import ModelSpec
+from .model_resolution import folder_digest
 
 
 def model_fingerprint(spec: ModelSpec) -> str:

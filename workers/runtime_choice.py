@@ -1,0 +1,219 @@
+"""Which runtime computes each model on this worker: the quality gate's verdict for this device, chosen here.
+
+A worker knows its own device, so it chooses, not the client: a cluster started the Dask way (`dask
+worker --preload shoal.workers`, no profile) runs what the gate passed on each worker's device, and a CPU
+pool beside GPU workers gets each device's own choice. The model pool's loader asks `RuntimeChooser.choose`
+for the spec to load. A model pinned to a runtime for this device kind (a profile's or the catalog's
+`runtimes`) runs its pin, unless this machine lacks what the pin needs (configs.hold). Otherwise, for the
+kinds `auto` measures (embedders and rerankers), the fastest candidate the gate passed, from the first
+record found (configs/verdicts.py): measured here, else shipped for this class of device (then measured
+here once the worker is idle, to confirm it), else none yet, and then by `SHOAL_AUTO_MEASURE`:
+
+- ``background`` (the default on a CPU): fp32 torch now, the reference and always safe, while a child
+  process measures at a lower priority; later loads use its verdict;
+- ``wait`` (the default on a GPU, where measuring takes seconds): the first load waits for the measurement;
+- ``off``: auto's choice is off: fp32 torch, no verdict read, nothing measured (the test suite's default:
+  its comparisons with the reference library's own call are of fp32 torch).
+
+The measurement runs in a child (``python -m shoal.pipeline.tuning.auto_runtime``): this process never
+loads the candidates, and a measurement outlives a worker that closes meanwhile. What each model ran on
+and why is kept for the job summary (`report`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.configs import ModelSpec, Profile, RuntimeChoice
+from shoal.configs.fingerprints import model_fingerprint
+from shoal.configs.machine import Machine, implied_needs
+from shoal.configs.verdicts import (
+    MEASURED_KINDS,
+    REFERENCE,
+    VerdictsRecord,
+    choose,
+    failure,
+    read_record,
+    shipped_verdict,
+    verdict_path,
+    write_record,
+)
+
+from .devices import DevicePlan
+
+logger = logging.getLogger("shoal.worker.runtimes")
+
+MEASURE_ENV = "SHOAL_AUTO_MEASURE"
+MODES = ("background", "wait", "off")
+BACKGROUND_NICENESS = 10  # the background measurement yields the CPU to the work it shares it with
+MEASURING = "shoal.pipeline.tuning.auto_runtime"  # the child's module: `python -m` it, never imported here
+
+
+def measure_mode(device_kind: str) -> str:
+    """`SHOAL_AUTO_MEASURE`, else `wait` on a GPU (measuring takes seconds there) and `background` on a CPU."""
+    mode = os.environ.get(MEASURE_ENV) or ("wait" if device_kind == "cuda" else "background")
+    if mode not in MODES:
+        raise ValueError(f"{MEASURE_ENV}={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What this worker runs a model on, and why: a line of the job summary."""
+
+    runtime: str
+    dtype: str
+    why: str
+
+    def __str__(self) -> str:
+        named = f"{self.runtime} {self.dtype}"
+        return self.why if self.why.startswith(named) else f"{named}: {self.why}"
+
+
+class RuntimeChooser:
+    """The runtime of each model this worker loads (policy only: the pool's loader acts on it)."""
+
+    def __init__(self, profile: Profile, plan: DevicePlan, machine: Machine) -> None:
+        self.profile, self.plan, self.machine = profile, plan, machine
+        self.ran: dict[str, Ran] = {}
+        # Shipped verdicts used here but not measured here yet: measured once the worker is idle.
+        self.unconfirmed: dict[Path, ModelSpec] = {}
+        self._lock = threading.Lock()  # `choose` runs in the loader thread, `confirm` on the event loop
+
+    def choose(self, spec: ModelSpec) -> ModelSpec:
+        """`spec` with this device kind's runtime set; in the loader thread, since it may wait for a measurement."""
+        choice, why = self._choice(spec)
+        runtime, dtype = (choice or RuntimeChoice()).runtime, (choice or RuntimeChoice()).dtype
+        self.ran[spec.name] = Ran(runtime, self.plan.dtype if dtype == "auto" else dtype, why)
+        logger.info("%s runs on %s", spec.name, self.ran[spec.name])
+        if choice is None:
+            return spec
+        return spec.model_copy(update={"runtimes": {**spec.runtimes, self.plan.kind: choice}})
+
+    def report(self) -> dict[str, str]:
+        """Each model loaded here: what it ran on and why."""
+        return {name: str(ran) for name, ran in self.ran.items()}
+
+    def confirm(self) -> list[str]:
+        """Start measuring the shipped verdicts used here (the worker is idle, or closing); what was started."""
+        with self._lock:
+            waiting, self.unconfirmed = self.unconfirmed, {}
+        return [
+            f"{spec.name}: {measure_in_background(self.profile, spec, path)}"
+            for path, spec in waiting.items()
+            if read_record(path) is None
+        ]
+
+    def _choice(self, spec: ModelSpec) -> tuple[RuntimeChoice | None, str]:
+        kind = self.plan.kind
+        pinned = spec.runtimes.get(kind)
+        held = f"{self.profile._held[spec.name]}; " if spec.name in self.profile._held else ""  # configs.hold's why
+        if pinned is not None:
+            lacking = self.machine.lacks([*pinned.needs, *implied_needs(pinned.dtype, kind)])
+            if not lacking:
+                return pinned, self._pinned_by(spec, pinned)
+            held = f"the pinned {pinned.runtime} {pinned.dtype} needs {', '.join(lacking)}, which this device lacks; "
+        if spec.kind not in MEASURED_KINDS:
+            return None, held + f"torch in the worker's dtype ({spec.kind} models are not measured)"
+        choice, why = self._measured(spec)
+        return choice, held + why
+
+    def _pinned_by(self, spec: ModelSpec, pinned: RuntimeChoice) -> str:
+        if self.profile.runtimes.get(spec.name) == pinned:
+            return f"pinned by profile {self.profile.name}"
+        return "pinned by the model's spec (a catalog entry, or the submitting client's profile)"
+
+    def _measured(self, spec: ModelSpec) -> tuple[RuntimeChoice, str]:
+        kind, threads = self.plan.kind, self.plan.threads
+        mode = measure_mode(kind)
+        if mode == "off":
+            return REFERENCE, f"auto's runtime choice is off ({MEASURE_ENV}=off)"
+        fingerprint = model_fingerprint(spec)
+        path = verdict_path(fingerprint, self.machine, threads, kind)
+        record = read_record(path)
+        if record is None:
+            shipped = shipped_verdict(fingerprint, self.machine, kind)
+            if shipped is not None and mode == "background":
+                with self._lock:
+                    self.unconfirmed[path] = spec
+                choice, why = choose(shipped)
+                return choice, (
+                    f"{why}; shipped verdict, measured on {shipped['described']}; measured here once this worker is idle"
+                )
+            if mode == "background":
+                started = measure_in_background(self.profile, spec, path)
+                return REFERENCE, (
+                    f"fp32 torch, the safe choice, on first use on this device: its runtimes are being measured "
+                    f"in the background ({started}); later loads run the verdict"
+                )
+            record = measure_in_child(self.profile, spec, path)
+        choice, why = choose(record)
+        if "failed" in record:
+            why += f"; delete {path} to measure again"
+        return choice, why
+
+
+def measure_in_child(profile: Profile, spec: ModelSpec, path: Path) -> VerdictsRecord:
+    """Measure now, waiting for the child; its record (a failure's too, cached so it is not retried)."""
+    logger.info("measuring %s's runtimes on this device (once; cached in %s)", spec.name, path.parent)
+    done = subprocess.run(
+        _child_command(profile, path), input=spec.model_dump_json(), text=True, env=_child_env(), capture_output=True
+    )
+    record = read_record(path)
+    if record is None:  # the child died before writing: cached all the same
+        why = (
+            f"the measuring process exited with {done.returncode}" if done.returncode else f"nothing written to {path}"
+        )
+        record = failure(spec.name, why, done.stderr[-2000:])
+        try:
+            write_record(path, record)
+        except OSError:
+            pass  # a read-only cache: measured again next time
+    return record
+
+
+def measure_in_background(profile: Profile, spec: ModelSpec, path: Path) -> str:
+    """Measure in a detached child that outlives this worker, unless one is at it already; what was done.
+
+    A lock file beside the record names the child's pid: the workers of one machine start one measurement,
+    and a child that died without writing leaves a stale lock the next load replaces. The child runs at a
+    lower CPU priority than the work it shares the machine with; its timing is of pairs run back to back,
+    so that work's load falls on both sides of each ratio.
+    """
+    lock = path.with_name(f"{path.name}.measuring")
+    try:
+        pid = int(lock.read_text())
+        os.kill(pid, 0)
+        return f"already started, pid {pid}"
+    except (OSError, ValueError):
+        pass  # no lock, or a stale one
+    path.parent.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen(
+        _child_command(profile, path),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_child_env(),
+        start_new_session=True,  # not stopped with the worker
+        preexec_fn=lambda: os.nice(BACKGROUND_NICENESS),
+    )
+    assert child.stdin is not None
+    child.stdin.write(spec.model_dump_json())
+    child.stdin.close()
+    lock.write_text(str(child.pid))
+    return f"pid {child.pid}"
+
+
+def _child_command(profile: Profile, path: Path) -> list[str]:
+    return [sys.executable, "-m", MEASURING, profile.path or profile.name, str(path)]
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
