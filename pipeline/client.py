@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, Unpack
 from urllib.parse import urlsplit
 
@@ -199,7 +200,7 @@ def _image_bytes(image: ImageSource) -> bytes:
 
 
 def _images_body(
-    images: list[ImageSource],
+    images: Sequence[ImageSource],
     *,
     dtype: str = "float32",
     precision: str = "float32",
@@ -249,7 +250,7 @@ class OnlineClient:
         """(len(texts), dim) vectors; `options` as EncodeOptions says."""
         return _vectors(self._post(f"/v1/encode/{model}", _encode_body(texts, **options)))
 
-    def embed_images(self, model: str, images: list[ImageSource], **options: Unpack[ImageOptions]) -> np.ndarray:
+    def embed_images(self, model: str, images: Sequence[ImageSource], **options: Unpack[ImageOptions]) -> np.ndarray:
         """(len(images), dim) vectors of an image model (CLIP, SigLIP): its texts' space, which `encode` gives.
 
         `images`: encoded bytes, file paths or PIL images, sent as raw bytes; a non-image is `OnlineError` 400.
@@ -328,7 +329,9 @@ class AsyncOnlineClient:
         """(len(texts), dim) vectors; `options` as EncodeOptions says."""
         return _vectors(await self._request("POST", f"/v1/encode/{model}", _encode_body(texts, **options)))
 
-    async def embed_images(self, model: str, images: list[ImageSource], **options: Unpack[ImageOptions]) -> np.ndarray:
+    async def embed_images(
+        self, model: str, images: Sequence[ImageSource], **options: Unpack[ImageOptions]
+    ) -> np.ndarray:
         """As `OnlineClient.embed_images`."""
         return _vectors(await self._request("POST", f"/v1/encode/{model}", _images_body(images, **options)))
 

@@ -240,6 +240,8 @@ def _prompt(name: str | None, text: str | None, limits: GatewaySettings) -> None
 
 def encode_call(model: str, body: Any, limits: GatewaySettings, takes_images: bool = False) -> EncodeCall:
     """`takes_images`: the model embeds images (`images` instead of `texts`)."""
+    if isinstance(body, dict) and "texts" not in body and "images" not in body:
+        raise RequestError(400, "invalid request: texts: Field required (or images, for an image model)")
     request = _validate(EncodeBody, body)
     if (request.texts is None) == (request.images is None):
         raise RequestError(400, "invalid request: give texts or images, one of them")

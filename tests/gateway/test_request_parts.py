@@ -37,9 +37,10 @@ def test_a_payload_splits_in_order_and_the_answers_join_in_order():
     parts = request_parts.split({"texts": texts, "truncate": False, "dim": 4}, 256)
     assert len(parts) == 8 and [p["texts"] for p in parts] == [texts[i : i + 256] for i in range(0, 2048, 256)]
     assert all(p["truncate"] is False and p["dim"] == 4 for p in parts)
+    assert [p["first_input"] for p in parts] == list(range(0, 2048, 256))  # a worker's error names the input
     assert request_parts.split({"query": "q", "documents": ["a", "b", "c"]}, 2) == [
-        {"query": "q", "documents": ["a", "b"]},
-        {"query": "q", "documents": ["c"]},
+        {"query": "q", "documents": ["a", "b"], "first_input": 0},
+        {"query": "q", "documents": ["c"], "first_input": 2},
     ]
     small = {"texts": ["t1"]}
     assert request_parts.split(small, 256)[0] is small
