@@ -13,6 +13,8 @@ the user's own texts (or the demo corpus):
   term weights, zeros elsewhere), so a term lost or gained counts;
 - multi-vector models: the same cosine figures over every token's vector
   (both sides tokenize alike, so the tokens pair up one to one);
+- image models (CLIP, SigLIP): the same cosine figures over the vectors of
+  64 drawn images (decoded and resized as a job's are) and of the texts;
 - sequence classifiers: the top label agrees with fp32's on >= 99% of texts,
   and no label's score (a probability) moves by more than 0.02;
 - token classifiers: of the spans (label, start, end) either side finds,
@@ -56,7 +58,7 @@ LABEL_AGREEMENT_AT_LEAST = 0.99
 SPAN_AGREEMENT_AT_LEAST = 0.98
 SCORE_DELTA_AT_MOST = 0.02
 # The kinds with an agreement measure below.
-GATED = ("embedder", "reranker", "sparse", "multivector", "classifier", "token_classifier")
+GATED = ("embedder", "reranker", "sparse", "multivector", "classifier", "token_classifier", "image_embedder")
 
 
 @dataclass
@@ -167,6 +169,7 @@ JUDGES: dict[str, Callable[[Any, Any], tuple[dict[str, float], list[str]]]] = {
     "embedder": judge_vectors,
     "sparse": judge_vectors,
     "multivector": judge_vectors,
+    "image_embedder": judge_vectors,
     "reranker": judge_scores,
     "classifier": judge_labels,
     "token_classifier": judge_entities,
@@ -250,6 +253,8 @@ class PrecisionGate:
                 row[terms] = weights
         elif self.spec.kind == "multivector":  # every token's vector, in order
             outputs = np.concatenate(runtime.multivector(self.texts)[0])
+        elif self.spec.kind == "image_embedder":  # a drawn image sample's vectors, then the texts'
+            outputs = runtime.gate_vectors(self.texts)
         elif self.spec.kind == "classifier":  # every label's score
             outputs = runtime.classify(self.texts)[0]
         elif self.spec.kind == "token_classifier":  # the spans a job writes (simple aggregation)

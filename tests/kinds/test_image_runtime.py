@@ -188,3 +188,26 @@ def test_decode_limits() -> None:
         decode(data, ImageLimits(max_bytes=100))
     with pytest.raises(ImageRejected, match="empty"):
         decode(b"")
+
+
+def test_the_quality_gate_holds_half_precision_to_fp32_on_images_and_texts(clip_folder: Path) -> None:
+    from shoal.configs import RuntimeChoice
+    from shoal.pipeline.tuning.quality_gate import PrecisionGate, judge_vectors
+    from shoal.workers.runtimes.image_embedder import GATE_IMAGES, ImageEmbedder, drawn_images
+
+    spec = image_spec(clip_folder, CLIP_DIM, True)
+    gate = PrecisionGate(spec, PLAN, TEXTS, judged_set=None)
+    verdict = gate.check(RuntimeChoice(runtime="torch", dtype="bfloat16"))
+
+    full, half = ImageEmbedder(spec, PLAN), ImageEmbedder(spec, PLAN, dtype="bfloat16")
+    try:
+        images = drawn_images(GATE_IMAGES)
+        assert len(set(images)) == GATE_IMAGES  # each its own picture
+        reference = np.concatenate([full.embed_images(images)[0], full.embed(TEXTS)[0]])
+        candidate = np.concatenate([half.embed_images(images)[0], half.embed(TEXTS)[0]])
+    finally:
+        full.close()
+        half.close()
+    figures, failures = judge_vectors(candidate, reference)
+    assert verdict.figures == pytest.approx(figures, abs=1e-6) and verdict.failures == failures
+    assert verdict.texts == len(TEXTS)

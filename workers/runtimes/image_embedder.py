@@ -50,6 +50,8 @@ PREPARED_AHEAD = 2
 # transformers model types whose text tower pools the last position: their texts are padded to the window.
 PADDED_TEXT_TOWERS = ("siglip", "siglip2")
 
+GATE_IMAGES = 64  # drawn images in the quality gate's sample, beside its texts
+
 # One input of an image call: its encoded bytes, or an `ImageRejected` found before (a read that failed).
 ImageInput = bytes | ImageRejected
 
@@ -266,7 +268,38 @@ class ImageEmbedder(TorchModel):
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
             return vectors.float().cpu().numpy()
 
+    def gate_vectors(self, texts: list[str]) -> np.ndarray:
+        """What the quality gate holds a candidate to fp32 by: the vectors of GATE_IMAGES drawn images (both
+        towers' work: decode, resize, the vision tower), then of `texts` (the text tower)."""
+        images, _ = self.embed_images(drawn_images(GATE_IMAGES))
+        return np.concatenate([images, self.embed(texts)[0]])
+
     def close(self) -> None:
         if self._preparing is not None:
             self._preparing.shutdown(wait=False, cancel_futures=True)
         super().close()
+
+
+def drawn_images(count: int, size: tuple[int, int] = (320, 240)) -> list[bytes]:
+    """`count` different JPEGs, the same on every machine: smooth colour fields, shapes and grain, as photos
+    are smooth with edges and noise (the quality gate's image sample)."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(0)
+    width, height = size
+    images = []
+    for _ in range(count):
+        field = rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)
+        image = Image.fromarray(field).resize(size, Image.Resampling.BICUBIC)
+        draw = ImageDraw.Draw(image)
+        for _ in range(3):
+            x, y = int(rng.integers(0, width - 20)), int(rng.integers(0, height - 20))
+            w, h = int(rng.integers(10, width // 2)), int(rng.integers(10, height // 2))
+            draw.ellipse([x, y, x + w, y + h], fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
+        pixels = np.asarray(image, dtype=np.float32) + rng.normal(0, 8, (height, width, 3))
+        buffer = io.BytesIO()
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, format="JPEG", quality=90)
+        images.append(buffer.getvalue())
+    return images
