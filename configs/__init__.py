@@ -255,6 +255,9 @@ class GatewaySettings(BaseModel):
     # An image input's encoded bytes and decoded pixels (checked from its header, before any decoding): else a 400.
     max_image_bytes: int = Field(default=MAX_IMAGE_BYTES, gt=0)
     max_image_pixels: int = Field(default=MAX_IMAGE_PIXELS, gt=0)
+    # OpenAI token arrays: ids in one (OpenAI's limit per input) and in all of a request's (OpenAI's per request).
+    max_input_tokens: int = Field(default=8192, gt=0)
+    max_request_tokens: int = Field(default=300_000, gt=0)
     max_queue_depth: int = Field(default=4096, gt=0)  # requests of a model not yet answered, then 429
     request_timeout_seconds: float = Field(default=30.0, gt=0)  # then 504; for each DEADLINE_INPUTS inputs begun
     retry_after_seconds: int = Field(default=1, ge=0)

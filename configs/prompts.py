@@ -57,7 +57,8 @@ class ModelPrompts:
             return self.named[name]
         if name in IMPLICIT_NAMES:
             return ""
-        raise PromptError(f"model {self.model!r} has no prompt named {name!r}; it has: {self._listing()}")
+        shown = repr(name[:200]) + (f"… ({len(name)} characters)" if len(name) > 200 else "")  # a client's: cut
+        raise PromptError(f"model {self.model!r} has no prompt named {shown}; it has: {self._listing()}")
 
     def for_role(self, role: Role) -> str | None:
         """The name of the model's own non-empty prompt for queries or documents, if it has one."""

@@ -28,6 +28,7 @@ little-endian bytes, as `/v1/encode` does; JSON replies carry lists.
 from __future__ import annotations
 
 import math
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_args
@@ -37,7 +38,8 @@ import numpy as np
 from shoal.configs import GatewaySettings, ModelSpec
 
 from .gateway import api_formats as api
-from .gateway.wire import MSGPACK, RequestError
+from .gateway import body_limits
+from .gateway.wire import MSGPACK, RequestError, clip, shown
 from .protocol import Aggregation, ClassifyTexts, OnlineResult, TextsPayload
 
 # The fields an encode request's texts come with, checked by api_formats.encode_call.
@@ -71,11 +73,12 @@ class KindRoute:
 
 def _split(body: Any, options: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The body's text fields and its own options; 400 for a field the route does not take."""
-    if not isinstance(body, dict):
-        raise RequestError(400, "the body must be a map (an object)")
-    unknown = sorted(str(key) for key in body if key not in TEXT_FIELDS | options)
+    unknown = sorted(str(key) for key in body_limits.fields(body) if key not in TEXT_FIELDS | options)
     if unknown:
-        raise RequestError(400, f"invalid request: {', '.join(unknown)}: not a field of this route")
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise RequestError(
+            400, f"invalid request: {', '.join(map(clip, unknown[:5]))}{more}: not a field of this route"
+        )
     return {k: v for k, v in body.items() if k in TEXT_FIELDS}, {k: v for k, v in body.items() if k in options}
 
 
@@ -93,7 +96,7 @@ def sparse_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySettings)
     top_k = options.get("top_k")
     if top_k is not None:
         if type(top_k) is not int or top_k < 1:
-            raise RequestError(400, f"invalid request: top_k must be a positive integer, not {top_k!r}")
+            raise RequestError(400, f"invalid request: top_k must be a positive integer, not {shown(top_k)}")
         payload["top_k"] = top_k
     return TextsCall(model, payload)
 
@@ -118,7 +121,7 @@ def multivector_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySett
     texts, options = _split(body, {"input_type", "dtype", "precision", "dim", "ranges"})
     input_type = options.pop("input_type", "document")
     if input_type not in ("query", "document"):
-        raise RequestError(400, f"invalid request: input_type must be 'query' or 'document', not {input_type!r}")
+        raise RequestError(400, f"invalid request: input_type must be 'query' or 'document', not {shown(input_type)}")
     call = api.encode_call(model, {**texts, **options}, limits)  # the vector format's checks, as encode's
     call.check_dim(spec)
     payload: TextsPayload = {"texts": call.texts, "truncate": call.truncate, "input_type": input_type}
@@ -168,18 +171,20 @@ def classify_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySetting
     top_k = options.get("top_k")
     if top_k is not None:
         if type(top_k) is not int or top_k < 1:
-            raise RequestError(400, f"invalid request: top_k must be a positive integer, not {top_k!r}")
+            raise RequestError(400, f"invalid request: top_k must be a positive integer, not {shown(top_k)}")
         payload["top_k"] = top_k
     template, multi_label = options.get("template"), options.get("multi_label")
     if (template is not None or multi_label is not None) and not payload.get("labels"):
         raise RequestError(400, "invalid request: template and multi_label score zero-shot labels: give labels")
     if template is not None:
-        if not isinstance(template, str) or template.format("X") == template:
-            raise RequestError(400, f"invalid request: template must be a string with {{}} for the label: {template!r}")
+        if not isinstance(template, str) or not _one_placeholder(template):
+            raise RequestError(
+                400, f"invalid request: template must be a string with {{}} for the label: {shown(template)}"
+            )
         payload["template"] = template
     if multi_label is not None:
         if type(multi_label) is not bool:
-            raise RequestError(400, f"invalid request: multi_label must be true or false, not {multi_label!r}")
+            raise RequestError(400, f"invalid request: multi_label must be true or false, not {shown(multi_label)}")
         payload["multi_label"] = multi_label
     return TextsCall(model, payload)
 
@@ -198,7 +203,7 @@ def extract_call(model: str, body: Any, spec: ModelSpec, limits: GatewaySettings
     if aggregation is not None:
         if aggregation not in get_args(Aggregation):
             allowed = ", ".join(get_args(Aggregation))
-            raise RequestError(400, f"invalid request: aggregation must be one of {allowed}, not {aggregation!r}")
+            raise RequestError(400, f"invalid request: aggregation must be one of {allowed}, not {shown(aggregation)}")
         payload["aggregation"] = aggregation
     return TextsCall(model, payload)
 
@@ -210,7 +215,7 @@ def _span_options(options: dict[str, Any], payload: ClassifyTexts, model: str) -
         raise RequestError(400, "invalid request: aggregation is a token classifier's; a span extractor scores spans")
     multi_label = options.get("multi_label", False)
     if not isinstance(multi_label, bool):
-        raise RequestError(400, f"invalid request: multi_label must be true or false, not {multi_label!r}")
+        raise RequestError(400, f"invalid request: multi_label must be true or false, not {shown(multi_label)}")
     if multi_label:
         payload["multi_label"] = True
     return payload
@@ -220,9 +225,11 @@ def _label_options(options: dict[str, Any], payload: ClassifyTexts) -> None:
     """`labels` (distinct non-empty strings) and `threshold` (a number), checked, into `payload`."""
     labels = options.get("labels")
     if labels is not None:
+        if isinstance(labels, list) and len(labels) > MAX_LABELS:  # before looking at each
+            raise RequestError(400, f"invalid request: {len(labels)} labels; at most {MAX_LABELS} per request")
         if not isinstance(labels, list) or not labels or not all(isinstance(x, str) and x for x in labels):
             raise RequestError(400, "invalid request: labels must be a list of non-empty strings")
-        if len(set(labels)) != len(labels) or len(labels) > MAX_LABELS:
+        if len(set(labels)) != len(labels):
             raise RequestError(400, f"invalid request: labels must be distinct, {MAX_LABELS} at most")
         try:
             "".join(labels).encode("utf-8")
@@ -232,8 +239,17 @@ def _label_options(options: dict[str, Any], payload: ClassifyTexts) -> None:
     threshold = options.get("threshold")
     if threshold is not None:
         if type(threshold) not in (int, float) or not math.isfinite(threshold):
-            raise RequestError(400, f"invalid request: threshold must be a number, not {threshold!r}")
+            raise RequestError(400, f"invalid request: threshold must be a number, not {shown(threshold)}")
         payload["threshold"] = float(threshold)
+
+
+def _one_placeholder(template: str) -> bool:
+    """One bare ``{}`` and no other field: a format spec (``{:>999999999}``) would build a string of its width."""
+    try:
+        fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(template)]
+    except ValueError:  # an unmatched brace
+        return False
+    return [field for field in fields if field[0] is not None] == [("", "", None)]
 
 
 def classify_answer(call: TextsCall, result: OnlineResult, kind: str) -> api.ResponseBody:

@@ -4,6 +4,8 @@ Every request becomes one of two calls, `EncodeCall` (texts to vectors) or
 `ScoreCall` (a query against documents), checked against the gateway's
 limits; every worker result is turned back into the shape the client used.
 Shoal's own shape carries vectors as raw little-endian bytes plus their shape.
+The size limits and the list fields' elements are checked first, on the
+decoded body (body_limits); pydantic then validates the other fields.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation, ValidationError
 
 from shoal.configs import GatewaySettings, ModelSpec
 
 from ..protocol import EncodePayload, OnlineResult, Precision, ScorePayload
+from . import body_limits
 from .image_inputs import image_bytes, is_data_uri
 from .wire import MSGPACK, RequestError
 
@@ -99,25 +102,30 @@ class ScoreCall:
 # -- request bodies -------------------------------------------------------------
 
 
+# The list fields are SkipValidation[...]: body_limits checks them first (length, then elements, stopping at
+# the first wrong one); pydantic validates the rest.
+
+
 class _Native(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class EncodeBody(_Native):
-    texts: list[str] | None = None
-    images: list[bytes | str] | None = None  # an image model's: raw bytes (MessagePack) or data URIs
+    texts: SkipValidation[list[str] | None] = None
+    # An image model's: raw bytes (MessagePack) or data URIs; image_inputs checks each.
+    images: SkipValidation[list[bytes | str] | None] = None
     truncate: bool = True
     dtype: Literal["float32", "float16"] = "float32"
     precision: Precision = "float32"
     dim: int | None = Field(default=None, gt=0)
-    ranges: list[list[float]] | None = None
+    ranges: SkipValidation[list[list[float]] | None] = None
     prompt_name: str | None = None
     prompt: str | None = None
 
 
 class RerankBody(_Native):
     query: str
-    documents: list[str]
+    documents: SkipValidation[list[str]]
     truncate: bool = True
 
 
@@ -129,7 +137,7 @@ class _Compat(BaseModel):
 class OpenAIEmbeddingsBody(_Compat):
     model: str
     # OpenAI's four shapes: a text, texts, a token array, token arrays (cl100k_base ids: token_arrays.py).
-    input: str | list[str] | list[int] | list[list[int]]
+    input: SkipValidation[str | list[str] | list[int] | list[list[int]]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, gt=0)
     prompt_name: str | None = None  # Shoal's extension (TEI has it too): one of the model's named prompts
@@ -146,14 +154,11 @@ class OpenAIEmbeddingsBody(_Compat):
         return [self.input] if isinstance(self.input, str) else cast(list[str], self.input)
 
 
-class CohereDocument(_Compat):
-    text: str
-
-
 class CohereRerankBody(_Compat):
     model: str
     query: str
-    documents: list[str | CohereDocument]
+    # Strings, or maps with a `text` (Cohere's two shapes): body_limits.documents makes them strings.
+    documents: SkipValidation[list[str]]
     top_n: int | None = Field(default=None, gt=0)
     return_documents: bool = False
 
@@ -163,22 +168,25 @@ class CohereEmbedBody(_Compat):
 
     model: str
     input_type: Literal["search_document", "search_query", "classification", "clustering", "image"] | None = None
-    texts: list[str] | None = None
-    images: list[str] | None = None
+    texts: SkipValidation[list[str] | None] = None
+    images: SkipValidation[list[str] | None] = None
     embedding_types: list[str] | None = None
     output_dimension: int | None = Field(default=None, gt=0)
     truncate: Literal["NONE", "START", "END"] = "END"
 
 
-def _validate(schema: type[BaseModel], body: Any) -> Any:
-    if not isinstance(body, dict):
-        raise RequestError(400, "the body must be a map (an object)")
+SHOWN_ERRORS = 5  # validation errors an answer lists
+
+
+def _validate(schema: type[BaseModel], body: dict[str, Any]) -> Any:
+    """`body` (its limits checked) as `schema`; a 400 listing the first few problems."""
     try:
         return schema.model_validate(body)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()[:5]
-        )
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)[:SHOWN_ERRORS]
+        problems = "; ".join(f"{body_limits.location(err['loc'])}: {err['msg']}" for err in errors)
+        if exc.error_count() > SHOWN_ERRORS:
+            problems += f" (and {exc.error_count() - SHOWN_ERRORS} more)"
         # A field name may hold a lone surrogate; the message must still encode in any reply.
         problems = problems.encode("utf-8", "backslashreplace").decode()
         raise RequestError(400, f"invalid request: {problems}") from None
@@ -208,11 +216,7 @@ def _within_limits(
     texts: list[str], what: str, truncate: bool, limits: GatewaySettings, most: int | None = None
 ) -> list[str]:
     """`texts` cut to `max_input_chars` (or refused without truncation); at most `most` of them (max_inputs)."""
-    most = most or limits.max_inputs
-    if not texts:
-        raise RequestError(422, f"{what} is empty")
-    if len(texts) > most:
-        raise RequestError(422, f"{len(texts)} {what}; at most {most} per request")
+    body_limits.count(texts, what, most or limits.max_inputs)
     _encodable(texts, what)
     cap = limits.max_input_chars
     for i, text in enumerate(texts):
@@ -240,9 +244,13 @@ def _prompt(name: str | None, text: str | None, limits: GatewaySettings) -> None
 
 def encode_call(model: str, body: Any, limits: GatewaySettings, takes_images: bool = False) -> EncodeCall:
     """`takes_images`: the model embeds images (`images` instead of `texts`)."""
-    if isinstance(body, dict) and "texts" not in body and "images" not in body:
+    fields = body_limits.fields(body)
+    if "texts" not in fields and "images" not in fields:
         raise RequestError(400, "invalid request: texts: Field required (or images, for an image model)")
-    request = _validate(EncodeBody, body)
+    body_limits.strings(fields, "texts", limits.max_inputs, optional=True)
+    body_limits.images(fields, "images", limits.max_inputs)
+    body_limits.ranges(fields)
+    request = _validate(EncodeBody, fields)
     if (request.texts is None) == (request.images is None):
         raise RequestError(400, "invalid request: give texts or images, one of them")
     if request.images is not None and not takes_images:
@@ -290,14 +298,18 @@ def _check_ranges(ranges: list[list[float]]) -> None:
 
 
 def score_call(model: str, body: Any, limits: GatewaySettings) -> ScoreCall:
-    request = _validate(RerankBody, body)
+    fields = body_limits.fields(body)
+    body_limits.strings(fields, "documents", limits.max_documents)
+    request = _validate(RerankBody, fields)
     (query,) = _within_limits([request.query], "query", request.truncate, limits)
     documents = _within_limits(request.documents, "documents", request.truncate, limits, limits.max_documents)
     return ScoreCall(model, query, documents, request.truncate)
 
 
-def openai_request(body: Any) -> OpenAIEmbeddingsBody:
-    return _validate(OpenAIEmbeddingsBody, body)
+def openai_request(body: Any, limits: GatewaySettings) -> OpenAIEmbeddingsBody:
+    fields = body_limits.fields(body)
+    body_limits.openai_input(fields, limits)
+    return _validate(OpenAIEmbeddingsBody, fields)
 
 
 def openai_call(
@@ -323,8 +335,11 @@ def openai_call(
     )
 
 
-def cohere_embed_request(body: Any) -> CohereEmbedBody:
-    return _validate(CohereEmbedBody, body)
+def cohere_embed_request(body: Any, limits: GatewaySettings) -> CohereEmbedBody:
+    fields = body_limits.fields(body)
+    body_limits.strings(fields, "texts", limits.max_inputs, optional=True)
+    body_limits.strings(fields, "images", limits.max_inputs, optional=True)
+    return _validate(CohereEmbedBody, fields)
 
 
 def cohere_embed_call(request: CohereEmbedBody, limits: GatewaySettings, takes_images: bool) -> EncodeCall:
@@ -350,10 +365,11 @@ def cohere_embed_call(request: CohereEmbedBody, limits: GatewaySettings, takes_i
 
 
 def cohere_call(body: Any, limits: GatewaySettings) -> tuple[ScoreCall, CohereRerankBody]:
-    request = _validate(CohereRerankBody, body)
-    documents = [d if isinstance(d, str) else d.text for d in request.documents]
+    fields = body_limits.fields(body)
+    body_limits.documents(fields, limits.max_documents)
+    request = _validate(CohereRerankBody, fields)
     (query,) = _within_limits([request.query], "query", True, limits)
-    documents = _within_limits(documents, "documents", True, limits, limits.max_documents)
+    documents = _within_limits(request.documents, "documents", True, limits, limits.max_documents)
     return ScoreCall(request.model, query, documents), request
 
 

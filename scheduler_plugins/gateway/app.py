@@ -29,16 +29,23 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import ClientPayloadError, hdrs, web
+from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import (
+    BadHttpMessage,
     BadHttpMethod,
     BadStatusLine,
+    ContentEncodingError,
+    ContentLengthError,
     HttpProcessingError,
     InvalidHeader,
     InvalidURLError,
     LineTooLong,
+    TransferEncodingError,
 )
-from aiohttp.web_protocol import RequestHandler
-from prometheus_client import CONTENT_TYPE_LATEST
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
+from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
 from shoal.configs import GatewaySettings, ModelSpec
 from shoal.configs.adapters import unknown_model
@@ -46,10 +53,10 @@ from shoal.configs.adapters import unknown_model
 from ..kind_routes import KIND_ROUTES, KindRoute, TextsCall
 from ..protocol import OnlinePayload, OnlineResult, ServedModel
 from . import api_formats as api
-from . import request_parts, token_arrays
+from . import body_limits, request_parts, token_arrays
 from .auth import BearerAuth
 from .metrics import GatewayMetrics
-from .wire import JSON, MSGPACK, RequestError, decode, encode, media_type, response_type
+from .wire import JSON, MSGPACK, RequestError, clip, decode, encode, media_type, response_type, shown
 
 if TYPE_CHECKING:
     from .link import GatewayBackend
@@ -59,13 +66,18 @@ logger = logging.getLogger("shoal.gateway")
 
 class _ClientFramingErrors(logging.Filter):
     """aiohttp answers a malformed request (bad chunk size, Content-Length, header) with 400 by itself,
-    then logs it at ERROR with a traceback: any client could fill the scheduler's log. Such a record
-    is the client's fault, so it becomes one debug line; every other aiohttp error passes."""
+    then logs it at ERROR with a traceback; a body it cannot decode (bad gzip) that no handler read
+    raises while aiohttp drains it after the answer, logged as "Unhandled exception". Either way any
+    client could fill the log: such a record is the client's fault and becomes one debug line; every
+    other aiohttp error passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, HttpProcessingError):
-            logger.debug("malformed request answered %s: %s", error.code, error.message)
+            logger.debug("malformed request answered %s: %s", error.code, clip(error.message))
+            return False
+        if isinstance(error, RequestPayloadError):
+            logger.debug("a request body that could not be read, after its answer: %s", clip(str(error)))
             return False
         return True
 
@@ -91,6 +103,7 @@ ERROR_TYPES = {
     408: "body_timeout",
     413: "too_large",
     415: "unsupported_media_type",
+    417: "expectation_failed",
     422: "unprocessable",
     429: "overloaded",
     500: "internal",
@@ -105,6 +118,9 @@ TIMING = web.RequestKey("shoal_timing", dict)  # stage timings from the worker's
 EMBEDDING_KINDS = ("embedder", "sim", "image_embedder")
 IMAGE_KINDS = ("image_embedder",)  # models that embed images too: their requests go to the image operation
 SCORING_KINDS = ("reranker",)
+# The Content-Encodings aiohttp decodes (brotli and zstd when their libraries are installed), and none.
+CONTENT_CODINGS = {"", "identity", "gzip", "deflate", *(["br"] if HAS_BROTLI else []), *(["zstd"] if HAS_ZSTD else [])}
+MAX_MESSAGE = 1000  # characters of an error message, a worker's included: what it quotes is cut to 200 first
 
 
 # What a request aiohttp's parser refused is told, by the parser's error: never its message, which
@@ -128,14 +144,31 @@ def parser_error(exc: HttpProcessingError) -> str:
 
     llhttp's own messages are "<reason>:\n\n  <the bytes>\n  <a caret>": the
     reason alone is passed on (Invalid header value char, Transfer-Encoding
-    can't be present with Content-Length, ...), never the bytes.
+    can't be present with Content-Length, ...), never the bytes. aiohttp's
+    own checks raise a plain `BadHttpMessage` whose message quotes nothing
+    the client sent ("Too many headers received", "Missing 'Host' header in
+    request."): passed on as it is.
     """
     for kind, text in PARSER_ERRORS:
         if isinstance(exc, kind):
             return f"malformed HTTP request: {text}"
     reason, layout, _ = exc.message.partition(":\n\n")
+    if not layout and type(exc) is BadHttpMessage:
+        reason, layout = exc.message, "its own"
     known = layout and reason.isprintable() and len(reason) <= 80
     return f"malformed HTTP request: {reason}" if known else "malformed HTTP request"
+
+
+def body_error(exc: RequestPayloadError, encoding: str) -> str:
+    """What to tell a client whose body could not be read: its framing or its encoding, and why."""
+    cause = exc.__cause__
+    if isinstance(cause, ContentEncodingError):
+        return f"the body is not valid for its Content-Encoding {clip(encoding)}: {clip(cause.message)}"
+    if isinstance(cause, TransferEncodingError):
+        return f"malformed chunked body: {clip(cause.message)}"
+    if isinstance(cause, ContentLengthError):
+        return "the body ended before its Content-Length"
+    return f"the body could not be read: {clip(str(exc))}"
 
 
 class _JsonErrors(RequestHandler):
@@ -143,6 +176,36 @@ class _JsonErrors(RequestHandler):
     the JSON error shape, like every other error, instead of aiohttp's text/plain echo of the request."""
 
     __slots__ = ()
+
+    def data_received(self, data: bytes) -> None:
+        """A body the parser finds malformed (a bad chunk) ends with that error, for its reader to answer at once.
+
+        aiohttp queues the parser's error as the next request and leaves the
+        body unfinished: its handler would wait for the body timeout (408).
+        """
+        queued = len(self._messages)
+        super().data_received(data)
+        if len(self._messages) != queued + 1 or not isinstance(self._messages[-1][0], _ErrInfo):
+            return
+        payload = self._body_being_read(queued)
+        if payload is None:  # the error is in a new request's head: aiohttp's answer to it stands
+            return
+        error = self._messages.pop()[0]
+        failure = RequestPayloadError(error.message)
+        failure.__cause__ = error.exc
+        payload.set_exception(failure)
+        payload.feed_eof()  # nothing more to read: answered, the connection closes (no lingering)
+        self.close()  # the parser cannot go on: read no more of this connection
+
+    def _body_being_read(self, queued: int) -> StreamReader | None:
+        """The body the parser was in, if a request's body is unfinished: queued, or its handler's."""
+        if queued:
+            payload = self._messages[queued - 1][1]
+        elif self._current_request is not None:
+            payload = self._current_request.content
+        else:
+            return None
+        return None if payload.is_eof() else payload
 
     def handle_error(
         self, request, status: int = 500, exc: BaseException | None = None, message: str | None = None
@@ -154,6 +217,34 @@ class _JsonErrors(RequestHandler):
         return response
 
 
+class _GatewayServer(web.Server):
+    """aiohttp's server, making `_JsonErrors` connections and capping them at `cap` (aiohttp has neither hook).
+
+    Each open connection holds a file descriptor and a parser; without a cap,
+    clients that open many and send nothing exhaust the process's descriptors,
+    the scheduler's comms included. A connection over it is answered 503 and
+    closed, counted in `refused`.
+    """
+
+    cap: int
+    refused: Counter
+
+    def __call__(self) -> RequestHandler:
+        # The connection's class from the start: uvloop keeps the protocol's data_received from then on.
+        return _JsonErrors(self, loop=self._loop, **self._kwargs)
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        if len(self.connections) > self.cap:
+            logger.debug("connection refused: %d open, the cap is %d", len(self.connections) - 1, self.cap)
+            self.refused.inc()
+            transport.write(TOO_MANY_CONNECTIONS)
+            handler.close()  # parse nothing it sends
+            # Closed once the handler's task has started: closed now, the task would start on a
+            # connection already lost and fail aiohttp's assertions, a traceback in the log each time.
+            asyncio.get_running_loop().call_soon(transport.close)
+
+
 class Gateway:
     def __init__(self, backend: GatewayBackend, settings: GatewaySettings) -> None:
         """`backend`: the queue in this process (OnlineQueue.local_backend) or a link to a scheduler's."""
@@ -161,21 +252,25 @@ class Gateway:
         self.settings = settings
         self.auth = BearerAuth.from_settings(settings)
         self.metrics = GatewayMetrics(backend.queue_depths)
+        self.bounds = body_limits.decode_bounds(settings)
         self.accepting = False
         self.url = ""
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
         app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[self._answer])
+        # POST routes read MessagePack by default (Shoal's own) or JSON (OpenAI's and Cohere's shapes).
+        native = partial(web.post, expect_handler=partial(self._expect, MSGPACK))
+        compat = partial(web.post, expect_handler=partial(self._expect, JSON))
         app.add_routes(
             [
                 # A model name may hold slashes: a Hugging Face id (org/name) served without a catalog entry.
-                web.post("/v1/encode/{model:.+}", self.encode),
-                web.post("/v1/rerank/{model:.+}", self.rerank),
-                *(web.post(f"/v1/{route.path}/{{model:.+}}", partial(self.kind_route, route)) for route in KIND_ROUTES),
-                web.post("/v1/embeddings", self.openai_embeddings),
-                web.post("/v{version:[12]}/rerank", self.cohere_rerank),  # the same shape in Cohere's v1 and v2
-                web.post("/v2/embed", self.cohere_embed),
+                native("/v1/encode/{model:.+}", self.encode),
+                native("/v1/rerank/{model:.+}", self.rerank),
+                *(native(f"/v1/{route.path}/{{model:.+}}", partial(self.kind_route, route)) for route in KIND_ROUTES),
+                compat("/v1/embeddings", self.openai_embeddings),
+                compat("/v{version:[12]}/rerank", self.cohere_rerank),  # the same shape in Cohere's v1 and v2
+                compat("/v2/embed", self.cohere_embed),
                 web.get("/v1/models", self.models),
                 web.get("/healthz", self.healthz),
                 web.get("/readyz", self.readyz),
@@ -194,7 +289,7 @@ class Gateway:
 
     async def start(self) -> str:
         await self._runner.setup()
-        self._cap_connections()
+        self._serve_with_guards()
         site = web.TCPSite(
             self._runner, self.settings.host, self.settings.port, reuse_address=True, backlog=LISTEN_BACKLOG
         )
@@ -217,32 +312,49 @@ class Gateway:
         await self._runner.cleanup()
         logger.info("online gateway on %s stopped", self.url)
 
-    def _cap_connections(self) -> None:
-        """Answer a connection over `max_connections` with a 503 and close it (aiohttp has no cap).
-
-        Each open connection holds a file descriptor and a parser; without a
-        cap, clients that open many and send nothing exhaust the process's
-        descriptors, the scheduler's comms included.
-        """
+    def _serve_with_guards(self) -> None:
+        """aiohttp's server made a `_GatewayServer` (it builds its server itself): JSON errors from the parser,
+        the cap on connections, and the JSON shape for what aiohttp answers before any route runs."""
         server = self._runner.server
         if server is None:
             raise RuntimeError("the gateway's server is not set up")
-        admit = server.connection_made
-        cap = self.settings.max_connections
+        server.__class__ = _GatewayServer
+        assert isinstance(server, _GatewayServer)
+        server.cap = self.settings.max_connections
+        server.refused = self.metrics.connections_refused
+        handle = server.request_handler
 
-        def connection_made(handler, transport) -> None:
-            admit(handler, transport)
-            handler.__class__ = _JsonErrors  # aiohttp makes its handlers itself: a subclass with no state of its own
-            if len(server.connections) > cap:
-                logger.debug("connection refused: %d open, the cap is %d", len(server.connections) - 1, cap)
-                self.metrics.connections_refused.inc()
-                transport.write(TOO_MANY_CONNECTIONS)
-                handler.close()  # parse nothing it sends
-                # Closed once the handler's task has started: closed now, the task would start on a
-                # connection already lost and fail aiohttp's assertions, a traceback in the log each time.
-                asyncio.get_running_loop().call_soon(transport.close)
+        async def request_handler(request: web.BaseRequest) -> web.StreamResponse:
+            try:
+                return await handle(request)
+            except web.HTTPException as exc:  # aiohttp's Expect handler, on a path with no route
+                message = exc.reason
+                if exc.status == 417:
+                    expect = request.headers.get(hdrs.EXPECT, "")
+                    message = f"Expect {shown(expect)} is not supported; only 100-continue is"
+                response = self._error(request, exc.status, message)
+                await self._send_and_close(request, response)  # no body follows a refused Expect
+                return response
 
-        server.connection_made = connection_made  # type: ignore[method-assign]  # aiohttp has no connection hook
+        server.request_handler = request_handler
+
+    async def _expect(self, default: str, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue` is answered once the body would be accepted (auth, media type, size), so a
+        client refused then never sends it; any other expectation is a 417. On POST routes only."""
+        expect = request.headers.get(hdrs.EXPECT, "")
+        if request.version != HttpVersion11:
+            return None  # HTTP/1.0 has no Expect
+        try:
+            if expect.lower() != "100-continue":
+                raise RequestError(417, f"Expect {shown(expect)} is not supported; only 100-continue is")
+            self._admit(request, default)
+        except RequestError as exc:
+            response = self._error(request, exc.status, exc.message, exc.headers)
+            await self._send_and_close(request, response)  # the client waits, sending no body
+            return response
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the interim answer is no part of the real one (as aiohttp's own handler)
+        return None
 
     # -- every request ------------------------------------------------------------
 
@@ -290,10 +402,10 @@ class Gateway:
         request.protocol.force_close()
 
     def _error(
-        self, request: web.Request, status: int, message: str, headers: dict[str, str] | None = None
+        self, request: web.BaseRequest, status: int, message: str, headers: dict[str, str] | None = None
     ) -> web.Response:
         # A message may echo what the client sent (a header's undecodable bytes are lone surrogates).
-        body = error_body(status, message.encode("utf-8", "backslashreplace").decode())
+        body = error_body(status, clip(message, MAX_MESSAGE).encode("utf-8", "backslashreplace").decode())
         kind = request.get(REPLY) or response_type(request.headers.get("Accept"), JSON)
         if status in (429, 503):
             headers = {"Retry-After": str(self.settings.retry_after_seconds), **(headers or {})}
@@ -301,8 +413,8 @@ class Gateway:
             headers = {"WWW-Authenticate": 'Bearer realm="shoal"', **(headers or {})}
         return web.Response(status=status, body=encode(body, kind), content_type=kind, headers=headers)
 
-    async def _body(self, request: web.Request, default: str) -> Any:
-        """Auth, media type, size and decoding: what every POST route needs first."""
+    def _admit(self, request: web.BaseRequest, default: str) -> str:
+        """Auth, media type and size, from the head alone: the body's media type (MSGPACK or JSON)."""
         sent = media_type(request.headers.get("Content-Type"), default)
         request[REPLY] = response_type(request.headers.get("Accept"), sent or default)
         if not self.auth.allows(request.headers.get("Authorization")):
@@ -310,14 +422,31 @@ class Gateway:
         if not self.accepting:
             raise RequestError(503, "the gateway is shutting down")
         if sent is None:
-            raise RequestError(415, f"send {MSGPACK} or {JSON}, not {request.headers.get('Content-Type')}")
+            raise RequestError(415, f"send {MSGPACK} or {JSON}, not {shown(request.headers.get('Content-Type'))}")
+        coding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+        if coding not in CONTENT_CODINGS:  # aiohttp would pass the body on as it came
+            supported = ", ".join(sorted(CONTENT_CODINGS - {"", "identity"}))
+            raise RequestError(415, f"Content-Encoding {shown(coding)} is not supported: send {supported}, or none")
         limit = self.settings.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise RequestError(413, f"request body too large; the limit is {limit} bytes")
-        return decode(await self._read_body(request), sent, limit)
+        return sent
+
+    async def _body(self, request: web.Request, default: str) -> Any:
+        """Auth, media type, size and decoding under the values bound: what every POST route needs first."""
+        sent = self._admit(request, default)
+        body = await self._read_body(request)
+        try:
+            return decode(body, sent, self.bounds)
+        except RequestError as exc:
+            encoding = request.headers.get(hdrs.CONTENT_ENCODING)
+            if encoding and exc.status == 400:  # a gzip body cut short decodes to a truncated one, unnoticed
+                exc.message += f" (as it came out of its Content-Encoding {clip(encoding)})"
+            raise
 
     async def _read_body(self, request: web.Request) -> bytes:
-        """The body, within `body_timeout_seconds` of its head; a client gone mid-body is `ClientGone`."""
+        """The body, within `body_timeout_seconds` of its head; a client gone mid-body is `ClientGone`; one
+        that cannot be read (bad framing, a Content-Encoding it does not match) a 400 saying why."""
         try:
             if request.content.is_eof():  # the usual small body came with its head: no timer needed
                 return await request.read()
@@ -329,6 +458,9 @@ class Gateway:
                 f"the body did not arrive within {self.settings.body_timeout_seconds:g} s",
                 {"Connection": "close"},
             ) from None
+        except RequestPayloadError as exc:
+            encoding = request.headers.get(hdrs.CONTENT_ENCODING, "")
+            raise RequestError(400, body_error(exc, encoding), {"Connection": "close"}) from None
         except (ConnectionError, ClientPayloadError) as exc:
             raise ClientGone(f"the client closed the connection before its body arrived ({exc})") from None
 
@@ -340,7 +472,8 @@ class Gateway:
         specs = self.backend.specs()
         spec = specs.get(model)
         if spec is None:
-            raise RequestError(404, unknown_model(model, list(specs)))
+            # The name cut first: a client's, quoted in the message (200 characters at most).
+            raise RequestError(404, unknown_model(clip(model), list(specs)))
         if spec.kind not in kinds:
             raise RequestError(400, f"model {model!r} is of kind {spec.kind!r}; it cannot {action}")
         return spec
@@ -370,7 +503,7 @@ class Gateway:
         try:
             seconds = float(asked)
         except ValueError:
-            raise RequestError(400, f"{TIMEOUT_HEADER} must be a number of seconds, not {asked!r}") from None
+            raise RequestError(400, f"{TIMEOUT_HEADER} must be a number of seconds, not {shown(asked)}") from None
         if not seconds > 0:
             raise RequestError(400, f"{TIMEOUT_HEADER} must be positive")
         return min(seconds, limit)
@@ -411,7 +544,7 @@ class Gateway:
 
     async def openai_embeddings(self, request: web.Request) -> web.Response:
         request[MODEL] = UNKNOWN_MODEL
-        body = api.openai_request(await self._body(request, JSON))
+        body = api.openai_request(await self._body(request, JSON), self.settings)
         spec = self._spec(request, body.model, EMBEDDING_KINDS, "embed")
         arrays = body.token_arrays()
         texts = body.texts() if arrays is None else await asyncio.to_thread(token_arrays.decode, arrays)
@@ -422,7 +555,7 @@ class Gateway:
 
     async def cohere_embed(self, request: web.Request) -> web.Response:
         request[MODEL] = UNKNOWN_MODEL
-        body = api.cohere_embed_request(await self._body(request, JSON))
+        body = api.cohere_embed_request(await self._body(request, JSON), self.settings)
         spec = self._spec(request, body.model, EMBEDDING_KINDS, "embed")
         call = api.cohere_embed_call(body, self.settings, spec.kind in IMAGE_KINDS)
         call.check_dim(spec)

