@@ -271,6 +271,10 @@ class GatewaySettings(BaseModel):
     header_timeout_seconds: float = Field(default=60.0, gt=0)
     body_timeout_seconds: float = Field(default=30.0, gt=0)  # a body not read within this long of its head: 408
     max_connections: int = Field(default=1024, gt=0)  # open connections; one more is answered 503 and closed
+    # A quota per client (its bearer token; its address with auth off): requests a second on average, and at once.
+    # Over it: 429 with Retry-After. None: no limit.
+    requests_per_second: float | None = Field(default=None, gt=0)
+    request_burst: int | None = Field(default=None, gt=0)  # default: a second's worth, at least 1
 
     def deadline(self, inputs: int) -> float:
         """A request's deadline: `request_timeout_seconds` for each DEADLINE_INPUTS of its inputs begun."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Coroutine
 from functools import partial
@@ -56,6 +57,7 @@ from . import api_formats as api
 from . import body_limits, request_parts, token_arrays
 from .auth import BearerAuth
 from .metrics import GatewayMetrics
+from .rate_limits import RateLimits
 from .wire import JSON, MSGPACK, RequestError, clip, decode, encode, media_type, response_type, shown
 
 if TYPE_CHECKING:
@@ -185,12 +187,13 @@ class _JsonErrors(RequestHandler):
         """
         queued = len(self._messages)
         super().data_received(data)
-        if len(self._messages) != queued + 1 or not isinstance(self._messages[-1][0], _ErrInfo):
+        error = self._messages[-1][0] if len(self._messages) == queued + 1 else None
+        if not isinstance(error, _ErrInfo):
             return
         payload = self._body_being_read(queued)
         if payload is None:  # the error is in a new request's head: aiohttp's answer to it stands
             return
-        error = self._messages.pop()[0]
+        self._messages.pop()
         failure = RequestPayloadError(error.message)
         failure.__cause__ = error.exc
         payload.set_exception(failure)
@@ -251,6 +254,8 @@ class Gateway:
         self.backend = backend
         self.settings = settings
         self.auth = BearerAuth.from_settings(settings)
+        rate = settings.requests_per_second
+        self.rate_limits = RateLimits(rate, settings.request_burst or max(1, math.ceil(rate))) if rate else None
         self.metrics = GatewayMetrics(backend.queue_depths)
         self.bounds = body_limits.decode_bounds(settings)
         self.accepting = False
@@ -393,7 +398,7 @@ class Gateway:
         return response
 
     @staticmethod
-    async def _send_and_close(request: web.Request, response: web.StreamResponse) -> None:
+    async def _send_and_close(request: web.BaseRequest, response: web.StreamResponse) -> None:
         """Write an answer that ends its connection (a 408), then close: aiohttp would keep the connection
         up to its lingering time, reading a body that is not coming."""
         with contextlib.suppress(ConnectionError):  # the client left first: nothing to write, still closed
@@ -417,10 +422,13 @@ class Gateway:
         """Auth, media type and size, from the head alone: the body's media type (MSGPACK or JSON)."""
         sent = media_type(request.headers.get("Content-Type"), default)
         request[REPLY] = response_type(request.headers.get("Accept"), sent or default)
-        if not self.auth.allows(request.headers.get("Authorization")):
+        client = self.auth.client(request.headers.get("Authorization"))
+        if client is None:
             raise RequestError(401, "missing or wrong bearer token")
         if not self.accepting:
             raise RequestError(503, "the gateway is shutting down")
+        if self.rate_limits is not None:
+            self._quota(self.rate_limits, client or f"address {request.remote}")
         if sent is None:
             raise RequestError(415, f"send {MSGPACK} or {JSON}, not {shown(request.headers.get('Content-Type'))}")
         coding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
@@ -431,6 +439,17 @@ class Gateway:
         if request.content_length is not None and request.content_length > limit:
             raise RequestError(413, f"request body too large; the limit is {limit} bytes")
         return sent
+
+    @staticmethod
+    def _quota(limits: RateLimits, client: str) -> None:
+        waited = limits.wait(client)
+        if waited is not None:
+            raise RequestError(
+                429,
+                f"over this client's rate limit of {limits.rate:g} requests a second (bursts of {limits.burst}); "
+                f"retry in {waited} s",
+                {"Retry-After": str(waited)},
+            )
 
     async def _body(self, request: web.Request, default: str) -> Any:
         """Auth, media type, size and decoding under the values bound: what every POST route needs first."""

@@ -1,7 +1,10 @@
-"""Optional bearer-token auth for the gateway.
+"""Optional bearer-token auth for the gateway: one token, or one per client.
 
-The token comes from an environment variable or a file, never from the
-command line (where `ps` would show it), and is compared in constant time.
+The tokens come from an environment variable (one) or a file (one a line;
+blank lines and `#` comments skipped), never from the command line (where
+`ps` would show them), and each is compared in constant time. A request's
+client is the token it carries, named by its line ("token 2"), never by the
+token itself: what the rate limit counts by and what the logs may say.
 """
 
 from __future__ import annotations
@@ -14,29 +17,32 @@ from shoal.configs import ConfigError, GatewaySettings
 
 
 class BearerAuth:
-    def __init__(self, token: str | None) -> None:
-        self._token = token.encode() if token else None
+    def __init__(self, tokens: str | list[str] | None) -> None:
+        given = [tokens] if isinstance(tokens, str) else tokens or []
+        self._tokens = [token.encode() for token in given if token]
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> BearerAuth:
         """The file wins over the variable; neither set means auth is off."""
         if settings.token_file:
             try:
-                token = Path(settings.token_file).read_text().strip()
+                lines = Path(settings.token_file).read_text().splitlines()
             except OSError as exc:
                 raise ConfigError(f"gateway token file {settings.token_file!r}: {exc}") from None
-            if not token:
+            tokens = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+            if not tokens:
                 raise ConfigError(f"gateway token file {settings.token_file!r} is empty")
-            return cls(token)
+            return cls(tokens)
         return cls(os.environ.get(settings.token_env) or None)
 
     @property
     def enabled(self) -> bool:
-        return self._token is not None
+        return bool(self._tokens)
 
-    def allows(self, authorization: str | None) -> bool:
-        if self._token is None:
-            return True
+    def client(self, authorization: str | None) -> str | None:
+        """Whose request this is: "token N" for the N-th token, "" with auth off, None for no valid token."""
+        if not self._tokens:
+            return ""
         # RFC 9110 (11.1, 11.4): the scheme is case-insensitive, then one or more spaces (not tabs) before
         # the token; the parser has already trimmed the value's ends.
         scheme, _, given = (authorization or "").partition(" ")
@@ -44,5 +50,12 @@ class BearerAuth:
             # aiohttp keeps undecodable header bytes as lone surrogates, which have no UTF-8 form.
             sent = given.lstrip(" ").encode()
         except UnicodeEncodeError:
-            return False
-        return scheme.lower() == "bearer" and hmac.compare_digest(sent, self._token)
+            return None
+        found = None
+        for number, token in enumerate(self._tokens, 1):  # every one compared: the time tells not which matched
+            if hmac.compare_digest(sent, token) and found is None:
+                found = number
+        return f"token {found}" if found is not None and scheme.lower() == "bearer" else None
+
+    def allows(self, authorization: str | None) -> bool:
+        return self.client(authorization) is not None

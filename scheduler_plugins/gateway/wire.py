@@ -146,7 +146,7 @@ def _json_refusal(body: bytes, bounds: DecodeBounds) -> RequestError | None:
         return None
     # Perhaps commas, brackets and colons in texts: count what lies outside the strings, once their number
     # (by their quotes) shows that splitting the body at them costs no more than decoding a legal body.
-    if body.count(b'"') > 2 * bounds.strings:
+    if body.count(b'"') - body.count(b'\\"') > 2 * bounds.strings:  # escaped quotes (JSON in a text) left out
         return RequestError(413, f"the body holds more than {bounds.strings} strings; a request holds at most that")
     if b"\\" in body:  # escaped backslashes, then escaped quotes: what is left of a quote ends or starts a string
         body = body.replace(b"\\\\", b"").replace(b'\\"', b"")

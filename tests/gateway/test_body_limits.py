@@ -175,3 +175,12 @@ def test_a_zero_shot_template_is_one_bare_placeholder(template):
 def test_labels_are_counted_before_they_are_looked_at():
     error = refusal(kind_routes.classify_call, "m", {"texts": ["a"], "labels": [1] * 1000}, None, LIMITS)
     assert "1000 labels; at most 64" in error.message
+
+
+def test_json_documents_inside_texts_are_texts():
+    """Texts that are JSON themselves (escaped quotes, braces, colons, commas): counted as texts, not structure."""
+    inner = json.dumps({"key": [1, 2, {"nested": "value, with: commas"}], "other": {"a": "b"}})
+    body = json.dumps({"texts": [inner] * 4}).encode()
+    bounds = DecodeBounds(values=10, containers=3, entries=3, strings=6, map_entries=8)
+    assert body.count(b"{") > bounds.containers and body.count(b'"') > 2 * bounds.strings
+    assert decode(body, JSON, bounds) == {"texts": [inner] * 4}

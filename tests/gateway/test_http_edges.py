@@ -223,3 +223,27 @@ def test_the_bearer_scheme_is_case_insensitive_then_spaces_only(served):
         "BearerT": 401,
         "Basic T": 401,
     }
+
+
+@pytest.mark.integration  # a server
+def test_over_its_rate_limit_a_client_gets_a_429_with_retry_after_and_others_do_not(served, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("first-t0ken\nsecond-t0ken\n")
+    # One request per 100 s after a burst of 2: the third comes well within that, whatever the machine's load.
+    served.start(token_file=str(tokens), requests_per_second=0.01, request_burst=2)
+
+    def ask(token: str) -> tuple[int, dict[str, str], bytes]:
+        return _answer(
+            served.exchange(
+                b"POST /v1/encode/sim HTTP/1.1\r\nHost: shoal\r\nContent-Type: application/json\r\n"
+                + f"Authorization: Bearer {token}\r\n".encode()
+                + b'Content-Length: 15\r\nConnection: close\r\n\r\n{"texts":["a"]}'
+            )
+        )
+
+    assert [ask("first-t0ken")[0] for _ in range(2)] != [429, 429]
+    status, headers, body = ask("first-t0ken")
+    assert status == 429 and 1 <= int(headers["retry-after"]) <= 100
+    assert "rate limit of 0.01 requests a second" in json.loads(body)["error"]["message"]
+    assert ask("second-t0ken")[0] != 429
+    assert ask("wrong")[0] == 401  # counted only once authenticated

@@ -19,6 +19,7 @@ import subprocess
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,7 @@ def servers(tmp_path_factory, tiny_catalog) -> Iterator[dict[str, Server]]:
         }
         for server in found.values():
             with OnlineClient(server.url(), timeout=120, token=server.token) as online:
-                wait_for(lambda online=online: _ready(online), 180, f"{server.name} gateway answering", 0.5)
+                wait_for(partial(_ready, online), 180, f"{server.name} gateway answering", 0.5)
         yield found
     finally:
         stop_processes(procs)
