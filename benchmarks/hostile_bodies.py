@@ -75,6 +75,8 @@ BODIES: dict[str, Callable[[], tuple[str, str, bytes]]] = {
     "int8 ranges of 500,000 dimensions": lambda: _pack(
         "/v1/encode/sim", {"texts": ["a"], "precision": "int8", "ranges": [[0] * 500_000, [1] * 500_000]}
     ),
+    "Cohere /v2/embed texts": lambda: _json("/v2/embed", {"model": "sim", "texts": MILLION}),
+    "MessagePack images (/v1/encode)": lambda: _pack("/v1/encode/sim", {"images": MILLION}),
     "sparse texts": lambda: _pack("/v1/sparse/sim", {"texts": MILLION}),
     "multivector texts": lambda: _pack("/v1/multivector/sim", {"texts": MILLION}),
     "classify labels": lambda: _pack("/v1/classify/sim", {"texts": ["a"], "labels": ["x"] * 1_000_000}),

@@ -184,6 +184,9 @@ HUGE = {
         MSGPACK,
         {"texts": ["a"], "precision": "int8", "ranges": [[0.0] * 500_000, [1.0] * 500_000]},
     ),
+    "Cohere /v2/embed texts": ("/v2/embed", JSON, {"model": "tiny", "texts": MILLION}),
+    "Cohere /v2/embed images": ("/v2/embed", JSON, {"model": "tiny", "input_type": "image", "images": MILLION}),
+    "MessagePack images": ("/v1/encode/tiny", MSGPACK, {"images": MILLION}),
     "sparse route texts": ("/v1/sparse/tiny", MSGPACK, {"texts": MILLION}),
     "classify route labels": ("/v1/classify/tiny", MSGPACK, {"texts": ["a"], "labels": ["x"] * 1_000_000}),
     "1,000 nested lists of 1,000": ("/v1/encode/tiny", MSGPACK, {"texts": [[[]] * 1000] * 1000}),
@@ -473,6 +476,14 @@ REQUESTS = {
         "/v2/rerank", {"model": "tiny-reranker", "query": "q", "documents": ["a"] * 10_001}
     ),
     "native rerank a query list": _json("/v1/rerank/tiny-reranker", {"query": ["q"], "documents": ["a"]}),
+    "native rerank documents null": _json("/v1/rerank/tiny-reranker", {"query": "q", "documents": None}),
+    "Cohere embed images for a text model": _json(
+        "/v2/embed", {"model": "tiny", "input_type": "image", "images": ["data:image/png;base64,AAAA"]}
+    ),
+    "Cohere embed texts of numbers": _json("/v2/embed", {"model": "tiny", "texts": [1, 2]}),
+    "Cohere embed both texts and images": _json("/v2/embed", {"model": "tiny", "texts": ["a"], "images": ["b"]}),
+    "images for a text model": _pack("/v1/encode/tiny", {"images": [b"\x89PNG"]}),
+    "images of numbers": _pack("/v1/encode/tiny", {"images": [1]}),
     "a 1 MB model name": _json("/v1/embeddings", {"model": "m" * 2**20, "input": "a"}),
     "a million integers (Cohere)": _json("/v2/rerank", {"model": "tiny-reranker", "query": "q", "documents": MILLION}),
     "a million integers (MessagePack)": _pack("/v1/encode/tiny", {"texts": MILLION}),
