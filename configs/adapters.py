@@ -100,8 +100,12 @@ class AdapterFolder:
         return str(self.config.get("base_model_name_or_path") or "")
 
     def weight_bytes(self) -> int:
+        """Its tensors' bytes (as stored; a worker measures them again in its base's dtype)."""
         assert self.weights is not None
-        return max(1, self.weights.stat().st_size)
+        if self.weights.suffix != ".safetensors":
+            return max(1, self.weights.stat().st_size)
+        header = tensor_header(self.weights)
+        return max(1, sum(entry["data_offsets"][1] - entry["data_offsets"][0] for entry in header.values()))
 
     def check_fits(self, base: ModelSpec) -> None:
         """ConfigError unless every LoRA module of the adapter is a weight of the base's, of a fitting shape."""
@@ -136,15 +140,20 @@ class AdapterFolder:
                 )
 
 
-def tensor_shapes(path: Path) -> dict[str, list[int]]:
-    """Each tensor's shape from a safetensors file's header (8 bytes of length, then JSON): no weights read."""
+def tensor_header(path: Path) -> dict[str, dict[str, Any]]:
+    """A safetensors file's header (8 bytes of length, then JSON): each tensor's dtype, shape and offsets."""
     try:
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
     except (OSError, ValueError, struct.error) as exc:
         raise ConfigError(f"{path}: not a readable safetensors file: {exc}") from None
-    return {key: list(value["shape"]) for key, value in header.items() if key != "__metadata__"}
+    return {key: value for key, value in header.items() if key != "__metadata__"}
+
+
+def tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """Each tensor's shape, from the file's header: no weights read."""
+    return {key: list(value["shape"]) for key, value in tensor_header(path).items()}
 
 
 def _base_shapes(folder: Path) -> dict[str, list[int]]:

@@ -50,7 +50,7 @@ class LoadedModel:
 class AdapterLoader(Protocol):
     """How the pool adds adapters to a loaded base and removes them (workers/runtimes/lora.AdapterLoader)."""
 
-    async def attach(self, base: Any, spec: ModelSpec) -> tuple[Any, int]: ...
+    async def attach(self, base: Any, spec: ModelSpec) -> tuple[Any, int, float]: ...
 
     def detach(self, base: Any, name: str) -> None: ...
 
@@ -212,14 +212,16 @@ class ModelPool:
                 runtime = await asyncio.get_running_loop().run_in_executor(self._executor, self._load, spec)
                 size = int(getattr(runtime, "memory_bytes", lambda: spec.memory_bytes)())
                 entry = LoadedModel(runtime, size)
+                seconds = round(time.perf_counter() - began, 3)
             else:
                 if self._adapters is None:
                     raise RuntimeError(f"model {spec.name!r} is a LoRA adapter; this worker loads no adapters")
                 base = base_of(spec).name  # held by the adapter's _acquire
-                runtime, size = await self._adapters.attach(self._loaded[base].runtime, spec)
+                runtime, size, own = await self._adapters.attach(self._loaded[base].runtime, spec)
                 entry = LoadedModel(runtime, size, base=base, adapter=spec.adapter.name)
-            # Adapters load in milliseconds: kept to the microsecond, or placement would read 0 as unmeasured.
-            self.load_seconds[spec.name] = round(time.perf_counter() - began, 6 if spec.adapter else 3)
+                # Its own work, in milliseconds: to the microsecond, or placement would read 0 as unmeasured.
+                seconds = max(round(own, 6), 1e-6)
+            self.load_seconds[spec.name] = seconds
             self._sizes[spec.name] = size
             self._loaded[spec.name] = entry
             self.loads += 1

@@ -86,7 +86,7 @@ def test_a_catalog_adapter_is_a_model_of_its_bases_kind_named_base_plus_adapter(
     assert spec.name == "bert+legal" and "legal" not in catalog.models
     assert spec.adapter is not None and spec.adapter.base == "bert" and spec.adapter.name == "legal"
     assert (spec.kind, spec.dim, spec.max_seq_length, spec.source) == (base.kind, HIDDEN, 128, base.source)
-    assert spec.adapter.memory_bytes == (fleet["legal"] / "adapter_model.safetensors").stat().st_size
+    assert spec.adapter.memory_bytes == 2 * 2 * (4 * HIDDEN) * 4  # its tensors' bytes: 2 layers x A and B, fp32
     # What a worker loads once for all of them: the base, pinned to torch (LoRA layers live in the torch model).
     torch = RuntimeChoice(runtime="torch")
     assert base_of(spec) == base.model_copy(update={"runtimes": {"cpu": torch, "cuda": torch}})

@@ -12,6 +12,7 @@ import json
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -304,3 +305,40 @@ def test_served_adapters_are_listed_under_their_base_and_an_unknown_one_is_a_404
     with urllib.request.urlopen(gateway + "/metrics", timeout=30) as response:
         metrics = response.read().decode()
     assert 'shoal_online_requests_total{model="embedder+lora-0",status="200"}' in metrics  # per adapter
+
+
+def test_adapters_removed_and_added_again_leave_the_others_and_the_base_as_peft_has_them(bases, adapters):
+    """Removal as the pool evicts: the first adapter (PEFT's active one), one placed directly, then that one back."""
+    from shoal.configs import AdapterSpec
+    from shoal.workers.runtimes import load_model
+    from shoal.workers.runtimes.lora import LoraLayers, read_adapter
+
+    catalog = load_catalog_of(bases["embedder"])
+    runtime: Any = load_model(catalog, PLAN)
+    runtime.lora = layers = LoraLayers.of(runtime.model)
+    specs = [
+        AdapterSpec(base="embedder", name=f"lora-{i}", source=str(folder))
+        for i, folder in enumerate(adapters["embedder"])
+    ]
+    for spec in specs:
+        layers.add(read_adapter(spec, "cpu"))
+    layers.remove("lora-0")
+    layers.remove("lora-1")
+    layers.add(read_adapter(specs[1], "cpu"))
+    assert sorted(layers.names()) == ["lora-1", "lora-2"]
+    per_input = ["lora-2", None, "lora-1"] * 2
+    vectors, _ = runtime.embed(TEXTS, adapters=per_input)
+    for row, adapter in enumerate(per_input):
+        folder = adapters["embedder"][int(adapter[-1])] if adapter else None
+        np.testing.assert_allclose(vectors[row], peft_embeddings(bases["embedder"], folder, [TEXTS[row]])[0], atol=1e-5)
+    for name in ("lora-1", "lora-2"):
+        layers.remove(name)
+    assert layers.peft is None  # the last out unloads PEFT's layers: the base model as it was loaded
+    plain, _ = runtime.embed(TEXTS)
+    np.testing.assert_allclose(plain, peft_embeddings(bases["embedder"], None, TEXTS), atol=1e-5)
+
+
+def load_catalog_of(folder: Path) -> ModelSpec:
+    from shoal.configs.model_resolution import resolve_unlisted
+
+    return resolve_unlisted(str(folder), [])

@@ -110,3 +110,28 @@ def peft_entities(base: Path, adapter: Path | None, texts: list[str]) -> list[li
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     reference: Any = pipeline("token-classification", model=model, tokenizer=tokenizer, aggregation_strategy="simple")
     return [[(str(e["entity_group"]), int(e["start"]), int(e["end"])) for e in row] for row in reference(texts)]
+
+
+def build_lora_fleet(base: Path, root: Path, kind: str, count: int, seed: int = 0) -> list[Path]:
+    """`count` adapters over `base`: one built by PEFT, the others its copies with their own random LoRA
+    matrices (the same tensor names and shapes, in safetensors as PEFT saves them): hundreds in seconds."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    first = build_lora(base, root / "lora-0", kind, seed=seed)
+    weights = load_file(str(first / "adapter_model.safetensors"))
+    fleet = [first]
+    generator = torch.Generator().manual_seed(seed + 1)
+    for i in range(1, count):
+        folder = root / f"lora-{i}"
+        folder.mkdir(parents=True)
+        shutil.copy(first / "adapter_config.json", folder / "adapter_config.json")
+        fresh = {
+            name: torch.randn(tensor.shape, generator=generator) * 0.2 if "lora_" in name else tensor
+            for name, tensor in weights.items()
+        }
+        save_file(fresh, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        fleet.append(folder)
+    return fleet

@@ -40,7 +40,7 @@ Adapters = str | Sequence[str | None] | None
 class RowAdapters(Protocol):
     """A base's LoRA layers (workers/runtimes/lora.LoraLayers), as the batching loops use them."""
 
-    def rows(self, names: Sequence[str | None] | None) -> AbstractContextManager[Any]: ...
+    def rows(self, names: Sequence[str | None]) -> AbstractContextManager[Any]: ...
 
 
 def plan_batches(lengths: np.ndarray, token_budget: int, max_batch_size: int) -> list[np.ndarray]:
@@ -99,7 +99,7 @@ class BatchedRuntime:
                 raise RuntimeError(f"model {self.spec.name!r} has no adapters loaded")
             return nullcontext()
         if adapters is None or isinstance(adapters, str):
-            return self.lora.rows(None if adapters is None else [adapters] * len(rows))
+            return self.lora.rows([adapters] * len(rows))
         return self.lora.rows([adapters[i] for i in rows.tolist()])
 
     def in_batches(

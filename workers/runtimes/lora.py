@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -71,13 +72,23 @@ def read_adapter(spec: AdapterSpec, device: str) -> AdapterWeights:
 
 
 class LoraLayers:
-    """The adapters loaded over one base runtime's model, by name."""
+    """The adapters loaded over one base runtime's model, by name.
+
+    PEFT adds an adapter by walking the whole model several times, and the model grows with each adapter
+    loaded: the hundredth costs ten times the first. An adapter that only puts LoRA matrices on layers PEFT
+    has wrapped already (a fleet trained with one recipe) is added the way PEFT's own walk adds it to an
+    existing LoRA layer, ``update_layer`` on each, with its weights copied in: its cost no longer grows with
+    the adapters loaded. Anything else (the first adapter, new target layers, saved modules, rank or alpha
+    patterns) goes through PEFT's ``add_adapter``; removal likewise.
+    """
 
     def __init__(self, model: Any) -> None:
         """`model`: the runtime's transformers model (its layers are replaced in place)."""
         self.model = model
         self.peft: Any = None  # peft.PeftModel around `model` while any adapter is loaded
         self.bytes: dict[str, int] = {}  # adapter name -> bytes of its weights, as loaded
+        self._layers: dict[str, Any] = {}  # module path in `peft` -> its LoRA layer (peft's LoraLayer)
+        self._placed: dict[str, list[Any]] = {}  # adapter -> the layers it was placed on directly
 
     @classmethod
     def of(cls, runtime_model: Any) -> LoraLayers:
@@ -87,65 +98,111 @@ class LoraLayers:
 
     def add(self, weights: AdapterWeights) -> int:
         """Add an adapter (device thread): its measured bytes. AdapterMismatch if PEFT cannot place all of it."""
-        from peft import MODEL_TYPE_TO_PEFT_MODEL_MAPPING, PeftModel
-        from peft.utils import set_peft_model_state_dict
-
         name = weights.spec.name
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PEFT's notes on adapters added for inference only
-            if self.peft is None:
-                wrapper = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(weights.config.task_type, PeftModel)
-                self.peft = wrapper(self.model, weights.config, adapter_name=name, autocast_adapter_dtype=False)
-            else:
-                self.peft.add_adapter(name, weights.config, autocast_adapter_dtype=False)
-            self.peft.eval()
             try:
-                result: Any = set_peft_model_state_dict(self.peft, weights.state, adapter_name=name)
-                own = {key for key, _ in self._parameters(name)}
-                missing = sorted(key for key in result.missing_keys if key in own)
-                if result.unexpected_keys or missing:
-                    raise AdapterMismatch(
-                        f"adapter {name!r} ({weights.spec.source}) does not fit base model {weights.spec.base!r}: "
-                        f"weights the base has no place for: {sorted(result.unexpected_keys)[:5]}; "
-                        f"LoRA weights missing: {missing[:5]}"
-                    )
+                if not self._place(name, weights):
+                    self._add_through_peft(name, weights)
             except Exception:
                 self.remove(name)
                 raise
-        self.bytes[name] = sum(tensor.numel() * tensor.element_size() for _, tensor in self._parameters(name))
+        # As loaded: its tensors in the base's dtype (counted from the file's tensors, not by walking the model).
+        element = next(self.model.parameters()).element_size()
+        self.bytes[name] = sum(tensor.numel() * element for tensor in weights.state.values())
         return self.bytes[name]
+
+    def _add_through_peft(self, name: str, weights: AdapterWeights) -> None:
+        from peft import MODEL_TYPE_TO_PEFT_MODEL_MAPPING, PeftModel
+        from peft.tuners.lora import LoraLayer
+        from peft.utils import set_peft_model_state_dict
+
+        if self.peft is None:
+            wrapper = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(weights.config.task_type, PeftModel)
+            self.peft = wrapper(self.model, weights.config, adapter_name=name, autocast_adapter_dtype=False)
+        else:
+            self.peft.add_adapter(name, weights.config, autocast_adapter_dtype=False)
+        self.peft.eval()
+        self._layers = {path: m for path, m in self.peft.named_modules() if isinstance(m, LoraLayer)}
+        result: Any = set_peft_model_state_dict(self.peft, weights.state, adapter_name=name)
+        missing = sorted(key for key in result.missing_keys if _owned_by(key, name))
+        if result.unexpected_keys or missing:
+            raise AdapterMismatch(
+                f"adapter {name!r} ({weights.spec.source}) does not fit base model {weights.spec.base!r}: "
+                f"weights the base has no place for: {sorted(result.unexpected_keys)[:5]}; "
+                f"LoRA weights missing: {missing[:5]}"
+            )
+
+    def _place(self, name: str, weights: AdapterWeights) -> bool:
+        """Put an adapter's matrices on LoRA layers already there, as PEFT's walk would; False when it needs the
+        walk (see the class docstring)."""
+        import torch
+
+        config = weights.config
+        if self.peft is None or config.modules_to_save or config.rank_pattern or config.alpha_pattern:
+            return False
+        matrices: dict[str, dict[str, Any]] = {}  # layer path -> {"A": tensor, "B": tensor}
+        for key, tensor in weights.state.items():
+            path, _, part = key.partition(".lora_")
+            if part not in ("A.weight", "B.weight") or path not in self._layers:
+                return False
+            matrices.setdefault(path, {})[part[0]] = tensor
+        if any(len(pair) != 2 for pair in matrices.values()):
+            return False
+        placed = self._placed[name] = []  # so that a failure part way is undone by `remove`
+        for path, pair in matrices.items():
+            layer = self._layers[path]
+            layer.update_layer(name, config.r, lora_alpha=config.lora_alpha, target_name=path, config=config)
+            placed.append(layer)
+            with torch.no_grad():
+                for part, tensor in pair.items():
+                    target = getattr(layer, f"lora_{part}")[name].weight
+                    if target.shape != tensor.shape:
+                        raise AdapterMismatch(
+                            f"adapter {name!r} ({weights.spec.source}) does not fit base model "
+                            f"{weights.spec.base!r}: {path}.lora_{part} is {list(tensor.shape)}, the layer takes "
+                            f"{list(target.shape)}"
+                        )
+                    target.copy_(tensor)
+        self.peft.peft_config[name] = config
+        return True
 
     def remove(self, name: str) -> None:
         """Remove an adapter (device thread); the last one out unloads PEFT's layers."""
         self.bytes.pop(name, None)
+        placed = self._placed.pop(name, None)
         if self.peft is None or name not in self.peft.peft_config:
+            for layer in placed or []:  # placed on some layers before it failed
+                layer.delete_adapter(name)
             return
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "adapter X was active which is now deleted"
             if len(self.peft.peft_config) == 1:
                 self.model = self.peft.unload()
-                self.peft = None
+                self.peft, self._layers, self._placed = None, {}, {}
+            elif placed is not None and name not in self.peft.active_adapters:
+                for layer in placed:  # as PEFT's delete_adapter does on each layer, without its walk
+                    layer.delete_adapter(name)
+                del self.peft.peft_config[name]
             else:
                 self.peft.delete_adapter(name)
 
     def names(self) -> list[str]:
         return list(self.peft.peft_config) if self.peft is not None else []
 
-    def rows(self, names: Sequence[str | None] | None) -> AbstractContextManager[Any]:
-        """Around one forward batch: each input through its adapter (None or absent: the base alone)."""
+    def rows(self, names: Sequence[str | None]) -> AbstractContextManager[Any]:
+        """Around one forward batch: each input through its adapter (None: the base alone)."""
         if self.peft is None:
             return nullcontext()
-        adapters = [name or BASE_ROWS for name in names] if names is not None else []
-        if all(name == BASE_ROWS for name in adapters):
-            return self.peft.disable_adapter()
-        return self.peft._enable_peft_forward_hooks(adapter_names=adapters)
+        # The base's own rows too: PEFT's layers would otherwise add the active adapter to them. (Disabling
+        # the adapters instead walks every layer twice per batch: slower once many adapters are loaded.)
+        return self.peft._enable_peft_forward_hooks(adapter_names=[name or BASE_ROWS for name in names])
 
-    def _parameters(self, name: str) -> Iterator[tuple[str, Any]]:
-        """The parameters of one adapter: its LoRA matrices and its own copies of saved modules."""
-        for key, tensor in self.peft.named_parameters():
-            parts = key.split(".")
-            if any(owner in ADAPTER_OWNERS and part == name for owner, part in zip(parts, parts[1:])):
-                yield key, tensor
+
+def _owned_by(key: str, name: str) -> bool:
+    """Whether a parameter's name is one of adapter `name`'s: its LoRA matrices, its copies of saved modules."""
+    parts = key.split(".")
+    return any(owner in ADAPTER_OWNERS and part == name for owner, part in zip(parts, parts[1:]))
 
 
 class AdapterRuntime:
@@ -175,6 +232,11 @@ def _parameters(method: Any) -> frozenset[str]:
     return _parameter_names(getattr(method, "__func__", method))
 
 
+def _timed(function: Any, *args: Any) -> tuple[Any, float]:
+    began = time.perf_counter()
+    return function(*args), time.perf_counter() - began
+
+
 def load_adapter_alone(spec: ModelSpec, base: Any) -> AdapterRuntime:
     """`spec`'s adapter over a `base` runtime loaded for it alone (tuning and the quality gate, in one thread)."""
     assert spec.adapter is not None and isinstance(base, TorchModel)
@@ -191,8 +253,9 @@ class AdapterLoader:
         self.device_thread = device_thread
         self.executor = executor
 
-    async def attach(self, base: Any, spec: ModelSpec) -> tuple[AdapterRuntime, int]:
-        """`spec`'s adapter over the loaded `base` runtime: its runtime and its measured bytes."""
+    async def attach(self, base: Any, spec: ModelSpec) -> tuple[AdapterRuntime, int, float]:
+        """`spec`'s adapter over the loaded `base` runtime: its runtime, its measured bytes, and the seconds its
+        own work took (reading and placing it, not its waits behind other loads: what placement expects)."""
         assert spec.adapter is not None
         if not isinstance(base, TorchModel):
             raise AdapterMismatch(
@@ -200,13 +263,13 @@ class AdapterLoader:
                 f"({type(base).__name__}); adapters run on torch"
             )
         loop = asyncio.get_running_loop()
-        weights = await loop.run_in_executor(self.executor, read_adapter, spec.adapter, "cpu")
+        weights, reading = await loop.run_in_executor(self.executor, _timed, read_adapter, spec.adapter, "cpu")
         if base.lora is None:
             base.lora = LoraLayers.of(base.model)
         layers = base.lora
         assert isinstance(layers, LoraLayers)
-        size = await asyncio.wrap_future(self.device_thread.run_online(partial(layers.add, weights)))
-        return AdapterRuntime(base, spec), size
+        size, placing = await asyncio.wrap_future(self.device_thread.run_online(partial(_timed, layers.add, weights)))
+        return AdapterRuntime(base, spec), size, reading + placing
 
     def detach(self, base: Any, name: str) -> None:
         """Remove adapter `name` from `base`'s model at the device thread's next turn."""
