@@ -52,6 +52,9 @@ class AdapterLoader(Protocol):
 
     async def attach(self, base: Any, spec: ModelSpec) -> tuple[Any, int, float]: ...
 
+    def takes(self, base: Any) -> bool:
+        """Whether adapters can be added to this loaded runtime (a torch model: LoRA layers live there)."""
+
     def detach(self, base: Any, name: str) -> None: ...
 
 
@@ -73,6 +76,7 @@ class ModelPool:
         self._awaited: Counter[str] = Counter()  # waiters of each load in flight
         self._wakers: set[asyncio.Task] = set()
         self._sizes: dict[str, int] = {}
+        self._bases: dict[str, str] = {}  # adapter -> the entry of its base (see _base_for)
         self._changed = asyncio.Condition()
         self.loads = 0
         self.load_counts: Counter[str] = Counter()  # loads per model: an adapter loaded again was evicted between
@@ -131,7 +135,7 @@ class ModelPool:
         """
         if spec.name in self._loaded:
             return True
-        base = base_of(spec) if spec.adapter is not None else None
+        base = self._base_for(spec) if spec.adapter is not None else None
         needed = self.size_of(spec) + (self.size_of(base) if base and base.name not in self._loaded else 0)
         if needed > self.free_bytes() - self._loading_bytes():
             return False
@@ -156,7 +160,7 @@ class ModelPool:
     async def _acquire(self, spec: ModelSpec) -> LoadedModel:
         if spec.adapter is None:
             return await self._acquire_one(spec)
-        base = await self._acquire_one(base_of(spec))  # held while the adapter loads, and while it is used
+        base = await self._acquire_one(self._base_for(spec))  # held while the adapter loads, and while it is used
         try:
             return await self._acquire_one(spec)
         except BaseException:
@@ -197,6 +201,16 @@ class ModelPool:
                 if not self._awaited[spec.name] and spec.name in self._loaded:
                     self._wake_soon()  # a cancelled waiter leaves it idle: room for others
 
+    def _base_for(self, spec: ModelSpec) -> ModelSpec:
+        """The base entry `spec`'s adapter goes on: its base's own name, unless the base alone is loaded here on a
+        runtime without LoRA layers (chosen for it by this worker: ONNX), then a torch copy beside it."""
+        base = base_of(spec)
+        loaded = self._loaded.get(base.name)
+        if loaded is not None and loaded.base is None and self._adapters and not self._adapters.takes(loaded.runtime):
+            base = base.model_copy(update={"name": f"{base.name} (torch)"})
+        self._bases[spec.name] = base.name
+        return base
+
     def _start_load(self, spec: ModelSpec) -> asyncio.Task:
         """The load of `spec` as a task of its own, its memory reserved from now."""
         self._reserved[spec.name] = self.size_of(spec)
@@ -216,7 +230,7 @@ class ModelPool:
             else:
                 if self._adapters is None:
                     raise RuntimeError(f"model {spec.name!r} is a LoRA adapter; this worker loads no adapters")
-                base = base_of(spec).name  # held by the adapter's _acquire
+                base = self._bases[spec.name]  # held by the adapter's _acquire
                 runtime, size, own = await self._adapters.attach(self._loaded[base].runtime, spec)
                 entry = LoadedModel(runtime, size, base=base, adapter=spec.adapter.name)
                 # Its own work, in milliseconds: to the microsecond, or placement would read 0 as unmeasured.

@@ -55,6 +55,9 @@ class FakeAdapters:
         self.attached.append(spec.name)
         return (base, spec.adapter.name), self.sizes[spec.name], 0.002
 
+    def takes(self, base: Any) -> bool:
+        return not getattr(base, "onnx", False)
+
     def detach(self, base: Any, name: str) -> None:
         base.adapters.discard(name)
         self.detached.append(name)
@@ -155,3 +158,13 @@ async def test_an_adapter_loads_its_base_first_and_a_pinned_adapter_keeps_its_ba
     async with pool.use(other):
         pass
     assert closed == [] and bases == ["base", "other"]
+
+
+async def test_an_adapter_goes_on_a_torch_copy_when_its_base_alone_runs_without_lora_layers():
+    pool, bases, adapters, closed = make_pool(1000)
+    async with pool.use(BASE) as plain:
+        plain.onnx = True  # as the worker's runtime choice may load the base alone (ONNX has no LoRA layers)
+    (first,) = specs(adapters, 1)
+    async with pool.use(first) as (runtime, _):
+        assert runtime is not plain
+    assert bases == ["base", "base (torch)"] and set(pool.loaded()) == {"base", "base (torch)", "base+a0"}

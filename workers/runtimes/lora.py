@@ -271,6 +271,9 @@ class AdapterLoader:
         size, placing = await asyncio.wrap_future(self.device_thread.run_online(partial(_timed, layers.add, weights)))
         return AdapterRuntime(base, spec), size, reading + placing
 
+    def takes(self, base: Any) -> bool:
+        return isinstance(base, TorchModel)
+
     def detach(self, base: Any, name: str) -> None:
         """Remove adapter `name` from `base`'s model at the device thread's next turn."""
         layers = getattr(base, "lora", None)
