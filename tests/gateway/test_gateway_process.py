@@ -39,6 +39,7 @@ def start_gateway(address: str, catalog: Path, *options: str) -> tuple[subproces
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # stopped with what it started (tests.support.processes.stop_processes)
     )
     line = wait_for_line(proc.stderr, "gateway on")
     return proc, line.split("gateway on ")[1].split()[0]
