@@ -621,6 +621,20 @@ def run_mode(mode: str, parts: set[str], args) -> dict[str, Any]:
     return results
 
 
+def figures(results: dict) -> list[harness.Figure]:
+    """Per server mode: one-by-one p50 against a direct call, throughput at 32 clients, p99 under batch load."""
+    found = []
+    for mode, parts in results["modes"].items():
+        if "b" in parts:
+            found.append(harness.Figure(f"{mode}: one-by-one p50 / direct", parts["b"]["single"]["p50_ratio"], "x"))
+            found.append(harness.Figure(f"{mode}: requests/s at 32 clients", parts["b"]["concurrency_32"]["ours_rps"]))
+        if "c" in parts and parts["c"]["fixed"]:
+            busy = max(row["busy"]["p99_ms"] for row in parts["c"]["fixed"])
+            within = all(row["within_one_batch"] for row in parts["c"]["fixed"])
+            found.append(harness.Figure(f"{mode}: p99 under batch load", busy, "ms", "within one batch", within))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parts", default="a,b,c", help="which parts to run: a,b,c")
@@ -650,7 +664,7 @@ def main() -> None:
     results["modes"] = {mode: run_mode(mode, parts, args) for mode in args.modes}
     text = report(results)
     print(text)
-    print(f"\nJSON: {harness.write_result('online_latency', results, args.json)}")
+    print(f"\nJSON: {harness.write_result('online_latency', results, args.json, figures(results))}")
 
 
 if __name__ == "__main__":

@@ -785,6 +785,17 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def figures(report: dict) -> list[harness.Figure]:
+    """The main run: pull's throughput and online p99 against push routing and Dask's own scheduling."""
+    ratios = report["main"]["ratios"]
+    return [
+        harness.Figure("throughput pull / push (2 replicas)", round(ratios["throughput_pull_over_push"], 2), "x"),
+        harness.Figure("throughput pull / Dask", round(ratios["throughput_pull_over_dask"], 2), "x"),
+        harness.Figure("online p99 push / pull", round(ratios["p99_push_over_pull"], 2), "x"),
+        harness.Figure("online p99 Dask / pull", round(ratios["p99_dask_over_pull"], 2), "x"),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="time-scaled main run and sweeps (a first look)")
@@ -843,7 +854,7 @@ def main(argv: list[str] | None = None) -> int:
     report["sweeps"] = sweeps
     report["total_seconds"] = round(time.monotonic() - started, 1)
 
-    harness.write_result("pull_vs_push", report, args.json)
+    harness.write_result("pull_vs_push", report, args.json, figures(report))
     print()
     if "main" in report:
         print(f"## Main run (scale {scale}; Zipf {base.zipf}, loads 2-5 s)\n")
