@@ -131,6 +131,9 @@ class AdapterSpec(BaseModel):
     name: str  # the adapter's own name: the model is BASE+NAME, and NAME is the adapter's inside PEFT
     source: str  # the adapter's folder: adapter_config.json and its weights
     memory_bytes: int = Field(default=1, gt=0)  # its weights' bytes, until a worker measures them
+    # Served merged into a copy of its base (a profile's `merged_adapters`): a base's memory, no LoRA work per
+    # forward, no batches shared with its base's other adapters.
+    merged: bool = False
 
 
 class ModelSpec(BaseModel):
@@ -310,6 +313,9 @@ class Profile(BaseModel):
     token_budgets: dict[str, int] = Field(default_factory=dict)
     max_batch_sizes: dict[str, PositiveInt] = Field(default_factory=dict)  # per model, like token_budgets
     runtimes: dict[str, RuntimeChoice] = Field(default_factory=dict)  # per model, on this profile's device kind
+    # LoRA adapters (BASE+ADAPTER) served merged into a copy of their base each, instead of over the shared base:
+    # for an adapter with traffic enough for batches of its own (docs/BENCHMARKS.md, LoRA adapters).
+    merged_adapters: list[str] = Field(default_factory=list)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     # Why the layout and each model's runtime are what they are: `auto` fills it (configs/auto.py),
     # the job summary and `shoal serve`'s start line print it.
@@ -333,16 +339,23 @@ class Profile(BaseModel):
         return self._path
 
     def tuned(self, spec: ModelSpec) -> ModelSpec:
-        """The spec with this profile's tuned token budget (every device kind) and batch cap."""
+        """The spec with this profile's tuned token budget (every device kind) and batch cap.
+
+        A LoRA adapter computes in its base's batches, so it is tuned as its base is (merged: as itself).
+        """
         update: dict = {}
-        budget = self.token_budgets.get(spec.name)
+        merged = spec.adapter is not None and (spec.adapter.merged or spec.name in self.merged_adapters)
+        name = spec.adapter.base if spec.adapter is not None and not merged else spec.name
+        budget = self.token_budgets.get(name)
         if budget is not None:
             update["token_budget"] = {kind: budget for kind in ("cpu", "cuda")}
-        if spec.name in self.max_batch_sizes:
-            update["max_batch_size"] = self.max_batch_sizes[spec.name]
-        if spec.name in self.runtimes:
+        if name in self.max_batch_sizes:
+            update["max_batch_size"] = self.max_batch_sizes[name]
+        if name in self.runtimes:
             kinds = ("cpu", "cuda") if self.device == "auto" else (self.device,)
-            update["runtimes"] = {**spec.runtimes, **{kind: self.runtimes[spec.name] for kind in kinds}}
+            update["runtimes"] = {**spec.runtimes, **{kind: self.runtimes[name] for kind in kinds}}
+        if merged and spec.adapter is not None and not spec.adapter.merged:
+            update["adapter"] = spec.adapter.model_copy(update={"merged": True})
         return spec.model_copy(update=update) if update else spec
 
     def torch_threads(self, cores: int) -> int:

@@ -114,7 +114,9 @@ class ModelPool:
 
     def size_of(self, spec: ModelSpec) -> int:
         """Measured, else the spec's estimate: an adapter's own bytes, not its base's."""
-        estimate = spec.adapter.memory_bytes if spec.adapter is not None else spec.memory_bytes
+        estimate = (
+            spec.adapter.memory_bytes if spec.adapter is not None and not spec.adapter.merged else spec.memory_bytes
+        )
         return self._sizes.get(spec.name, estimate)
 
     # -- use ----------------------------------------------------------------
@@ -135,7 +137,7 @@ class ModelPool:
         """
         if spec.name in self._loaded:
             return True
-        base = self._base_for(spec) if spec.adapter is not None else None
+        base = self._base_for(spec) if spec.adapter is not None and not spec.adapter.merged else None
         needed = self.size_of(spec) + (self.size_of(base) if base and base.name not in self._loaded else 0)
         if needed > self.free_bytes() - self._loading_bytes():
             return False
@@ -158,7 +160,7 @@ class ModelPool:
             self._loaded[entry.base].in_use -= 1
 
     async def _acquire(self, spec: ModelSpec) -> LoadedModel:
-        if spec.adapter is None:
+        if spec.adapter is None or spec.adapter.merged:  # a merged adapter is a base copy of its own
             return await self._acquire_one(spec)
         base = await self._acquire_one(self._base_for(spec))  # held while the adapter loads, and while it is used
         try:
@@ -222,7 +224,7 @@ class ModelPool:
     async def _load_now(self, spec: ModelSpec) -> None:
         try:
             began = time.perf_counter()
-            if spec.adapter is None:
+            if spec.adapter is None or spec.adapter.merged:
                 runtime = await asyncio.get_running_loop().run_in_executor(self._executor, self._load, spec)
                 size = int(getattr(runtime, "memory_bytes", lambda: spec.memory_bytes)())
                 entry = LoadedModel(runtime, size)

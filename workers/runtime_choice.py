@@ -121,6 +121,8 @@ class RuntimeChooser:
             held = f"the pinned {pinned.runtime} {pinned.dtype} needs {', '.join(lacking)}, which this device lacks; "
         if spec.kind not in MEASURED_KINDS:
             return None, held + f"torch in the worker's dtype ({spec.kind} models are not measured)"
+        if spec.adapter is not None:  # LoRA layers live in the torch model (configs/adapters.base_of)
+            return None, held + "torch in the worker's dtype (a LoRA adapter runs on its base's torch model)"
         choice, why = self._measured(spec)
         return choice, held + why
 

@@ -342,3 +342,18 @@ def load_catalog_of(folder: Path) -> ModelSpec:
     from shoal.configs.model_resolution import resolve_unlisted
 
     return resolve_unlisted(str(folder), [])
+
+
+def test_a_merged_adapter_is_a_model_of_its_own_equal_to_peft(catalog_path, bases, adapters):
+    """A profile's `merged_adapters`: the adapter merged into a copy of its base, no LoRA layers left."""
+    from shoal.configs import Profile
+    from shoal.workers.runtimes import load_model
+
+    spec = Profile(name="p", merged_adapters=["reranker+lora-1"]).tuned(
+        load_catalog(catalog_path).get("reranker+lora-1")
+    )
+    runtime: Any = load_model(spec, PLAN)
+    assert runtime.lora is None and runtime.spec.name == "reranker+lora-1"
+    pairs = [(TEXTS[i], TEXTS[(i + 2) % len(TEXTS)]) for i in range(len(TEXTS))]
+    scores, _ = runtime.score([q for q, _ in pairs], [p for _, p in pairs])
+    np.testing.assert_allclose(scores, peft_scores(bases["reranker"], adapters["reranker"][1], pairs), atol=1e-5)
