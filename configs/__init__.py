@@ -312,6 +312,7 @@ class Profile(BaseModel):
     pinned: list[str] = Field(default_factory=list)
     token_budgets: dict[str, int] = Field(default_factory=dict)
     max_batch_sizes: dict[str, PositiveInt] = Field(default_factory=dict)  # per model, like token_budgets
+    image_batches: dict[str, PositiveInt] = Field(default_factory=dict)  # per image model: its image_batch
     runtimes: dict[str, RuntimeChoice] = Field(default_factory=dict)  # per model, on this profile's device kind
     # LoRA adapters (BASE+ADAPTER) served merged into a copy of their base each, instead of over the shared base:
     # for an adapter with traffic enough for batches of its own (docs/BENCHMARKS.md, LoRA adapters).
@@ -339,7 +340,7 @@ class Profile(BaseModel):
         return self._path
 
     def tuned(self, spec: ModelSpec) -> ModelSpec:
-        """The spec with this profile's tuned token budget (every device kind) and batch cap.
+        """The spec with this profile's tuned token budget and images per batch (every device kind), batch cap.
 
         A LoRA adapter computes in its base's batches, so it is tuned as its base is (merged: as itself).
         """
@@ -349,6 +350,9 @@ class Profile(BaseModel):
         budget = self.token_budgets.get(name)
         if budget is not None:
             update["token_budget"] = {kind: budget for kind in ("cpu", "cuda")}
+        images = self.image_batches.get(name)
+        if images is not None:
+            update["image_batch"] = {kind: images for kind in ("cpu", "cuda")}
         if name in self.max_batch_sizes:
             update["max_batch_size"] = self.max_batch_sizes[name]
         if name in self.runtimes:

@@ -82,13 +82,13 @@ def tune(
         write_profile(path, {**fields, "name": path.stem}, comments)
         console.print(f"wrote {path} (derived from published {derive} figures)")
         return
-    tuned_kinds = ("embedder", "reranker")
+    tuned_kinds = ("embedder", "reranker", "image_embedder")
     known = load_catalog(catalog)
     other = {n: k for n in names if (k := known.get(n).kind) not in tuned_kinds}
     if other:
         listed = ", ".join(f"{n} ({k})" for n, k in other.items())
         raise click.UsageError(
-            f"shoal tune sweeps embedders and rerankers; not {listed}: those run in the workers' dtype on their "
+            f"shoal tune sweeps embedders, rerankers and image models; not {listed}: those run in the workers' dtype on their "
             "catalog entry's token budget (docs/TUNING.md)"
         )
     if input_url is None and not Path(DEMO_INPUT).is_dir():
