@@ -169,6 +169,8 @@ class ModelSpec(BaseModel):
     # Named prompts laid over the model's own (config_sentence_transformers.json); see configs/prompts.py.
     prompts: dict[str, str] | None = None
     default_prompt_name: str | None = None
+    # A source in object storage (an fsspec URL): fsspec's keyword arguments to read it (configs/model_store.py).
+    storage_options: dict[str, Any] = Field(default_factory=dict)
     # Every model: the load time placement expects before a worker has measured one (0: its default guess,
     # scheduler_plugins/placement.py); the simulated runtime also sleeps it as its load.
     load_seconds: float = 0.0
@@ -210,9 +212,16 @@ class ModelSpec(BaseModel):
                 raise ConfigError(f"model {self.name!r}: package {module_name!r} is not installed ({exc})") from exc
             return str(module.get_model_path())
         if self.source.startswith("hf:"):
-            from .model_resolution import hub_source_path
+            from .hub import hub_source_path
 
             return hub_source_path(self.source)
+        from .model_store import is_store_url
+
+        if is_store_url(self.source):
+            from .model_store import local_copy, unpinned
+
+            url, key = unpinned(self.source)
+            return str(local_copy(url, self.storage_options, key).folder)
         path = Path(self.source).expanduser()
         if not path.is_dir():
             raise ConfigError(f"model {self.name!r}: source directory {self.source!r} does not exist")
@@ -221,19 +230,27 @@ class ModelSpec(BaseModel):
 
 class Catalog(BaseModel):
     models: dict[str, ModelSpec]
+    # How a model named by a store URL is read (a command's --storage-options), as its input is.
+    _storage_options: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def get(self, name: str) -> ModelSpec:
-        """The catalog entry, else the model's own files: a local folder or a cached Hugging Face id."""
-        if name in self.models:
-            return self.models[name]
+        """The catalog entry, its source pinned to what it holds now; else the model's own files: a local folder,
+        a folder in object storage, or a Hugging Face id (cached, else downloaded)."""
         from .adapters import resolve_adapter
-        from .model_resolution import resolve_unlisted
+        from .model_resolution import pin_source, resolve_unlisted
 
+        if name in self.models:
+            return pin_source(self.models[name])
         adapter = resolve_adapter(self, name)
         if adapter is not None:
             return adapter
 
-        return resolve_unlisted(name, sorted(self.models))
+        return resolve_unlisted(name, sorted(self.models), self._storage_options)
+
+    def reading_with(self, storage_options: dict[str, Any]) -> Catalog:
+        """This catalog, a model named by a store URL read with `storage_options` (a command's own)."""
+        self._storage_options = dict(storage_options)
+        return self
 
 
 class GatewaySettings(BaseModel):
@@ -408,7 +425,8 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
         for name, entry in entries.items():
             entry = dict(entry or {})
             source = str(entry.get("source", ""))
-            if source and not source.startswith(("package:", "hf:")) and not Path(source).expanduser().is_absolute():
+            relative = not source.startswith(("package:", "hf:")) and "://" not in source
+            if source and relative and not Path(source).expanduser().is_absolute():
                 entry["source"] = str((path.parent / source).resolve())  # relative to the catalog file
             if source and is_adapter_folder(entry["source"]):
                 adapters.append((path, name, entry))
@@ -417,7 +435,7 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
                 from .model_resolution import fields_from_source
 
                 try:
-                    entry = {**fields_from_source(name, entry["source"]), **entry}
+                    entry = {**fields_from_source(name, entry["source"], entry.get("storage_options")), **entry}
                 except ConfigError as exc:
                     raise ConfigError(f"{path}: models.{name}: {exc}") from None
             try:

@@ -29,12 +29,11 @@ Reading those from the files lets `--model` take any model the
 machine holds, as TEI and infinity do, while the catalog stays for short
 names and overrides (token budgets, batch caps).
 
-Hugging Face ids are looked up in the local hub cache only
-(``models--ORG--NAME/refs/main`` -> ``snapshots/REV``): nothing is fetched,
-``HF_HUB_OFFLINE`` stays on. The spec's source pins the revision
-(``hf:ORG/NAME@REV``), so workers load exactly the files the client
-fingerprinted, from their own cache. Nothing here imports torch: the
-scheduler and the client resolve models too.
+A Hugging Face id is found in the local Hub cache, else downloaded into it (configs/hub.py); a folder in
+object storage (an fsspec URL) is copied to a local cache (configs/model_store.py). Either way the spec's
+source pins what the client fingerprinted (``hf:ORG/NAME@COMMIT``, ``URL/@KEY``), so workers load exactly
+those files, fetched into their own caches. Nothing here imports torch: the scheduler and the client
+resolve models too.
 """
 
 from __future__ import annotations
@@ -48,9 +47,9 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from . import DEFAULT_TOKEN_BUDGET, ConfigError, ModelSpec, image_models
+from .hub import HF_PREFIX, hub_snapshot, hub_source_path
+from .model_store import WEIGHT_SUFFIXES, is_store_url, local_copy, unpinned
 
-HF_PREFIX = "hf:"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 SKIPPED_FOLDERS = {"onnx", "openvino", ".git"}  # other runtimes' copies of the same weights
 UNBOUNDED_LENGTH = 1_000_000  # tokenizers without a limit state ~1e30
 
@@ -71,39 +70,6 @@ GLINER_CONFIG = "gliner_config.json"
 # encoder's with a batch's longest text, so it runs smaller batches than an encoder (docs/BENCHMARKS.md,
 # issue 35: 2,048 tokens ran 1.5x faster than 8,192 on the CPU).
 SPAN_TOKEN_BUDGET = {"cpu": 2048, "cuda": 16384}
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, found as huggingface_hub finds it, read at call time."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
-
-
-def _repo_folder(repo_id: str) -> Path:
-    return hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))
-
-
-def hub_snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, str]:
-    """(snapshot folder, revision) of a cached model; ConfigError saying where it looked and how to fetch it."""
-    repo = _repo_folder(repo_id)
-    if revision is None:
-        try:
-            revision = (repo / "refs" / "main").read_text().strip()
-        except OSError:
-            revision = None
-    if not revision or not (repo / "snapshots" / revision).is_dir():
-        looked = repo / "snapshots" / revision if revision else repo / "refs" / "main"
-        raise ConfigError(
-            f"model {repo_id!r} is not in the Hugging Face cache (looked in {looked}); nothing is downloaded at "
-            f"run time: fetch it where there is internet with `hf download {repo_id}` and copy the cache "
-            f"(HF_HOME or HF_HUB_CACHE), or save it to a folder with `SentenceTransformer({repo_id!r}).save(DIR)` "
-            f"and pass --model DIR"
-        )
-    return repo / "snapshots" / revision, revision
 
 
 def _json(path: Path) -> Any:
@@ -304,9 +270,17 @@ def looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or (os.sep in name and Path(name).expanduser().exists())
 
 
-def resolve_unlisted(name: str, known: list[str]) -> ModelSpec:
-    """The spec of a model that is not in the catalog: a local folder, or a cached Hugging Face id."""
+def resolve_unlisted(name: str, known: list[str], storage_options: dict[str, Any] | None = None) -> ModelSpec:
+    """The spec of a model that is not in the catalog: a local folder, a folder in object storage (an fsspec
+    URL, read with `storage_options`), or a Hugging Face id (cached, else downloaded)."""
     unknown = f"unknown model {name!r}; the catalog has: {', '.join(known) or 'none'}"
+    if is_store_url(name):
+        copy = local_copy(name, storage_options or {})
+        return (
+            ModelFiles(copy.folder)
+            .spec(name, copy.source)
+            .model_copy(update={"storage_options": dict(storage_options or {})})
+        )
     folder = Path(name).expanduser()
     if folder.is_dir():
         folder = folder.resolve()
@@ -331,10 +305,13 @@ class SourceFields(TypedDict):
     memory_bytes: int
 
 
-def fields_from_source(name: str, source: str) -> SourceFields:
+def fields_from_source(name: str, source: str, storage_options: dict[str, Any] | None = None) -> SourceFields:
     """What a catalog entry leaves out (kind, dim, window, normalize, memory), read from its source's files."""
     if source.startswith(HF_PREFIX):
         folder = Path(hub_source_path(source))
+    elif is_store_url(source):
+        url, key = unpinned(source)
+        folder = local_copy(url, storage_options or {}, key).folder
     elif source.startswith("package:"):
         folder = Path(ModelSpec(name=name, kind="embedder", source=source, dim=1, max_seq_length=1).resolve_path())
     else:
@@ -351,19 +328,12 @@ def fields_from_source(name: str, source: str) -> SourceFields:
     )
 
 
-def hub_source_path(source: str) -> str:
-    """The local snapshot folder of an ``hf:ORG/NAME@REV`` source, on this machine."""
-    repo_id, _, revision = source.removeprefix(HF_PREFIX).partition("@")
-    return str(hub_snapshot(repo_id, revision or None)[0])
-
-
-def cached_models() -> list[str]:
-    """Hugging Face ids with a snapshot in the local cache, for `shoal models`."""
-    root = hub_cache_dir()
-    if not root.is_dir():
-        return []
-    return sorted(
-        entry.name.removeprefix("models--").replace("--", "/")
-        for entry in root.iterdir()
-        if entry.name.startswith("models--") and (entry / "snapshots").is_dir()
-    )
+def pin_source(spec: ModelSpec) -> ModelSpec:
+    """`spec` with its source pinned to what it holds now: a Hub id's commit (``hf:ORG/NAME`` resolved, and
+    fetched if not cached), a store folder's listing key. Workers then load exactly what the client read."""
+    if spec.source.startswith(HF_PREFIX) and "@" not in spec.source:
+        repo_id = spec.source.removeprefix(HF_PREFIX)
+        return spec.model_copy(update={"source": f"{HF_PREFIX}{repo_id}@{hub_snapshot(repo_id)[1]}"})
+    if is_store_url(spec.source) and unpinned(spec.source)[1] is None:
+        return spec.model_copy(update={"source": local_copy(spec.source, spec.storage_options).source})
+    return spec

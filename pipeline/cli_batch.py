@@ -83,7 +83,8 @@ output_format_option = click.option(
     "--model",
     required=True,
     callback=model_names,
-    help="Catalog name, model folder or cached Hugging Face id; several, comma-separated, write OUTPUT/<model>/ each.",
+    help="Catalog name, model folder, Hugging Face id (downloaded on first use) or fsspec URL of a model folder "
+    "(s3://…/bge-small/); several, comma-separated, write OUTPUT/<model>/ each.",
 )
 @text_column_option
 @input_format_option
@@ -177,7 +178,7 @@ def embed(
     """
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
-    catalog_config = load_catalog(catalog)
+    catalog_config = load_catalog(catalog).reading_with(parse_storage_options(storage_options))
     models = parse_columns(model)
     warm = [model_for(catalog_config, profile_config, name, EMBED_KINDS).name for name in models]
     lance = LanceTarget.of(output_url, output_format)
@@ -263,7 +264,7 @@ def rerank(
     """
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
-    catalog_config = load_catalog(catalog)
+    catalog_config = load_catalog(catalog).reading_with(parse_storage_options(storage_options))
     model_for(catalog_config, profile_config, model, "reranker")
     request = RerankRequest(
         input=input_url,

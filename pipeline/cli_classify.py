@@ -148,7 +148,7 @@ def _run(
     """Check what can be checked before a cluster starts, run the job, exit with its code."""
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
-    catalog_config = load_catalog(catalog)
+    catalog_config = load_catalog(catalog).reading_with(parse_storage_options(storage_options))
     spec = model_for(catalog_config, profile_config, model, KIND[operation])
     lance = LanceTarget.of(output_url, output_format)
     request = ClassifyRequest(

@@ -78,7 +78,7 @@ def serve(
     console: Console,
     adapt: AdaptRange | None = None,
 ) -> int:
-    pinned = {spec.name: spec for spec in map(catalog.get, models)}  # catalog names, folders, cached HF ids
+    pinned = {spec.name: spec for spec in map(catalog.get, models)}  # catalog names, folders, HF ids
     if scheduler and models:
         console.print("[yellow]note:[/yellow] --models pins only on an embedded cluster; there they load on first use")
     settings = profile.gateway.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})

@@ -178,7 +178,9 @@ def choice_lines(
 
 def output_folder(model: str) -> str:
     """A model's folder name under a several-model output: a path's last part, an HF id as the hub caches it."""
-    return model.rstrip("/").rsplit("/", 1)[-1] if model.startswith((".", "/", "~")) else model.replace("/", "--")
+    if model.startswith((".", "/", "~")) or "://" in model:  # a folder, here or in object storage
+        return model.rstrip("/").rsplit("/", 1)[-1]
+    return model.replace("/", "--")
 
 
 def plan_job(job: BatchJob, profile: Profile) -> Plan:
