@@ -15,6 +15,7 @@ import pytest
 
 from shoal.configs import ModelSpec
 from shoal.pipeline.jobs.image_files import list_image_groups, plan_image_items
+from shoal.scheduler_plugins.protocol import ImagePayload
 from shoal.workers.devices import DevicePlan
 from tests.support.image_models import CLIP_DIM, TEXT_WINDOW, decompression_bomb, draw_images, encoded, truncated
 
@@ -151,7 +152,7 @@ def test_precision_dim_and_a_lance_fragment_as_for_texts(runtime, tmp_path: Path
     for i, picture in enumerate(draw_images(5, seed=9)):
         (folder / f"{i}.jpg").write_bytes(encoded(picture))
     (group,) = list_image_groups(str(folder))
-    payload = {"id_column": "id", "vectors": {"precision": "float16", "dim": 8}}
+    payload: ImagePayload = {"id_column": "id", "vectors": {"precision": "float16", "dim": 8}}
     (item,) = plan_image_items([group], str(tmp_path / "out"), "clip", "embed", payload)
     run_item(runtime, item["payload"])
     column = pq.read_table(item["payload"]["output"]).column("embedding")
