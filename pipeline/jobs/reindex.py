@@ -34,7 +34,14 @@ from shoal.configs import Catalog, ConfigError, ModelSpec, Profile, explain, loa
 from shoal.configs.fingerprints import model_fingerprint
 from shoal.pipeline.cluster import AdaptRange, connect
 from shoal.pipeline.jobs.classify import OPERATION_OF, ClassifyRequest, check_classify_options, classify_job
-from shoal.pipeline.jobs.embed import EMBED_KINDS, EMBED_OPERATIONS, EmbedRequest, check_embed_options, embed_job
+from shoal.pipeline.jobs.embed import (
+    EMBED_KINDS,
+    EMBED_OPERATIONS,
+    EmbedRequest,
+    check_embed_options,
+    embed_job,
+    with_images,
+)
 from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
 from shoal.pipeline.jobs.lance_output import LanceTarget
 from shoal.pipeline.jobs.lock import JobLock, LockHeld
@@ -56,6 +63,7 @@ class Columns(BaseModel):
     text: str = "text"
     id: str | None = "id"
     keep: list[str] = Field(default_factory=list)
+    image: str | None = None  # an image model's column of image bytes or URIs (else INPUT's image files, or texts)
 
 
 class LockSettings(BaseModel):
@@ -72,7 +80,8 @@ class ReindexJob(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     input: str
-    input_format: Literal["parquet", "jsonl", "csv"] | None = None  # None: by each file's name
+    # None: by each file's name (an image model's INPUT of image files: images)
+    input_format: Literal["parquet", "jsonl", "csv", "images"] | None = None
     output: str
     model: str
     columns: Columns = Field(default_factory=Columns)
@@ -81,6 +90,7 @@ class ReindexJob(BaseModel):
     dim: int | None = Field(default=None, gt=0)
     top_k: int | None = Field(default=None, gt=0)  # a sparse model's largest terms per row
     input_type: Literal["query", "document"] | None = None  # a multi-vector model's encoding (document)
+    max_image_pixels: int | None = Field(default=None, gt=0)  # an image model's: more is a row's rejection
     # A classifier's (shoal classify and extract: pipeline/jobs/classify.py); top_k is a sequence classifier's too.
     threshold: float | None = None
     labels: list[str] = Field(default_factory=list)
@@ -110,6 +120,8 @@ class ReindexJob(BaseModel):
             input_format=self.input_format,
             top_k=self.top_k,
             input_type=self.input_type,
+            image_column=self.columns.image,
+            max_image_pixels=self.max_image_pixels,
         )
 
     def batch_job(self, output: str, spec: ModelSpec) -> BatchJob:
@@ -134,7 +146,7 @@ class ReindexJob(BaseModel):
         if classifying:
             raise ConfigError(f"{', '.join(sorted(classifying))}: options of a classifier, not of {spec.kind!r}")
         check_embed_options(self.request(output), spec)
-        return embed_job(self.request(output), EMBED_OPERATIONS[spec.kind])
+        return embed_job(with_images(self.request(output), spec), EMBED_OPERATIONS[spec.kind])
 
 
 # What an embed request and a classifier's share: where rows come from and go, and the columns they carry.
