@@ -16,6 +16,7 @@ from shoal.pipeline.cli_options import (
     json_option,
     listen_options,
     model_names,
+    offline_option,
     parse_columns,
     parse_storage_options,
     profile_option,
@@ -73,6 +74,7 @@ def status(job: str | None, scheduler: str | None, as_json: bool, profile: str |
 @scheduler_option("tcp://host:port of a running cluster: the gateway starts in its scheduler.")
 @adapt_option
 @catalog_option
+@offline_option
 @user_errors()
 def serve(
     profile: str | None,
