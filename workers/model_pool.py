@@ -297,6 +297,22 @@ class ModelPool:
 
         return min(idle, key=cost)[1]
 
+    def replace_idle(self, name: str, runtime: Any, size: int) -> bool:
+        """Put `runtime` in place of the loaded `name` if nothing uses or waits for it now and no adapter rides on
+        it, closing the one it replaces (its runtime choice changed: workers/runtime_choice.py); else False."""
+        entry = self._loaded.get(name)
+        if entry is None or entry.in_use or self._awaited[name] or entry.base is not None:
+            return False
+        if any(other.base == name for other in self._loaded.values()):
+            return False
+        old, entry.runtime, entry.size = entry.runtime, runtime, size
+        self._sizes[name] = size
+        close = getattr(old, "close", None)
+        if close is not None:
+            close()
+        logger.info("%s now runs on its verdict's runtime", name)
+        return True
+
     def _evict(self, name: str) -> None:
         """Evict an idle entry: an adapter leaves its base's model; a base goes with its adapters."""
         entry = self._loaded.pop(name)
