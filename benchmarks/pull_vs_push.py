@@ -81,7 +81,7 @@ from shoal.scheduler_plugins.pull_queue import PullQueue
 from shoal.scheduler_plugins.work_items import ItemState, WorkItem
 from shoal.scheduler_plugins.worker_views import WorkerView
 from shoal.workers.batching.token_batching import plan_batches
-from shoal.workers.operations import online_operations, sim_operation
+from shoal.workers.operations import embed_operation, sim_operation
 from shoal.workers.runtimes.sim_runtime import CHARS_PER_TOKEN, SimulatedRuntime
 
 VARIANTS = ("pull", "push", "push1", "dask")
@@ -384,7 +384,7 @@ def dask_batch_item(spec: dict[str, Any], payload: SimPayload, slots: int) -> It
 
 def dask_online_item(spec: dict[str, Any], payload: EncodePayload, slots: int) -> OnlineResult:
     runtime = _dask_runtime(spec, slots)
-    return online_operations.encode(runtime, [payload])[0]
+    return embed_operation.online(runtime, [payload])[0]
 
 
 # -- running one variant ------------------------------------------------------------
@@ -495,7 +495,7 @@ async def run_shoal(cfg: Config, wl: Workload, variant: str) -> dict[str, Any]:
                         )
                         jobs[name] = len(body)
                     else:
-                        _, future = plugin.online.submit(name, "encode", body, len(body["texts"]), online_settings)
+                        _, future = plugin.online.submit(name, "embed", body, len(body["texts"]), online_settings)
                         waiting.append(
                             asyncio.create_task(online_answer(future, time.monotonic(), latencies, failures))
                         )

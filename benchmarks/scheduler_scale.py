@@ -247,7 +247,7 @@ async def plugin_alone(
         crng = random.Random(client_seed)
         while time.perf_counter() < stop_at:
             model = zipf.draw(crng)[0]
-            _, future = plugin.online.submit(model, "encode", {"texts": ["q"]}, 1, settings)
+            _, future = plugin.online.submit(model, "embed", {"texts": ["q"]}, 1, settings)
             await future
             answered += 1
 

@@ -142,19 +142,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    # sparse, multivector, classifier, token_classifier, span_extractor (GLiNER): told from a folder in
-    # configs/model_resolution.py
-    kind: Literal[
-        "embedder",
-        "reranker",
-        "sim",
-        "sparse",
-        "multivector",
-        "classifier",
-        "token_classifier",
-        "span_extractor",
-        "image_embedder",
-    ]
+    kind: str  # one of the registry's (configs/kinds); a folder's is told from its files (model_resolution)
     source: str = ""
     dim: int = Field(gt=0)
     max_seq_length: int = Field(gt=0)
@@ -179,6 +167,15 @@ class ModelSpec(BaseModel):
     per_token_seconds: float = 0.0
     # A LoRA adapter over the model the fields above describe; the spec is then named BASE+ADAPTER.
     adapter: AdapterSpec | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        from .kinds import names
+
+        if kind not in names():
+            raise ValueError(f"unknown kind {kind!r}: one of {', '.join(names())}")
+        return kind
 
     @field_validator("token_budget", "image_batch")
     @classmethod

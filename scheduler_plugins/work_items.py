@@ -97,6 +97,7 @@ class WorkItem:
             "job": self.job,
             "model": self.model,
             "op": self.op,
+            "lane": self.lane,
             "payload": self.payload,
             "attempt": self.attempts,
             "lease_seconds": lease_seconds,

@@ -24,7 +24,7 @@ from .devices import detect_device
 from .model_pool import ModelPool
 from .pull_loop import PullLoop
 from .runtime_choice import RuntimeChooser
-from .runtimes import Runtime, load_model, require_installed
+from .runtimes import Runtime, load_runtime, require_installed
 from .runtimes.lora import AdapterLoader
 from .termination import TerminationForwarder, take_over_sigterm, termination_grace
 
@@ -152,7 +152,7 @@ class ShoalWorker(WorkerPlugin):
     @staticmethod
     def _load(chooser: RuntimeChooser, plan, device_thread: DeviceThread, spec: ModelSpec) -> Runtime:
         """The pool's loader: the runtime this device's choice names for `spec` (in the loader thread)."""
-        return load_model(chooser.choose(spec), plan, device_thread)
+        return load_runtime(chooser.choose(spec), plan, device_thread)
 
     async def _confirm_when_idle(self, chooser: RuntimeChooser, load: Callable[[ModelSpec], Runtime]) -> None:
         """Shipped verdicts used here are measured here too, once no work is in hand (not beside a job); a model

@@ -29,6 +29,7 @@ from distributed import Client, LocalCluster
 from rich.console import Console
 
 from shoal.configs import Catalog, GatewaySettings, ModelSpec, Profile, load_profile
+from shoal.configs.kinds import for_operation
 from shoal.pipeline.cluster import pull_queue, start_local_cluster
 from shoal.pipeline.jobs.embed import EmbedRequest, embed_job
 from shoal.pipeline.jobs.engine import model_for, prepare_job, run_prepared
@@ -138,11 +139,11 @@ class ImageTrials(PairedTrials):
     times token budgets: each trial embeds the same drawn JPEGs, decoded and prepared as a job's are."""
 
     def __init__(self, spec: ModelSpec, plan, images: int, rows_per_item: int, reference: Config, repeats: int = 2):
-        from shoal.workers.runtimes import load_model
+        from shoal.workers.runtimes import load_runtime
         from shoal.workers.runtimes.image_embedder import drawn_images
 
         self.spec = spec
-        self.embedder = cast(Any, load_model(spec, plan))  # an ImageEmbedder
+        self.embedder = cast(Any, load_runtime(spec, plan))  # an ImageEmbedder
         drawn = drawn_images(images)
         self.items = [drawn[i : i + rows_per_item] for i in range(0, len(drawn), rows_per_item)]
         self.rows = len(drawn)
@@ -252,7 +253,9 @@ class ClusterTrials:
             client.wait_for_workers(profile.workers, timeout=WORKER_START_TIMEOUT)
             url = None
             if self.online_rate:
-                specs = {m: model_for(self.catalog, profile, m, "embedder").model_dump() for m in self.models}
+                specs = {
+                    m: model_for(self.catalog, profile, m, for_operation("embed")).model_dump() for m in self.models
+                }
                 settings = GatewaySettings(host="127.0.0.1", port=0).model_dump()
                 url = client.sync(pull_queue(client).gateway_start, settings, specs)["url"]
         self._cluster = (key, cluster, client, url)
@@ -264,7 +267,7 @@ class ClusterTrials:
         prepared = [
             prepare_job(
                 embed_job(EmbedRequest(self.sample.url, str(out / name), name)),
-                model_for(self.catalog, profile, name, "embedder"),
+                model_for(self.catalog, profile, name, for_operation("embed")),
                 profile,
             )
             for name in self.models

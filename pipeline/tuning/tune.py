@@ -40,6 +40,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shoal.configs import Catalog, Profile, load_catalog, load_profile
+from shoal.configs.kinds import kind_of
 from shoal.pipeline.jobs.image_files import images_per_item
 from shoal.pipeline.tuning import REPO_ROOT
 from shoal.pipeline.tuning.profile import profile_fields, profile_path, write_profile
@@ -248,11 +249,12 @@ class Tuner:
     # -- the phases ----------------------------------------------------------
 
     def _phase0(self, plan, texts: list[str]) -> dict[str, RuntimeSearch]:
-        """Per embedder or reranker: the fastest runtime x dtype the quality gate accepts (pipeline/tuning/runtimes.py)."""
+        """Per model of a kind with several runtimes (embedders, rerankers): the fastest runtime x dtype the quality
+        gate accepts (pipeline/tuning/runtimes.py)."""
         searches: dict[str, RuntimeSearch] = {}
         for name in self.request.models:
             spec = self.base.tuned(self.catalog.get(name))
-            if spec.kind not in ("embedder", "reranker"):
+            if not kind_of(spec).tuned:
                 continue
             self._describe(f"phase 0 {name}: runtime x dtype under the quality gate")
             searches[name] = choose_runtime(spec, plan, texts, self.request.min_gain, JUDGED_SET)
@@ -294,7 +296,7 @@ class Tuner:
             spec = self.base.tuned(self.catalog.get(name))
             self._describe(f"loading {name}")
             trials: EmbedderTrials | ImageTrials
-            if spec.kind == "image_embedder":  # images per forward, on drawn JPEGs
+            if "images" in kind_of(spec).inputs:  # images per forward, on drawn JPEGs
                 start: Config = {"image_batch": spec.images_for(plan.kind)}
                 rows = images_per_item(self.base.rows_per_item)
                 trials = ImageTrials(spec, plan, IMAGE_SAMPLE, rows, reference=start)
