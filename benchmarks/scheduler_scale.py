@@ -87,6 +87,11 @@ class StandInScheduler:
         return {}
 
 
+def parts(plugin):
+    """(batch route, state) of a plugin: its parts since issue 46, the plugin itself in older checkouts (--code)."""
+    return getattr(plugin, "batch", plugin), getattr(plugin, "state", plugin)
+
+
 class SimWorker:
     """A worker's pull loop without the model: pulls with room 2, an LRU of 3 models, one online pull waiting.
 
@@ -95,6 +100,7 @@ class SimWorker:
 
     def __init__(self, plugin, address: str, models: list[str], pull_timeout: float, compute: float = 0.0) -> None:
         self.plugin = plugin
+        self.route, self.state = parts(plugin)
         self.address = address
         self.pull_timeout = pull_timeout
         self.compute = compute
@@ -114,7 +120,7 @@ class SimWorker:
     async def batch(self) -> None:
         while not self.batch_stop:
             began = time.perf_counter()
-            reply = await self.plugin.pull(
+            reply = await self.route.pull(
                 self.address,
                 held=list(self.lru),
                 loaded=list(self.lru),
@@ -129,12 +135,11 @@ class SimWorker:
                 self.pull_seconds.append(time.perf_counter() - began)
             for message in reply["items"]:
                 self.hold(message["model"])
-                if still_held(self.plugin.start_item(self.address, message["id"])):
+                start = getattr(self.state, "start_item", None) or self.state.start
+                if still_held(start(self.address, message["id"])):
                     if self.compute:
                         await asyncio.sleep(self.compute)
-                    self.plugin.ack(
-                        self.address, message["id"], {"rows": 1024, "compute_seconds": self.compute or 0.05}
-                    )
+                    self.state.ack(self.address, message["id"], {"rows": 1024, "compute_seconds": self.compute or 0.05})
                     self.done += 1
             await asyncio.sleep(0)
 
@@ -151,9 +156,11 @@ class SimWorker:
         online = self.plugin.online
         if hasattr(online, "ack_many"):  # checkouts before issue 27 (for --code)
             online.ack_many(self.address, [[i, {"n": 1}] for i in item_ids], 0.001)
-            return
-        for item_id in item_ids:
-            online.ack(self.address, item_id, {"tokens": 1}, 0.001)
+        elif hasattr(online, "ack_all"):  # since issue 46
+            online.ack_all(self.address, [(item_id, {"tokens": 1}, 0.001) for item_id in item_ids])
+        else:
+            for item_id in item_ids:
+                online.ack(self.address, item_id, {"tokens": 1}, 0.001)
 
 
 def still_held(reply: bool | dict) -> bool:
@@ -195,6 +202,7 @@ async def plugin_alone(
     }
     plugin = PullQueue(models=specs)
     await plugin.start(StandInScheduler(names))
+    route, state = parts(plugin)
     sims = [
         SimWorker(plugin, w, [f"m{(i * 3 + k) % models}" for k in range(3)], pull_timeout, compute)
         for i, w in enumerate(names)
@@ -208,26 +216,26 @@ async def plugin_alone(
         {"key": str(i), "model": m, "op": "sim", "rows": 1024, "payload": {}}
         for i, m in enumerate(Zipf(models).draw(rng, per_job))
     ]
-    plugin.submit("batch", items, {"lease_seconds": 600})
+    route.submit("batch", items, {"lease_seconds": 600})
     batch_tasks = [asyncio.create_task(s.batch()) for s in sims]
     # Warm-up, not measured: each worker's first pulls (its view, its first models) cost once per worker.
     wall0 = time.perf_counter()
     while time.perf_counter() - wall0 < seconds and sum(s.done for s in sims) < 2 * workers:
         await asyncio.sleep(0.05)
     items0, pulls0 = sum(s.done for s in sims), sum(s.pulls for s in sims)
-    touched0 = getattr(plugin.placement, "touched", None)  # counted since issue 23
+    touched0 = getattr(state.placement, "touched", None)  # counted since issue 23
     cpu0, wall0 = time.process_time(), time.perf_counter()
     while time.perf_counter() - wall0 < seconds and sum(s.done for s in sims) < per_job * 0.9:
         await asyncio.sleep(0.05)
     batch_cpu = time.process_time() - cpu0
     batch_items = sum(s.done for s in sims) - items0
     batch_pulls = sum(s.pulls for s in sims) - pulls0
-    touched = plugin.placement.touched - touched0 if touched0 is not None else None
+    touched = state.placement.touched - touched0 if touched0 is not None else None
     for s in sims:
         s.batch_stop = True
     await asyncio.gather(*batch_tasks, return_exceptions=True)
     pulls = sorted(x for s in sims for x in s.pull_seconds)
-    plugin.job_release("batch")
+    route.job_release("batch")
 
     # Idle: every worker's online pull waiting, renewed at its timeout; nothing else.
     await asyncio.sleep(pull_timeout)
@@ -247,7 +255,7 @@ async def plugin_alone(
         crng = random.Random(client_seed)
         while time.perf_counter() < stop_at:
             model = zipf.draw(crng)[0]
-            _, future = plugin.online.submit(model, "embed", {"texts": ["q"]}, 1, settings)
+            _, future = plugin.online.submit(model, "encode", {"texts": ["q"]}, 1, settings)
             await future
             answered += 1
 
@@ -282,6 +290,14 @@ async def plugin_alone(
         "online_net_cpu_us_per_request": net_request * 1e6,
         "online_requests_per_second_wall": answered / online_wall,
     }
+
+
+async def submit_job(client, job: str, items: list, options: dict) -> None:
+    """``shoal_submit``: its third argument is `options` since issue 46, `settings` before (--code)."""
+    try:
+        await client.scheduler.shoal_submit(job=job, items=items, options=options)
+    except TypeError:
+        await client.scheduler.shoal_submit(job=job, items=items, settings=options)
 
 
 def part_a(args) -> list[dict]:
@@ -478,12 +494,7 @@ def part_b(args, folder: Path) -> list[dict]:
                 worker_cpu0 = cpu_seconds(worker_pids)
                 profiler = profile_process(scheduler.pid, args.profile_scheduler, count)
                 with ProcessClock(scheduler.pid) as busy:
-                    client.sync(
-                        pull_queue(client).submit,
-                        job="scale",
-                        items=items,
-                        settings={"models": {args.batch_model: spec}},
-                    )
+                    client.sync(submit_job, client, "scale", items, {"models": {args.batch_model: spec}})
                     while not client.sync(pull_queue(client).job_status, job="scale")["complete"]:
                         time.sleep(0.05)
                 worker_cpu = cpu_seconds(worker_pids) - worker_cpu0
@@ -773,18 +784,6 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def figures(results: dict) -> list[harness.Figure]:
-    """Scheduler CPU per item over real comms, net of idle, at each worker count measured."""
-    return [
-        harness.Figure(
-            f"(b) scheduler CPU per item, {row['workers']} workers",
-            round(row["scheduler_net_cpu_us_per_item"], 1),
-            "us",
-        )
-        for row in results.get("b", [])
-    ]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="a", help="comma-separated: a, b, c")
@@ -837,7 +836,7 @@ def main() -> None:
                 flush=True,
             )
             results["c"] = part_c(args, Path(folder))
-    print(f"wrote {harness.write_result('scheduler_scale', results, args.json, figures(results))}")
+    print(f"wrote {harness.write_result('scheduler_scale', results, args.json)}")
     if args.plot and results.get("a"):
         before = json.loads(Path(args.before).read_text()).get("a", []) if args.before else []
         plot(results["a"], before, Path(args.plot))

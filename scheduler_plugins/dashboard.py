@@ -121,7 +121,7 @@ def render(figures: Figures, address: str) -> str:
         for job_id, j in sorted(jobs.items())
     ]
     out.append(_table("Batch jobs", ["job", "rows", "parts", "failed", "seconds", "state"], rows))
-    events = figures["events"]
+    events = figures["counts"]
     out.append(_table("Queue events", sorted(events), [[f"{events[k]:,}" for k in sorted(events)]]))
     return "\n".join(out)
 

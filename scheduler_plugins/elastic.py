@@ -39,91 +39,83 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
-import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dask.config
 from dask.utils import parse_timedelta
 from toolz import groupby
 
 from .protocol import Lane, ScalingStatus, WorkerEvents
+from .queue_state import QueueState
 from .scaling import OnlineLoad, ScalingNeed, ScalingSettings, need
 from .work_items import WorkItem
-
-if TYPE_CHECKING:
-    from .pull_queue import PullQueue
 
 logger = logging.getLogger("shoal.scheduler")
 
 SCALER_SEEN_SECONDS = 30.0  # an autoscaler asked this recently: the cluster may grow (Adaptive asks every second)
-DRAIN_POLL_SECONDS = 0.05
 
 
 @dataclass
 class LastAsk:
     target: int
     reason: str
-    at: float  # monotonic
+    at: float  # on the queue's clock
 
 
 class Elastic:
-    """The scaling methods a PullQueue installs on its scheduler (see the module docstring)."""
+    """The scaling methods the plugin installs on its scheduler (see the module docstring), over the queue's
+    state; `online`: the online lane's load; `events`: handles a retiring worker's last events."""
 
-    def __init__(self, queue: PullQueue, online: OnlineLoad) -> None:
-        self.queue = queue
+    def __init__(self, state: QueueState, online: OnlineLoad, events: Callable[..., None]) -> None:
+        self.state = state
         self.online = online
         self.settings = ScalingSettings.from_config()
         self.last: LastAsk | None = None
+        self._events = events
         self._dask_target: Callable[..., int] | None = None
         self._dask_retire: Callable[..., Any] | None = None
+        self._draining: dict[str, asyncio.Future[None]] = {}  # worker -> resolved when it holds no lease
+        state.worker_free.subscribe(self._free)
 
     def install(self, scheduler) -> None:
-        """Take the place of the scheduler's methods and handlers; Dask's own stay reachable from here."""
+        """Take the place of the scheduler's methods (the plugin declares the handlers); Dask's own stay
+        reachable from here."""
         self._dask_target = scheduler.adaptive_target
         self._dask_retire = scheduler.retire_workers
         scheduler.adaptive_target = self.adaptive_target
         scheduler.workers_to_close = self.workers_to_close
         scheduler.retire_workers = self.retire_workers
-        scheduler.handlers.update(
-            {
-                "adaptive_target": self.adaptive_target,
-                "workers_to_close": self.workers_to_close,
-                "retire_workers": self.retire_workers,
-                "shoal_retire": self.drain,
-                "shoal_scaling": self.status,
-            }
-        )
 
     # -- what the count reads (scaling.QueueView) ---------------------------------------
 
     def batch_models(self) -> list[str]:
-        leased = self.queue.leases.batch_items
-        return list(dict.fromkeys([*self.queue.queues.models(Lane.BATCH), *leased]))
+        leased = self.state.leases.batch_items
+        return list(dict.fromkeys([*self.state.queues.models(Lane.BATCH), *leased]))
 
     def remaining(self, model: str) -> tuple[int, int]:
-        queues, leases = self.queue.queues, self.queue.leases
+        queues, leases = self.state.queues, self.state.leases
         return (
             queues.waiting_items(model, Lane.BATCH) + leases.batch_items.get(model, 0),
             queues.waiting_rows(model, Lane.BATCH) + leases.batch_rows.get(model, 0),
         )
 
     def rows_per_second(self, model: str) -> float | None:
-        stats = self.queue.model_stats
+        stats = self.state.placement.stats
         return stats.rows_per_second(model) if stats.seconds.get(model) else None
 
     def workers_with_leases(self) -> int:
-        return len(self.queue.leases.by_worker)
+        return len(self.state.leases.by_worker)
 
     def online_waiting(self) -> int:
-        queues = self.queue.queues
+        queues = self.state.queues
         return sum(queues.waiting_items(model, Lane.ONLINE) for model in queues.models(Lane.ONLINE))
 
     def pinned_sets(self) -> Mapping[frozenset[str], int]:
-        return self.queue.views.pinned_sets
+        return self.state.views.pinned_sets
 
     # -- the scheduler's methods --------------------------------------------------------
 
@@ -134,11 +126,11 @@ class Elastic:
         )
         wanted = need(self, self.online, duration, self.settings)
         target, reason = wanted.workers, wanted.reason
-        if self.queue.scheduler.tasks and self._dask_target is not None:
+        if self.state.scheduler.tasks and self._dask_target is not None:
             tasks = self._dask_target(duration)
             if tasks > target:
                 target, reason = tasks, f"Dask's own tasks want {tasks} workers"
-        self.last = LastAsk(target, reason, time.monotonic())
+        self.last = LastAsk(target, reason, self.state.clock.now())
         return target
 
     def workers_to_close(
@@ -156,7 +148,7 @@ class Elastic:
         dask-jobqueue's jobs are); Dask's memory ratio is not Shoal's concern
         and is ignored. Costs a sort of the workers, once per scale-down ask.
         """
-        scheduler = self.queue.scheduler
+        scheduler = self.state.scheduler
         if target is not None and n is None:
             n = len(scheduler.workers) - target
         keep = len(scheduler.workers) - max(0, n) if n is not None else None
@@ -166,7 +158,7 @@ class Elastic:
         for plugin in list(scheduler.plugins.values()):
             valid = plugin.valid_workers_downscaling(scheduler, valid)
         groups = list(groupby(key or attrgetter("address"), valid).values())
-        pinned_left = Counter(self.queue.views.pinned_holders)
+        pinned_left = Counter(self.state.views.pinned_holders)
         remain = len(scheduler.workers)
         closing = []
         for group in sorted(groups, key=self._closing_cost):
@@ -189,7 +181,7 @@ class Elastic:
     ) -> dict[str, Any]:
         """Dask's ``retire_workers``, with each worker drained of Shoal's work first (see the module docstring)."""
         assert self._dask_retire is not None
-        scheduler = self.queue.scheduler
+        scheduler = self.state.scheduler
         chooser = {k: kwargs.pop(k) for k in ("memory_ratio", "n", "key", "minimum", "target") if k in kwargs}
         if names is not None:
             wanted = {str(name) for name in names}
@@ -216,43 +208,45 @@ class Elastic:
         `events` (what the worker had gathered) are handled first, so that
         what it started is not taken for unstarted.
         """
-        queue = self.queue
+        state = self.state
         if events:
-            queue.worker_events(worker, **events)
-        view = queue.views.get(worker)
+            self._events(worker, **events)
+        grace = self.settings.drain_timeout_seconds if timeout is None else timeout
+        view = state.views.get(worker)
         if view is not None and not view.retiring:
-            queue.views.retire(view)
-            queue.view_changed(view)
+            state.retire(view)
             handed = self._hand_back(worker)
+            held = len(state.leases.of_worker(worker))
             logger.info(
-                "retiring %s: %d unstarted items handed back, %d finishing within %g s",
-                worker,
-                handed,
-                self._held(worker),
-                self.settings.drain_timeout_seconds if timeout is None else timeout,
+                "retiring %s: %d unstarted items handed back, %d finishing within %g s", worker, handed, held, grace
             )
-        deadline = time.monotonic() + (self.settings.drain_timeout_seconds if timeout is None else timeout)
-        while self._held(worker) and worker in queue.scheduler.workers and time.monotonic() < deadline:
-            await asyncio.sleep(DRAIN_POLL_SECONDS)
-        late = self._hand_back(worker, started=True) if worker in queue.scheduler.workers else 0
+        if state.leases.of_worker(worker) and worker in state.scheduler.workers:
+            drained = self._draining.setdefault(worker, asyncio.get_running_loop().create_future())
+            timer = state.clock.call_later(grace, _resolve, drained)
+            try:
+                await drained
+            finally:
+                timer.cancel()
+                self._draining.pop(worker, None)
+        late = self._hand_back(worker, started=True) if worker in state.scheduler.workers else 0
         if late:
             logger.info("retired %s: %d items still running after the grace handed back", worker, late)
         return late
 
     def workers_coming(self) -> bool:
         """An autoscaler asked for the target lately: a request that finds no worker may wait for one."""
-        return self.last is not None and time.monotonic() - self.last.at < SCALER_SEEN_SECONDS
+        return self.last is not None and self.state.clock.now() - self.last.at < SCALER_SEEN_SECONDS
 
     def status(self) -> ScalingStatus:
         """The target and why, the workers now, and how long ago an autoscaler asked (None: never)."""
         if self.last is not None:
-            wanted, asked = ScalingNeed(self.last.target, self.last.reason), time.monotonic() - self.last.at
+            wanted, asked = ScalingNeed(self.last.target, self.last.reason), self.state.clock.now() - self.last.at
         else:
             duration = parse_timedelta(dask.config.get("distributed.adaptive.target-duration"))
             wanted, asked = need(self, self.online, duration, self.settings), None
         return {
             "target": wanted.workers,
-            "current": len(self.queue.scheduler.workers),
+            "current": len(self.state.scheduler.workers),
             "reason": wanted.reason,
             "asked_seconds_ago": asked,
             "settings": asdict(self.settings),
@@ -262,7 +256,7 @@ class Elastic:
 
     def _closing_cost(self, group: Iterable[Any]) -> tuple[bool, int, int]:
         """(busy, models only it holds, items leased): the cheapest group to close sorts first."""
-        views, leases = self.queue.views, self.queue.leases
+        views, leases = self.state.views, self.state.leases
         busy, unique, leased = False, 0, 0
         for ws in group:
             held = len(leases.of_worker(ws.address))
@@ -274,24 +268,34 @@ class Elastic:
         return busy, unique, leased
 
     def _pinned(self, worker: str) -> frozenset[str]:
-        view = self.queue.views.get(worker)
+        view = self.state.views.get(worker)
         return view.pinned if view is not None and not view.retiring else frozenset()
 
     def _held(self, worker: str) -> int:
-        return len(self.queue.leases.of_worker(worker))
+        return len(self.state.leases.of_worker(worker))
 
     def _hand_back(self, worker: str, started: bool = False) -> int:
         """Its batch items not started (with `started`, all its items) go back, and it is told to drop them."""
         back: list[WorkItem] = [
             item
-            for item in self.queue.leases.of_worker(worker).values()
+            for item in self.state.leases.of_worker(worker).values()
             if started or (item.lane is Lane.BATCH and not item.started)
         ]
-        self.queue.hand_back(worker, back)
+        self.state.hand_back(worker, back)
         return len(back)
 
+    def _free(self, worker: str) -> None:
+        """It holds no lease now: its drain, if one waits, is over."""
+        drained = self._draining.get(worker)
+        if drained is not None:
+            _resolve(drained)
+
     def _keep(self, worker: str) -> None:
-        view = self.queue.views.get(worker)
+        view = self.state.views.get(worker)
         if view is not None and view.retiring:
-            self.queue.views.unretire(view)
-            self.queue.view_changed(view)
+            self.state.retire(view, retiring=False)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

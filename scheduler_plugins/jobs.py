@@ -1,4 +1,4 @@
-"""Job bookkeeping: what a client needs to follow a job and write its manifest."""
+"""A batch job's record: what a client needs to follow a job and write its manifest."""
 
 from __future__ import annotations
 
@@ -8,32 +8,36 @@ from typing import cast
 
 from shoal.configs import LEASE_SECONDS, MAX_ATTEMPTS, UNPLACEABLE_SECONDS
 
-from .protocol import DeadLetter, ItemResult, JobContext, JobSettings, JobStatus, SlicePayload
+from .protocol import DeadLetter, ItemResult, JobContext, JobOptions, JobStatus, Lane, SlicePayload, SubmittedItem
 from .work_items import ItemState, WorkItem
 
 
 class Job:
     """A batch job: the owner of its items (work_items.ItemOwner), their results and dead letters."""
 
-    def __init__(self, job_id: str, items: list[WorkItem], settings: JobSettings) -> None:
+    def __init__(self, job_id: str, submitted: list[SubmittedItem], options: JobOptions) -> None:
         self.id = job_id
-        self.items = {item.id: item for item in items}
-        # Items per (model, state), kept as they move: status is polled while
-        # the job runs, and must not cost a pass over its items.
-        self.state_counts: Counter[tuple[str, ItemState]] = Counter()
-        for item in items:
-            item.owner = self
-            self.state_counts[item.model, item.state] += 1
-        self.lease_seconds: float = float(settings.get("lease_seconds", LEASE_SECONDS))
-        self.max_attempts: int = int(settings.get("max_attempts", MAX_ATTEMPTS))
-        self.unplaceable_seconds: float = float(settings.get("unplaceable_seconds", UNPLACEABLE_SECONDS))
+        self.lease_seconds: float = float(options.get("lease_seconds", LEASE_SECONDS))
+        self.max_attempts: int = int(options.get("max_attempts", MAX_ATTEMPTS))
+        self.unplaceable_seconds: float = float(options.get("unplaceable_seconds", UNPLACEABLE_SECONDS))
         # Shared by every item of the job (storage credentials among them):
         # sent to workers with what they pull, never echoed in job status.
-        self.context: JobContext = settings.get("context") or {}
-        self.client: str | None = settings.get("client")
+        self.context: JobContext = options.get("context") or {}
+        self.client: str | None = options.get("client")
+        lane = Lane(options.get("lane", Lane.BATCH))
+        self.items: dict[str, WorkItem] = {}
+        for entry in submitted:  # the job is the flow of all its items: they share its fair share
+            item_id = f"{job_id}/{entry['key']}"
+            payload, rows = entry["payload"], int(entry.get("rows", 0))
+            self.items[item_id] = WorkItem(item_id, self, entry["model"], entry["op"], payload, lane, rows, job_id)
+        # Items per (model, state), kept as they move: status is polled while
+        # the job runs, and must not cost a pass over its items.
+        self.state_counts: Counter[tuple[str, ItemState]] = Counter(
+            (item.model, item.state) for item in self.items.values()
+        )
         self.started = time.time()
         self.finished: float | None = None
-        self.rows_total = sum(item.rows for item in items)
+        self.rows_total = sum(item.rows for item in self.items.values())
         self.rows_done = 0
         self.rows_by_worker: Counter[str] = Counter()
         self.results: dict[str, ItemResult] = {}

@@ -16,7 +16,6 @@ Dask's own collectors do when tests start schedulers one after another.
 
 from __future__ import annotations
 
-import time
 import weakref
 from collections import deque
 from collections.abc import Iterable
@@ -67,7 +66,7 @@ class Figures(TypedDict):
     models: dict[str, ModelFigures]
     workers: dict[str, WorkerFigures]
     jobs: dict[str, JobFigures]
-    events: dict[str, int]
+    counts: dict[str, int]
     scaling: ScalingStatus  # the worker count autoscalers are told, and why
 
 
@@ -78,8 +77,8 @@ class ShoalMetrics:
 
     def sample(self) -> None:
         """Rows done per model now; samples older than the rate window (but one) are dropped."""
-        now = time.monotonic()
-        self._samples.append((now, dict(self.queue.model_stats.rows)))
+        now = self.queue.state.clock.now()
+        self._samples.append((now, dict(self.queue.state.placement.stats.rows)))
         while len(self._samples) > 2 and now - self._samples[1][0] > RATE_WINDOW_SECONDS:
             self._samples.popleft()
 
@@ -94,9 +93,9 @@ class ShoalMetrics:
     def figures(self) -> Figures:
         """Everything the dashboard shows: the queue's overview, workers' pools, throughput."""
         overview = self.queue.overview()
-        stats = self.queue.model_stats
+        stats = self.queue.state.placement.stats
         rates = self.rates()
-        pending = self.queue.online.pending_by_model()  # requests not answered yet, per model
+        pending = {model: len(requests) for model, requests in self.queue.online.requests.items()}  # unanswered
         models = sorted(set(overview["queues"]) | set(stats.rows) | set(pending))
         workers: dict[str, WorkerFigures] = {}
         for address, view in overview["workers"].items():
@@ -134,7 +133,7 @@ class ShoalMetrics:
                 }
                 for job_id, job in overview["jobs"].items()
             },
-            "events": overview["events"],
+            "counts": overview["counts"],
             "scaling": overview["scaling"],
         }
 
@@ -186,7 +185,7 @@ class ShoalMetrics:
             "Pull-queue events: leased, acked, failed, lost, expired, dead, taken_back, rescued",
             labels=["event"],
         )
-        for event, count in sorted(figures["events"].items()):
+        for event, count in sorted(figures["counts"].items()):
             events.add_metric([event], count)
         jobs = GaugeMetricFamily("shoal_jobs", "Jobs the queue holds", labels=["state"])
         complete = sum(1 for job in figures["jobs"].values() if job["complete"])

@@ -1,68 +1,81 @@
-"""Waiting items: one FIFO per (model, lane), shared fairly between jobs.
+"""Waiting items: one queue per (model, lane), taken in fair shares across flows.
 
-Within a model and lane each job has its own FIFO and takes are served
-round-robin across jobs, so a large job cannot starve a small one submitted
-after it. Items are removed lazily: an item that finished or died while
-queued (a late ack from a worker thought lost) is skipped at the head, and
-`forget` keeps the waiting-rows count true meanwhile.
+A flow is whose share an item counts in: a batch job, or an online request
+(a large one's parts share one, gateway/request_parts). Each queue orders
+its items by start-time fair queuing over their rows: an item's tag is its
+flow's last tag, or the queue's virtual time (the tag of the last item
+taken) if that is later, plus its rows, and items are taken lowest tag
+first. A flow that queued many rows thus waits behind one that queued few,
+whenever each came: the parts of a 2,048-input request interleave with
+one-text requests instead of going first in a block, and a large job cannot
+starve a small one submitted after it. A push `front` (an item put back:
+retried, handed back, its worker lost) goes ahead of every tag. Each push
+and take costs O(log n).
+
+Items are removed lazily: an item that finished or died while queued (a late
+ack from a worker thought lost, a cancelled request) is skipped when it
+surfaces, and `forget` keeps the counts true meanwhile.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, defaultdict, deque
-from collections.abc import Callable
+import heapq
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 
 from .protocol import Lane
 from .work_items import ItemState, WorkItem
 
 
-class _JobFifos:
-    """One (model, lane) queue: a FIFO per job, served in rotation."""
+class FairQueue:
+    """One (model, lane) queue: a heap of (tag, order, item)."""
 
     def __init__(self) -> None:
-        self.fifos: OrderedDict[str, deque[WorkItem]] = OrderedDict()
+        self._heap: list[tuple[float, int, WorkItem]] = []
+        self._last: dict[str, float] = {}  # flow -> the tag of its last item queued
+        self._virtual = 0.0
+        self._order = itertools.count()
+        self._fronts = itertools.count(-1, -1)  # a later push to the front goes ahead of an earlier one
 
-    def push(self, item: WorkItem, front: bool) -> None:
-        fifo = self.fifos.setdefault(item.job, deque())
-        fifo.appendleft(item) if front else fifo.append(item)
+    def push(self, item: WorkItem, front: bool = False) -> None:
+        if front:
+            heapq.heappush(self._heap, (self._virtual, next(self._fronts), item))
+            return
+        tag = max(self._last.get(item.flow, 0.0), self._virtual) + max(1, item.rows)
+        self._last[item.flow] = tag
+        heapq.heappush(self._heap, (tag, next(self._order), item))
 
     def head(self) -> WorkItem | None:
-        oldest = None
-        for job in list(self.fifos):
-            fifo = self.fifos[job]
-            while fifo and fifo[0].state is not ItemState.QUEUED:
-                fifo.popleft()
-            if not fifo:
-                del self.fifos[job]
-            elif oldest is None or fifo[0].enqueued_at < oldest.enqueued_at:
-                oldest = fifo[0]
-        return oldest
+        """The next item to take."""
+        while self._heap and self._heap[0][2].state is not ItemState.QUEUED:
+            self._pop()
+        return self._heap[0][2] if self._heap else None
 
     def take(self, limit: int, rows: int | None = None) -> list[WorkItem]:
         """Up to `limit` items, and with `rows`, no more rows than that in all (but at least one item)."""
         taken: list[WorkItem] = []
         taken_rows = 0
-        while self.fifos and len(taken) < limit:
-            job, fifo = next(iter(self.fifos.items()))
-            if not fifo:
-                del self.fifos[job]
-                continue
-            item = fifo[0]
-            queued = item.state is ItemState.QUEUED
-            if queued and taken and rows is not None and taken_rows + item.rows > rows:
+        while len(taken) < limit and (item := self.head()) is not None:
+            if taken and rows is not None and taken_rows + item.rows > rows:
                 break
-            fifo.popleft()
-            if fifo:
-                self.fifos.move_to_end(job)
-            else:
-                del self.fifos[job]
-            if queued:
-                taken.append(item)
-                taken_rows += item.rows
+            taken.append(self._pop())
+            taken_rows += item.rows
         return taken
 
+    def queued(self) -> Iterator[WorkItem]:
+        """Every item waiting, in no order."""
+        return (item for _, _, item in self._heap if item.state is ItemState.QUEUED)
+
+    def _pop(self) -> WorkItem:
+        tag, _, item = heapq.heappop(self._heap)
+        self._virtual = max(self._virtual, tag)
+        if self._last.get(item.flow) == tag:
+            del self._last[item.flow]  # nothing of its flow waits: it starts afresh from the virtual time
+        return item
+
     def __len__(self) -> int:
-        return sum(len(f) for f in self.fifos.values())
+        return len(self._heap)
 
 
 class ModelQueues:
@@ -73,7 +86,7 @@ class ModelQueues:
     """
 
     def __init__(self, on_change: Callable[[str], None] = lambda model: None) -> None:
-        self._queues: dict[str, dict[Lane, _JobFifos]] = defaultdict(lambda: defaultdict(_JobFifos))
+        self._queues: dict[str, dict[Lane, FairQueue]] = defaultdict(lambda: defaultdict(FairQueue))
         self._rows: Counter[tuple[str, Lane]] = Counter()
         self._items: Counter[tuple[str, Lane]] = Counter()
         self._backlog: dict[Lane, dict[str, None]] = defaultdict(dict)  # lane -> models with items waiting
@@ -84,20 +97,24 @@ class ModelQueues:
         self._count(item, +1)
 
     def head(self, model: str, lane: Lane) -> WorkItem | None:
-        """The oldest waiting item of a model in one lane."""
+        """The next item of a model in one lane."""
         queue = self._queues.get(model, {}).get(lane)
         return queue.head() if queue is not None else None
 
     def take(self, model: str, lane: Lane, limit: int, rows: int | None = None) -> list[WorkItem]:
-        """The next items of `model` in `lane`, jobs in rotation: at most `limit`, and `rows` rows (at least one)."""
+        """The next items of `model` in `lane`, in fair shares: at most `limit`, and `rows` rows (at least one)."""
         queue = self._queues.get(model, {}).get(lane)
         taken = queue.take(limit, rows) if queue is not None else []
         for item in taken:
             self._count(item, -1)
         return taken
 
+    def queued(self, model: str, lane: Lane) -> list[WorkItem]:
+        queue = self._queues.get(model, {}).get(lane)
+        return list(queue.queued()) if queue is not None else []
+
     def forget(self, item: WorkItem) -> None:
-        """A queued item left the queue by another way (late ack, job released)."""
+        """A queued item left the queue by another way (late ack, job released, buried, cancelled)."""
         self._count(item, -1)
 
     def _count(self, item: WorkItem, delta: int) -> None:
@@ -110,7 +127,7 @@ class ModelQueues:
             del self._items[key], self._rows[key]
             self._backlog[item.lane].pop(item.model, None)
             queue = self._queues.get(item.model, {}).get(item.lane)
-            if queue is not None and not len(queue):
+            if queue is not None and not queue.head():
                 del self._queues[item.model][item.lane]
                 if not self._queues[item.model]:
                     del self._queues[item.model]

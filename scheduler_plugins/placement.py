@@ -1,30 +1,37 @@
-"""Which model a pulling worker should serve next, and which worker takes a request.
+"""What a pull leases: the one lease decision, for batch and online pulls alike.
 
 Workers pull, so a model's work goes to whichever worker has room, not to
-where a router guessed. A batch pull is answered, in order, with:
+where a router guessed. `Placement.decide` answers a pull with a
+`LeaseDecision` (model, lane, items, rows, and the grace each lease gets
+for a load: leases.load_grace), which the queue carries out the same way
+for both routes (QueueState.carry_out). A batch pull gets, in order:
 
-1. online items of models the worker holds, or of models no worker
-   holds (online requests never pay a load a holder could spare them);
-2. batch items of models the worker holds, oldest head first;
-3. stealing: a model the worker does not hold, when its backlog is worth the
-   load: expected drain time (waiting rows over the measured rate of the
-   workers already holding it) longer than its load time on this worker
-   times `steal_factor`. A model that no worker holds is always worth it.
+1. online items of models the worker holds, or of models no worker holds
+   (online requests never pay a load a holder could spare them);
+2. batch items of models the worker holds, oldest head first: as many as it
+   has room for, at most its fair share (waiting items over holders), so the
+   first pull of a job does not lease what other holders would start sooner;
+3. a steal (one item: the model loads before any runs): a model the worker
+   does not hold, when its backlog is worth the load: the expected drain
+   time (waiting rows over the measured rate of its holders) longer than its
+   load time here times `steal_factor`; one nobody holds always is;
+4. with nothing in hand, a take-back: an item another worker leased but has
+   not started, when it would start sooner here. The holder first finishes
+   the items it started (and loads the model, if it lacks it); this worker
+   only has to load the model, if it lacks it. Without that comparison idle
+   workers pass a lone model's last items around, each paying a load.
 
-An idle worker may also take back an item another worker leased but has not
-started, when it would start it sooner: the holder first finishes the items
-it started (and loads the model, if it lacks it); the idle worker only has to
-load the model, if it lacks it. Without that comparison idle workers pass a
-lone model's last items around, each paying a load, while its holder waits.
+An online pull takes about a forward batch of one model's requests. A
+request goes to a waiting online pull of a worker holding its model, one
+with the model loaded before one loading it, an idle one before a busy one
+(`online_rank`); when nobody holds the model, to an idle worker. So it waits
+for a running forward batch rather than a load, and for neither when it
+need not.
 
-An online request goes to a waiting online pull of a worker holding its
-model: one with the model loaded before one still loading it, an idle one
-before a busy one (`online_rank`); when no worker holds the model, to an
-idle worker. A request then waits for a running forward batch rather than a
-load, and for neither when it need not.
-
-Only models the worker may host are considered: the catalog's `requires`
-against the worker's Dask resources, and the model's size against its budget.
+Only models the worker may host count: the catalog's `requires` against its
+Dask resources, the model's size against its budget. What a load costs a
+worker is `load_seconds(view, model)`: measured there, else the spec's
+`load_seconds`, else a default; steals and take-backs weigh it.
 
 Every choice is made from indexes kept as events happen, never from a scan
 of all workers or all leased items: the cost of one pull must not grow with
@@ -40,14 +47,17 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 
 from shoal.configs import ModelSpec
 
+from .leases import load_grace
 from .model_queues import ModelQueues
 from .protocol import Lane
-from .waiting_pulls import WaitingOnlinePulls
+from .waiting_pulls import WaitingPulls
 from .work_items import WorkItem
 from .worker_views import WorkerView, WorkerViews, can_host
 
@@ -70,6 +80,20 @@ class ModelStats:
     def rows_per_second(self, model: str) -> float:
         seconds = self.seconds.get(model, 0.0)
         return self.rows[model] / seconds if seconds else DEFAULT_ROWS_PER_SECOND
+
+
+@dataclass(frozen=True)
+class LeaseDecision:
+    """What a pull leases: up to `count` items of `model` waiting in `lane`, and no more than `rows` rows (but
+    one item at least), each lease with `grace` seconds on top for a load; or `take_back`, one item leased
+    to another worker that would start it later."""
+
+    model: str
+    lane: Lane
+    count: int
+    rows: int | None
+    grace: float
+    take_back: WorkItem | None = None
 
 
 def online_rank(view: WorkerView, model: str, busy: bool) -> int:
@@ -263,10 +287,47 @@ class Placement:
         """Heap entries the steal and take-back searches examined so far: what an idle pull costs."""
         return self._steal_touched + self.take_backs.touched
 
-    # -- choosing for a batch pull ----------------------------------------------------
+    # -- the decision ------------------------------------------------------------------
 
-    def choose(self, view: WorkerView) -> tuple[str, Lane] | None:
-        """(model, lane) for this pull, or None when nothing fits the worker."""
+    def decide(
+        self,
+        view: WorkerView,
+        route: Lane,
+        *,
+        room: int = 1,
+        idle: bool = False,
+        busy: bool = False,
+        claim: str | None = None,
+        waiting: WaitingPulls | None = None,
+        claimed: Collection[str] = (),
+    ) -> LeaseDecision | None:
+        """What a pull of `view`'s worker leases now, or None: a batch pull (`room` for items, none in hand
+        when `idle`), or an online pull (`busy`: batch work computes there), which takes `claim`'s requests
+        (the model whose requests woke it) while any wait, else those online_model_for picks."""
+        if route is Lane.ONLINE:
+            model = claim if claim and self.queues.waiting_items(claim, Lane.ONLINE) else None
+            model = model or (self.online_model_for(view, busy, waiting, claimed) if waiting is not None else None)
+            return self._decision(view, model, Lane.ONLINE) if model else None
+        choice = self._choose(view)
+        if choice is not None:
+            return self._decision(view, *choice, room=room)
+        item = self.take_back(view) if idle else None
+        return LeaseDecision(item.model, Lane.BATCH, 1, None, load_grace(view, item.model), item) if item else None
+
+    def _decision(self, view: WorkerView, model: str, lane: Lane, room: int = 1) -> LeaseDecision:
+        if lane is Lane.ONLINE:  # a forward batch's worth: the parts of a large request go to as many pulls
+            count = rows = self.specs[model].online_batch
+            return LeaseDecision(model, lane, count, rows, load_grace(view, model))
+        count = min(room, self.fair_share(model)) if model in view.held else 1  # a steal: one item
+        return LeaseDecision(model, lane, max(1, count), None, load_grace(view, model))
+
+    def fair_share(self, model: str) -> int:
+        """Of `model`'s waiting batch items, one pull's share among its holders (at least one)."""
+        holders = max(1, self.views.holders.get(model, 0))
+        return max(1, math.ceil(self.queues.waiting_items(model, Lane.BATCH) / holders))
+
+    def _choose(self, view: WorkerView) -> tuple[str, Lane] | None:
+        """(model, lane) for a batch pull, or None when nothing fits the worker."""
         heads = [
             (head.enqueued_at, model)
             for model in self.queues.models(Lane.ONLINE)
@@ -292,7 +353,7 @@ class Placement:
         return (steal, Lane.BATCH) if steal is not None else None
 
     def online_model_for(
-        self, view: WorkerView, busy: bool, waiting: WaitingOnlinePulls, claimed: Collection[str]
+        self, view: WorkerView, busy: bool, waiting: WaitingPulls, claimed: Collection[str]
     ) -> str | None:
         """The model whose online requests this online pull takes, oldest head first.
 

@@ -1,7 +1,6 @@
 """The pull queue's messages, and its client: the one module every side imports.
 
-The scheduler extension (`pull_queue.PullQueue`, with `online_queue.OnlineQueue`
-beside it) declares the handlers; `PullQueueClient` has one method per
+The scheduler extension (`pull_queue.PullQueue`) declares the handlers; `PullQueueClient` has one method per
 handler, so a handler's name and arguments are spelled here and at the
 handler, nowhere else. The CLI, the workers' pull loop, `shoal status`,
 a gateway in its own process and the benchmarks all call through it.
@@ -27,8 +26,6 @@ from __future__ import annotations
 
 from enum import StrEnum
 from typing import Any, Literal, NotRequired, Required, TypedDict, get_args
-
-from shoal.configs.kinds.token_classifier import Aggregation
 
 NAME = "shoal-pull-queue"  # the scheduler plugin's name and its key in `scheduler.extensions`
 EVENTS = "shoal-events"  # worker -> scheduler stream op: WorkerEvents
@@ -192,6 +189,10 @@ class TextsPayload(TypedDict, total=False):
     ranges: list[list[float]]
 
 
+# How a token classifier's token labels become spans: transformers' token-classification aggregation_strategy.
+Aggregation = Literal["none", "simple", "first", "max", "average"]
+
+
 class ClassifyOptions(TypedDict, total=False):
     """What a `classify` or `extract` job or request asks besides top_k (workers/operations/classify_operation,
     extract_operation)."""
@@ -274,7 +275,7 @@ class DeadLetter(TypedDict, total=False):
 
 
 class OnlineResult(TypedDict, total=False):
-    """An online request's answer from a worker (an operation's `online`, workers/operations), or its error and HTTP status."""
+    """An online request's answer from a worker (workers/online_operations), or its error and HTTP status."""
 
     embeddings: bytes  # encode: raw little-endian values, `shape` and `dtype` say how to read them
     shape: list[int]
@@ -300,7 +301,9 @@ class SubmittedItem(TypedDict, total=False):
     rows: int
 
 
-class JobSettings(TypedDict, total=False):
+class JobOptions(TypedDict, total=False):
+    """What a job is submitted with, besides its items."""
+
     lane: Lane  # Lane.BATCH unless given
     models: dict[str, SpecFields]  # the specs of the models the job's items name
     lease_seconds: float
@@ -355,7 +358,7 @@ class Overview(TypedDict):
     leased: dict[str, int]  # leased items per worker
     workers: dict[str, WorkerSummary]
     jobs: dict[str, JobStatus]
-    events: dict[str, int]  # leased, acked, failed, lost, expired, dead, taken_back, rescued, handed_back
+    counts: dict[str, int]  # items leased, acked, failed, lost, expired, dead, taken_back, rescued, handed_back
     scaling: ScalingStatus
 
 
@@ -396,10 +399,10 @@ class ItemMessage(TypedDict):
     """A leased item as a worker receives it."""
 
     id: str
-    job: str
+    job: str  # its owner's id: its batch job's (whose context the pull sends), or "online-MODEL"
     model: str
     op: str
-    lane: Lane  # an online request or a batch item: which stages run it
+    lane: Lane  # a batch item or an online request
     payload: Payload
     attempt: int
     lease_seconds: float
@@ -438,8 +441,10 @@ class WorkerEvents(TypedDict, total=False):
 
 # -- gateways in their own processes ----------------------------------------------------
 
-# A request: (request id, model, op, payload, rows, timeout seconds); an answer: (request id, outcome).
-RemoteRequest = tuple[int, str, str, OnlinePayload, int, float]
+# A request: (request id, model, op, payload, rows, timeout seconds[, flow]); an answer: (request id, outcome).
+# `flow` names the request a part belongs to (gateway/request_parts): the parts of one request share a fair
+# share of the queue (model_queues). Without it, a request is a flow of its own.
+RemoteRequest = tuple[int, str, str, OnlinePayload, int, float] | tuple[int, str, str, OnlinePayload, int, float, str]
 RemoteAnswer = tuple[int, OnlineResult]
 
 
@@ -484,8 +489,8 @@ class PullQueueClient:
 
     # -- batch jobs --------------------------------------------------------------------
 
-    async def submit(self, job: str, items: list[SubmittedItem], settings: JobSettings) -> SubmitReply:
-        return await self.scheduler.shoal_submit(job=job, items=items, settings=settings)
+    async def submit(self, job: str, items: list[SubmittedItem], options: JobOptions) -> SubmitReply:
+        return await self.scheduler.shoal_submit(job=job, items=items, options=options)
 
     async def job_status(self, job: str, results: bool = False) -> JobStatus:
         return await self.scheduler.shoal_job_status(job=job, results=results)

@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
+from .clock import Clock, Timer
 from .worker_views import WorkerView
 
 RANKS = 4  # placement.online_rank's range
@@ -50,18 +50,19 @@ class WaitingPull:
         return True
 
 
-class Timeouts:
-    """The long polls' deadlines: one heap and one loop timer, armed for the earliest.
+class LongPolls:
+    """The loop of every pull (`long_poll`), and the deadlines of those waiting: one heap and one timer.
 
     A timer per wait (``call_later``, then its cancel) was the largest cost of
     a pull cycle with thousands of workers waiting; here a wait costs a heap
     push, and a pull woken early leaves its entry to be dropped when it is due.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self._heap: list[tuple[float, int, WaitingPull]] = []
         self._order = itertools.count()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._armed_for = float("inf")
 
     async def long_poll(
@@ -73,44 +74,40 @@ class Timeouts:
     ) -> Reply | None:
         """What `take` finds, waiting up to `timeout` seconds for it; None at the timeout.
 
-        The loop of every pull: look; if nothing, `park` a waiting pull in
-        the index that new work wakes, wait, `unpark` it and look again.
+        Look; if nothing, `park` a waiting pull in the index that new work
+        wakes, wait, `unpark` it and look again.
         """
-        deadline = time.monotonic() + max(0.0, timeout)
+        deadline = self.clock.now() + max(0.0, timeout)
         while (reply := take()) is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if deadline <= self.clock.now():
                 return None
             pull = park()
             try:
-                await self.wait(pull, remaining)
+                await self._wait(pull, deadline)
             finally:
                 unpark(pull)
         return reply
 
-    async def wait(self, pull: WaitingPull, timeout: float) -> None:
-        """Until `pull` is woken, or `timeout` seconds."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+    async def _wait(self, pull: WaitingPull, deadline: float) -> None:
+        """Until `pull` is woken, or `deadline`."""
         heapq.heappush(self._heap, (deadline, next(self._order), pull))
         if deadline < self._armed_for:
-            self._arm(loop, deadline)
+            self._arm(deadline)
         await pull.future
 
-    def _arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+    def _arm(self, deadline: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._armed_for = deadline
-        self._timer = loop.call_at(deadline, self._expire)
+        self._timer = self.clock.call_at(deadline, self._expire)
 
     def _expire(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = self.clock.now()
         self._timer, self._armed_for = None, float("inf")
         while self._heap and self._heap[0][0] <= now:
             heapq.heappop(self._heap)[2].wake()
         if self._heap:
-            self._arm(loop, self._heap[0][0])
+            self._arm(self._heap[0][0])
 
     def close(self) -> None:
         if self._timer is not None:
@@ -120,53 +117,13 @@ class Timeouts:
         self._heap.clear()
 
 
-class WaitingBatchPulls:
-    """Batch pulls waiting, each filed under its worker's held models and in one FIFO of all."""
+class WaitingPulls:
+    """Pulls waiting (a route's): filed per held model by `rank` (best first), and as idle or busy for all.
 
-    def __init__(self) -> None:
-        self.by_model: dict[str, OrderedDict[str, WaitingPull]] = {}
-        self.all: OrderedDict[str, WaitingPull] = OrderedDict()
+    Batch pulls rank every held model alike (0) and are never busy; online pulls by `online_rank`.
+    """
 
-    def add(self, pull: WaitingPull) -> None:
-        address = pull.view.address
-        self.all[address] = pull
-        pull.models = [(model, 0) for model in pull.view.held]
-        for model, _ in pull.models:
-            pulls = self.by_model.get(model)
-            if pulls is None:
-                pulls = self.by_model[model] = OrderedDict()
-            pulls[address] = pull
-
-    def discard(self, pull: WaitingPull) -> None:
-        address = pull.view.address
-        if self.all.get(address) is not pull:
-            return
-        del self.all[address]
-        for model, _ in pull.models:
-            pulls = self.by_model.get(model)
-            if pulls is not None:
-                pulls.pop(address, None)
-                if not pulls:
-                    del self.by_model[model]
-
-    def wake(self, model: str, count: int, may_take: Callable[[WorkerView], bool]) -> int:
-        """Wake up to `count` pulls for new work of `model`: holders first, then workers that may host it."""
-        woken = 0
-        groups: tuple[dict[str, WaitingPull], ...] = (self.by_model.get(model, {}), self.all)
-        for group in groups:
-            for pull in _first(group, lambda p: may_take(p.view), count - woken):
-                self.discard(pull)
-                woken += pull.wake()
-        return woken
-
-    def __len__(self) -> int:
-        return len(self.all)
-
-
-class WaitingOnlinePulls:
-    """Online pulls waiting, filed per held model by rank, and as idle or busy for unheld models."""
-
-    def __init__(self, rank: Callable[[WorkerView, str, bool], int]) -> None:
+    def __init__(self, rank: Callable[[WorkerView, str, bool], int] = lambda view, model, busy: 0) -> None:
         self._rank = rank
         self.by_model: dict[str, list[OrderedDict[str, WaitingPull]]] = {}
         self.idle: OrderedDict[str, WaitingPull] = OrderedDict()
@@ -210,17 +167,17 @@ class WaitingOnlinePulls:
             return next((rank for rank, bucket in enumerate(buckets) if bucket), None)
         return 2 if self.idle else 3 if self.busy else None
 
-    def take(self, model: str, held: bool, may_host: Callable[[WorkerView], bool]) -> WaitingPull | None:
-        """The one pull that should take `model`'s requests, out of the index; None if none may."""
-        if held:
-            groups: list[dict[str, WaitingPull]] = list(self.by_model.get(model, ()))
-        else:
-            groups = [self.idle, self.busy]
+    def take(self, model: str, count: int, may: Callable[[WorkerView], bool], holders_only: bool) -> list[WaitingPull]:
+        """Up to `count` pulls that may take `model`'s work, out of the index: its holders' first, best rank
+        first, then (unless `holders_only`) idle ones before busy ones, each group in the order they came."""
+        groups: list[dict[str, WaitingPull]] = [*self.by_model.get(model, ())]
+        groups += [] if holders_only else [self.idle, self.busy]
+        taken: list[WaitingPull] = []
         for group in groups:
-            for pull in _first(group, lambda p: may_host(p.view), 1):
+            for pull in _first(group, lambda p: may(p.view), count - len(taken)):
                 self.discard(pull)
-                return pull
-        return None
+                taken.append(pull)
+        return taken
 
     def __len__(self) -> int:
         return len(self.idle) + len(self.busy)

@@ -2,11 +2,13 @@
 
 An item names its input slice, model, operation and output; bulk data never
 passes through the scheduler. The scheduler only tracks each item's state.
+Its owner is a batch job (jobs.Job) or its model's online requests
+(online_requests.OnlineRequests): what its lease lasts, how many attempts it
+has, and who records its outcome.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
@@ -19,12 +21,10 @@ ResultT = TypeVar("ResultT", contravariant=True)  # what an ack of the owner's i
 
 
 class ItemOwner(Protocol[ResultT]):
-    """What an item belongs to: a batch job (jobs.Job, its items acked with an ItemResult), or its
-    model's online requests (OnlineJob, with an OnlineResult).
+    """What an item belongs to: a batch job (its items acked with an ItemResult), or its model's online
+    requests (an OnlineResult). Its lease, attempts and grace for items no worker can host; their outcome."""
 
-    It holds the settings of its items' leases and takes their outcome.
-    """
-
+    id: str
     lease_seconds: float
     max_attempts: int
     unplaceable_seconds: float
@@ -44,63 +44,42 @@ class ItemState(StrEnum):
     DEAD = "dead"
 
 
-@dataclass
+@dataclass(eq=False)
 class WorkItem:
     id: str
-    job: str
+    owner: ItemOwner[Any] = field(repr=False)
     model: str
     op: str
     payload: Payload
     lane: Lane = Lane.BATCH
     rows: int = 0
+    flow: str = ""  # whose fair share it counts in (model_queues): its batch job, or its online request
     state: ItemState = ItemState.QUEUED
     attempts: int = 0
     worker: str | None = None
     deadline: float = 0.0
-    leased_at: float = 0.0  # monotonic, of its present lease
+    leased_at: float = 0.0  # on the queue's clock, of its present lease
     started: bool = False
     expected_seconds: float = 0.0  # its compute as expected when it started (placement's take-back)
     errors: list[str] = field(default_factory=list)
-    enqueued_at: float = field(default_factory=time.monotonic)
-    owner: ItemOwner[Any] | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def settings(self) -> ItemOwner[Any]:
-        """Its owner, which every queued item has (set when it is created)."""
-        assert self.owner is not None
-        return self.owner
+    enqueued_at: float = 0.0  # on the queue's clock
 
     def move(self, state: ItemState) -> None:
         """Every change of state goes through here, so its owner's counts stay true without a scan."""
         old, self.state = self.state, state
-        if self.owner is not None:
-            self.owner.moved(self, old)
+        self.owner.moved(self, old)
 
-    def lease(self, worker: str, seconds: float, counts_as_attempt: bool = True) -> None:
-        self.move(ItemState.LEASED)
-        self.worker = worker
-        self.started = False
-        self.attempts += counts_as_attempt
-        self.leased_at = time.monotonic()
-        self.deadline = self.leased_at + seconds
-
-    def requeue(self) -> None:
-        self.move(ItemState.QUEUED)
-        self.worker = None
-        self.started = False
-        self.enqueued_at = time.monotonic()
-
-    def to_message(self, lease_seconds: float) -> ItemMessage:
+    def to_message(self) -> ItemMessage:
         """What a worker receives when it pulls this item."""
         return {
             "id": self.id,
-            "job": self.job,
+            "job": self.owner.id,
             "model": self.model,
             "op": self.op,
             "lane": self.lane,
             "payload": self.payload,
             "attempt": self.attempts,
-            "lease_seconds": lease_seconds,
+            "lease_seconds": self.owner.lease_seconds,
         }
 
 

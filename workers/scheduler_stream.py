@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
+from shoal.scheduler_plugins.clock import Clock, Timer
 from shoal.scheduler_plugins.protocol import EVENTS, ItemResult, OnlineAck, WorkerEvents
 
 logger = logging.getLogger("shoal.worker")
@@ -49,17 +49,19 @@ def flush_interval(heartbeat_seconds: float) -> float:
 
 
 class SchedulerStream:
-    def __init__(self, dask_worker: Any, flush_seconds: float | None = None) -> None:
+    def __init__(self, dask_worker: Any, flush_seconds: float | None = None, clock: Clock | None = None) -> None:
         """`dask_worker`: the Dask worker, whose ``batched_stream`` reaches the scheduler; `flush_seconds`: how
-        long events gather, or None for `flush_interval` of the worker's present heartbeat interval."""
+        long events gather, or None for `flush_interval` of the worker's present heartbeat interval; `clock`:
+        the time renewals and flushes keep (tests drive their own)."""
         self.dask_worker = dask_worker
+        self.clock = clock or Clock()
         self._flush_seconds = flush_seconds
         self._events: WorkerEvents = {}
         self._starts: dict[str, None] = {}  # in order; an ack before the flush drops its start
-        self._flush: asyncio.Handle | None = None
-        self._flush_urgent = False
+        self._flush: Timer | asyncio.Handle | None = None
+        self._flush_at = float("inf")  # when the armed flush is due (on the clock); now for an urgent one
         self._renewals: dict[str, tuple[float, float]] = {}  # item id -> (lease seconds, when to renew)
-        self._renewer: asyncio.Task | None = None
+        self._renewer: Timer | None = None
 
     @property
     def flush_seconds(self) -> float:
@@ -69,7 +71,7 @@ class SchedulerStream:
         return flush_interval(heartbeat.callback_time / 1000)
 
     def start(self) -> None:
-        self._renewer = asyncio.create_task(self._renew())
+        self._renewer = self.clock.call_later(RENEW_TICK_SECONDS, self._renew)
 
     def close(self) -> None:
         if self._renewer is not None:
@@ -82,7 +84,7 @@ class SchedulerStream:
 
     def hold(self, item_id: str, lease_seconds: float) -> None:
         """`item_id` is leased here: renew it until it is acked, failed or released."""
-        self._renewals[item_id] = (lease_seconds, time.monotonic() + lease_seconds / RENEWALS_PER_LEASE)
+        self._renewals[item_id] = (lease_seconds, self.clock.now() + lease_seconds / RENEWALS_PER_LEASE)
 
     def release(self, item_id: str) -> None:
         self._renewals.pop(item_id, None)
@@ -111,10 +113,10 @@ class SchedulerStream:
 
     def flush_soon(self) -> None:
         """Send what has gathered on the next loop pass (nothing else to wait for)."""
-        if (self._events or self._starts) and not self._flush_urgent:
+        if (self._events or self._starts) and self._flush_at > float("-inf"):
             if self._flush is not None:
                 self._flush.cancel()
-            self._flush, self._flush_urgent = asyncio.get_running_loop().call_soon(self.flush), True
+            self._flush, self._flush_at = asyncio.get_running_loop().call_soon(self.flush), float("-inf")
 
     def fail(self, item_id: str, error: str, permanent: bool) -> None:
         self.release(item_id)
@@ -130,20 +132,18 @@ class SchedulerStream:
 
     def _arm(self, within: float | None = None) -> None:
         """Send within `flush_seconds`, or sooner (`within`: a short lease's renewal cannot wait that long)."""
-        loop = asyncio.get_running_loop()
         flush_seconds = self.flush_seconds
-        at = loop.time() + min(flush_seconds, flush_seconds if within is None else within)
-        if isinstance(self._flush, asyncio.TimerHandle) and at < self._flush.when():
-            self._flush.cancel()
-            self._flush = None
-        if self._flush is None:
-            self._flush = loop.call_at(at, self.flush)
+        at = self.clock.now() + min(flush_seconds, flush_seconds if within is None else within)
+        if at < self._flush_at:
+            if self._flush is not None:
+                self._flush.cancel()
+            self._flush, self._flush_at = self.clock.call_at(at, self.flush), at
 
     def take(self) -> WorkerEvents:
         """What has gathered, taken out to ride on another message (a pull); nothing is sent from here."""
         if self._flush is not None:
             self._flush.cancel()
-        self._flush, self._flush_urgent = None, False
+        self._flush, self._flush_at = None, float("inf")
         events, self._events = self._events, {}
         if self._starts:
             events["started"], self._starts = list(self._starts), {}
@@ -162,12 +162,12 @@ class SchedulerStream:
         """Send what has gathered, in one message."""
         self.send(self.take())
 
-    async def _renew(self) -> None:
-        while True:
-            await asyncio.sleep(RENEW_TICK_SECONDS)
-            now = time.monotonic()
-            due = [item_id for item_id, (_, at) in self._renewals.items() if at <= now]
-            for item_id in due:
-                lease_seconds, _ = self._renewals[item_id]
-                self._renewals[item_id] = (lease_seconds, now + lease_seconds / RENEWALS_PER_LEASE)
-                self._add("extend", item_id, within=lease_seconds / (2 * RENEWALS_PER_LEASE))
+    def _renew(self) -> None:
+        """Every RENEW_TICK_SECONDS: the leases due for renewal join the next message, soon enough."""
+        self._renewer = self.clock.call_later(RENEW_TICK_SECONDS, self._renew)
+        now = self.clock.now()
+        due = [item_id for item_id, (_, at) in self._renewals.items() if at <= now]
+        for item_id in due:
+            lease_seconds, _ = self._renewals[item_id]
+            self._renewals[item_id] = (lease_seconds, now + lease_seconds / RENEWALS_PER_LEASE)
+            self._add("extend", item_id, within=lease_seconds / (2 * RENEWALS_PER_LEASE))

@@ -53,9 +53,17 @@ class GatewayBackend(Protocol):
         """Waiting items by (model, "online"|"batch"), for the gateway's /metrics; may be empty."""
 
     async def answer(
-        self, model: str, op: str, payload: OnlinePayload, rows: int, timeout: float, settings: GatewaySettings
+        self,
+        model: str,
+        op: str,
+        payload: OnlinePayload,
+        rows: int,
+        timeout: float,
+        settings: GatewaySettings,
+        flow: str | None = None,
     ) -> OnlineResult:
-        """The worker's result, or {"status", "error"} for a request that cannot be answered."""
+        """The worker's result, or {"status", "error"} for a request that cannot be answered; `flow`: the
+        request a part belongs to (request_parts), whose parts share a fair share of the queue."""
 
     async def close(self) -> None:
         """Let go of connections and answer what is in flight."""
@@ -123,7 +131,14 @@ class SchedulerLink:
         return {}  # the scheduler's /metrics has them; a gateway would only repeat them late
 
     async def answer(
-        self, model: str, op: str, payload: OnlinePayload, rows: int, timeout: float, settings: GatewaySettings
+        self,
+        model: str,
+        op: str,
+        payload: OnlinePayload,
+        rows: int,
+        timeout: float,
+        settings: GatewaySettings,
+        flow: str | None = None,
     ) -> OnlineResult:
         if not self.connected:
             return {"status": 503, "error": f"the scheduler at {self.address} is not reachable; retry shortly"}
@@ -142,7 +157,8 @@ class SchedulerLink:
             "max_inputs": settings.max_inputs,
             "max_documents": settings.max_documents,
         }
-        self._outgoing.append((request_id, model, op, payload, rows, timeout))
+        request: RemoteRequest = (request_id, model, op, payload, rows, timeout)
+        self._outgoing.append((*request, flow) if flow is not None else request)
         self._flush_soon()
         # The scheduler answers 504 at the deadline; this only covers an answer lost on the way.
         lost: OnlineResult = {"status": 504, "error": f"no answer within {timeout:g} s"}

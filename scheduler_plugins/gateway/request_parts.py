@@ -5,9 +5,13 @@ A request may hold 2,048 texts (OpenAI's limit per call) or 10,000 documents
 take: an online pull leases requests of up to a model's `online_batch`
 inputs in all, about a forward batch's worth. The gateway splits a larger
 request into parts of at most `online_batch` inputs, each an online item of
-its own: the parts queue in order, go to whichever workers pull them (one
-part a pull, so idle workers share a large request), are leased and retried
-alone, and their answers are joined in input order. A part that gets
+its own: the parts queue as one flow (the queue's fair share of one
+request, scheduler_plugins/model_queues.py: they interleave with other
+requests instead of going first in a block), go to whichever workers pull
+them (one part a pull, so idle workers share a large request), are leased
+and retried alone, and their answers are joined in input order. A request holds at most
+`GatewaySettings.max_inputs_in_flight` inputs queued or computing at once:
+its further parts wait in the gateway until earlier ones are answered. A part that gets
 an error makes it the request's answer, and the parts not answered yet are
 withdrawn from the queue.
 """
@@ -15,6 +19,7 @@ withdrawn from the queue.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
@@ -25,7 +30,10 @@ INPUT_FIELDS = ("images", "texts", "documents")
 # An answer's per-input lists (score's scores, the kind routes' outputs), joined in order.
 LIST_FIELDS = ("scores", "outputs")
 
-AnswerPart = Callable[[OnlinePayload, int], Coroutine[Any, Any, OnlineResult]]
+# answer(part, inputs, flow): `flow` names the request the part belongs to (None: a request in one part).
+AnswerPart = Callable[[OnlinePayload, int, str | None], Coroutine[Any, Any, OnlineResult]]
+
+_FLOWS = itertools.count()
 
 
 def _inputs(payload: OnlinePayload) -> tuple[str, list[Any]]:
@@ -66,16 +74,26 @@ def join(results: list[OnlineResult]) -> OnlineResult:
     return joined
 
 
-async def answer_in_parts(answer: AnswerPart, payload: OnlinePayload, size: int) -> OnlineResult:
-    """`payload` answered by `answer(part, inputs)` for each part of at most `size` inputs, at once.
+async def answer_in_parts(
+    answer: AnswerPart, payload: OnlinePayload, size: int, in_flight: int | None = None
+) -> OnlineResult:
+    """`payload` answered by `answer(part, inputs, flow)` for each part of at most `size` inputs, with at most
+    `in_flight` inputs (whole parts, one at least) asked at once.
 
     The first error is the answer; the parts still waiting are then
     cancelled, which withdraws their items (as for a client that left).
     """
     parts = split(payload, size)
     if len(parts) == 1:
-        return await answer(payload, len(_inputs(payload)[1]))
-    tasks = [asyncio.create_task(answer(part, len(_inputs(part)[1]))) for part in parts]  # queued in order
+        return await answer(payload, len(_inputs(payload)[1]), None)
+    flow = f"parts-{next(_FLOWS)}"
+    window = asyncio.Semaphore(max(1, (in_flight or len(parts) * size) // size))  # wakes its waiters in order
+
+    async def answer_part(part: OnlinePayload) -> OnlineResult:
+        async with window:
+            return await answer(part, len(_inputs(part)[1]), flow)
+
+    tasks = [asyncio.create_task(answer_part(part)) for part in parts]  # queued in order
     try:
         for next_answer in asyncio.as_completed(tasks):
             result = await next_answer

@@ -22,6 +22,7 @@ from shoal.scheduler_plugins.gateway.wire import (
     media_type,
     response_type,
 )
+from shoal.scheduler_plugins.online_route import LocalBackend
 from shoal.scheduler_plugins.pull_queue import PullQueue
 from tests.support.fake_scheduler import running_queue, spec
 from tests.support.waiting import async_wait_for
@@ -120,7 +121,7 @@ async def test_a_gateways_models_are_validated_where_they_enter_and_a_bad_one_is
         await plugin.gateway_start({"port": 0}, models={"bad": {"name": "bad", "dim": 8, "max_seq_length": 64}})
     with pytest.raises(ConfigError, match=r"a gateway's models: model 'bad' has no valid spec: dim: .*greater than 0"):
         plugin.online.remote_models({"bad": {**spec("bad").model_dump(), "dim": 0}})
-    assert plugin.gateway is None and "bad" not in plugin.model_specs
+    assert plugin.gateway is None and "bad" not in plugin.state.model_specs
     reply = plugin.online.remote_models({"n": spec("n").model_dump()})  # served with the queue's own
     assert set(reply["models"]) == {"m", "n"} and reply["models"]["n"] == spec("n").model_dump()
 
@@ -150,7 +151,7 @@ async def test_no_workers_and_shutting_down_are_503_with_retry_after():
 
 
 async def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400(plugin):
-    backend = plugin.online.local_backend()
+    backend = LocalBackend(plugin.online)
     pulled = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=5))
     await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
     poison = await backend.answer("m", "encode", {"texts": ["\ud800"]}, 1, 5, SETTINGS)
@@ -158,5 +159,5 @@ async def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400(plugin)
     legit = asyncio.create_task(backend.answer("m", "encode", {"texts": ["fine"]}, 1, 5, SETTINGS))
     reply = await pulled
     assert [m["payload"]["texts"] for m in reply["items"]] == [["fine"]]
-    plugin.online.ack("w1", reply["items"][0]["id"], {"shape": [1, 8]}, 0.0)
+    plugin.online.ack_all("w1", [(reply["items"][0]["id"], {"shape": [1, 8]}, 0.0)])
     assert (await legit)["shape"] == [1, 8]

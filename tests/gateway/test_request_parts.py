@@ -59,7 +59,7 @@ async def test_a_failed_part_is_the_answer_and_the_parts_still_waiting_are_withd
     withdrawn: list[list[str]] = []
     release = asyncio.Event()
 
-    async def answer(part, inputs):
+    async def answer(part, inputs, flow):
         started.append(part["texts"])
         if part["texts"][0] == "t2":
             return {"status": 422, "error": "too long"}
@@ -75,6 +75,35 @@ async def test_a_failed_part_is_the_answer_and_the_parts_still_waiting_are_withd
     assert started == [["t0", "t1"], ["t2", "t3"], ["t4"]]  # queued in input order
     await async_wait_for(lambda: len(withdrawn) == 2, what="the other parts cancelled")
     assert sorted(withdrawn) == [["t0", "t1"], ["t4"]]
+
+
+async def test_a_request_holds_at_most_its_inputs_in_flight_and_its_parts_share_one_flow():
+    asked: list[tuple[list[str], str | None]] = []
+    in_flight, most = 0, 0
+    release = asyncio.Event()
+
+    async def answer(part, inputs, flow):
+        nonlocal in_flight, most
+        asked.append((part["texts"], flow))
+        in_flight += inputs
+        most = max(most, in_flight)
+        await release.wait()
+        in_flight -= inputs
+        return encoded(part["texts"])
+
+    texts = [f"t{i}" for i in range(10)]
+    request = asyncio.create_task(request_parts.answer_in_parts(answer, {"texts": texts}, 2, in_flight=5))
+    await async_wait_for(lambda: len(asked) == 2, what="two parts asked")
+    await asyncio.sleep(0.01)
+    assert len(asked) == 2  # 5 inputs in flight at most: two parts of 2, the third waits in the gateway
+    release.set()
+    result = await request
+    assert np.array_equal(np.frombuffer(result["embeddings"], "<f4").reshape(result["shape"]), vectors_of(texts))
+    assert [part for part, _ in asked] == [texts[i : i + 2] for i in range(0, 10, 2)] and most <= 5
+    flows = {flow for _, flow in asked}
+    assert len(flows) == 1 and None not in flows  # one request, one fair share in the queue
+    assert await request_parts.answer_in_parts(answer, {"texts": ["t1"]}, 2) == encoded(["t1"])
+    assert asked[-1][1] is None  # a request in one part: the queue makes it a flow of its own
 
 
 def test_the_deadline_grows_with_the_inputs():
@@ -106,7 +135,7 @@ async def test_the_gateway_queues_a_large_request_as_parts_and_answers_in_input_
                 [texts[4:8]],
                 [texts[8:]],
             ]
-            assert [plugin.items[group[0]["id"]].rows for group in items] == [4, 4, 2]
+            assert [plugin.state.items[group[0]["id"]].rows for group in items] == [4, 4, 2]
             answer = {group[0]["id"]: encoded(group[0]["payload"]["texts"], tokens=2) for group in items}
             ids = [group[0]["id"] for group in items]
             await plugin.online.pull("w2", held=["m"], timeout=0, acks=[[ids[1], answer[ids[1]], 0.01]])
@@ -125,7 +154,7 @@ async def test_the_gateway_queues_a_large_request_as_parts_and_answers_in_input_
             status, body = await request
             assert status == 422 and body["error"]["message"] == "an input is too long"
             await async_wait_for(lambda: plugin.online.pending("m") == 0, what="the other parts withdrawn")
-            assert not any(item_id.startswith("online-") for item_id in plugin.items)
+            assert not any(item_id.startswith("online-") for item_id in plugin.state.items)
 
             status, body = await post({"model": "m", "input": ["t"] * 11})
             assert status == 422 and "at most 10" in body["error"]["message"]

@@ -104,12 +104,12 @@ def test_reindex_after_added_changed_removed_shards_does_minimal_work(job_file, 
     assert "items: 4 to run, 2 already done, 2 stale parts to remove" in dry.stderr
     assert sorted((tmp_path / "out" / version).iterdir()) == before  # a dry run changes nothing
 
-    acked = plugin.events["acked"]
+    acked = plugin.state.counts["acked"]
     second = reindex(job)
     assert second.returncode == 0, second.stderr
     manifest = json.loads((tmp_path / "out" / version / "_manifest.json").read_text())
     assert manifest["work"] == {"items": 6, "reused": 2, "run": 4, "removed": 2}
-    assert plugin.events["acked"] - acked == 4  # exactly the new and changed shards' items ran
+    assert plugin.state.counts["acked"] - acked == 4  # exactly the new and changed shards' items ran
     assert current(tmp_path / "out") == version
 
     fresh = reindex(job_file("fresh", output=str(tmp_path / "fresh")))

@@ -39,11 +39,11 @@ def test_dask_alone_retires_busy_workers_and_the_queue_makes_adapt_grow_to_four_
         client.wait_for_workers(4)
         plugin = cluster.scheduler.extensions["shoal-pull-queue"]
         job = start_embed(tmp_path, cluster.scheduler_address, profile, catalog, output="alone")
-        wait_for(lambda: plugin.events["acked"] >= 2, 60, "the first acks")
+        wait_for(lambda: plugin.state.counts["acked"] >= 2, 60, "the first acks")
         cluster.adapt(minimum=1, maximum=4)
         with WorkerCounts(cluster.scheduler) as counts:
             wait_for(lambda: len(cluster.scheduler.workers) == 1, 60, "Dask to retire its workers")
-            shrunk_with = plugin.job_status(next(iter(plugin.jobs)))["queued"]
+            shrunk_with = plugin.batch.job_status(next(iter(plugin.batch.jobs)))["queued"]
             _, stderr = job.communicate(timeout=300)
         assert job.returncode == 0, stderr
     assert shrunk_with > 0  # items were still waiting when Dask had retired all but one worker
@@ -64,7 +64,9 @@ def test_dask_alone_retires_busy_workers_and_the_queue_makes_adapt_grow_to_four_
     assert counts.most() == 4
     assert status["target"] == 0 and status["reason"].startswith("idle")  # adapt's minimum keeps the one
     assert status["asked_seconds_ago"] < 5
-    assert plugin.events["lost"] == 0 and plugin.events["expired"] == 0  # retired gracefully, never killed busy
+    assert (
+        plugin.state.counts["lost"] == 0 and plugin.state.counts["expired"] == 0
+    )  # retired gracefully, never killed busy
     assert sorted(read_output(tmp_path / "elastic").column("id").to_pylist()) == sorted(ids)
 
 
@@ -100,7 +102,7 @@ def test_workers_retired_and_added_every_few_seconds_lose_nothing_under_batch_an
         churned = 0
         while job.poll() is None:
             time.sleep(3)
-            busy = [w for w, held in plugin.leased_by_worker.items() if held]
+            busy = [w for w, held in plugin.state.leases.by_worker.items() if held]
             if busy and len(cluster.scheduler.workers) >= 2:
                 name = cluster.scheduler.workers[busy[0]].name
                 cluster.sync(cluster.scale_down, [name])  # Dask's retirement, as adapt does it
@@ -114,7 +116,7 @@ def test_workers_retired_and_added_every_few_seconds_lose_nothing_under_batch_an
     assert job.returncode == 0, stderr
     assert churned >= 2
     assert failures == [] and answered and max(answered) < 20
-    assert plugin.events["handed_back"] >= 1 and plugin.events["lost"] == 0
+    assert plugin.state.counts["handed_back"] >= 1 and plugin.state.counts["lost"] == 0
     assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)  # none lost, none twice
 
 
@@ -177,7 +179,7 @@ def test_a_dask_worker_stopped_by_sigterm_hands_back_what_it_did_not_start_and_f
             leased = client.run_on_scheduler(
                 lambda dask_scheduler: {
                     w: [item.started for item in held.values()]
-                    for w, held in dask_scheduler.extensions["shoal-pull-queue"].leased_by_worker.items()
+                    for w, held in dask_scheduler.extensions["shoal-pull-queue"].state.leases.by_worker.items()
                 }
             )
             parents = client.run(os.getppid)  # a worker process's parent: its nanny, the `dask worker` process
@@ -195,7 +197,7 @@ def test_a_dask_worker_stopped_by_sigterm_hands_back_what_it_did_not_start_and_f
         assert procs[-1].wait(30) == 0
         _, stderr = job.communicate(timeout=300)
         events = client.run_on_scheduler(
-            lambda dask_scheduler: dict(dask_scheduler.extensions["shoal-pull-queue"].events)
+            lambda dask_scheduler: dict(dask_scheduler.extensions["shoal-pull-queue"].state.counts)
         )
     assert job.returncode == 0, stderr
     assert events.get("handed_back", 0) >= 1 and events.get("lost", 0) == 0 and events.get("expired", 0) == 0
@@ -235,7 +237,7 @@ def test_the_kubernetes_operators_calls_over_http_and_rpc_get_the_queues_answers
         def holding() -> int:
             return len(
                 client.run_on_scheduler(
-                    lambda dask_scheduler: dask_scheduler.extensions["shoal-pull-queue"].leased_by_worker
+                    lambda dask_scheduler: dask_scheduler.extensions["shoal-pull-queue"].state.leases.by_worker
                 )
             )
 
@@ -256,7 +258,7 @@ def test_the_kubernetes_operators_calls_over_http_and_rpc_get_the_queues_answers
         assert len(client.sync(rpc_scale_down)) == 1
         _, stderr = job.communicate(timeout=300)
         events = client.run_on_scheduler(
-            lambda dask_scheduler: dict(dask_scheduler.extensions["shoal-pull-queue"].events)
+            lambda dask_scheduler: dict(dask_scheduler.extensions["shoal-pull-queue"].state.counts)
         )
         assert len(client.scheduler_info()["workers"]) == 1
     assert job.returncode == 0, stderr

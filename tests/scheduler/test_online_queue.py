@@ -35,7 +35,7 @@ async def test_online_requests_are_pulled_together_and_acked_with_the_next_pull(
     for i, (_, future) in enumerate(submitted):
         result = future.result()
         assert result["n"] == i and result["timing"]["compute"] == 0.01 and result["timing"]["queue"] >= 0
-    assert not any(i.startswith("online-") for i in plugin.items)  # forgotten once answered
+    assert not any(i.startswith("online-") for i in plugin.state.items)  # forgotten once answered
 
 
 async def test_an_online_pull_takes_at_most_the_models_max_batch_size_and_wakes_another_for_the_rest():
@@ -49,6 +49,29 @@ async def test_an_online_pull_takes_at_most_the_models_max_batch_size_and_wakes_
         ]
 
 
+async def test_the_parts_of_a_large_request_interleave_with_one_text_requests_instead_of_going_first():
+    """Issue 45: fair shares across requests. Before, a large request's parts went first in a block."""
+    async with running_queue(models={"m": spec("m", max_batch_size=4)}) as plugin:
+
+        def ask(texts: int, flow: str | None = None) -> str:
+            return plugin.online.submit("m", "encode", {"texts": ["t"] * texts}, texts, SETTINGS, flow)[0].id
+
+        big = [ask(4, flow="big") for _ in range(5)]  # one request of 20 texts: five parts, one flow
+        small = [ask(1) for _ in range(3)]
+
+        async def pull() -> list[str]:
+            return [m["id"] for m in (await plugin.online.pull("w1", held=["m"], timeout=0))["items"]]
+
+        assert await pull() == small  # a forward batch's worth of the fewest-texts flows: the three one-texts
+        assert await pull() == big[:1]
+        later = ask(1)  # comes while the large request's parts wait: goes ahead of all but those due
+        assert await pull() == [later]
+        assert [await pull() for _ in range(4)] == [[part] for part in big[1:]]
+        other = [ask(4, flow="other"), ask(4, flow="other")]  # a second large request shares with the first
+        third = [ask(4, flow="third")]
+        assert [await pull() for _ in range(3)] == [[other[0]], [third[0]], [other[1]]]
+
+
 async def test_an_online_pull_takes_requests_of_at_most_a_batch_of_texts_but_always_one():
     async with running_queue(models={"m": spec("m", max_batch_size=4)}) as plugin:
         sizes = [1, 2, 1, 3, 6, 1]
@@ -57,8 +80,10 @@ async def test_an_online_pull_takes_requests_of_at_most_a_batch_of_texts_but_alw
             [m["id"] for m in (await plugin.online.pull(w, held=["m"], timeout=0))["items"]]
             for w in ("w1", "w2", "w1", "w2")
         ]
-        # 1+2+1 texts; 3 (a fourth text would pass 4); 6 alone (larger than a batch: never left behind); 1
-        assert taken == [submitted[:3], [submitted[3]], [submitted[4]], [submitted[5]]]
+        # Fair shares: the fewest texts first (1+1+1: the 2 would pass 4); 2 (the 3 would pass 4); 3; 6 alone
+        # (larger than a batch: never left behind).
+        one, two, three, six = [submitted[i] for i in (0, 2, 5)], [submitted[1]], [submitted[3]], [submitted[4]]
+        assert taken == [one, two, three, six]
 
 
 async def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason(plugin):
@@ -75,7 +100,7 @@ async def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reas
 async def test_an_online_pull_of_an_unheld_model_makes_the_worker_its_holder(plugin):
     plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
     assert len((await plugin.online.pull("w1", held=[], timeout=0))["items"]) == 1
-    assert "m" in plugin.worker_views["w1"].held  # loading it: w2 must not load it too
+    assert "m" in plugin.state.views.views["w1"].held  # loading it: w2 must not load it too
     plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
     assert (await plugin.online.pull("w2", held=[], timeout=0))["items"] == []
 
@@ -87,8 +112,9 @@ async def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused(p
     leased, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
     await plugin.online.pull("w1", held=["m"], timeout=0)
     plugin.online.cancel(leased)
-    assert plugin.online.ack("w1", leased.id, {}, 0.0) is False
-    assert not plugin.leases.of_worker("w1")
+    plugin.online.ack_all("w1", [(leased.id, {}, 0.0)])
+    assert plugin.state.counts["acked"] == 0  # refused
+    assert not plugin.state.leases.of_worker("w1")
 
 
 async def test_online_pull_leaves_a_model_held_elsewhere_to_its_holder(plugin):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from contextlib import ExitStack
 
 import pytest
 import yaml
@@ -17,7 +16,6 @@ from distributed import Client, Scheduler, SpecCluster, Worker
 from tests.support.cli import embed_args
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.paths import ROOT, SHOAL
-from tests.support.processes import started
 
 MB = 10**6
 
@@ -70,17 +68,17 @@ def start(profile_path, catalog, workers: dict[str, dict]) -> SpecCluster:
 
 class JobWatch:
     """When each job's first rows and last rows were acked, seen by the scheduler plugin as it records them (its
-    `ack`, wrapped while the watch lasts), so no job is missed however briefly it lives."""
+    state's `ack`, wrapped while the watch lasts), so no job is missed however briefly it lives."""
 
     def __init__(self, plugin) -> None:
         self.plugin = plugin
         self.seen: dict[str, dict] = {}
-        self._ack = plugin.ack
-        plugin.ack = self._acked  # the plugin's own calls (worker_events) find the wrapper first
+        self._ack = plugin.state.ack
+        plugin.state.ack = self._acked  # the plugin's own calls (worker_events) find the wrapper first
 
     def _acked(self, worker: str, item_id: str, result: dict) -> bool:
-        item = self.plugin.items.get(item_id)
-        job = self.plugin.jobs.get(item.job) if item is not None else None
+        item = self.plugin.state.items.get(item_id)
+        job = self.plugin.batch.jobs.get(item.owner.id) if item is not None else None
         recorded = self._ack(worker, item_id, result)
         if recorded and job is not None:
             snap = self.seen.setdefault(job.id, {"model": item.model, "first_rows_at": time.monotonic()})
@@ -90,30 +88,27 @@ class JobWatch:
         return recorded
 
     def stop(self) -> dict:
-        del self.plugin.ack
+        del self.plugin.state.ack
         return {s["model"]: s for s in self.seen.values()}
 
 
 def run_jobs(
     address: str, catalog, profile, corpus_dir, out, models: list[str]
 ) -> dict[str, subprocess.CompletedProcess]:
+    procs = {
+        m: subprocess.Popen(
+            [SHOAL, *embed_args(corpus_dir, out / m, catalog, scheduler=address, profile=profile, model=m)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for m in models
+    }
     results = {}
-    with ExitStack() as running:  # every command stopped, however this ends
-        procs = {
-            m: running.enter_context(
-                started(
-                    [SHOAL, *embed_args(corpus_dir, out / m, catalog, scheduler=address, profile=profile, model=m)],
-                    cwd=ROOT,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
-            for m in models
-        }
-        for m, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=240)
-            results[m] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    for m, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=240)
+        results[m] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     return results
 
 

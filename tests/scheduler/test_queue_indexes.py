@@ -63,8 +63,8 @@ async def test_an_online_request_wakes_one_waiting_pull_whatever_the_number_of_w
 
 async def test_a_batch_submit_of_k_items_wakes_at_most_k_batch_pulls():
     async with queue(WORKERS) as plugin:
-        pulls = [asyncio.create_task(plugin.pull(w, held=["m"], timeout=30, in_hand=1)) for w in WORKERS]
-        woken = await wakes_after(plugin, lambda: plugin.submit("j", items("m", 3), {}))
+        pulls = [asyncio.create_task(plugin.batch.pull(w, held=["m"], timeout=30, in_hand=1)) for w in WORKERS]
+        woken = await wakes_after(plugin, lambda: plugin.batch.submit("j", items("m", 3), {}))
         assert woken <= 3, woken
         assert sum(len(p.result()["items"]) for p in pulls if p.done()) == 3
         for p in pulls:
@@ -73,10 +73,10 @@ async def test_a_batch_submit_of_k_items_wakes_at_most_k_batch_pulls():
 
 async def test_a_batch_submit_wakes_holders_before_other_workers():
     async with queue(["holder", "other"]) as plugin:
-        other = asyncio.create_task(plugin.pull("other", held=["n"], timeout=30, in_hand=1))
-        holder = asyncio.create_task(plugin.pull("holder", held=["m"], timeout=30, in_hand=1))
+        other = asyncio.create_task(plugin.batch.pull("other", held=["n"], timeout=30, in_hand=1))
+        holder = asyncio.create_task(plugin.batch.pull("holder", held=["m"], timeout=30, in_hand=1))
         await settle()
-        plugin.submit("j", items("m", 1), {})
+        plugin.batch.submit("j", items("m", 1), {})
         await settle()
         assert holder.done() and [i["model"] for i in holder.result()["items"]] == ["m"]
         assert not other.done()
@@ -102,8 +102,8 @@ async def test_a_waiting_online_pull_of_a_worker_that_just_took_a_model_serves_i
     async with queue(["w1"]) as plugin:
         online = asyncio.create_task(plugin.online.pull("w1", held=[], loaded=[], timeout=30))
         await settle()
-        plugin.submit("j", items("m", 1), {})
-        assert (await plugin.pull("w1", held=[], timeout=0))["items"]  # a steal: w1 holds m now
+        plugin.batch.submit("j", items("m", 1), {})
+        assert (await plugin.batch.pull("w1", held=[], timeout=0))["items"]  # a steal: w1 holds m now
         plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
         await settle()
         assert online.done() and len(online.result()["items"]) == 1
@@ -141,22 +141,22 @@ step = st.one_of(
 
 
 def leased_items(plugin: PullQueue) -> list:
-    return sorted((w for w in plugin.items.values() if w.state is ItemState.LEASED), key=lambda w: w.id)
+    return sorted((w for w in plugin.state.items.values() if w.state is ItemState.LEASED), key=lambda w: w.id)
 
 
 def check_indexes(plugin: PullQueue) -> None:
-    views = plugin.views
+    views = plugin.state.views
     assert views.holders == Counter(m for v in views.values() if not v.silent for m in v.held)
     assert views.loaded == Counter(m for v in views.values() for m in v.loaded)
     for model in MODELS:
-        model_spec = plugin.model_specs[model]
+        model_spec = plugin.state.model_specs[model]
         assert views.anyone_can_host(model_spec) == any(can_host(model_spec, v) for v in views.values())
     leased = leased_items(plugin)
     by_worker = defaultdict(set)
     for work in leased:
         by_worker[work.worker].add(work.id)
-    assert {w: set(ids) for w, ids in plugin.leases.by_worker.items()} == dict(by_worker)
-    placement = plugin.placement
+    assert {w: set(ids) for w, ids in plugin.state.leases.by_worker.items()} == dict(by_worker)
+    placement = plugin.state.placement
     unstarted = defaultdict(set)
     ahead: dict[str, float] = defaultdict(float)
     for work in leased:
@@ -181,21 +181,23 @@ def check_indexes(plugin: PullQueue) -> None:
     for model in MODELS:
         for lane in Lane:
             queued = [
-                w for w in plugin.items.values() if w.state is ItemState.QUEUED and w.model == model and w.lane is lane
+                w
+                for w in plugin.state.items.values()
+                if w.state is ItemState.QUEUED and w.model == model and w.lane is lane
             ]
-            assert plugin.queues.waiting_items(model, lane) == len(queued)
-            assert plugin.queues.waiting_rows(model, lane) == sum(w.rows for w in queued)
-            assert (model in plugin.queues.models(lane)) == bool(queued)
+            assert plugin.state.queues.waiting_items(model, lane) == len(queued)
+            assert plugin.state.queues.waiting_rows(model, lane) == sum(w.rows for w in queued)
+            assert (model in plugin.state.queues.models(lane)) == bool(queued)
 
 
 def best_steal_gain(plugin: PullQueue, view) -> tuple[int, float] | None:
     """The old scan over every model: (unheld, gain) of the best steal, or None."""
-    placement, queues = plugin.placement, plugin.queues
+    placement, queues = plugin.state.placement, plugin.state.queues
     best = None
     for model in queues.models(Lane.BATCH):
-        if model in view.held or not can_host(plugin.model_specs[model], view):
+        if model in view.held or not can_host(plugin.state.model_specs[model], view):
             continue
-        holders = plugin.views.holders.get(model, 0)
+        holders = plugin.state.views.holders.get(model, 0)
         if holders == 0:
             candidate = (1, float(queues.waiting_rows(model, Lane.BATCH)))
         else:
@@ -210,14 +212,14 @@ def best_steal_gain(plugin: PullQueue, view) -> tuple[int, float] | None:
 
 def best_take_back_gain(plugin: PullQueue, thief) -> float | None:
     """The old scan over every leased item of every worker."""
-    placement = plugin.placement
+    placement = plugin.state.placement
     best = None
     for work in leased_items(plugin):
         if work.worker == thief.address or work.started or work.lane is not Lane.BATCH:
             continue
-        if work.model not in thief.held and not can_host(plugin.model_specs[work.model], thief):
+        if work.model not in thief.held and not can_host(plugin.state.model_specs[work.model], thief):
             continue
-        holder = plugin.views.get(work.worker)
+        holder = plugin.state.views.get(work.worker)
         on_holder = placement._ahead.get(work.worker, 0.0)
         if holder is not None and work.model not in holder.loaded:
             on_holder += placement.load_seconds(holder, work.model)
@@ -232,16 +234,16 @@ def best_take_back_gain(plugin: PullQueue, thief) -> float | None:
 
 def check_choices(plugin: PullQueue) -> None:
     """Steal and take-back picks from the indexes are as good as the old scans' (equal gain)."""
-    placement = plugin.placement
-    for view in list(plugin.views.values()):
+    placement = plugin.state.placement
+    for view in list(plugin.state.views.values()):
         expected = best_steal_gain(plugin, view)
         chosen = placement._steal(view)
         if expected is None:
             assert chosen is None
         else:
             assert chosen is not None, f"no steal where {expected} was best"
-            holders = plugin.views.holders.get(chosen, 0)
-            rows = plugin.queues.waiting_rows(chosen, Lane.BATCH)
+            holders = plugin.state.views.holders.get(chosen, 0)
+            rows = plugin.state.queues.waiting_rows(chosen, Lane.BATCH)
             if expected[0] == 1:
                 assert holders == 0 and rows == expected[1]
             else:
@@ -254,7 +256,7 @@ def check_choices(plugin: PullQueue) -> None:
             assert taken is None
         else:
             assert taken is not None and taken.worker is not None  # taken back from its holder
-            holder = plugin.views.get(taken.worker)
+            holder = plugin.state.views.get(taken.worker)
             on_holder = placement._ahead.get(taken.worker, 0.0)
             if holder is not None and taken.model not in holder.loaded:
                 on_holder += placement.load_seconds(holder, taken.model)
@@ -282,13 +284,13 @@ async def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps)
             if op == "submit":
                 model, count, rows = args
                 jobs += 1
-                plugin.submit(f"j{jobs}", items(model, count, rows), {"lease_seconds": 60})
+                plugin.batch.submit(f"j{jobs}", items(model, count, rows), {"lease_seconds": 60})
             elif op == "online":
                 answers.append(plugin.online.submit(args[0], "encode", {"texts": ["x"]}, 1, SETTINGS)[1])
             elif op == "pull":
                 worker, held, loaded, room, in_hand, measured, seconds = args
                 budget = 10**10 if worker in ("w0", "w1") else 10**8
-                await plugin.pull(
+                await plugin.batch.pull(
                     worker,
                     held=held,
                     loaded=[m for m in loaded if m in held],
@@ -303,21 +305,21 @@ async def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps)
                 await plugin.online.pull(worker, held=held, loaded=held[:1], busy=busy, timeout=0)
             elif op == "start" and leased:
                 work = leased[args[0] % len(leased)]
-                plugin.start_item(work.worker, work.id)
+                plugin.state.start(work.worker, work.id)
             elif op == "ack" and leased:
                 work = leased[args[0] % len(leased)]
-                if work.job.startswith("online-"):
-                    plugin.online.ack(work.worker, work.id, {}, args[1])
+                if work.lane is Lane.ONLINE:
+                    plugin.online.ack_all(work.worker, [(work.id, {}, args[1])])
                 else:
-                    plugin.ack(work.worker, work.id, {"rows": work.rows, "compute_seconds": args[1]})
+                    plugin.state.ack(work.worker, work.id, {"rows": work.rows, "compute_seconds": args[1]})
             elif op == "fail" and leased:
                 work = leased[args[0] % len(leased)]
-                plugin.fail(work.worker, work.id, "boom", permanent=args[1])
+                plugin.state.fail(work.worker, work.id, "boom", permanent=args[1])
             elif op == "expire" and leased:
                 work = leased[args[0] % len(leased)]
                 work.deadline = 0.0
-                plugin.leases.extended(work)
-                plugin.expire_leases()
+                plugin.state.leases._push(work)  # its lease ran out: the next check finds it
+                plugin.state.leases.expire()
             elif op == "remove" and args[0] in scheduler.workers:
                 removed[args[0]] = dict.pop(scheduler.workers, args[0])
                 plugin.remove_worker(scheduler, args[0])
@@ -325,7 +327,9 @@ async def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps)
                 scheduler.workers[args[0]] = removed.pop(args[0])
             elif op == "respec":  # the catalog's load time changes: steal and take-back keys are built on it
                 model, seconds = args
-                plugin.add_specs({model: {**plugin.model_specs.fields[model], "load_seconds": seconds}}, "the test")
+                plugin.state.add_specs(
+                    {model: {**plugin.state.model_specs.fields[model], "load_seconds": seconds}}, "the test"
+                )
             check_indexes(plugin)
             check_choices(plugin)
             check_indexes(plugin)
@@ -345,31 +349,31 @@ async def test_an_idle_pull_touches_a_bounded_number_of_candidates_at_1024_worke
     workers = [f"w{i}" for i in range(1024)]
     specs = {m: spec(m, load_seconds=2.0) for m in models}
     async with running_queue([*workers, "idle"], specs) as plugin:
-        plugin.submit(
+        plugin.batch.submit(
             "leased", [item for i, w in enumerate(workers) for item in items(models[i % 1000], 2, 100, w)], {}
         )
         for i, w in enumerate(workers):
-            leased = (await plugin.pull(w, held=[models[i % 1000]], room=2, timeout=0, in_hand=0))["items"]
+            leased = (await plugin.batch.pull(w, held=[models[i % 1000]], room=2, timeout=0, in_hand=0))["items"]
             assert leased
-            assert plugin.start_item(w, leased[0]["id"])
-        plugin.submit("waiting", [item for m in models for item in items(m, 1, 100, "waiting-")], {})
+            assert plugin.state.start(w, leased[0]["id"])
+        plugin.batch.submit("waiting", [item for m in models for item in items(m, 1, 100, "waiting-")], {})
         for pull in range(3):
-            before = plugin.placement.touched
-            reply = await plugin.pull("idle", held=[], timeout=0, in_hand=0, load_seconds={"elsewhere": 0.1})
-            touched = plugin.placement.touched - before
-            assert reply["items"] == [] and plugin.events["taken_back"] == 0, pull
+            before = plugin.state.placement.touched
+            reply = await plugin.batch.pull("idle", held=[], timeout=0, in_hand=0, load_seconds={"elsewhere": 0.1})
+            touched = plugin.state.placement.touched - before
+            assert reply["items"] == [] and plugin.state.counts["taken_back"] == 0, pull
             assert touched <= 8, f"pull {pull} touched {touched} candidates"
-        assert len(plugin.placement.take_backs.by_holder) >= 1000  # holders of candidates all along
-        thief = plugin.views.get("idle")
+        assert len(plugin.state.placement.take_backs.by_holder) >= 1000  # holders of candidates all along
+        thief = plugin.state.views.get("idle")
         assert best_steal_gain(plugin, thief) is None and best_take_back_gain(plugin, thief) is None
         # With a model loaded it takes that model's waiting item, then one back: it starts at once here.
-        assert [m["model"] for m in (await plugin.pull("idle", held=["m500"], timeout=0, in_hand=0))["items"]] == [
-            "m500"
-        ]
-        before = plugin.placement.touched
-        reply = await plugin.pull("idle", held=["m500"], timeout=0, in_hand=0)
-        assert [m["model"] for m in reply["items"]] == ["m500"] and plugin.events["taken_back"] == 1
-        assert plugin.placement.touched - before <= 8
+        assert [
+            m["model"] for m in (await plugin.batch.pull("idle", held=["m500"], timeout=0, in_hand=0))["items"]
+        ] == ["m500"]
+        before = plugin.state.placement.touched
+        reply = await plugin.batch.pull("idle", held=["m500"], timeout=0, in_hand=0)
+        assert [m["model"] for m in reply["items"]] == ["m500"] and plugin.state.counts["taken_back"] == 1
+        assert plugin.state.placement.touched - before <= 8
 
 
 async def test_a_take_back_looks_past_models_the_thief_cannot_host_or_loads_slower_than_the_catalog_says():
@@ -385,14 +389,14 @@ async def test_a_take_back_looks_past_models_the_thief_cannot_host_or_loads_slow
     }
     async with running_queue({"holder": worker_state(GPU=1), "thief": worker_state()}, models) as plugin:
         held = list(models)
-        plugin.submit("run", items("run", 4, rows=100), {})
-        for message in (await plugin.pull("holder", held=held, room=4, timeout=0))["items"]:
-            assert plugin.start_item("holder", message["id"])
-        plugin.submit("wait", [*items("big", 1), *items("slow", 1), *items("far", 1)], {})
+        plugin.batch.submit("run", items("run", 4, rows=100), {})
+        for message in (await plugin.batch.pull("holder", held=held, room=4, timeout=0))["items"]:
+            assert plugin.state.start("holder", message["id"])
+        plugin.batch.submit("wait", [*items("big", 1), *items("slow", 1), *items("far", 1)], {})
         for _ in range(3):
-            assert len((await plugin.pull("holder", held=held, room=1, timeout=0, in_hand=4))["items"]) == 1
-        reply = await plugin.pull("thief", held=[], timeout=0, in_hand=0, load_seconds={"slow": 3.0})
-        assert [m["model"] for m in reply["items"]] == ["far"] and plugin.events["taken_back"] == 1
+            assert len((await plugin.batch.pull("holder", held=held, room=1, timeout=0, in_hand=4))["items"]) == 1
+        reply = await plugin.batch.pull("thief", held=[], timeout=0, in_hand=0, load_seconds={"slow": 3.0})
+        assert [m["model"] for m in reply["items"]] == ["far"] and plugin.state.counts["taken_back"] == 1
 
 
 async def test_a_steal_finds_a_model_the_thief_loads_faster_than_the_catalog_says():
@@ -401,18 +405,18 @@ async def test_a_steal_finds_a_model_the_thief_loads_faster_than_the_catalog_say
 
     specs = {m: spec(m, load_seconds=s) for m, s in (("fast", 4.0), ("other", 1.0))}
     async with running_queue(["holder", "thief"], specs) as plugin:
-        await plugin.pull("holder", held=["fast", "other"], timeout=0)
-        plugin.submit("j", [*items("fast", 3, rows=100), *items("other", 3, rows=100)], {})
-        reply = await plugin.pull("thief", held=[], timeout=0, load_seconds={"fast": 0.5})
+        await plugin.batch.pull("holder", held=["fast", "other"], timeout=0)
+        plugin.batch.submit("j", [*items("fast", 3, rows=100), *items("other", 3, rows=100)], {})
+        reply = await plugin.batch.pull("thief", held=[], timeout=0, load_seconds={"fast": 0.5})
         assert [m["model"] for m in reply["items"]] == ["fast"]
 
 
 async def test_a_gpu_only_model_is_judged_unplaceable_from_worker_capabilities():
     async with queue(["cpu"]) as plugin:
-        plugin.submit(
+        plugin.batch.submit(
             "j", items("m", 1), {"models": {"m": spec("m", requires={"GPU": 1}).model_dump()}, "unplaceable_seconds": 0}
         )
-        await plugin.pull("cpu", held=[], timeout=0, in_hand=1)
-        plugin.bury_unplaceable()
-        status = plugin.job_status("j")
+        await plugin.batch.pull("cpu", held=[], timeout=0, in_hand=1)
+        plugin.state.bury_unplaceable()
+        status = plugin.batch.job_status("j")
         assert status["failed"] == 1 and "GPU=1" in status["dead_letters"][0]["errors"][0]

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from shoal.configs import ModelSpec
+from shoal.scheduler_plugins.clock import Clock
 from shoal.scheduler_plugins.pull_queue import PullQueue
 
 
@@ -88,10 +89,13 @@ def spec(name: str, **fields: Any) -> ModelSpec:
 
 @asynccontextmanager
 async def running_queue(
-    workers: Iterable[str] | Mapping[str, object] = ("w1", "w2"), models: Mapping[str, ModelSpec] | None = None
+    workers: Iterable[str] | Mapping[str, object] = ("w1", "w2"),
+    models: Mapping[str, ModelSpec] | None = None,
+    clock: Clock | None = None,
 ) -> AsyncIterator[PullQueue]:
-    """A `PullQueue` serving `models`, started on a `FakeScheduler` of `workers`; closed on exit, failed or not."""
-    plugin = PullQueue(models=models)
+    """A `PullQueue` serving `models`, started on a `FakeScheduler` of `workers`, its time kept by `clock` (a
+    `tests.support.clock.ManualClock` for leases and timeouts a test drives); closed on exit, failed or not."""
+    plugin = PullQueue(models=models, clock=clock)
     await plugin.start(FakeScheduler(workers))
     try:
         yield plugin

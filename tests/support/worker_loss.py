@@ -16,7 +16,6 @@ import yaml
 from tests.support.cli import embed_args
 from tests.support.files import write_profile, write_shards
 from tests.support.paths import ROOT, SHOAL
-from tests.support.processes import started
 from tests.support.waiting import wait_for
 
 # A simulated model slow enough (about 0.5 s per 100-row item) for a worker to be killed while a job runs.
@@ -47,8 +46,8 @@ def kill_busy_worker(cluster, job: subprocess.Popen) -> str:
     deadline = time.monotonic() + 240
     while victim is None and time.monotonic() < deadline and job.poll() is None:
         time.sleep(0.2)
-        if plugin.events["acked"] >= 1:
-            busy = [w for w, items in plugin.leased_by_worker.items() if items]
+        if plugin.state.counts["acked"] >= 1:
+            busy = [w for w, items in plugin.state.leases.by_worker.items() if items]
             victim = busy[0] if busy else None
     assert victim is not None, "the job ended before a worker could be killed"
     kill_worker(cluster, victim)
@@ -80,11 +79,16 @@ def embed_killing_a_worker(
         client.wait_for_workers(2)
         plugin = cluster.scheduler.extensions["shoal-pull-queue"]
         on_cluster = {"scheduler": cluster.scheduler_address, "profile": profile.path, "model": model[0]}
-        embedding = [SHOAL, *embed_args(tmp_path / "in", output, catalog, **on_cluster)]
-        with started(embedding, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as job:
-            kill_busy_worker(cluster, job)
-            _, stderr = job.communicate(timeout=300)
-        return ids, job.returncode, stderr, plugin.events["lost"]
+        job = subprocess.Popen(
+            [SHOAL, *embed_args(tmp_path / "in", output, catalog, **on_cluster)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        kill_busy_worker(cluster, job)
+        _, stderr = job.communicate(timeout=300)
+        return ids, job.returncode, stderr, plugin.state.counts["lost"]
 
 
 @contextmanager
@@ -121,7 +125,7 @@ def holder_of_an_online_request(plugin: Any) -> str:
     """The address of a worker holding an online request, once one does (polled every 5 ms)."""
     return wait_for(
         lambda: next(
-            (str(w) for w, items in plugin.leased_by_worker.items() for i in items if i.startswith("online-")), ""
+            (str(w) for w, items in plugin.state.leases.by_worker.items() for i in items if i.startswith("online-")), ""
         ),
         timeout=60,
         what="an online request leased to a worker",

@@ -9,13 +9,16 @@ from types import SimpleNamespace
 
 from shoal.scheduler_plugins.protocol import EVENTS
 from shoal.workers.scheduler_stream import SchedulerStream, flush_interval
+from tests.support.clock import ManualClock
+
+CLOCK = ManualClock()  # the stream's renewals and flushes: time moves only when a test advances it
 
 
 @contextmanager
 def recorded(flush_seconds: float) -> Iterator[tuple[SchedulerStream, list[dict]]]:
-    """A stream whose messages to the scheduler are kept in a list; closed on exit, passed or failed."""
+    """A stream whose messages to the scheduler are kept in a list, on CLOCK; closed on exit, passed or failed."""
     sent: list[dict] = []
-    stream = SchedulerStream(SimpleNamespace(batched_stream=SimpleNamespace(send=sent.append)), flush_seconds)
+    stream = SchedulerStream(SimpleNamespace(batched_stream=SimpleNamespace(send=sent.append)), flush_seconds, CLOCK)
     try:
         yield stream, sent
     finally:
@@ -29,9 +32,11 @@ async def test_events_of_many_items_leave_in_one_message_and_an_ack_drops_its_un
             stream.started(item)
         stream.ack("a", {"rows": 1})
         stream.ack("b", {"rows": 2})
-        await asyncio.sleep(0.2)
+        CLOCK.advance(0.04)
+        assert sent == []
+        CLOCK.advance(0.02)
         stream.ack("c", {"rows": 3})  # its start went out already: only the ack is left
-        await asyncio.sleep(0.2)
+        CLOCK.advance(0.2)
     first, second = sent
     assert first == {"op": EVENTS, "started": ["c"], "acks": [("a", {"rows": 1}), ("b", {"rows": 2})]}
     assert second == {"op": EVENTS, "acks": [("c", {"rows": 3})]}
@@ -42,7 +47,7 @@ async def test_a_failure_goes_out_on_the_next_loop_pass_with_what_has_gathered_a
         stream.started("a")
         stream.started("b")
         stream.fail("b", "OSError: reset", False)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the next loop pass
         assert sent == [{"op": EVENTS, "started": ["a"], "failed": [("b", "OSError: reset", False)]}]
 
 
@@ -50,9 +55,13 @@ async def test_a_short_lease_is_renewed_before_it_lapses_however_long_the_flush_
     with recorded(30.0) as (stream, sent):
         stream.start()
         stream.hold("a", 0.6)
-        await asyncio.sleep(0.55)  # renewed after 0.2 s (a third), sent within 0.1 s (a sixth), not after 30 s
+        CLOCK.advance(0.14)
+        assert sent == []  # due after a quarter of its lease
+        CLOCK.advance(0.15)  # due after 0.15 s (seen within a 0.05 s tick), sent within 0.075 s, not after 30 s
+        assert sent == [{"op": EVENTS, "extend": ["a"]}]
+        CLOCK.advance(0.3)
         renewed = list(sent)
-    assert renewed and all(message == {"op": EVENTS, "extend": ["a"]} for message in renewed)
+    assert len(renewed) >= 2 and all(message == {"op": EVENTS, "extend": ["a"]} for message in renewed)
 
 
 async def test_events_taken_for_a_pull_leave_with_it_and_their_flush_is_cancelled():
@@ -62,7 +71,7 @@ async def test_events_taken_for_a_pull_leave_with_it_and_their_flush_is_cancelle
         stream.started("b")
         stream.ack("a", {"rows": 1})
         riding = stream.take()
-        await asyncio.sleep(0.2)  # past the flush: nothing left to send
+        CLOCK.advance(0.2)  # past the flush: nothing left to send
         assert sent == []
         assert riding == {"started": ["b"], "acks": [("a", {"rows": 1})]}
         stream.send(riding)  # the pull could not leave: they go on the stream
@@ -78,14 +87,14 @@ async def test_events_gather_for_half_the_heartbeat_dask_stretches_with_the_clus
     worker = SimpleNamespace(
         batched_stream=SimpleNamespace(send=sent.append), periodic_callbacks={"heartbeat": heartbeat}
     )
-    stream = SchedulerStream(worker)
+    stream = SchedulerStream(worker, clock=CLOCK)
     try:
         assert stream.flush_seconds == 0.25
         heartbeat.callback_time = 2000  # the scheduler's heartbeat reply for 50 to 199 workers
         stream.ack("a", {"rows": 1})
-        await asyncio.sleep(0.5)
+        CLOCK.advance(0.99)
         assert sent == []  # gathers for a second now
-        await asyncio.sleep(0.7)
+        CLOCK.advance(0.02)
         assert sent == [{"op": EVENTS, "acks": [("a", {"rows": 1})]}]
     finally:
         stream.close()

@@ -127,8 +127,8 @@ def test_workers_sigtermed_every_few_seconds_retire_without_spending_an_attempt_
             for name in terminated:  # each left by itself, within its grace, without being killed
                 assert cluster.workers[name].wait(timeout=60) == 0
             overview = client.sync(pull_queue(client).overview)
-            assert overview["events"].get("lost", 0) == 0 and overview["events"].get("expired", 0) == 0
-            assert overview["events"].get("handed_back", 0) >= 1
+            assert overview["counts"].get("lost", 0) == 0 and overview["counts"].get("expired", 0) == 0
+            assert overview["counts"].get("handed_back", 0) >= 1
             assert sorted(read_output(job_folder / "out").column("id").to_pylist()) == sorted(ids)  # each id once
             log = cluster.log.read_text()
             assert log.count("shoal.scheduler - INFO - retiring") >= len(terminated)
@@ -144,7 +144,7 @@ def test_workers_sigtermed_every_few_seconds_retire_without_spending_an_attempt_
             cluster.workers[victim].send_signal(signal.SIGKILL)  # a no-nanny worker, or a nanny: its child goes too
             _, stderr = job.communicate(timeout=300)
             assert job.returncode == 0, stderr
-            assert client.sync(pull_queue(client).overview)["events"]["lost"] >= 1
+            assert client.sync(pull_queue(client).overview)["counts"]["lost"] >= 1
             assert sorted(read_output(job_folder / "out").column("id").to_pylist()) == sorted(ids)
             lost = [line for line in cluster.log.read_text().splitlines() if " lost; " in line]
             assert lost and all(any(a in line for a in addresses) for line in lost)

@@ -65,13 +65,13 @@ def test_online_request_of_a_killed_worker_is_answered_by_another(tmp_path):
         caller = threading.Thread(target=ask)
         caller.start()
         victim = wait_for(
-            lambda: next((w for w, items in plugin.leased_by_worker.items() if items), None),
+            lambda: next((w for w, items in plugin.state.leases.by_worker.items() if items), None),
             timeout=60,
             what="the request leased to a worker",
         )
         kill_worker(cluster, victim)
         caller.join(120)
-        assert plugin.events["lost"] >= 1
+        assert plugin.state.counts["lost"] >= 1
         client.sync(pull_queue(client).gateway_stop)
     runtime = SimulatedRuntime(ModelSpec(**{**slow, "batch_fixed_seconds": 0.0}))
     expected, _ = runtime.embed(["a question", "another one"])
@@ -96,9 +96,9 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
             {"key": str(i), "model": "steady", "op": "sim", "rows": 8, "payload": {"tokens": [16] * 8}}
             for i in range(400)
         ]
-        client.sync(pull_queue(client).submit, job="background", items=batch, settings={"lease_seconds": 30})
+        client.sync(pull_queue(client).submit, job="background", items=batch, options={"lease_seconds": 30})
         wait_for(
-            lambda: sum(len(items) for items in plugin.leased_by_worker.values()) >= 4,
+            lambda: sum(len(items) for items in plugin.state.leases.by_worker.values()) >= 4,
             timeout=60,
             what="batch items leased to both workers",
         )
@@ -115,7 +115,7 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
             kill_worker(cluster, victim)
             answered_at = [a.result(timeout=60) for a in answers]
         client.sync(pull_queue(client).job_release, job="background")
-    assert plugin.events["lost"] >= 1
+    assert plugin.state.counts["lost"] >= 1
     assert max(answered_at) - killed_at < 2.0, [round(t - killed_at, 2) for t in answered_at]
 
 
