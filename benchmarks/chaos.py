@@ -251,6 +251,19 @@ def summarize_online(answers: list[Answer], faults: Faults, settle: float, deadl
     }
 
 
+def figures(report: dict) -> list[harness.Figure]:
+    """Rows lost or wrong under faults (none allowed), and online p99 while workers are killed or frozen."""
+    batch, online = report["batch"], report["online"]
+    wrong = batch["lost"] + batch["duplicated"] + batch["differing"]
+    unanswered = online["legit"].get("unanswered", 0)
+    return [
+        harness.Figure(f"rows lost, duplicated or differing over {batch['jobs']} jobs", wrong, "", "0", wrong == 0),
+        harness.Figure("legitimate requests unanswered", unanswered, "", "0", unanswered == 0),
+        harness.Figure("online p99 during faults", online["legit_p99_ms_during_faults"], "ms"),
+        harness.Figure("online p99 calm", online["legit_p99_ms_calm"], "ms"),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -349,7 +362,7 @@ def main() -> None:
         "runs": runs,
         "fault_log": faults.log,
     }
-    harness.write_result("chaos", report, args.json)
+    harness.write_result("chaos", report, args.json, figures(report))
     print(json.dumps({k: report[k] for k in ("conditions", "faults", "batch", "online")}, indent=1))
     failed = totals["lost"] or totals["duplicated"] or totals["differing"] or online["legit"].get("unanswered", 0)
     sys.exit(1 if failed else 0)

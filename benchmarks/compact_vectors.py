@@ -47,6 +47,16 @@ def scores(queries: np.ndarray, corpus: np.ndarray, precision: str) -> np.ndarra
     return queries.astype(np.float32) @ corpus.astype(np.float32).T
 
 
+def figures(result: dict) -> list[harness.Figure]:
+    """nDCG@10 of each compact format at full dimension against float32's."""
+    rows = result["rows"]
+    full = [row for row in rows if row["dim"] == max(r["dim"] for r in rows)]
+    return [
+        harness.Figure(f"nDCG@10, {row['precision']} ({row['bytes_per_vector']} bytes)", round(row["ndcg@10"], 4))
+        for row in full
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default=str(harness.result_path("compact_vectors")))
@@ -81,7 +91,7 @@ def main() -> int:
                     **evaluate(rankings, qrels, recall_k=10),
                 }
             )
-    harness.write_result("compact_vectors", {"rows": rows}, args.json)
+    harness.write_result("compact_vectors", {"rows": rows}, args.json, figures({"rows": rows}))
     for row in rows:
         print(
             f"{row['precision']:>8} dim {row['dim']:>3}: {row['bytes_per_vector']:>5} B  nDCG@10 {row['ndcg@10']:.3f}  recall@10 {row['recall@10']:.3f}"

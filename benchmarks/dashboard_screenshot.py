@@ -32,6 +32,7 @@ from harness import ROOT  # before Shoal's imports: the repository on sys.path, 
 from rich.console import Console
 
 from shoal.configs import GatewaySettings, load_catalog, load_profile
+from shoal.configs.kinds import for_operation
 from shoal.pipeline.cluster import pull_queue, start_local_cluster
 from shoal.pipeline.jobs.embed import EmbedRequest, run_embed
 from shoal.pipeline.jobs.engine import model_for
@@ -80,7 +81,7 @@ def main() -> int:
         )
         job.start()
         if args.online_rate:  # online requests too, so the page's online figures are live
-            specs = {args.model: model_for(catalog, profile, args.model, "embedder").model_dump()}
+            specs = {args.model: model_for(catalog, profile, args.model, for_operation("embed")).model_dump()}
             url = client.sync(
                 pull_queue(client).gateway_start, settings=GatewaySettings(port=0).model_dump(), models=specs
             )["url"]

@@ -528,6 +528,19 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def figures(results: dict) -> list[harness.Figure]:
+    """Whole commands' speed against a direct fp32 encode, and `make demo` against the demo before `auto`."""
+    found = [
+        harness.Figure(f"{row['command']} / direct fp32 encode", row["vs_direct"], "x")
+        for row in results.get("batch", {}).get("rows", [])
+        if row["vs_direct"] != 1.0
+    ]
+    demo = results.get("demo", {}).get("make demo (no flags: auto)")
+    if demo:
+        found.append(harness.Figure("make demo rows/s / before auto (cpu-local)", demo["vs_before"], "x"))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="batch,demo")
@@ -563,7 +576,7 @@ def main() -> None:
         results["batch"] = part_batch(sample_texts(args.limit), args.rounds, scratch, Path(args.fastembed_scratch))
     if "demo" in parts:
         results["demo"] = part_demo(args.rounds, scratch)
-    harness.write_result("defaults", results, args.json)
+    harness.write_result("defaults", results, args.json, figures(results))
     print(markdown(results))
 
 

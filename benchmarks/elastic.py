@@ -240,6 +240,29 @@ def bursts(args: argparse.Namespace) -> dict[str, Any]:
     return {"fixed": fixed, "adaptive": adaptive, "ratio": ratio}
 
 
+def figures(results: dict) -> list[harness.Figure]:
+    """Adaptive against fixed: makespan within 15 %, at most 60 % of the worker-seconds; a cold start's first answer."""
+    found = []
+    if "ratio" in results:
+        makespan, seconds = results["ratio"]["makespan"], results["ratio"]["worker_seconds"]
+        found += [
+            harness.Figure("adaptive / fixed makespan", round(makespan, 2), "x", "<= 1.15x", makespan <= 1.15),
+            harness.Figure("adaptive / fixed worker-seconds", round(seconds, 2), "x", "<= 0.6x", seconds <= 0.6),
+        ]
+    if "cold" in results:
+        rounds = results["cold"]["rounds"]
+        first = [r["first_seconds"] for r in rounds]
+        found.append(
+            harness.Figure(
+                f"{results['cold']['model']}: first answer from zero workers", f"{min(first):.1f}-{max(first):.1f}", "s"
+            )
+        )
+        found.append(
+            harness.Figure("later requests, p50", round(1000 * max(r["later_p50_seconds"] for r in rounds), 1), "ms")
+        )
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="bursts", help="comma-separated: bursts, cold")
@@ -258,7 +281,7 @@ def main() -> None:
         results.update(bursts(args))
     if "cold" in parts:
         results["cold"] = cold_start(args)
-    print(f"wrote {harness.write_result('elastic', results, args.json)}")
+    print(f"wrote {harness.write_result('elastic', results, args.json, figures(results))}")
 
 
 if __name__ == "__main__":

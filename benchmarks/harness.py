@@ -15,9 +15,10 @@ a benchmark imports it before anything of Shoal's.
 - ``wait_for_idle``, ``load_average``: before a timed run, wait a while for the machine
   to calm down; the load average to record beside a measurement.
 - ``machine_info``, ``git_state``, ``conditions``: what a result was measured on.
-- ``write_result``: one JSON file per benchmark, ``benchmarks/results/<name>.json``
-  (``--json PATH`` elsewhere), written over the last run's: older runs live in
-  docs/BENCHMARKS.md's tables.
+- ``Figure``, ``write_result``: one JSON file per benchmark, ``benchmarks/results/<name>.json``
+  (``--json PATH`` elsewhere), written over the last run's, with the run's headline ``figures``: the numbers
+  a claim rests on, each with its goal. ``benchmarks/figures.py`` lays them out as the table that opens
+  docs/BENCHMARKS.md; older runs live in that page's sections below it.
 - ``markdown_table``: a table for the report a benchmark prints.
 - ``venv_command``, ``subprocess_env``, ``job_figures``: running the
   ``shoal`` command as a user does and reading its job summary.
@@ -35,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -236,16 +238,37 @@ def result_path(name: str) -> Path:
     return RESULTS / f"{name}.json"
 
 
-def write_result(name: str, result: dict[str, Any], path: str | Path | None = None) -> Path:
+@dataclass
+class Figure:
+    """One headline number of a run: what a claim in the docs rests on.
+
+    `name` says what was measured in words ("scheduler CPU per item, 64 workers"), `value` and `unit` the
+    figure (a ratio's unit is "x"), `goal` what it is held to ("<= 50 us", "0", ">= 1.2x"; empty when none)
+    and `met` whether this run met it (None without a goal). docs/BENCHMARKS.md's opening table lists them.
+    """
+
+    name: str
+    value: float | int | str
+    unit: str = ""
+    goal: str = ""
+    met: bool | None = None
+
+
+def write_result(
+    name: str, result: dict[str, Any], path: str | Path | None = None, figures: list[Figure] | None = None
+) -> Path:
     """Write `result` as JSON to `path` (default benchmarks/results/<name>.json), over the last run's.
 
-    A result without ``conditions`` gets them (``conditions()``); the
-    benchmark's name is recorded with it.
+    A result without ``conditions`` gets them (``conditions()``); the benchmark's name is recorded with
+    it, and its headline `figures` (`Figure`), which ``benchmarks/figures.py`` puts in docs/BENCHMARKS.md's
+    opening table once the file is in benchmarks/results/.
     """
     target = Path(path) if path else result_path(name)
     target.parent.mkdir(parents=True, exist_ok=True)
     data = {"benchmark": name, **result}
     data.setdefault("conditions", conditions())
+    if figures is not None:
+        data["figures"] = [asdict(figure) for figure in figures]
     target.write_text(json.dumps(data, indent=1, default=float) + "\n")
     return target
 

@@ -305,6 +305,22 @@ def measure(port: int, pid: int, bodies: dict[str, tuple[str, str, bytes]], rate
     return results
 
 
+def figures(result: dict[str, Any]) -> list[harness.Figure]:
+    """Per run (tree and server): the slowest hostile body's refusal (goal under 50 ms), the largest memory growth,
+    and the legitimate stream's p99 meanwhile (goal under 100 ms)."""
+    found = []
+    for run_name, run in result["runs"].items():
+        slowest = max(body["refused_ms"] for body in run["bodies"].values())
+        growth = max(body["memory_growth_mib"] for body in run["bodies"].values())
+        p99 = run["stream"]["p99_ms"]
+        found += [
+            harness.Figure(f"{run_name}: slowest refusal", slowest, "ms", "< 50 ms", slowest < 50),
+            harness.Figure(f"{run_name}: largest memory growth", growth, "MiB"),
+            harness.Figure(f"{run_name}: legitimate p99 meanwhile", p99, "ms", "< 100 ms", p99 < 100),
+        ]
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--code", default=None, help="another checkout, measured beside this tree (the code before)")
@@ -327,7 +343,7 @@ def main() -> None:
                 run["load"] = harness.load_average()
                 result["runs"][f"{tree} / {server}"] = run
     result["conditions"]["load_after"] = harness.load_average()
-    harness.write_result("hostile_bodies", result, args.json)
+    harness.write_result("hostile_bodies", result, args.json, figures(result))
     print(report(result, names))
 
 

@@ -122,6 +122,15 @@ def shoal_vectors(output: Path, names: list[str]) -> np.ndarray:
     return np.array([by_id[name] for name in names], dtype=np.float32)
 
 
+def figures(result: dict) -> list[harness.Figure]:
+    """Images/s of `shoal embed` over a direct Pillow + encode script (goal 1.5x), and their vectors' agreement."""
+    ratio = result["shoal_vs_direct"]
+    return [
+        harness.Figure(f"shoal embed / direct, {result['images']} images", ratio, "x", ">= 1.5x", ratio >= 1.5),
+        harness.Figure("cosine to the direct vectors, min", result["cosine_min"]),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=2000)
@@ -175,7 +184,7 @@ def main() -> None:
         "runs": runs,
         "conditions": harness.conditions(),
     }
-    harness.write_result("image_embed", result, args.json)
+    harness.write_result("image_embed", result, args.json, figures(result))
     print(json.dumps({k: v for k, v in result.items() if k not in ("runs", "conditions", "shoal_summary")}, indent=1))
 
 

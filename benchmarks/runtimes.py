@@ -391,6 +391,20 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def figures(results: dict) -> list[harness.Figure]:
+    """Whole `shoal embed` against a direct fp32 encode and fastembed, and `shoal serve` against fp32 torch."""
+    found = []
+    for row in results.get("batch", {}).get("rows", []):
+        if row["command"].startswith("shoal"):
+            found.append(harness.Figure(f"{row['command']} / direct fp32 encode", row["vs_direct"], "x"))
+            found.append(harness.Figure(f"{row['command']} / fastembed", row["vs_fastembed"], "x"))
+            found.append(harness.Figure(f"{row['command']}: cosine to fp32, min", row["cosine_min"]))
+    for row in results.get("online", {}).get("rows", []):
+        if row["vs_fp32"] != 1.0:
+            found.append(harness.Figure(f"{row['server']}: requests/s / fp32 torch", row["vs_fp32"], "x"))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="runtimes,batch,online")
@@ -417,7 +431,9 @@ def main() -> None:
         if part in parts:
             print(f"{part}:", flush=True)
             results[part] = run()
-            harness.write_result("runtimes", results, args.json)  # each part kept as soon as it is measured
+            harness.write_result(
+                "runtimes", results, args.json, figures(results)
+            )  # each part kept as soon as it is measured
     print(markdown(results))
 
 

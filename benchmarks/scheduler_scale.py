@@ -255,7 +255,7 @@ async def plugin_alone(
         crng = random.Random(client_seed)
         while time.perf_counter() < stop_at:
             model = zipf.draw(crng)[0]
-            _, future = plugin.online.submit(model, "encode", {"texts": ["q"]}, 1, settings)
+            _, future = plugin.online.submit(model, "embed", {"texts": ["q"]}, 1, settings)
             await future
             answered += 1
 
@@ -784,6 +784,18 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
+def figures(results: dict) -> list[harness.Figure]:
+    """Scheduler CPU per item over real comms, net of idle, at each worker count measured."""
+    return [
+        harness.Figure(
+            f"(b) scheduler CPU per item, {row['workers']} workers",
+            round(row["scheduler_net_cpu_us_per_item"], 1),
+            "us",
+        )
+        for row in results.get("b", [])
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="a", help="comma-separated: a, b, c")
@@ -836,7 +848,7 @@ def main() -> None:
                 flush=True,
             )
             results["c"] = part_c(args, Path(folder))
-    print(f"wrote {harness.write_result('scheduler_scale', results, args.json)}")
+    print(f"wrote {harness.write_result('scheduler_scale', results, args.json, figures(results))}")
     if args.plot and results.get("a"):
         before = json.loads(Path(args.before).read_text()).get("a", []) if args.before else []
         plot(results["a"], before, Path(args.plot))

@@ -312,7 +312,7 @@ def tokenizer_alone(count: int, rounds: int) -> dict[str, float]:
         encoder: Any = TokenEncoder(backend, 256, 0, 0, "right")
     except (ImportError, TypeError):  # an older tree: no TokenEncoder (or another signature)
         encoder = None
-    figures = {}
+    per_row = {}
     for label, rows in (("texts", texts(count)), ("800-word texts", long_texts(max(count // 5, 100)))):
         calls = {"tokenizer alone": lambda rows=rows: backend.encode_batch(rows)}
         if encoder is not None:
@@ -323,8 +323,8 @@ def tokenizer_alone(count: int, rounds: int) -> dict[str, float]:
                 began = time.process_time()
                 call()
                 best = min(best, time.process_time() - began)
-            figures[f"{name}, {label}"] = round(best * 1e6 / len(rows), 1)
-    return figures
+            per_row[f"{name}, {label}"] = round(best * 1e6 / len(rows), 1)
+    return per_row
 
 
 def tokenizer_on_all_cores(rows: list[str], rounds: int) -> float:
@@ -459,7 +459,7 @@ def embed_near_free(scratch: Path, n: int, catalog: Path, tree: str, label: str,
 
 def near_free_stages(scratch: Path, count: int, rounds: int, layers: list[int]) -> dict[str, Any]:
     """The stages with the near-free models' forward kept, this tree, torch: what the forward costs per row."""
-    figures = {}
+    by_depth = {}
     for depth in layers:
         catalog = near_free_model(scratch, depth)
         command = [sys.executable, str(Path(__file__)), "--one", "torch", "--texts", str(count), "--keep-forward"]
@@ -468,8 +468,25 @@ def near_free_stages(scratch: Path, count: int, rounds: int, layers: list[int]) 
         done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         if done.returncode:
             raise SystemExit(f"near-free stages failed:\n{done.stderr[-3000:]}")
-        figures[f"{depth} layers"] = json.loads(done.stdout.strip().splitlines()[-1])["us_per_row"]
-    return figures
+        by_depth[f"{depth} layers"] = json.loads(done.stdout.strip().splitlines()[-1])["us_per_row"]
+    return by_depth
+
+
+def figures(results: dict[str, Any]) -> list[harness.Figure]:
+    """A worker's CPU per row outside the forward (the whole item), per runtime and tree; the tokenizer alone."""
+    found = [
+        harness.Figure(
+            f"{row['runtime']} {row['tree']}: CPU per row outside the forward",
+            row["us_per_row"].get("whole item (process CPU)", "-"),
+            "us",
+        )
+        for row in results["rows"]
+    ]
+    found += [
+        harness.Figure(f"tokenizer alone, {call}", value, "us per row")
+        for call, value in results["tokenizer_us_per_row"].items()
+    ]
+    return found
 
 
 def main() -> None:
@@ -501,10 +518,10 @@ def main() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if args.one:
         scratch = Path(args.scratch) / args.one
-        figures = measure(
+        measured = measure(
             args.one, args.texts, args.rounds, scratch, args.catalog, args.model, args.profile, args.keep_forward
         )
-        print(json.dumps(figures))
+        print(json.dumps(measured))
         return
     before = {f"before {Path(tree).name}": str(Path(tree).resolve()) for tree in args.code_before}
     trees = {**before, "after": str(ROOT)}
@@ -533,8 +550,7 @@ def main() -> None:
             scratch, args.texts, args.near_free_rows, args.near_free_rounds, layers, trees, machines
         )
     results["load_average_at_end"] = harness.load_average()
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=1))
+    harness.write_result("worker_stages", results, args.json, figures(results))
     report(results)
 
 

@@ -131,6 +131,9 @@ class AdapterSpec(BaseModel):
     name: str  # the adapter's own name: the model is BASE+NAME, and NAME is the adapter's inside PEFT
     source: str  # the adapter's folder: adapter_config.json and its weights
     memory_bytes: int = Field(default=1, gt=0)  # its weights' bytes, until a worker measures them
+    # Served merged into a copy of its base (a profile's `merged_adapters`): a base's memory, no LoRA work per
+    # forward, no batches shared with its base's other adapters.
+    merged: bool = False
 
 
 class ModelSpec(BaseModel):
@@ -139,19 +142,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    # sparse, multivector, classifier, token_classifier, span_extractor (GLiNER): told from a folder in
-    # configs/model_resolution.py
-    kind: Literal[
-        "embedder",
-        "reranker",
-        "sim",
-        "sparse",
-        "multivector",
-        "classifier",
-        "token_classifier",
-        "span_extractor",
-        "image_embedder",
-    ]
+    kind: str  # one of the registry's (configs/kinds); a folder's is told from its files (model_resolution)
     source: str = ""
     dim: int = Field(gt=0)
     max_seq_length: int = Field(gt=0)
@@ -166,6 +157,8 @@ class ModelSpec(BaseModel):
     # Named prompts laid over the model's own (config_sentence_transformers.json); see configs/prompts.py.
     prompts: dict[str, str] | None = None
     default_prompt_name: str | None = None
+    # A source in object storage (an fsspec URL): fsspec's keyword arguments to read it (configs/model_store.py).
+    storage_options: dict[str, Any] = Field(default_factory=dict)
     # Every model: the load time placement expects before a worker has measured one (0: its default guess,
     # scheduler_plugins/placement.py); the simulated runtime also sleeps it as its load.
     load_seconds: float = 0.0
@@ -174,6 +167,15 @@ class ModelSpec(BaseModel):
     per_token_seconds: float = 0.0
     # A LoRA adapter over the model the fields above describe; the spec is then named BASE+ADAPTER.
     adapter: AdapterSpec | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        from .kinds import names
+
+        if kind not in names():
+            raise ValueError(f"unknown kind {kind!r}: one of {', '.join(names())}")
+        return kind
 
     @field_validator("token_budget", "image_batch")
     @classmethod
@@ -207,9 +209,16 @@ class ModelSpec(BaseModel):
                 raise ConfigError(f"model {self.name!r}: package {module_name!r} is not installed ({exc})") from exc
             return str(module.get_model_path())
         if self.source.startswith("hf:"):
-            from .model_resolution import hub_source_path
+            from .hub import hub_source_path
 
             return hub_source_path(self.source)
+        from .model_store import is_store_url
+
+        if is_store_url(self.source):
+            from .model_store import local_copy, unpinned
+
+            url, key = unpinned(self.source)
+            return str(local_copy(url, self.storage_options, key).folder)
         path = Path(self.source).expanduser()
         if not path.is_dir():
             raise ConfigError(f"model {self.name!r}: source directory {self.source!r} does not exist")
@@ -218,19 +227,27 @@ class ModelSpec(BaseModel):
 
 class Catalog(BaseModel):
     models: dict[str, ModelSpec]
+    # How a model named by a store URL is read (a command's --storage-options), as its input is.
+    _storage_options: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def get(self, name: str) -> ModelSpec:
-        """The catalog entry, else the model's own files: a local folder or a cached Hugging Face id."""
-        if name in self.models:
-            return self.models[name]
+        """The catalog entry, its source pinned to what it holds now; else the model's own files: a local folder,
+        a folder in object storage, or a Hugging Face id (cached, else downloaded)."""
         from .adapters import resolve_adapter
-        from .model_resolution import resolve_unlisted
+        from .model_resolution import pin_source, resolve_unlisted
 
+        if name in self.models:
+            return pin_source(self.models[name])
         adapter = resolve_adapter(self, name)
         if adapter is not None:
             return adapter
 
-        return resolve_unlisted(name, sorted(self.models))
+        return resolve_unlisted(name, sorted(self.models), self._storage_options)
+
+    def reading_with(self, storage_options: dict[str, Any]) -> Catalog:
+        """This catalog, a model named by a store URL read with `storage_options` (a command's own)."""
+        self._storage_options = dict(storage_options)
+        return self
 
 
 class GatewaySettings(BaseModel):
@@ -313,7 +330,11 @@ class Profile(BaseModel):
     pinned: list[str] = Field(default_factory=list)
     token_budgets: dict[str, int] = Field(default_factory=dict)
     max_batch_sizes: dict[str, PositiveInt] = Field(default_factory=dict)  # per model, like token_budgets
+    image_batches: dict[str, PositiveInt] = Field(default_factory=dict)  # per image model: its image_batch
     runtimes: dict[str, RuntimeChoice] = Field(default_factory=dict)  # per model, on this profile's device kind
+    # LoRA adapters (BASE+ADAPTER) served merged into a copy of their base each, instead of over the shared base:
+    # for an adapter with traffic enough for batches of its own (docs/BENCHMARKS.md, LoRA adapters).
+    merged_adapters: list[str] = Field(default_factory=list)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     # Why the layout and each model's runtime are what they are: `auto` fills it (configs/auto.py),
     # the job summary and `shoal serve`'s start line print it.
@@ -337,16 +358,26 @@ class Profile(BaseModel):
         return self._path
 
     def tuned(self, spec: ModelSpec) -> ModelSpec:
-        """The spec with this profile's tuned token budget (every device kind) and batch cap."""
+        """The spec with this profile's tuned token budget and images per batch (every device kind), batch cap.
+
+        A LoRA adapter computes in its base's batches, so it is tuned as its base is (merged: as itself).
+        """
         update: dict = {}
-        budget = self.token_budgets.get(spec.name)
+        merged = spec.adapter is not None and (spec.adapter.merged or spec.name in self.merged_adapters)
+        name = spec.adapter.base if spec.adapter is not None and not merged else spec.name
+        budget = self.token_budgets.get(name)
         if budget is not None:
             update["token_budget"] = {kind: budget for kind in ("cpu", "cuda")}
-        if spec.name in self.max_batch_sizes:
-            update["max_batch_size"] = self.max_batch_sizes[spec.name]
-        if spec.name in self.runtimes:
+        images = self.image_batches.get(name)
+        if images is not None:
+            update["image_batch"] = {kind: images for kind in ("cpu", "cuda")}
+        if name in self.max_batch_sizes:
+            update["max_batch_size"] = self.max_batch_sizes[name]
+        if name in self.runtimes:
             kinds = ("cpu", "cuda") if self.device == "auto" else (self.device,)
-            update["runtimes"] = {**spec.runtimes, **{kind: self.runtimes[spec.name] for kind in kinds}}
+            update["runtimes"] = {**spec.runtimes, **{kind: self.runtimes[name] for kind in kinds}}
+        if merged and spec.adapter is not None and not spec.adapter.merged:
+            update["adapter"] = spec.adapter.model_copy(update={"merged": True})
         return spec.model_copy(update=update) if update else spec
 
     def torch_threads(self, cores: int) -> int:
@@ -395,7 +426,8 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
         for name, entry in entries.items():
             entry = dict(entry or {})
             source = str(entry.get("source", ""))
-            if source and not source.startswith(("package:", "hf:")) and not Path(source).expanduser().is_absolute():
+            relative = not source.startswith(("package:", "hf:")) and "://" not in source
+            if source and relative and not Path(source).expanduser().is_absolute():
                 entry["source"] = str((path.parent / source).resolve())  # relative to the catalog file
             if source and is_adapter_folder(entry["source"]):
                 adapters.append((path, name, entry))
@@ -404,7 +436,7 @@ def load_catalog(extra: str | os.PathLike | None = None) -> Catalog:
                 from .model_resolution import fields_from_source
 
                 try:
-                    entry = {**fields_from_source(name, entry["source"]), **entry}
+                    entry = {**fields_from_source(name, entry["source"], entry.get("storage_options")), **entry}
                 except ConfigError as exc:
                     raise ConfigError(f"{path}: models.{name}: {exc}") from None
             try:

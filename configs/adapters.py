@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import AdapterSpec, ConfigError, ModelSpec, RuntimeChoice
+from .kinds import KINDS, kind_of
 
 if TYPE_CHECKING:
     from . import Catalog
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 SEPARATOR = "+"  # BASE+ADAPTER
-# The kinds whose torch runtimes run LoRA adapters, mixed in one forward pass (workers/runtimes/lora.py).
-ADAPTER_KINDS = ("embedder", "reranker", "classifier", "token_classifier")
 PEFT_PREFIX = "base_model.model."  # how PEFT names the wrapped model's modules in an adapter's weights
 BASE_ROWS = "__base__"  # PEFT's name for inputs of a mixed batch that go through the base alone
 
@@ -109,10 +108,11 @@ class AdapterFolder:
 
     def check_fits(self, base: ModelSpec) -> None:
         """ConfigError unless every LoRA module of the adapter is a weight of the base's, of a fitting shape."""
-        if base.kind not in ADAPTER_KINDS:
+        if not kind_of(base).adapters:  # the kinds whose torch runtimes run LoRA adapters (workers/runtimes/lora.py)
+            takers = ", ".join(kind.name for kind in KINDS if kind.adapters)
             raise ConfigError(
                 f"adapter {self.folder}: base model {base.name!r} is of kind {base.kind!r}; LoRA adapters are "
-                f"served over models of kind {', '.join(ADAPTER_KINDS)}"
+                f"served over models of kind {takers}"
             )
         assert self.weights is not None
         if self.weights.suffix != ".safetensors":

@@ -96,6 +96,29 @@ def gpu_layout(machine: Machine) -> tuple[Profile, str]:
     return layout, f"{workers} workers x 1 thread on cuda:0: {how} ({machine.cores} host cores)"
 
 
+def serving_layout(profile: Profile) -> Profile:
+    """`auto` for `shoal serve` on an embedded CPU cluster: one worker, in the server's process, with every core.
+
+    Online, a lone query is the common case: with one worker per core it would get one core, and cross two
+    process hops each way. In the server's process (Dask's inproc comms) it skips those and computes on
+    every core (1.03-1.07x a direct in-process encode, against 1.2x for a worker process of its own, and
+    more requests per second at 32 clients too: docs/BENCHMARKS.md, online latency). The price is isolation:
+    a worker that crashes takes the gateway with it, where a worker process would be restarted by its nanny
+    (`--profile cpu-local` keeps it apart). A GPU's layout is kept: its workers each own a device.
+    """
+    if profile.name != NAME or profile.device == "cuda":
+        return profile
+    machine = profile._machine or probe()
+    why = (
+        f"1 worker x {machine.cores} threads in the server's process: online, a lone query gets every core and "
+        f"no process hop (shoal serve's layout on a CPU; machine: {machine.describe()})"
+    )
+    layout = {"workers": 1, "threads_per_worker": machine.cores, "in_process_workers": True}
+    served = profile.model_copy(update={**layout, "reasons": {**profile.reasons, LAYOUT: why}})
+    served._machine = machine
+    return save(served)
+
+
 def save(profile: Profile) -> Profile:
     """Write `profile` under the cache (named by its content: concurrent commands never clash); set its path.
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 
 from . import ModelSpec
+from .kinds import kind_of
 from .model_resolution import folder_digest
 
 
@@ -18,7 +19,7 @@ def model_fingerprint(spec: ModelSpec) -> str:
     settings = f"{spec.kind}|{spec.dim}|{spec.max_seq_length}|{spec.normalize}"
     if spec.prompts is not None or spec.default_prompt_name is not None:  # the catalog's own prompts
         settings += f"|{json.dumps([spec.prompts, spec.default_prompt_name], sort_keys=True)}"
-    if spec.kind == "sim":
+    if kind_of(spec).simulated:
         weights = f"sim:{spec.name}"
     else:
         weights = folder_digest(spec.resolve_path())

@@ -6,35 +6,23 @@ dimension (the last Pooling or Dense module), window (``max_seq_length``),
 whether it ends in a Normalize module, and roughly how much memory its
 weights take.
 
-The kind, from the files each library writes:
-
-- ``config_sentence_transformers.json`` ``model_type``: ``CrossEncoder`` is a
-  reranker, ``SparseEncoder`` (SPLADE: a masked-LM head, max pooling; or
-  modules from sentence-transformers' ``sparse_encoder``) sparse;
-- one vector per token (multivector): ``model_type`` ``MultiVectorEncoder``
-  (sentence-transformers') or ``ColBERT`` (PyLate's), ``skiplist_words``
-  stated, modules from ``multi_vector_encoder``, or a transformer and a
-  Dense projection with no pooling; its window is ``document_length``;
-- any other sentence-transformers folder (``modules.json``) a dense embedder;
-- a GLiNER folder (``gliner_config.json``) a span extractor: entities of
-  labels named per job or request; its width is the span representation's
-  (``hidden_size``), its window the encoder's positions;
-- a bare transformers folder by ``config.json`` ``architectures``:
-  ``*ForTokenClassification`` a token classifier, ``*ForSequenceClassification``
-  a reranker with one label and a classifier with more, anything else an embedder.
-
+The kind is the first of the registry's (configs/kinds) that recognises the
+folder, each from the files its library writes (its module says which): a
+GLiNER folder, a stated sentence-transformers model type (cross-encoder,
+sparse, multi-vector), any other sentence-transformers folder (a dense
+embedder), a bare transformers folder by its ``architectures``. The kind also
+says which width is the model's (``dim``), and whether normalisation is read.
 A catalog entry's ``kind`` overrides all of it.
 
 Reading those from the files lets `--model` take any model the
 machine holds, as TEI and infinity do, while the catalog stays for short
 names and overrides (token budgets, batch caps).
 
-Hugging Face ids are looked up in the local hub cache only
-(``models--ORG--NAME/refs/main`` -> ``snapshots/REV``): nothing is fetched,
-``HF_HUB_OFFLINE`` stays on. The spec's source pins the revision
-(``hf:ORG/NAME@REV``), so workers load exactly the files the client
-fingerprinted, from their own cache. Nothing here imports torch: the
-scheduler and the client resolve models too.
+A Hugging Face id is found in the local Hub cache, else downloaded into it (configs/hub.py); a folder in
+object storage (an fsspec URL) is copied to a local cache (configs/model_store.py). Either way the spec's
+source pins what the client fingerprinted (``hf:ORG/NAME@COMMIT``, ``URL/@KEY``), so workers load exactly
+those files, fetched into their own caches. Nothing here imports torch: the scheduler and the client
+resolve models too.
 """
 
 from __future__ import annotations
@@ -45,65 +33,19 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
-from . import DEFAULT_TOKEN_BUDGET, ConfigError, ModelSpec, image_models
+from . import ConfigError, ModelSpec
+from .hub import HF_PREFIX, hub_snapshot, hub_source_path
+from .kinds import DEFAULT, recognise
+from .kinds.span_extractor import GLINER_CONFIG
+from .model_store import WEIGHT_SUFFIXES, is_store_url, local_copy, unpinned
 
-HF_PREFIX = "hf:"
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 SKIPPED_FOLDERS = {"onnx", "openvino", ".git"}  # other runtimes' copies of the same weights
 UNBOUNDED_LENGTH = 1_000_000  # tokenizers without a limit state ~1e30
 
 # A JSON object from a model's own files (config.json, modules.json, ...): whatever its library wrote.
 JsonObject = dict[str, Any]
-ModelKind = Literal[
-    "embedder",
-    "reranker",
-    "sparse",
-    "multivector",
-    "classifier",
-    "token_classifier",
-    "span_extractor",
-    "image_embedder",
-]
-GLINER_CONFIG = "gliner_config.json"
-# GLiNER scores every span of up to max_width words against every label: its cost grows faster than the
-# encoder's with a batch's longest text, so it runs smaller batches than an encoder (docs/BENCHMARKS.md,
-# issue 35: 2,048 tokens ran 1.5x faster than 8,192 on the CPU).
-SPAN_TOKEN_BUDGET = {"cpu": 2048, "cuda": 16384}
-
-
-def hub_cache_dir() -> Path:
-    """The Hugging Face hub cache, found as huggingface_hub finds it, read at call time."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
-
-
-def _repo_folder(repo_id: str) -> Path:
-    return hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))
-
-
-def hub_snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, str]:
-    """(snapshot folder, revision) of a cached model; ConfigError saying where it looked and how to fetch it."""
-    repo = _repo_folder(repo_id)
-    if revision is None:
-        try:
-            revision = (repo / "refs" / "main").read_text().strip()
-        except OSError:
-            revision = None
-    if not revision or not (repo / "snapshots" / revision).is_dir():
-        looked = repo / "snapshots" / revision if revision else repo / "refs" / "main"
-        raise ConfigError(
-            f"model {repo_id!r} is not in the Hugging Face cache (looked in {looked}); nothing is downloaded at "
-            f"run time: fetch it where there is internet with `hf download {repo_id}` and copy the cache "
-            f"(HF_HOME or HF_HUB_CACHE), or save it to a folder with `SentenceTransformer({repo_id!r}).save(DIR)` "
-            f"and pass --model DIR"
-        )
-    return repo / "snapshots" / revision, revision
 
 
 def _json(path: Path) -> Any:
@@ -140,57 +82,42 @@ class ModelFiles:
                 return self.folder / module.get("path", "")
         return self.folder
 
-    def kind(self) -> ModelKind:
-        """What the folder computes, from what its library wrote (the module docstring lists the rules)."""
-        if (self.folder / GLINER_CONFIG).is_file():
-            return "span_extractor"
-        if image_models.tower_folder(self.folder) is not None:
-            return "image_embedder"
-        stated = _mapping(self.folder / "config_sentence_transformers.json")
-        if stated.get("model_type") == "CrossEncoder":
-            return "reranker"
-        types = [module.get("type", "") for module in self.modules()]
-        if stated.get("model_type") == "SparseEncoder" or any(".sparse_encoder." in t for t in types):
-            return "sparse"
-        if self._colbert(stated, types):
-            return "multivector"
-        if types:
-            return "embedder"
-        architectures = _mapping(self.folder / "config.json").get("architectures") or []
-        if any(a.endswith("ForTokenClassification") for a in architectures):
-            return "token_classifier"
-        if any(a.endswith("ForSequenceClassification") for a in architectures):
-            # One logit scores a pair (a bare cross-encoder); named labels classify a text.
-            return "classifier" if self._labels() > 1 else "reranker"
-        return "embedder"
+    def kind(self) -> str:
+        """What the folder computes: the first kind of the registry that recognises it (configs/kinds)."""
+        return recognise(self).name
 
-    @staticmethod
-    def _colbert(stated: JsonObject, types: list[str]) -> bool:
-        """One vector per token: sentence-transformers' MultiVectorEncoder, or PyLate's ColBERT (its model_type,
-        its skiplist, or a transformer and a Dense projection with no pooling)."""
-        if stated.get("model_type") in ("MultiVectorEncoder", "ColBERT") or "skiplist_words" in stated:
-            return True
-        if any(".multi_vector_encoder." in t for t in types):
-            return True
-        projected = any(t.endswith("Transformer") for t in types) and any(t.endswith("Dense") for t in types)
-        return projected and not any(t.endswith("Pooling") for t in types)
+    def stated(self) -> JsonObject:
+        """What sentence-transformers states of the model (``config_sentence_transformers.json``)."""
+        return _mapping(self.folder / "config_sentence_transformers.json")
 
-    def _labels(self) -> int:
-        config = _mapping(self.folder / "config.json")
-        return len(config.get("id2label") or {}) or int(config.get("num_labels", 1))
+    def module_types(self) -> list[str]:
+        """The class of each sentence-transformers module, in order (none: a bare transformers folder)."""
+        return [module.get("type", "") for module in self.modules()]
 
-    def dim(self, kind: str) -> int:
-        if kind == "image_embedder":
-            return image_models.width(self.folder)
-        if kind == "span_extractor":  # the span representation's width (its labels are named per call)
-            return int(_mapping(self.folder / GLINER_CONFIG).get("hidden_size") or 0) or self._no_dim()
+    def architectures(self) -> list[str]:
+        return _mapping(self.folder / "config.json").get("architectures") or []
+
+    def sequence_classifier(self) -> bool:
+        return any(a.endswith("ForSequenceClassification") for a in self.architectures())
+
+    def labels(self) -> int:
+        """The classification head's labels (a bare cross-encoder's one score counts one)."""
         backbone = _mapping(self._transformer_folder() / "config.json")
-        if kind in ("reranker", "classifier", "token_classifier"):
-            return len(backbone.get("id2label") or {}) or int(backbone.get("num_labels", 1))
-        if kind == "sparse":  # one weight per vocabulary term
-            return int(backbone.get("vocab_size") or 0) or self._no_dim()
+        return len(backbone.get("id2label") or {}) or int(backbone.get("num_labels", 1))
+
+    def vocabulary(self) -> int:
+        """The vocabulary's size: a sparse vector's width."""
+        return int(_mapping(self._transformer_folder() / "config.json").get("vocab_size") or 0) or self._no_dim()
+
+    def gliner_width(self) -> int:
+        """A GLiNER model's span representation width (its labels are named per call)."""
+        return int(_mapping(self.folder / GLINER_CONFIG).get("hidden_size") or 0) or self._no_dim()
+
+    def width(self) -> int:
+        """An embedding's width: the transformer's, unless a Pooling or Dense module sets it (the last decides)."""
+        backbone = _mapping(self._transformer_folder() / "config.json")
         dim = backbone.get("hidden_size") or backbone.get("d_model") or 0
-        for module in self.modules():  # the last module that sets a width decides it
+        for module in self.modules():
             name = module.get("type", "")
             config = self._module_config(module)
             if name.endswith("Pooling"):
@@ -256,21 +183,16 @@ class ModelFiles:
         return sum(f.stat().st_size for f in (safetensors or files))
 
     def spec(self, name: str, source: str) -> ModelSpec:
-        kind = self.kind()
-        image = kind == "image_embedder"
+        kind = recognise(self)
         return ModelSpec(
             name=name,
-            kind=kind,
+            kind=kind.name,
             source=source,
-            dim=self.dim(kind),
-            max_seq_length=image_models.window(self.folder) if image else self.max_seq_length(),
-            normalize=image_models.normalizes(self.folder)
-            if image
-            else self.normalize()
-            if kind in ("embedder", "multivector")
-            else False,
+            dim=kind.width(self),
+            max_seq_length=kind.window(self),
+            normalize=kind.normalizes(self),
             memory_bytes=max(1, self.weight_bytes()),
-            token_budget=dict(SPAN_TOKEN_BUDGET) if kind == "span_extractor" else dict(DEFAULT_TOKEN_BUDGET),
+            token_budget=dict(kind.token_budget),
         )
 
 
@@ -304,9 +226,17 @@ def looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or (os.sep in name and Path(name).expanduser().exists())
 
 
-def resolve_unlisted(name: str, known: list[str]) -> ModelSpec:
-    """The spec of a model that is not in the catalog: a local folder, or a cached Hugging Face id."""
+def resolve_unlisted(name: str, known: list[str], storage_options: dict[str, Any] | None = None) -> ModelSpec:
+    """The spec of a model that is not in the catalog: a local folder, a folder in object storage (an fsspec
+    URL, read with `storage_options`), or a Hugging Face id (cached, else downloaded)."""
     unknown = f"unknown model {name!r}; the catalog has: {', '.join(known) or 'none'}"
+    if is_store_url(name):
+        copy = local_copy(name, storage_options or {})
+        return (
+            ModelFiles(copy.folder)
+            .spec(name, copy.source)
+            .model_copy(update={"storage_options": dict(storage_options or {})})
+        )
     folder = Path(name).expanduser()
     if folder.is_dir():
         folder = folder.resolve()
@@ -329,14 +259,19 @@ class SourceFields(TypedDict):
     max_seq_length: int
     normalize: bool
     memory_bytes: int
+    token_budget: dict[str, int]
 
 
-def fields_from_source(name: str, source: str) -> SourceFields:
-    """What a catalog entry leaves out (kind, dim, window, normalize, memory), read from its source's files."""
+def fields_from_source(name: str, source: str, storage_options: dict[str, Any] | None = None) -> SourceFields:
+    """What a catalog entry leaves out (kind, dim, window, normalize, memory, the kind's token budget), read from
+    its source's files."""
     if source.startswith(HF_PREFIX):
         folder = Path(hub_source_path(source))
+    elif is_store_url(source):
+        url, key = unpinned(source)
+        folder = local_copy(url, storage_options or {}, key).folder
     elif source.startswith("package:"):
-        folder = Path(ModelSpec(name=name, kind="embedder", source=source, dim=1, max_seq_length=1).resolve_path())
+        folder = Path(ModelSpec(name=name, kind=DEFAULT.name, source=source, dim=1, max_seq_length=1).resolve_path())
     else:
         folder = Path(source).expanduser()
         if not folder.is_dir():
@@ -348,22 +283,16 @@ def fields_from_source(name: str, source: str) -> SourceFields:
         max_seq_length=spec.max_seq_length,
         normalize=spec.normalize,
         memory_bytes=spec.memory_bytes,
+        token_budget=spec.token_budget,
     )
 
 
-def hub_source_path(source: str) -> str:
-    """The local snapshot folder of an ``hf:ORG/NAME@REV`` source, on this machine."""
-    repo_id, _, revision = source.removeprefix(HF_PREFIX).partition("@")
-    return str(hub_snapshot(repo_id, revision or None)[0])
-
-
-def cached_models() -> list[str]:
-    """Hugging Face ids with a snapshot in the local cache, for `shoal models`."""
-    root = hub_cache_dir()
-    if not root.is_dir():
-        return []
-    return sorted(
-        entry.name.removeprefix("models--").replace("--", "/")
-        for entry in root.iterdir()
-        if entry.name.startswith("models--") and (entry / "snapshots").is_dir()
-    )
+def pin_source(spec: ModelSpec) -> ModelSpec:
+    """`spec` with its source pinned to what it holds now: a Hub id's commit (``hf:ORG/NAME`` resolved, and
+    fetched if not cached), a store folder's listing key. Workers then load exactly what the client read."""
+    if spec.source.startswith(HF_PREFIX) and "@" not in spec.source:
+        repo_id = spec.source.removeprefix(HF_PREFIX)
+        return spec.model_copy(update={"source": f"{HF_PREFIX}{repo_id}@{hub_snapshot(repo_id)[1]}"})
+    if is_store_url(spec.source) and unpinned(spec.source)[1] is None:
+        return spec.model_copy(update={"source": local_copy(spec.source, spec.storage_options).source})
+    return spec

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from . import ConfigError, ModelSpec
+from .kinds import kind_of
 from .model_resolution import ModelFiles
 
 IMPLICIT_NAMES = ("query", "document")
@@ -70,9 +71,9 @@ class ModelPrompts:
 
 
 def model_prompts(spec: ModelSpec) -> ModelPrompts:
-    """`spec`'s prompts: its model's files' (embedders), with the catalog entry's laid over them."""
+    """`spec`'s prompts: its model's files' (a kind whose `prompts_from_files`), with the catalog entry's laid over them."""
     named: dict[str, str] = {}
     default = None
-    if spec.kind == "embedder":
+    if kind_of(spec).prompts_from_files:
         named, default = ModelFiles(Path(spec.resolve_path())).prompts()
     return ModelPrompts(spec.name, {**named, **(spec.prompts or {})}, spec.default_prompt_name or default)

@@ -43,7 +43,6 @@ STARTS_WITHOUT_TORCH = frozenset({"onnx"})
 # fastest full-precision one by this much (a tiny model's int8 at 1.08x is not worth its rounding).
 LOSSY_GAIN = 0.25
 REFERENCE = RuntimeChoice(runtime="torch", dtype="float32")  # what every other candidate is held to
-MEASURED_KINDS = ("embedder", "reranker")  # the kinds auto measures; the others run torch in the worker's dtype
 
 
 class Candidate(TypedDict):

@@ -14,10 +14,9 @@ import os
 import sys
 from typing import Any
 
-# Before anything imports huggingface_hub or tokenizers: nothing is downloaded at run time (models come from
-# a folder or the local cache), and the tokenizers' thread pool stays off (the library warns, and can hang,
-# when a process forks after the pool has run; the embedded cluster starts worker processes).
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Before anything imports tokenizers: its thread pool stays off (the library warns, and can hang, when a
+# process forks after the pool has run; the embedded cluster starts worker processes). A Hub id that is not
+# cached is downloaded unless HF_HUB_OFFLINE is set, or --offline given (configs/hub.py).
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import click  # noqa: E402
@@ -56,7 +55,7 @@ for _command in (
     cli_online.status,
     cli_online.serve,
     cli_online.gateway,
-    cli_online.list_models,
+    cli_online.models,
     cli_tuning.tune,
     cli_tuning.check_precision,
 ):

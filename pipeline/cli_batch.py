@@ -16,6 +16,7 @@ import click
 from rich.console import Console
 
 from shoal.configs import ConfigError, load_catalog, load_profile
+from shoal.configs.kinds import for_command, for_operation
 from shoal.configs.prompts import model_prompts
 from shoal.pipeline.cli_options import (
     USER_ERRORS,
@@ -34,14 +35,8 @@ from shoal.pipeline.cli_options import (
 )
 from shoal.pipeline.cluster import AdaptRange, connect
 from shoal.pipeline.jobs import image_files
-from shoal.pipeline.jobs.embed import (
-    EMBED_KINDS,
-    EmbedRequest,
-    check_embed_options,
-    run_embed,
-    run_embed_models,
-    with_images,
-)
+from shoal.pipeline.jobs.embed import COMMAND as EMBED
+from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, run_embed, run_embed_models, with_images
 from shoal.pipeline.jobs.engine import model_for, preflight
 from shoal.pipeline.jobs.lance_output import LanceTarget
 from shoal.pipeline.jobs.lock import LockHeld
@@ -83,7 +78,8 @@ output_format_option = click.option(
     "--model",
     required=True,
     callback=model_names,
-    help="Catalog name, model folder or cached Hugging Face id; several, comma-separated, write OUTPUT/<model>/ each.",
+    help="Catalog name, model folder, Hugging Face id (downloaded on first use) or fsspec URL of a model folder "
+    "(s3://…/bge-small/); several, comma-separated, write OUTPUT/<model>/ each.",
 )
 @text_column_option
 @input_format_option
@@ -177,9 +173,9 @@ def embed(
     """
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
-    catalog_config = load_catalog(catalog)
+    catalog_config = load_catalog(catalog).reading_with(parse_storage_options(storage_options))
     models = parse_columns(model)
-    warm = [model_for(catalog_config, profile_config, name, EMBED_KINDS).name for name in models]
+    warm = [model_for(catalog_config, profile_config, name, for_command(EMBED)).name for name in models]
     lance = LanceTarget.of(output_url, output_format)
     if lance and len(models) > 1:
         raise ConfigError("a Lance OUTPUT is one dataset: give one model (or one OUTPUT per model)")
@@ -203,9 +199,9 @@ def embed(
         max_image_pixels=max_image_pixels,
     )
     for name in models:
-        check_embed_options(request, model_for(catalog_config, profile_config, name, EMBED_KINDS))
+        check_embed_options(request, model_for(catalog_config, profile_config, name, for_command(EMBED)))
     for name in models:  # INPUT read as image files for an image model
-        request = with_images(request, model_for(catalog_config, profile_config, name, EMBED_KINDS))
+        request = with_images(request, model_for(catalog_config, profile_config, name, for_command(EMBED)))
     if lance:  # named as given: preflight checks the staging folder inside it
         check_apart(request.input, lance.dataset, request.storage_options)
     preflight(request.input, request.output, request.storage_options, request.input_format)
@@ -263,8 +259,8 @@ def rerank(
     """
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
-    catalog_config = load_catalog(catalog)
-    model_for(catalog_config, profile_config, model, "reranker")
+    catalog_config = load_catalog(catalog).reading_with(parse_storage_options(storage_options))
+    model_for(catalog_config, profile_config, model, for_operation("rerank"))
     request = RerankRequest(
         input=input_url,
         output=output_url,
@@ -364,9 +360,11 @@ def run_job_file(
     spec = load_job_spec(job_file)
     profile_config = load_profile(profile)
     catalog_config = load_catalog(catalog)
-    embed_requests(spec, model_prompts(model_for(catalog_config, profile_config, spec.embed.model, "embedder")))
+    embed_requests(
+        spec, model_prompts(model_for(catalog_config, profile_config, spec.embed.model, for_operation("embed")))
+    )
     if spec.rerank:
-        model_for(catalog_config, profile_config, spec.rerank.model, "reranker")
+        model_for(catalog_config, profile_config, spec.rerank.model, for_operation("rerank"))
     warm = [spec.embed.model, *([spec.rerank.model] if spec.rerank else [])]
     for stage_input in (spec.corpus.input, spec.queries.input):
         preflight(stage_input, spec.output, spec.storage_options)
@@ -418,7 +416,7 @@ def evaluate(
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
     catalog_config = load_catalog(catalog)
-    prompts = model_prompts(model_for(catalog_config, profile_config, model, "embedder"))
+    prompts = model_prompts(model_for(catalog_config, profile_config, model, for_operation("embed")))
     overrides: dict[str, dict[str, str]] = {}
     for role, name, text in (
         ("query", query_prompt_name, query_prompt),
@@ -427,7 +425,7 @@ def evaluate(
         prompts.text(name, text)  # an unknown name, or a name and a text: refused before any work
         overrides[role] = {k: v for k, v in (("prompt_name", name), ("prompt", text)) if v is not None}
     if reranker:
-        model_for(catalog_config, profile_config, reranker, "reranker")
+        model_for(catalog_config, profile_config, reranker, for_operation("rerank"))
     data = load_beir(dataset, split)
     with connect(
         scheduler, profile_config, catalog, adapt=adapt, warm=[model, *([reranker] if reranker else [])]

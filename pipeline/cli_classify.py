@@ -12,9 +12,13 @@ import sys
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 
 from shoal.configs import load_catalog, load_profile
+from shoal.configs.kinds import for_command, kind_of
+from shoal.configs.kinds.kind import OPTION_FLAGS
+from shoal.configs.kinds.token_classifier import AGGREGATIONS
 from shoal.pipeline.cli_batch import input_format_option, output_format_option
 from shoal.pipeline.cli_options import (
     cluster_options,
@@ -28,14 +32,7 @@ from shoal.pipeline.cli_options import (
     user_errors,
 )
 from shoal.pipeline.cluster import AdaptRange, connect
-from shoal.pipeline.jobs.classify import (
-    AGGREGATIONS,
-    KIND,
-    ClassifyRequest,
-    Operation,
-    check_classify_options,
-    run_classify,
-)
+from shoal.pipeline.jobs.classify import ClassifyRequest, Operation, check_classify_options, run_classify
 from shoal.pipeline.jobs.engine import model_for, preflight
 from shoal.pipeline.jobs.lance_output import LanceTarget
 from shoal.pipeline.jobs.planner import check_apart
@@ -148,8 +145,13 @@ def _run(
     """Check what can be checked before a cluster starts, run the job, exit with its code."""
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
-    catalog_config = load_catalog(catalog)
-    spec = model_for(catalog_config, profile_config, model, KIND[operation])
+    catalog_config = load_catalog(catalog).reading_with(parse_storage_options(storage_options))
+    spec = model_for(catalog_config, profile_config, model, for_command(operation))
+    context, kind = click.get_current_context(), kind_of(spec)
+    for name, value in options.items():  # an option left at its default is not asked for: the kind may take none
+        if name in OPTION_FLAGS and value not in (None, False) and name not in kind.options:
+            if context.get_parameter_source(name) is ParameterSource.DEFAULT:
+                options[name] = None
     lance = LanceTarget.of(output_url, output_format)
     request = ClassifyRequest(
         operation=operation,

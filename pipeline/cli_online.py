@@ -16,9 +16,12 @@ from shoal.pipeline.cli_options import (
     json_option,
     listen_options,
     model_names,
+    offline_option,
     parse_columns,
+    parse_storage_options,
     profile_option,
     scheduler_option,
+    storage_options_option,
     user_errors,
 )
 from shoal.pipeline.cluster import AdaptRange, connect
@@ -71,6 +74,7 @@ def status(job: str | None, scheduler: str | None, as_json: bool, profile: str |
 @scheduler_option("tcp://host:port of a running cluster: the gateway starts in its scheduler.")
 @adapt_option
 @catalog_option
+@offline_option
 @user_errors()
 def serve(
     profile: str | None,
@@ -115,14 +119,20 @@ def gateway(scheduler: str, profile: str | None, host: str | None, port: int | N
     sys.exit(run_gateway(load_profile(profile), load_catalog(catalog), scheduler, host, port, console))
 
 
-@click.command(name="models")
+@click.group(name="models", invoke_without_command=True)
 @catalog_option
 @click.option("--catalog-only", is_flag=True, help="Only the catalog's entries, not the Hugging Face cache.")
 @json_option("Print the rows as JSON.")
 @profile_option("Cluster profile name or YAML path (default: auto): its tuned token budgets and batch caps.")
+@click.pass_context
 @user_errors()
-def list_models(catalog: str | None, catalog_only: bool, as_json: bool, profile: str | None) -> None:
-    """List catalog models and cached Hugging Face models with their resolved kind, dim, window, normalize."""
+def models(ctx: click.Context, catalog: str | None, catalog_only: bool, as_json: bool, profile: str | None) -> None:
+    """List catalog models and cached Hugging Face models with their resolved kind, dim, window, normalize.
+
+    `shoal models pull MODEL` fetches one ahead of its first use.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     from shoal.pipeline.model_listing import model_rows, render_models
 
     rows = model_rows(load_catalog(catalog), load_profile(profile), include_cache=not catalog_only)
@@ -130,3 +140,18 @@ def list_models(catalog: str | None, catalog_only: bool, as_json: bool, profile:
         click.echo(json.dumps(rows, indent=1))
     else:
         render_models(rows, Console(soft_wrap=True))
+
+
+@models.command(name="pull")
+@click.argument("model")
+@click.option("--revision", default=None, help="Hugging Face ids: a branch, tag or commit. [default: main]")
+@storage_options_option
+@catalog_option
+@user_errors()
+def pull_model(model: str, revision: str | None, storage_options: str | None, catalog: str | None) -> None:
+    """Fetch MODEL ahead of its first use and print what was fetched: a Hugging Face id (ORG/NAME) into the
+    Hugging Face cache, a folder in object storage (s3://…, any fsspec URL) into the Shoal cache, or a catalog
+    name's source. Needs the network (HF_HUB_OFFLINE unset)."""
+    from shoal.pipeline.model_pull import pull
+
+    pull(model, revision, load_catalog(catalog), parse_storage_options(storage_options), Console(soft_wrap=True))

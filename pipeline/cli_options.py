@@ -13,6 +13,7 @@ any other exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from shoal.configs import ConfigError
+from shoal.configs.hub import OFFLINE_ENV
 from shoal.pipeline.cluster import AdaptRange, ClusterError
 from shoal.pipeline.jobs.planner import PlanError
 from shoal.scheduler_plugins.protocol import StorageOptions
@@ -107,6 +109,20 @@ verbose_option = click.option(
 )
 
 
+def _go_offline(ctx: click.Context, param: click.Parameter, offline: bool) -> None:
+    if offline:  # read at call time by configs/hub.py, and passed on to an embedded cluster's workers
+        os.environ[OFFLINE_ENV] = "1"
+
+
+offline_option = click.option(
+    "--offline",
+    is_flag=True,
+    expose_value=False,
+    callback=_go_offline,
+    help="Download nothing: a Hugging Face id must be in the local cache (as HF_HUB_OFFLINE=1).",
+)
+
+
 def parse_adapt(ctx: click.Context, param: click.Parameter, value: str | None) -> AdaptRange | None:
     if value is None:
         return None
@@ -128,13 +144,14 @@ adapt_option = click.option(
 
 def cluster_options(*, storage: bool = False) -> Callable[[F], F]:
     """--scheduler (default: an embedded cluster), --adapt, --storage-options if `storage`, --profile, --catalog,
-    --verbose."""
+    --offline, --verbose."""
     return stack(
         scheduler_option(),
         adapt_option,
         *([storage_options_option] if storage else []),
         profile_option(),
         catalog_option,
+        offline_option,
         verbose_option,
     )
 

@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 
 from shoal.configs import RuntimeDType, RuntimeName, load_catalog
+from shoal.configs.kinds import kind_of
 from shoal.pipeline.cli_options import catalog_option, model_names, parse_columns, text_column_option, user_errors
 from shoal.pipeline.tuning.derived import GPUS
 
@@ -82,13 +83,12 @@ def tune(
         write_profile(path, {**fields, "name": path.stem}, comments)
         console.print(f"wrote {path} (derived from published {derive} figures)")
         return
-    tuned_kinds = ("embedder", "reranker")
     known = load_catalog(catalog)
-    other = {n: k for n in names if (k := known.get(n).kind) not in tuned_kinds}
+    other = {n: kind.name for n in names if not (kind := kind_of(known.get(n))).tunable}
     if other:
         listed = ", ".join(f"{n} ({k})" for n, k in other.items())
         raise click.UsageError(
-            f"shoal tune sweeps embedders and rerankers; not {listed}: those run in the workers' dtype on their "
+            f"shoal tune sweeps embedders, rerankers and image models; not {listed}: those run in the workers' dtype on their "
             "catalog entry's token budget (docs/TUNING.md)"
         )
     if input_url is None and not Path(DEMO_INPUT).is_dir():

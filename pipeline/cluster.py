@@ -23,6 +23,7 @@ from rich.console import Console
 
 from shoal.configs import Profile
 from shoal.configs.auto import NAME as AUTO
+from shoal.configs.hub import OFFLINE_ENV, offline
 from shoal.pipeline.jobs.stages import STAGES
 from shoal.scheduler_plugins.protocol import NAME as PULL_QUEUE
 from shoal.scheduler_plugins.protocol import PullQueueClient
@@ -59,12 +60,10 @@ class AdaptRange:
 
 
 def worker_environment(profile: Profile, catalog: str | None = None) -> dict[str, str]:
-    """What every worker process needs to see: profile, catalog, offline mode."""
-    env = {
-        "SHOAL_PROFILE": profile.path or profile.name,
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    """What every worker process needs to see: profile, catalog, and the command's offline mode (`--offline`)."""
+    env = {"SHOAL_PROFILE": profile.path or profile.name, "TOKENIZERS_PARALLELISM": "false"}
+    if offline():
+        env[OFFLINE_ENV] = "1"
     catalog = catalog or os.environ.get("SHOAL_CATALOG")
     if catalog:
         env["SHOAL_CATALOG"] = os.path.abspath(catalog)

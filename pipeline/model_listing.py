@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
+from shoal.configs.hub import cached_models, hub_cache_dir
 from shoal.configs.machine import probe
-from shoal.configs.model_resolution import cached_models, hub_cache_dir
 from shoal.configs.prompts import model_prompts
 from shoal.pipeline.tuning.auto_runtime import listed_choice
 

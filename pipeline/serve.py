@@ -22,6 +22,7 @@ from distributed import Client
 from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, Profile
+from shoal.configs.auto import serving_layout
 from shoal.pipeline.cluster import (
     AdaptRange,
     check_plugin,
@@ -78,7 +79,9 @@ def serve(
     console: Console,
     adapt: AdaptRange | None = None,
 ) -> int:
-    pinned = {spec.name: spec for spec in map(catalog.get, models)}  # catalog names, folders, cached HF ids
+    if not scheduler and adapt is None:  # auto's online layout: the worker in the server's process
+        profile = serving_layout(profile)
+    pinned = {spec.name: spec for spec in map(catalog.get, models)}  # catalog names, folders, HF ids
     if scheduler and models:
         console.print("[yellow]note:[/yellow] --models pins only on an embedded cluster; there they load on first use")
     settings = profile.gateway.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})

@@ -27,6 +27,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal, NotRequired, Required, TypedDict, get_args
 
+from shoal.configs.kinds.token_classifier import Aggregation
+
 NAME = "shoal-pull-queue"  # the scheduler plugin's name and its key in `scheduler.extensions`
 EVENTS = "shoal-events"  # worker -> scheduler stream op: WorkerEvents
 REVOKE = "shoal-revoke"  # scheduler -> worker stream op: {"items": [item id, ...]}
@@ -189,10 +191,6 @@ class TextsPayload(TypedDict, total=False):
     ranges: list[list[float]]
 
 
-# How a token classifier's token labels become spans: transformers' token-classification aggregation_strategy.
-Aggregation = Literal["none", "simple", "first", "max", "average"]
-
-
 class ClassifyOptions(TypedDict, total=False):
     """What a `classify` or `extract` job or request asks besides top_k (workers/operations/classify_operation,
     extract_operation)."""
@@ -275,7 +273,7 @@ class DeadLetter(TypedDict, total=False):
 
 
 class OnlineResult(TypedDict, total=False):
-    """An online request's answer from a worker (workers/online_operations), or its error and HTTP status."""
+    """An online request's answer from a worker (an operation's `online`, workers/operations), or its error and HTTP status."""
 
     embeddings: bytes  # encode: raw little-endian values, `shape` and `dtype` say how to read them
     shape: list[int]
@@ -402,7 +400,7 @@ class ItemMessage(TypedDict):
     job: str  # its owner's id: its batch job's (whose context the pull sends), or "online-MODEL"
     model: str
     op: str
-    lane: Lane  # a batch item or an online request
+    lane: Lane  # an online request or a batch item: which stages run it
     payload: Payload
     attempt: int
     lease_seconds: float

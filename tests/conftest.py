@@ -51,24 +51,34 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import hypothesis
 import pytest
 
-# The session's own caches, made fresh and removed at its end (pytest_unconfigure): no test reads or writes the
-# user's (~/.cache/shoal's verdicts and ONNX exports, the Hub cache), so a run never depends on what ran before
-# it, and running the tests never changes what the user's next `shoal embed` does. Set, not defaulted: a
-# SHOAL_CACHE_DIR or HF_HOME in the caller's environment is exactly what must not leak in. The processes tests
-# start inherit them.
+# The session's own caches and home, made fresh and removed at its end (pytest_unconfigure): no test reads or
+# writes the user's (~/.cache/shoal's verdicts and ONNX exports, the Hub cache, torch's and pip's caches, tiktoken's,
+# Dask's config under ~/.config/dask, which dask-kubernetes writes to on import, and its scratch space), so a run
+# never depends on what ran before it, and running the tests never changes what the user's next `shoal embed`
+# does. Set, not defaulted: a SHOAL_CACHE_DIR or HF_HOME in the caller's environment is exactly what must not leak
+# in. HOME too, so whatever a library keeps under ~ lands here. The processes tests start inherit them all.
 SESSION_CACHES = Path(tempfile.mkdtemp(prefix="shoal-test-caches-"))
 for _variable, _folder in {
+    "HOME": "home",
+    "XDG_CONFIG_HOME": "home/.config",
+    "XDG_DATA_HOME": "home/.local/share",
+    "XDG_CACHE_HOME": "home/.cache",  # torch's (TORCH_HOME), pip's
     "SHOAL_CACHE_DIR": "shoal",
     "HF_HOME": "huggingface",
     "HF_HUB_CACHE": "huggingface/hub",
-    "XDG_CACHE_HOME": "xdg",
+    "TIKTOKEN_CACHE_DIR": "tiktoken",  # else a temp folder every run shares
+    "DASK_TEMPORARY_DIRECTORY": "dask-scratch",  # the workers' local directories
+    "HYPOTHESIS_STORAGE_DIRECTORY": "hypothesis",  # else .hypothesis/ in the checkout
 }.items():
     os.environ[_variable] = str(SESSION_CACHES / _folder)
+    Path(os.environ[_variable]).mkdir(parents=True, exist_ok=True)
 os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach outside: a stand-in Hub test turns it off for its own processes
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # A worker chooses each model's runtime for its device (workers/runtime_choice.py), measuring in the background
@@ -78,6 +88,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("SHOAL_AUTO_MEASURE", "off")
 
 pytest_plugins = ["tests.fixtures.models", "tests.fixtures.cluster", "tests.fixtures.s3"]
+
+# Property tests draw the same examples every run and keep no example database.
+hypothesis.settings.register_profile("shoal", database=None, derandomize=True)
+hypothesis.settings.load_profile("shoal")
 
 
 def pytest_unconfigure(config) -> None:
@@ -115,6 +129,61 @@ class _RefuseHeavyImports(importlib.abc.MetaPathFinder):
         if name.partition(".")[0] in HEAVY_MODULES:
             self.refuse(f"imports {name}")
         return None
+
+
+# -- processes ----------------------------------------------------------------------------
+
+# Processes multiprocessing starts once for the whole session on first use (a test's cluster may be the first).
+SESSION_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+class ProcessLeftRunning(UserWarning):
+    """A test ended with a process it started still running: the guard stopped it; the test should have."""
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test(request):
+    """Every process a test started (directly or through a function-scoped fixture) and left running is stopped
+    when the test ends, passed or failed: given a few seconds to finish exiting, then SIGTERM, then SIGKILL, and
+    named in a ProcessLeftRunning warning. Processes of session- and module-scoped fixtures (the shared cluster)
+    were there before the test and are left alone. A unit test starts none (`_unit_tier_guard`)."""
+    if request.node.get_closest_marker("unit") is not None:
+        yield
+        return
+    import psutil
+
+    from tests.support.processes import STOP_SECONDS
+
+    me = psutil.Process()
+    before = {child.pid for child in me.children(recursive=True)}
+    yield
+    left = []
+    for child in me.children(recursive=True):
+        try:
+            if child.pid not in before and not any(h in " ".join(child.cmdline()) for h in SESSION_HELPERS):
+                left.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(left, timeout=5)  # a cluster's workers may still be on their way out
+    if not alive:
+        return
+    named = []
+    for child in alive:
+        try:
+            named.append(f"{child.pid} {' '.join(child.cmdline())[:120]}")
+            child.terminate()
+        except psutil.NoSuchProcess:
+            continue
+    _, stubborn = psutil.wait_procs(alive, timeout=STOP_SECONDS)
+    for child in stubborn:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(stubborn, timeout=STOP_SECONDS)
+    warnings.warn(
+        ProcessLeftRunning(f"{request.node.nodeid} left {len(named)} process(es) running: {named}"), stacklevel=1
+    )
 
 
 @pytest.fixture(autouse=True)

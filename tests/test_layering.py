@@ -38,8 +38,19 @@ def test_the_modules_every_side_shares_load_neither_plugin_nor_torch():
         "shoal.workers.data.chunking",
         "shoal.workers.data.vector_precision",
         "shoal.configs",
+        "shoal.configs.kinds",
     ]
     assert imported_after(*shared) == set()
+
+
+def test_configs_and_the_kinds_import_nothing_of_shoal_outside_configs():
+    """The kinds' registry is read by every side (recognition runs inside configs): it stands on configs alone."""
+    code = (
+        "import sys, json\nimport shoal.configs.kinds, shoal.configs.model_resolution, shoal.configs.prompts\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('shoal.') and not m.startswith('shoal.configs'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == []
 
 
 def test_the_client_side_of_a_batch_job_loads_no_plugin():

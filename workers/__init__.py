@@ -3,7 +3,7 @@
 Adds the ShoalWorker plugin, whose pull loop takes work items from the
 scheduler plugin's queues and runs them on models loaded here. Importing
 this package loads nothing else and changes nothing: the worker's
-environment (offline hub) is set and the plugin and its operations are
+environment (the tokenizers' thread pool off) is set and the plugin and its operations are
 imported when Dask calls `dask_setup`, so the client can use
 `shoal.workers.data.storage`, `shoal.workers.data.chunking` and the like without torch, the pull
 loop or a changed environment.
@@ -17,10 +17,10 @@ import click
 
 __all__ = ["dask_setup"]
 
-# Set by the worker's entry point, before the plugin imports huggingface_hub or tokenizers (they read
-# them at import): nothing is downloaded at run time, and the tokenizers' own thread pool stays off.
+# Set by the worker's entry point, before the plugin imports tokenizers (it reads them at import): the
+# tokenizers' own thread pool stays off. A worker fetches the Hub commit a job pins into its own cache
+# unless its environment sets HF_HUB_OFFLINE (configs/hub.py).
 WORKER_ENVIRONMENT = {
-    "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
 }

@@ -114,7 +114,9 @@ class ModelPool:
 
     def size_of(self, spec: ModelSpec) -> int:
         """Measured, else the spec's estimate: an adapter's own bytes, not its base's."""
-        estimate = spec.adapter.memory_bytes if spec.adapter is not None else spec.memory_bytes
+        estimate = (
+            spec.adapter.memory_bytes if spec.adapter is not None and not spec.adapter.merged else spec.memory_bytes
+        )
         return self._sizes.get(spec.name, estimate)
 
     # -- use ----------------------------------------------------------------
@@ -135,7 +137,7 @@ class ModelPool:
         """
         if spec.name in self._loaded:
             return True
-        base = self._base_for(spec) if spec.adapter is not None else None
+        base = self._base_for(spec) if spec.adapter is not None and not spec.adapter.merged else None
         needed = self.size_of(spec) + (self.size_of(base) if base and base.name not in self._loaded else 0)
         if needed > self.free_bytes() - self._loading_bytes():
             return False
@@ -158,7 +160,7 @@ class ModelPool:
             self._loaded[entry.base].in_use -= 1
 
     async def _acquire(self, spec: ModelSpec) -> LoadedModel:
-        if spec.adapter is None:
+        if spec.adapter is None or spec.adapter.merged:  # a merged adapter is a base copy of its own
             return await self._acquire_one(spec)
         base = await self._acquire_one(self._base_for(spec))  # held while the adapter loads, and while it is used
         try:
@@ -222,7 +224,7 @@ class ModelPool:
     async def _load_now(self, spec: ModelSpec) -> None:
         try:
             began = time.perf_counter()
-            if spec.adapter is None:
+            if spec.adapter is None or spec.adapter.merged:
                 runtime = await asyncio.get_running_loop().run_in_executor(self._executor, self._load, spec)
                 size = int(getattr(runtime, "memory_bytes", lambda: spec.memory_bytes)())
                 entry = LoadedModel(runtime, size)
@@ -294,6 +296,22 @@ class ModelPool:
             return waiting > 0 and holders <= 1, waiting > 0, entry[0]
 
         return min(idle, key=cost)[1]
+
+    def replace_idle(self, name: str, runtime: Any, size: int) -> bool:
+        """Put `runtime` in place of the loaded `name` if nothing uses or waits for it now and no adapter rides on
+        it, closing the one it replaces (its runtime choice changed: workers/runtime_choice.py); else False."""
+        entry = self._loaded.get(name)
+        if entry is None or entry.in_use or self._awaited[name] or entry.base is not None:
+            return False
+        if any(other.base == name for other in self._loaded.values()):
+            return False
+        old, entry.runtime, entry.size = entry.runtime, runtime, size
+        self._sizes[name] = size
+        close = getattr(old, "close", None)
+        if close is not None:
+            close()
+        logger.info("%s now runs on its verdict's runtime", name)
+        return True
 
     def _evict(self, name: str) -> None:
         """Evict an idle entry: an adapter leaves its base's model; a base goes with its adapters."""

@@ -25,12 +25,20 @@ from distributed import Worker
 
 from shoal.configs import Profile
 from shoal.scheduler_plugins.model_specs import ModelSpecs
-from shoal.scheduler_plugins.protocol import REVOKE, ItemMessage, JobContext, PullQueueClient, PullReply, WorkerReport
+from shoal.scheduler_plugins.protocol import (
+    REVOKE,
+    ItemMessage,
+    JobContext,
+    Lane,
+    PullQueueClient,
+    PullReply,
+    WorkerReport,
+)
 
 from .batching.device_thread import DeviceThread
 from .batching.online_groups import OnlineGroups
 from .model_pool import ModelPool
-from .operations import ONLINE_OPERATIONS, OPERATIONS, PERMANENT_ERRORS
+from .operations import PERMANENT_ERRORS, batch_operation
 from .scheduler_stream import SchedulerStream
 
 logger = logging.getLogger("shoal.worker")
@@ -206,7 +214,7 @@ class PullLoop:
         item_id = message["id"]
         loop = asyncio.get_running_loop()
         try:
-            operation = OPERATIONS[message["op"]]
+            operation = batch_operation(message["op"])
             spec = self.specs[message["model"]]
             payload = {**self.contexts.get(message["job"], {}), **message["payload"]}
             data = await loop.run_in_executor(self.io_executor, operation.read, payload)
@@ -259,7 +267,7 @@ class PullLoop:
 
     def _start_online(self, messages: list[ItemMessage]) -> bool:
         """A pull answered with online requests: they join the next online group here."""
-        if not messages or messages[0]["op"] not in ONLINE_OPERATIONS:
+        if not messages or messages[0]["lane"] != Lane.ONLINE:
             return False
         self.online.add(messages)
         return True

@@ -10,7 +10,8 @@ record found (configs/verdicts.py): measured here, else shipped for this class o
 here once the worker is idle, to confirm it), else none yet, and then by `SHOAL_AUTO_MEASURE`:
 
 - ``background`` (the default on a CPU): fp32 torch now, the reference and always safe, while a child
-  process measures at a lower priority; later loads use its verdict;
+  process measures at a lower priority; once its verdict is in, the worker loads the model on it and swaps
+  it in for the fp32 one when that is idle (as it does when a shipped verdict's measurement here disagrees);
 - ``wait`` (the default on a GPU, where measuring takes seconds): the first load waits for the measurement;
 - ``off``: auto's choice is off: fp32 torch, no verdict read, nothing measured (the test suite's default:
   its comparisons with the reference library's own call are of fp32 torch).
@@ -32,9 +33,9 @@ from pathlib import Path
 
 from shoal.configs import ModelSpec, Profile, RuntimeChoice
 from shoal.configs.fingerprints import model_fingerprint
+from shoal.configs.kinds import kind_of
 from shoal.configs.machine import Machine, implied_needs
 from shoal.configs.verdicts import (
-    MEASURED_KINDS,
     REFERENCE,
     VerdictsRecord,
     choose,
@@ -84,7 +85,9 @@ class RuntimeChooser:
         self.ran: dict[str, Ran] = {}
         # Shipped verdicts used here but not measured here yet: measured once the worker is idle.
         self.unconfirmed: dict[Path, ModelSpec] = {}
-        self._lock = threading.Lock()  # `choose` runs in the loader thread, `confirm` on the event loop
+        # Models loaded before their verdict here (fp32 torch meanwhile, or a shipped one): where it will be.
+        self.provisional: dict[str, tuple[Path, ModelSpec]] = {}
+        self._lock = threading.Lock()  # `choose` runs in the loader thread, the rest on the event loop
 
     def choose(self, spec: ModelSpec) -> ModelSpec:
         """`spec` with this device kind's runtime set; in the loader thread, since it may wait for a measurement."""
@@ -110,6 +113,22 @@ class RuntimeChooser:
             if read_record(path) is None
         ]
 
+    def superseded(self) -> list[ModelSpec]:
+        """The models loaded before their verdict here whose verdict has come and names another runtime than the
+        one loaded: the worker loads them again (`choose` now gives the verdict's) and swaps them in."""
+        found = []
+        with self._lock:
+            for name, (path, spec) in list(self.provisional.items()):
+                record = read_record(path)
+                if record is None:
+                    continue
+                del self.provisional[name]
+                choice, _ = choose(record)
+                ran = self.ran.get(name)
+                if ran is not None and (choice.runtime, choice.dtype) != (ran.runtime, ran.dtype):
+                    found.append(spec)
+        return found
+
     def _choice(self, spec: ModelSpec) -> tuple[RuntimeChoice | None, str]:
         kind = self.plan.kind
         pinned = spec.runtimes.get(kind)
@@ -119,8 +138,10 @@ class RuntimeChooser:
             if not lacking:
                 return pinned, self._pinned_by(spec, pinned)
             held = f"the pinned {pinned.runtime} {pinned.dtype} needs {', '.join(lacking)}, which this device lacks; "
-        if spec.kind not in MEASURED_KINDS:
+        if not kind_of(spec).tuned:  # a kind with one runtime: nothing to measure
             return None, held + f"torch in the worker's dtype ({spec.kind} models are not measured)"
+        if spec.adapter is not None:  # LoRA layers live in the torch model (configs/adapters.base_of)
+            return None, held + "torch in the worker's dtype (a LoRA adapter runs on its base's torch model)"
         choice, why = self._measured(spec)
         return choice, held + why
 
@@ -142,12 +163,15 @@ class RuntimeChooser:
             if shipped is not None and mode == "background":
                 with self._lock:
                     self.unconfirmed[path] = spec
+                    self.provisional[spec.name] = (path, spec)
                 choice, why = choose(shipped)
                 return choice, (
                     f"{why}; shipped verdict, measured on {shipped['described']}; measured here once this worker is idle"
                 )
             if mode == "background":
                 started = measure_in_background(self.profile, spec, path)
+                with self._lock:
+                    self.provisional[spec.name] = (path, spec)
                 return REFERENCE, (
                     f"fp32 torch, the safe choice, on first use on this device: its runtimes are being measured "
                     f"in the background ({started}); later loads run the verdict"

@@ -24,7 +24,7 @@ from .devices import detect_device
 from .model_pool import ModelPool
 from .pull_loop import PullLoop
 from .runtime_choice import RuntimeChooser
-from .runtimes import Runtime, load_model, require_installed
+from .runtimes import Runtime, load_runtime, require_installed
 from .runtimes.lora import AdapterLoader
 from .termination import TerminationForwarder, take_over_sigterm, termination_grace
 
@@ -86,12 +86,13 @@ class ShoalWorker(WorkerPlugin):
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-load")
         # This device's runtime for each model it loads: the gate's verdict here (runtime_choice).
         self.chooser = RuntimeChooser(profile, plan, probe())
+        load = partial(self._load, self.chooser, plan, self.device_thread)
         # LoRA adapters are read in a thread of their own (not behind a base's load: they take milliseconds)
         # and placed on the device thread between forward batches.
         self.adapter_reader = ThreadPoolExecutor(1, thread_name_prefix="shoal-adapters")
         self.pool = ModelPool(
             plan.memory_budget,
-            partial(self._load, self.chooser, plan, self.device_thread),
+            load,
             self.loader,
             AdapterLoader(self.device_thread, self.adapter_reader),
         )
@@ -119,7 +120,7 @@ class ShoalWorker(WorkerPlugin):
         gc.collect()
         gc.freeze()
         self._task = asyncio.create_task(self.loop.run())
-        self._confirming = asyncio.create_task(self._confirm_when_idle(self.chooser))
+        self._confirming = asyncio.create_task(self._confirm_when_idle(self.chooser, load))
         self._undo_sigterm = take_over_sigterm(partial(self._on_sigterm, worker))
         if worker.nanny:  # its process gets a container's SIGTERM: it passes it on to this one
             self._forwarding = asyncio.create_task(self._forward_sigterm(worker.rpc, worker.nanny))
@@ -151,15 +152,31 @@ class ShoalWorker(WorkerPlugin):
     @staticmethod
     def _load(chooser: RuntimeChooser, plan, device_thread: DeviceThread, spec: ModelSpec) -> Runtime:
         """The pool's loader: the runtime this device's choice names for `spec` (in the loader thread)."""
-        return load_model(chooser.choose(spec), plan, device_thread)
+        return load_runtime(chooser.choose(spec), plan, device_thread)
 
-    async def _confirm_when_idle(self, chooser: RuntimeChooser) -> None:
-        """Shipped verdicts used here are measured here too, once no work is in hand (not beside a job)."""
+    async def _confirm_when_idle(self, chooser: RuntimeChooser, load: Callable[[ModelSpec], Runtime]) -> None:
+        """Shipped verdicts used here are measured here too, once no work is in hand (not beside a job); a model
+        loaded before its verdict here is loaded again on the verdict's runtime and swapped in when idle."""
+        swaps: list[tuple[ModelSpec, Runtime, int]] = []  # loaded on the verdict's runtime, waiting to go in
         while True:
             await asyncio.sleep(IDLE_CHECK_SECONDS)
             if chooser.unconfirmed and not self.loop.leased and not self.loop.online.models():
                 for started in chooser.confirm():
                     logger.info("confirming a shipped verdict: %s", started)
+            for spec in chooser.superseded():
+                try:
+                    runtime = await asyncio.get_running_loop().run_in_executor(self.loader, load, spec)
+                except Exception as exc:  # noqa: BLE001 - the loaded runtime keeps serving
+                    logger.warning("could not load %s on its verdict's runtime: %s", spec.name, exc)
+                    continue
+                swaps.append((spec, runtime, int(runtime.memory_bytes())))
+            waiting = []
+            for spec, runtime, size in swaps:
+                if spec.name not in self.pool.loaded():
+                    runtime.close()  # evicted meanwhile: its next load chooses the verdict's runtime itself
+                elif not self.pool.replace_idle(spec.name, runtime, size):
+                    waiting.append((spec, runtime, size))  # in use now: the next look
+            swaps = waiting
 
     async def warmed(self) -> None:
         """Until the warm loads started at setup have ended, loaded or not."""

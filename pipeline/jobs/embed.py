@@ -1,9 +1,10 @@
 """Batch embed jobs: Parquet text in, one vector per row (or per chunk) out.
 
 An `EmbedRequest` becomes a `BatchJob` of the operation the model's kind
-computes (`EMBED_OPERATIONS`): `embed` for a dense embedder, `sparse` for a
-SPLADE model, `multivector` for a ColBERT one (workers/operations/); the
-engine plans, submits, follows and writes the manifest. Several models over
+computes (configs/kinds: the kinds `shoal embed` runs): `embed` for a dense
+embedder, `sparse` for a SPLADE model, `multivector` for a ColBERT one
+(workers/operations/); the engine plans, submits, follows and writes the
+manifest. Several models over
 one input share the cluster at once: a dense and a sparse model give both
 halves of a hybrid index in one command.
 """
@@ -19,6 +20,7 @@ from distributed import Client
 from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
+from shoal.configs.kinds import DEFAULT, JobOptions, for_command, kind_of
 from shoal.configs.prompts import model_prompts
 from shoal.pipeline.jobs import image_files
 from shoal.pipeline.jobs.engine import (
@@ -36,16 +38,7 @@ from shoal.scheduler_plugins.protocol import ImagePayload, StorageOptions
 from shoal.workers.data.chunking import ChunkSettings
 from shoal.workers.data.vector_precision import VectorFormat
 
-# The operation `shoal embed` runs for each kind of model, and so what its rows hold: a vector (`embedding`),
-# a sparse vector's terms (`sparse`), or a vector per token (`embedding`, a list of them).
-EMBED_OPERATIONS = {
-    "embedder": "embed",
-    "sim": "embed",
-    "sparse": "sparse",
-    "multivector": "multivector",
-    "image_embedder": "embed_images",
-}
-EMBED_KINDS = ("embedder", "sparse", "multivector", "image_embedder")
+COMMAND = "embed"
 
 
 @dataclass
@@ -70,16 +63,26 @@ class EmbedRequest:
     max_image_pixels: int | None = None  # an image with more is its row's rejection; None: Pillow's default limit
 
 
+def embed_options(request: EmbedRequest) -> JobOptions:
+    """The options `request` asks for, each only when given: what the model's kind must take."""
+    options: dict[str, object] = {}
+    if request.chunk:
+        options["chunk"] = request.chunk
+    if not request.vectors.is_default:
+        options["vectors"] = request.vectors
+    if request.prompt is not None or request.prompt_name is not None:
+        options["prompt"] = request.prompt_name or request.prompt
+    if request.top_k is not None:
+        options["top_k"] = request.top_k
+    if request.input_type is not None:
+        options["input_type"] = request.input_type
+    return options
+
+
 def check_embed_options(request: EmbedRequest, spec: ModelSpec) -> None:
-    """Refuse chunk and vector settings the model cannot meet, before any work (ConfigError: exit 2)."""
-    if spec.kind == "sparse" and not request.vectors.is_default:
-        raise ConfigError(f"model {spec.name!r} is sparse: its rows are term weights, with no precision or dim")
-    if request.top_k is not None and spec.kind != "sparse":
-        raise ConfigError(f"top-k keeps a sparse vector's largest terms; model {spec.name!r} is {spec.kind!r}")
-    if request.input_type is not None and spec.kind != "multivector":
-        raise ConfigError(f"input type is a multi-vector model's; model {spec.name!r} is {spec.kind!r}")
-    if spec.kind == "multivector" and (request.prompt is not None or request.prompt_name is not None):
-        raise ConfigError(f"model {spec.name!r} is multi-vector: its input type picks its prefix, not a prompt")
+    """Refuse options the model's kind does not take, and chunk and vector settings the model cannot meet,
+    before any work (ConfigError: exit 2)."""
+    kind_of(spec).check_job(embed_options(request), spec)
     try:
         if request.chunk:
             request.chunk.check_window(spec.max_seq_length, spec.name)
@@ -99,7 +102,7 @@ def with_prompt(request: EmbedRequest, spec: ModelSpec) -> EmbedRequest:
 def with_images(request: EmbedRequest, spec: ModelSpec) -> EmbedRequest:
     """`request` reading INPUT as image files when the model takes images, no column is named and INPUT holds
     images (image_files.holds_images); options of images refused for a model without an image tower."""
-    takes_images = spec.kind == "image_embedder"
+    takes_images = "images" in kind_of(spec).inputs
     if not takes_images and (request.image_column or request.input_format == image_files.FORMAT):
         raise ConfigError(f"model {spec.name!r} is of kind {spec.kind!r}: it embeds no images")
     if not takes_images or request.image_column or request.input_format not in (None, image_files.FORMAT):
@@ -109,8 +112,8 @@ def with_images(request: EmbedRequest, spec: ModelSpec) -> EmbedRequest:
     return request
 
 
-def embed_job(request: EmbedRequest, operation: str = "embed") -> BatchJob:
-    """`operation`: the model's kind's (EMBED_OPERATIONS)."""
+def embed_job(request: EmbedRequest, operation: str = DEFAULT.operation) -> BatchJob:
+    """`operation`: the model's kind's."""
     payload: ImagePayload = {**text_rows_payload(request)}
     if request.image_column or request.input_format == image_files.FORMAT:
         payload.pop("text_column", None)
@@ -143,10 +146,10 @@ def plan_embed(request: EmbedRequest, profile: Profile) -> Plan:
 def run_embed(
     client: Client, request: EmbedRequest, profile: Profile, catalog: Catalog, console: Console
 ) -> JobOutcome:
-    spec = model_for(catalog, profile, request.model, EMBED_KINDS)
+    spec = model_for(catalog, profile, request.model, for_command(COMMAND))
     check_embed_options(request, spec)
     request = with_images(with_prompt(request, spec), spec)
-    return run_job(client, embed_job(request, EMBED_OPERATIONS[spec.kind]), spec, profile, console)
+    return run_job(client, embed_job(request, kind_of(spec).operation), spec, profile, console)
 
 
 def run_embed_models(
@@ -158,7 +161,7 @@ def run_embed_models(
     models held and share the cluster between them. The first job shows
     the progress bar; the others' summaries follow it.
     """
-    specs = [model_for(catalog, profile, name, EMBED_KINDS) for name in models]  # refuse before any work
+    specs = [model_for(catalog, profile, name, for_command(COMMAND)) for name in models]  # refuse before any work
     for spec in specs:
         check_embed_options(request, spec)
     requests = [
@@ -169,7 +172,7 @@ def run_embed_models(
     consoles = [console, *(Console(file=buffer, soft_wrap=True, width=console.width) for buffer in buffers)]
     with ThreadPoolExecutor(len(models)) as pool:
         futures = [
-            pool.submit(run_job, client, embed_job(with_prompt(r, spec), EMBED_OPERATIONS[spec.kind]), spec, profile, c)
+            pool.submit(run_job, client, embed_job(with_prompt(r, spec), kind_of(spec).operation), spec, profile, c)
             for r, spec, c in zip(requests, specs, consoles)
         ]
         outcomes = [future.result() for future in futures]

@@ -12,6 +12,7 @@ and the parts written are checked again before the manifest lists them.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, cast
 
@@ -21,6 +22,7 @@ from rich.console import Console
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
 from shoal.configs.auto import LAYOUT
 from shoal.configs.fingerprints import model_fingerprint
+from shoal.configs.kinds import Kind, kind_of
 from shoal.pipeline.cluster import ClusterError, pull_queue, worker_runtimes
 from shoal.pipeline.jobs import image_files
 from shoal.pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
@@ -138,15 +140,15 @@ class JobOutcome:
         return 1 if not self.manifest["complete"] or self.manifest["rejected_rows"] else 0
 
 
-def model_for(catalog: Catalog, profile: Profile, name: str, kind: str | tuple[str, ...]) -> ModelSpec:
-    """The catalog entry with the profile's tuning, refused if it is not of `kind` (or one of them).
+def model_for(catalog: Catalog, profile: Profile, name: str, kinds: Sequence[Kind]) -> ModelSpec:
+    """The catalog entry with the profile's tuning, refused if it is not of one of `kinds` (the registry's
+    `for_command`, `for_operation`).
 
     On `auto` the model's runtime is the one `connect` chose for an embedded cluster's models.
     """
     spec = profile.tuned(catalog.get(name))
-    kinds = (kind,) if isinstance(kind, str) else kind
-    if spec.kind not in kinds and not (spec.kind == "sim" and "embedder" in kinds):  # the simulation embeds
-        needed = " or ".join(repr(k) for k in kinds)
+    if kind_of(spec) not in kinds:
+        needed = " or ".join(repr(k.name) for k in kinds)
         raise ConfigError(f"model {spec.name!r} is of kind {spec.kind!r}; this job needs a model of kind {needed}")
     return spec
 
@@ -178,7 +180,9 @@ def choice_lines(
 
 def output_folder(model: str) -> str:
     """A model's folder name under a several-model output: a path's last part, an HF id as the hub caches it."""
-    return model.rstrip("/").rsplit("/", 1)[-1] if model.startswith((".", "/", "~")) else model.replace("/", "--")
+    if model.startswith((".", "/", "~")) or "://" in model:  # a folder, here or in object storage
+        return model.rstrip("/").rsplit("/", 1)[-1]
+    return model.replace("/", "--")
 
 
 def plan_job(job: BatchJob, profile: Profile) -> Plan:

@@ -25,21 +25,24 @@ import posixpath
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile, explain, load_catalog, load_profile, read_yaml
 from shoal.configs.fingerprints import model_fingerprint
+from shoal.configs.kinds import for_command, kind_of
+from shoal.configs.kinds.token_classifier import Aggregation
 from shoal.pipeline.cluster import AdaptRange, connect
-from shoal.pipeline.jobs.classify import OPERATION_OF, ClassifyRequest, check_classify_options, classify_job
-from shoal.pipeline.jobs.embed import EMBED_KINDS, EMBED_OPERATIONS, EmbedRequest, check_embed_options, embed_job
+from shoal.pipeline.jobs.classify import ClassifyRequest, Operation, check_classify_options, classify_job
+from shoal.pipeline.jobs.embed import COMMAND as EMBED
+from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, embed_job, with_images
 from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
 from shoal.pipeline.jobs.lance_output import LanceTarget
 from shoal.pipeline.jobs.lock import JobLock, LockHeld
 from shoal.pipeline.jobs.resume import job_params
-from shoal.scheduler_plugins.protocol import Aggregation, StorageOptions
+from shoal.scheduler_plugins.protocol import StorageOptions
 from shoal.workers.data.chunking import ChunkSettings
 from shoal.workers.data.storage import atomic_write, open_fs
 from shoal.workers.data.vector_precision import Precision, VectorFormat
@@ -47,6 +50,7 @@ from shoal.workers.data.vector_precision import Precision, VectorFormat
 CURRENT = "_CURRENT"
 LOCK = "_lock.json"
 VERSION_PREFIX = "v-"
+REINDEXED = (*for_command(EMBED), *for_command("classify"), *for_command("extract"))  # the kinds a reindex runs
 SHOWN_SHARDS = 20
 
 
@@ -56,6 +60,7 @@ class Columns(BaseModel):
     text: str = "text"
     id: str | None = "id"
     keep: list[str] = Field(default_factory=list)
+    image: str | None = None  # an image model's column of image bytes or URIs (else INPUT's image files, or texts)
 
 
 class LockSettings(BaseModel):
@@ -72,7 +77,8 @@ class ReindexJob(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     input: str
-    input_format: Literal["parquet", "jsonl", "csv"] | None = None  # None: by each file's name
+    # None: by each file's name (an image model's INPUT of image files: images)
+    input_format: Literal["parquet", "jsonl", "csv", "images"] | None = None
     output: str
     model: str
     columns: Columns = Field(default_factory=Columns)
@@ -81,6 +87,7 @@ class ReindexJob(BaseModel):
     dim: int | None = Field(default=None, gt=0)
     top_k: int | None = Field(default=None, gt=0)  # a sparse model's largest terms per row
     input_type: Literal["query", "document"] | None = None  # a multi-vector model's encoding (document)
+    max_image_pixels: int | None = Field(default=None, gt=0)  # an image model's: more is a row's rejection
     # A classifier's (shoal classify and extract: pipeline/jobs/classify.py); top_k is a sequence classifier's too.
     threshold: float | None = None
     labels: list[str] = Field(default_factory=list)
@@ -110,18 +117,21 @@ class ReindexJob(BaseModel):
             input_format=self.input_format,
             top_k=self.top_k,
             input_type=self.input_type,
+            image_column=self.columns.image,
+            max_image_pixels=self.max_image_pixels,
         )
 
     def batch_job(self, output: str, spec: ModelSpec) -> BatchJob:
         """The job into `output` by the model's kind, its options checked: an embed or a classifier's."""
+        kind = kind_of(spec)
         classifying = {"threshold", "labels", "template", "multi_label", "aggregation"} & self.model_fields_set
-        if spec.kind in OPERATION_OF:
+        if kind.command != EMBED:
             embedding = {"precision", "dim", "input_type"} & self.model_fields_set
             if embedding:
                 raise ConfigError(f"{', '.join(sorted(embedding))}: options of an embedding, not of {spec.kind!r}")
             request = ClassifyRequest(
                 **{k: v for k, v in vars(self.request(output)).items() if k in CLASSIFY_SHARED},
-                operation=OPERATION_OF[spec.kind],
+                operation=cast(Operation, kind.command),
                 top_k=self.top_k,
                 threshold=self.threshold,
                 labels=self.labels,
@@ -134,7 +144,7 @@ class ReindexJob(BaseModel):
         if classifying:
             raise ConfigError(f"{', '.join(sorted(classifying))}: options of a classifier, not of {spec.kind!r}")
         check_embed_options(self.request(output), spec)
-        return embed_job(self.request(output), EMBED_OPERATIONS[spec.kind])
+        return embed_job(with_images(self.request(output), spec), kind.operation)
 
 
 # What an embed request and a classifier's share: where rows come from and go, and the columns they carry.
@@ -277,7 +287,7 @@ def job_config(job: ReindexJob) -> tuple[Profile, Catalog]:
 def plan_reindex(job: ReindexJob, profile: Profile, catalog: Catalog) -> ReindexPlan:
     """Compare inputs and model with the target version's manifest; touches nothing."""
     layout = VersionedOutput(job.output, job.storage_options)
-    spec = model_for(catalog, profile, job.model, (*EMBED_KINDS, *OPERATION_OF))
+    spec = model_for(catalog, profile, job.model, REINDEXED)
     probe = job.batch_job(job.output, spec)
     version = version_name(model_fingerprint(spec), job_params(probe.operation, probe.payload))
     versioned = job.batch_job(layout.version_url(version), spec)

@@ -14,6 +14,7 @@ from distributed import Client
 from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, Profile
+from shoal.configs.kinds import for_command
 from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, run_job
 from shoal.scheduler_plugins.protocol import RerankPayload, StorageOptions
 
@@ -99,5 +100,5 @@ def rerank_job(request: RerankRequest) -> BatchJob:
 def run_rerank(
     client: Client, request: RerankRequest, profile: Profile, catalog: Catalog, console: Console
 ) -> JobOutcome:
-    spec = model_for(catalog, profile, request.model, "reranker")
+    spec = model_for(catalog, profile, request.model, for_command("rerank"))
     return run_job(client, rerank_job(request), spec, profile, console)

@@ -30,6 +30,7 @@ from distributed import Client
 from rich.console import Console
 
 from shoal.configs import Catalog, Profile
+from shoal.configs.kinds import for_operation
 from shoal.configs.prompts import ModelPrompts, Role, model_prompts
 from shoal.pipeline.jobs.embed import EmbedRequest, run_embed
 from shoal.pipeline.jobs.engine import JobOutcome, model_for
@@ -103,7 +104,7 @@ def run_pipeline(client: Client, spec: JobSpec, profile: Profile, catalog: Catal
         "rejected_rows": 0,
     }
     outcome = RunOutcome(None, record)
-    prompts = model_prompts(model_for(catalog, profile, spec.embed.model, "embedder"))
+    prompts = model_prompts(model_for(catalog, profile, spec.embed.model, for_operation("embed")))
     requests = embed_requests(spec, prompts)
     record["prompts"] = {stage: prompts.text(prompt=request.prompt) for stage, request in requests.items()}
     for stage, request in requests.items():

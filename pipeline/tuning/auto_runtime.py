@@ -46,10 +46,10 @@ from rich.console import Console
 from shoal.configs import ModelSpec, Profile, RuntimeChoice, load_profile
 from shoal.configs.auto import NAME
 from shoal.configs.fingerprints import model_fingerprint
+from shoal.configs.kinds import kind_of
 from shoal.configs.machine import Machine, probe
 from shoal.configs.verdicts import (
     LOSSY_GAIN,
-    MEASURED_KINDS,
     MEASUREMENT,
     Candidate,
     Measurement,
@@ -78,8 +78,9 @@ def gate_texts() -> list[str]:
 def cached_choice(spec: ModelSpec, machine: Machine, threads: int) -> str:
     """`shoal models`' column: auto's runtime for `spec` on this machine's CPU, short, or that it is measured on
     first use."""
-    if spec.kind not in MEASURED_KINDS:  # not measured: torch in the workers' dtype, or a profile's pin
-        return "-" if spec.kind == "sim" else "torch (workers' dtype)"
+    kind = kind_of(spec)
+    if not kind.tuned:  # not measured: torch in the workers' dtype, or a profile's pin
+        return "-" if kind.simulated else "torch (workers' dtype)"
     fingerprint = model_fingerprint(spec)
     record = read_verdicts(fingerprint, machine, threads, "cpu")
     shipped = shipped_verdict(fingerprint, machine, "cpu") if record is None else None
@@ -176,7 +177,7 @@ def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> Measurement:
     from dataclasses import replace
 
     from shoal.pipeline.tuning.quality_gate import JUDGED_SET, REFERENCE, PrecisionGate
-    from shoal.pipeline.tuning.runtimes import embed_texts, score_texts, speedups
+    from shoal.pipeline.tuning.runtimes import speedups, timed_work
     from shoal.workers.devices import apply_torch_threads, detect_device
     from shoal.workers.runtimes import load_runtime
 
@@ -191,7 +192,7 @@ def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> Measurement:
     # The gate's figures do not depend on threads: it runs on every core, the timing at the layout's.
     gate_plan = replace(plan, threads=max(plan.threads, machine.cores))
     texts = gate_texts()
-    work = embed_texts if spec.kind == "embedder" else score_texts
+    work = timed_work(spec)
 
     def load(choice: RuntimeChoice):
         return load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan)

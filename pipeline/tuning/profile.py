@@ -34,7 +34,7 @@ def profile_fields(profile: Profile) -> ProfileFields:
     fields = profile.model_dump()
     if fields["gateway"] == GatewaySettings().model_dump():
         del fields["gateway"]
-    for name in ("pinned", "token_budgets", "max_batch_sizes", "runtimes"):
+    for name in ("pinned", "token_budgets", "max_batch_sizes", "image_batches", "runtimes"):
         if not fields[name]:
             del fields[name]
     return fields

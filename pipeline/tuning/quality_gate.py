@@ -20,9 +20,10 @@ the user's own texts (or the demo corpus):
 - token classifiers: of the spans (label, start, end) either side finds,
   >= 98% are found by both, and no shared span's score moves by more than 0.02.
 
-The other kinds run on torch only, so their candidates are its dtypes; `auto`
-measures none of them (they run in the workers' dtype unless a profile pins
-one that passed here).
+Each kind's gate (configs/kinds, `Gate`) names its measure (`MEASURES`) and
+the call whose outputs are compared. A kind on torch alone has its dtypes for
+candidates; `auto` measures none of them (they run in the workers' dtype
+unless a profile pins one that passed here).
 
 Both sides run through the worker's own runtimes (workers/runtimes/__init__.py), so the
 figures describe exactly what a job would compute. The verdict and figures are
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from shoal.configs import GateEvidence, ModelSpec, RuntimeChoice, RuntimeDType
+from shoal.configs.kinds import DEFAULT, KINDS, kind_of
 from shoal.configs.verdicts import REFERENCE
 from shoal.pipeline.retrieval.beir import RetrievalSet, load_beir
 from shoal.pipeline.retrieval.evaluation import evaluate
@@ -57,8 +59,6 @@ KENDALL_TAU_AT_LEAST = 0.99
 LABEL_AGREEMENT_AT_LEAST = 0.99
 SPAN_AGREEMENT_AT_LEAST = 0.98
 SCORE_DELTA_AT_MOST = 0.02
-# The kinds with an agreement measure below.
-GATED = ("embedder", "reranker", "sparse", "multivector", "classifier", "token_classifier", "image_embedder")
 
 
 @dataclass
@@ -164,15 +164,12 @@ def _score_delta(delta: float) -> list[str]:
     return [] if delta <= SCORE_DELTA_AT_MOST else [f"a score moved by {delta:.4f} > {SCORE_DELTA_AT_MOST}"]
 
 
-# How each kind's outputs are held to fp32's.
-JUDGES: dict[str, Callable[[Any, Any], tuple[dict[str, float], list[str]]]] = {
-    "embedder": judge_vectors,
-    "sparse": judge_vectors,
-    "multivector": judge_vectors,
-    "image_embedder": judge_vectors,
-    "reranker": judge_scores,
-    "classifier": judge_labels,
-    "token_classifier": judge_entities,
+# How a kind's outputs are held to fp32's: the measure its gate names (configs/kinds, `Gate.measure`).
+MEASURES: dict[str, Callable[[Any, Any], tuple[dict[str, float], list[str]]]] = {
+    "cosine": judge_vectors,
+    "kendall": judge_scores,
+    "labels": judge_labels,
+    "spans": judge_entities,
 }
 
 
@@ -188,13 +185,15 @@ class PrecisionGate:
         self, spec: ModelSpec, plan, texts: list[str], judged_set: str | None = JUDGED_SET, reference=None
     ) -> None:
         """`reference`: fp32 torch already loaded by the caller (auto's timing), used instead of loading another."""
-        from shoal.workers.runtimes import load_model
+        from shoal.workers.runtimes import load_runtime
 
-        if spec.kind not in GATED:
-            raise ValueError(f"model {spec.name!r}: the precision gate checks {', '.join(GATED)}, not {spec.kind!r}")
-        self.spec, self.plan, self.texts = spec, plan, texts
-        self._load = load_model
-        self.judged: RetrievalSet | None = load_beir(judged_set) if judged_set and spec.kind == "embedder" else None
+        gate = kind_of(spec).gate
+        if gate is None:
+            gated = ", ".join(kind.name for kind in KINDS if kind.gate)
+            raise ValueError(f"model {spec.name!r}: the precision gate checks {gated}, not {spec.kind!r}")
+        self.spec, self.plan, self.texts, self.gate = spec, plan, texts, gate
+        self._load = load_runtime
+        self.judged: RetrievalSet | None = load_beir(judged_set) if judged_set and gate.retrieval else None
         self.reference = reference if reference is not None else self._runtime(REFERENCE)[0]
         self.reference_outputs, self.reference_rate = self._outputs(self.reference)
         self._reference_ndcg: float | None = None
@@ -214,7 +213,7 @@ class PrecisionGate:
                 texts_per_second=rate,
                 reference_texts_per_second=self.reference_rate,
             )
-            judged = JUDGES[self.spec.kind](outputs, self.reference_outputs)
+            judged = MEASURES[self.gate.measure](outputs, self.reference_outputs)
             parts = [judged]
             if self.judged is not None and not judged[1]:  # refused on the sample: retrieval cannot save it
                 parts.append(judge_retrieval(self._ndcg(runtime, self.judged), self.reference_ndcg()))
@@ -245,22 +244,7 @@ class PrecisionGate:
         import time
 
         began = time.perf_counter()
-        if self.spec.kind == "embedder":
-            outputs = runtime.embed(self.texts)[0]
-        elif self.spec.kind == "sparse":  # every term's weight, zero where a row has none
-            outputs = np.zeros((len(self.texts), self.spec.dim), dtype=np.float32)
-            for row, (terms, weights) in zip(outputs, runtime.sparse(self.texts)[0]):
-                row[terms] = weights
-        elif self.spec.kind == "multivector":  # every token's vector, in order
-            outputs = np.concatenate(runtime.multivector(self.texts)[0])
-        elif self.spec.kind == "image_embedder":  # a drawn image sample's vectors, then the texts'
-            outputs = runtime.gate_vectors(self.texts)
-        elif self.spec.kind == "classifier":  # every label's score
-            outputs = runtime.classify(self.texts)[0]
-        elif self.spec.kind == "token_classifier":  # the spans a job writes (simple aggregation)
-            outputs = runtime.entities(self.texts)[0]
-        else:  # reranker: each text scored against the text before it, as (query, passage) pairs
-            outputs = runtime.score(self.texts[1:] + self.texts[:1], self.texts)[0]
+        outputs = self.gate.outputs(runtime, self.texts)
         return outputs, len(self.texts) / max(time.perf_counter() - began, 1e-9)
 
     @staticmethod
@@ -274,18 +258,13 @@ class PrecisionGate:
         return evaluate(rankings, judged.qrels)["ndcg@10"]
 
 
-def candidates(device_kind: str, kind: str = "embedder") -> list[RuntimeChoice]:
-    """What the gate and `shoal tune` try for a model of `kind` on this kind of device, fastest-looking last."""
-    if kind not in ("embedder", "reranker"):  # torch only (workers/runtimes KIND_RUNTIMES)
-        dtypes: tuple[RuntimeDType, ...] = (
-            ("float32", "float16", "bfloat16") if device_kind == "cuda" else ("float32", "bfloat16")
-        )
-        return [RuntimeChoice(runtime="torch", dtype=d) for d in dtypes]
-    if device_kind == "cuda":
-        return [RuntimeChoice(runtime="torch", dtype=d) for d in ("float32", "float16", "bfloat16")]
-    return [
-        RuntimeChoice(runtime="torch", dtype="float32"),
-        RuntimeChoice(runtime="torch", dtype="bfloat16"),
-        RuntimeChoice(runtime="onnx", dtype="float32"),
-        RuntimeChoice(runtime="onnx", dtype="int8"),
-    ]
+def candidates(device_kind: str, kind: str = DEFAULT.name) -> list[RuntimeChoice]:
+    """What the gate and `shoal tune` try for a model of `kind` on this kind of device, fastest-looking last:
+    torch's dtypes, then on a CPU the kind's ONNX runtime, if it has one, in fp32 and int8."""
+    dtypes: tuple[RuntimeDType, ...] = (
+        ("float32", "float16", "bfloat16") if device_kind == "cuda" else ("float32", "bfloat16")
+    )
+    choices = [RuntimeChoice(runtime="torch", dtype=d) for d in dtypes]
+    if device_kind != "cuda" and "onnx" in kind_of(kind).runtimes:
+        choices += [RuntimeChoice(runtime="onnx", dtype="float32"), RuntimeChoice(runtime="onnx", dtype="int8")]
+    return choices

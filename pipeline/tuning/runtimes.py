@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from shoal.configs import ModelSpec, RuntimeChoice
+from shoal.configs.kinds import kind_of
+from shoal.configs.kinds.embedder import vectors
 from shoal.pipeline.tuning.meter import MachineMeter
 from shoal.pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, Verdict, candidates
 
@@ -57,13 +59,12 @@ class RuntimeSearch:
         return rows
 
 
-def embed_texts(runtime, texts: list[str]) -> None:
-    runtime.embed(texts)
-
-
-def score_texts(runtime, texts: list[str]) -> None:
-    """A reranker's work on `texts`: each scored against the one before it, as the gate pairs them."""
-    runtime.score(texts[1:] + texts[:1], texts)
+def timed_work(spec: ModelSpec) -> Callable[[Any, list[str]], Any]:
+    """What a runtime of `spec`'s kind is timed on: the call its gate compares (a reranker scores pairs)."""
+    gate = kind_of(spec).gate
+    if gate is None:
+        raise ValueError(f"model {spec.name!r}: kind {spec.kind!r} has no quality gate to time runtimes by")
+    return gate.outputs
 
 
 def paired_speedup(
@@ -71,7 +72,7 @@ def paired_speedup(
     reference,
     texts: list[str],
     pairs: int = PAIRS,
-    work: Callable[[Any, list[str]], None] = embed_texts,
+    work: Callable[[Any, list[str]], Any] = vectors,
     bar: float | None = None,
 ) -> float:
     """How many times faster `candidate` does `work` on `texts` than `reference`: the median of back-to-back pairs."""
@@ -83,7 +84,7 @@ def speedups(
     reference,
     texts: list[str],
     pairs: int = PAIRS,
-    work: Callable[[Any, list[str]], None] = embed_texts,
+    work: Callable[[Any, list[str]], Any] = vectors,
     bars: Sequence[float] | None = None,
 ) -> list[float]:
     """Each candidate's speed against `reference`, all timed in the same rounds: the reference runs once a round.
@@ -152,7 +153,7 @@ def time_passing(search: RuntimeSearch, spec: ModelSpec, plan, texts: list[str],
     def load(choice: RuntimeChoice):
         return load_runtime(spec.model_copy(update={"runtimes": {plan.kind: choice}}), plan)
 
-    work = score_texts if spec.kind == "reranker" else embed_texts  # a reranker is timed on what it does
+    work = timed_work(spec)
     reference = load(REFERENCE)
     try:
         for choice in passing:

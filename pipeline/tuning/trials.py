@@ -22,12 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import yaml
 from distributed import Client, LocalCluster
 from rich.console import Console
 
 from shoal.configs import Catalog, GatewaySettings, ModelSpec, Profile, load_profile
+from shoal.configs.kinds import for_operation
 from shoal.pipeline.cluster import pull_queue, start_local_cluster
 from shoal.pipeline.jobs.embed import EmbedRequest, embed_job
 from shoal.pipeline.jobs.engine import model_for, prepare_job, run_prepared
@@ -38,35 +40,23 @@ from shoal.pipeline.tuning.sample import Sample
 from shoal.pipeline.tuning.search import Config, Figures, Outcome
 
 WARMUP_TEXTS = 64
+WARMUP_IMAGES = 8
 WORKER_START_TIMEOUT = 300
 
 
-class EmbedderTrials:
-    """Token budget x batch cap of one model, timed in pairs against a reference configuration.
+class PairedTrials:
+    """A configuration timed in pairs against a reference configuration (the search's start).
 
     A shared machine drifts by tens of percent within minutes, so a trial
-    times its configuration and the reference (the search's start) in
-    alternating order, `repeats` times each, and scores the ratio of the
-    best runs: a drift-proof "times faster than the start, here and now".
+    times its configuration and the reference in alternating order,
+    `repeats` times each, and scores the ratio of the best runs: a
+    drift-proof "times faster than the start, here and now". Subclasses
+    time one configuration (`_time`) over their `rows`.
     """
 
-    def __init__(
-        self, spec: ModelSpec, plan, texts: list[str], rows_per_item: int, reference: Config, repeats: int = 2
-    ) -> None:
-        from shoal.workers.runtimes import Scorer, load_runtime
-
-        self.spec = spec
-        embedder = load_runtime(spec, plan)  # the runtime and dtype phase 0 chose
-        if isinstance(embedder, Scorer):
-            raise ValueError(f"model {spec.name!r} scores pairs: the embed trials cannot measure it")
-        self.embedder = embedder
-        self.items = [texts[i : i + rows_per_item] for i in range(0, len(texts), rows_per_item)]
-        self.lengths = [self.embedder.token_lengths(item)[0] for item in self.items]
-        self.rows = len(texts)
-        self.reference = dict(reference)
-        self.repeats = repeats
-        self.embedder.embed(texts[:WARMUP_TEXTS])
-        self.memory_bytes = self.embedder.memory_bytes()
+    rows: int
+    reference: Config
+    repeats: int
 
     def __call__(self, config: Config) -> Outcome:
         runs: dict[bool, list[MachineMeter]] = {True: [], False: []}  # is it the reference?
@@ -93,6 +83,34 @@ class EmbedderTrials:
         )
 
     def _time(self, config: Config) -> MachineMeter:
+        raise NotImplementedError
+
+    def _padding(self, config: Config) -> float:
+        return 0.0
+
+
+class EmbedderTrials(PairedTrials):
+    """Token budget x batch cap of one model (`PairedTrials`)."""
+
+    def __init__(
+        self, spec: ModelSpec, plan, texts: list[str], rows_per_item: int, reference: Config, repeats: int = 2
+    ) -> None:
+        from shoal.workers.runtimes import Scorer, load_runtime
+
+        self.spec = spec
+        embedder = load_runtime(spec, plan)  # the runtime and dtype phase 0 chose
+        if isinstance(embedder, Scorer):
+            raise ValueError(f"model {spec.name!r} scores pairs: the embed trials cannot measure it")
+        self.embedder = embedder
+        self.items = [texts[i : i + rows_per_item] for i in range(0, len(texts), rows_per_item)]
+        self.lengths = [self.embedder.token_lengths(item)[0] for item in self.items]
+        self.rows = len(texts)
+        self.reference = dict(reference)
+        self.repeats = repeats
+        self.embedder.embed(texts[:WARMUP_TEXTS])
+        self.memory_bytes = self.embedder.memory_bytes()
+
+    def _time(self, config: Config) -> MachineMeter:
         # Both knobs are read on every embed() call, so one loaded model serves every trial.
         self.embedder.token_budget = int(config["token_budget"])
         self.embedder.spec = self.spec.model_copy(update={"max_batch_size": int(config["max_batch_size"])})
@@ -111,6 +129,35 @@ class EmbedderTrials:
             for batch in plan_batches(lengths, budget, max_batch)
         )
         return 1 - sum(int(lengths.sum()) for lengths in self.lengths) / max(computed, 1)
+
+    def close(self) -> None:
+        self.embedder.close()
+
+
+class ImageTrials(PairedTrials):
+    """Images per forward batch of an image model (its `image_batch`), timed in pairs as `EmbedderTrials`
+    times token budgets: each trial embeds the same drawn JPEGs, decoded and prepared as a job's are."""
+
+    def __init__(self, spec: ModelSpec, plan, images: int, rows_per_item: int, reference: Config, repeats: int = 2):
+        from shoal.workers.runtimes import load_runtime
+        from shoal.workers.runtimes.image_embedder import drawn_images
+
+        self.spec = spec
+        self.embedder = cast(Any, load_runtime(spec, plan))  # an ImageEmbedder
+        drawn = drawn_images(images)
+        self.items = [drawn[i : i + rows_per_item] for i in range(0, len(drawn), rows_per_item)]
+        self.rows = len(drawn)
+        self.reference = dict(reference)
+        self.repeats = repeats
+        self.embedder.embed_images(drawn[:WARMUP_IMAGES])
+        self.memory_bytes = self.embedder.memory_bytes()
+
+    def _time(self, config: Config) -> MachineMeter:
+        self.embedder.image_batch = int(config["image_batch"])  # read on every embed_images() call
+        with MachineMeter() as meter:
+            for item in self.items:
+                self.embedder.embed_images(item)
+        return meter
 
     def close(self) -> None:
         self.embedder.close()
@@ -206,7 +253,9 @@ class ClusterTrials:
             client.wait_for_workers(profile.workers, timeout=WORKER_START_TIMEOUT)
             url = None
             if self.online_rate:
-                specs = {m: model_for(self.catalog, profile, m, "embedder").model_dump() for m in self.models}
+                specs = {
+                    m: model_for(self.catalog, profile, m, for_operation("embed")).model_dump() for m in self.models
+                }
                 settings = GatewaySettings(host="127.0.0.1", port=0).model_dump()
                 url = client.sync(pull_queue(client).gateway_start, settings, specs)["url"]
         self._cluster = (key, cluster, client, url)
@@ -218,7 +267,7 @@ class ClusterTrials:
         prepared = [
             prepare_job(
                 embed_job(EmbedRequest(self.sample.url, str(out / name), name)),
-                model_for(self.catalog, profile, name, "embedder"),
+                model_for(self.catalog, profile, name, for_operation("embed")),
                 profile,
             )
             for name in self.models

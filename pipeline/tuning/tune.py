@@ -40,13 +40,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shoal.configs import Catalog, Profile, load_catalog, load_profile
+from shoal.configs.kinds import kind_of
+from shoal.pipeline.jobs.image_files import images_per_item
 from shoal.pipeline.tuning import REPO_ROOT
 from shoal.pipeline.tuning.profile import profile_fields, profile_path, write_profile
 from shoal.pipeline.tuning.quality_gate import JUDGED_SET
 from shoal.pipeline.tuning.runtimes import RuntimeSearch, choose_runtime, retime
 from shoal.pipeline.tuning.sample import draw_sample
 from shoal.pipeline.tuning.search import Config, CoordinateSearch, Dimension, Outcome, SearchResult, Trial
-from shoal.pipeline.tuning.trials import ClusterTrials, EmbedderTrials
+from shoal.pipeline.tuning.trials import ClusterTrials, EmbedderTrials, ImageTrials
 
 DEMO_INPUT = str(REPO_ROOT / "datasets" / "demo")
 PHASE1_SHARE = 0.3
@@ -63,6 +65,10 @@ class Grid:
     token_budget: tuple[int, ...]
     max_batch_size: tuple[int, ...]
     p99_ms: float | None
+    image_batch: tuple[int, ...] = ()  # an image model's images per forward
+
+
+IMAGE_SAMPLE = 128  # drawn JPEGs an image model's phase 1 embeds per trial
 
 
 GRIDS = {
@@ -70,11 +76,13 @@ GRIDS = {
         token_budget=(1024, 2048, 4096, 8192, 16384, 32768),
         max_batch_size=(16, 32, 64, 128, 256, 512),
         p99_ms=None,  # measured, not a target: see the module docstring
+        image_batch=(4, 8, 16, 32, 64),
     ),
     "cuda": Grid(
         token_budget=(8192, 16384, 32768, 65536, 131072, 262144, 524288),
         max_batch_size=(64, 128, 256, 512, 1024, 2048, 4096),
         p99_ms=200.0,
+        image_batch=(32, 64, 128, 256, 512, 1024),
     ),
 }
 PREFETCH = (1, 2, 3, 4)
@@ -169,11 +177,15 @@ class Tuner:
                     update={
                         "token_budgets": {
                             **self.base.token_budgets,
-                            **{m: c["token_budget"] for m, c in tuned.items()},
+                            **{m: c["token_budget"] for m, c in tuned.items() if "token_budget" in c},
                         },
                         "max_batch_sizes": {
                             **self.base.max_batch_sizes,
-                            **{m: c["max_batch_size"] for m, c in tuned.items()},
+                            **{m: c["max_batch_size"] for m, c in tuned.items() if "max_batch_size" in c},
+                        },
+                        "image_batches": {
+                            **self.base.image_batches,
+                            **{m: c["image_batch"] for m, c in tuned.items() if "image_batch" in c},
                         },
                     }
                 )
@@ -237,11 +249,12 @@ class Tuner:
     # -- the phases ----------------------------------------------------------
 
     def _phase0(self, plan, texts: list[str]) -> dict[str, RuntimeSearch]:
-        """Per embedder or reranker: the fastest runtime x dtype the quality gate accepts (pipeline/tuning/runtimes.py)."""
+        """Per model of a kind with several runtimes (embedders, rerankers): the fastest runtime x dtype the quality
+        gate accepts (pipeline/tuning/runtimes.py)."""
         searches: dict[str, RuntimeSearch] = {}
         for name in self.request.models:
             spec = self.base.tuned(self.catalog.get(name))
-            if spec.kind not in ("embedder", "reranker"):
+            if not kind_of(spec).tuned:
                 continue
             self._describe(f"phase 0 {name}: runtime x dtype under the quality gate")
             searches[name] = choose_runtime(spec, plan, texts, self.request.min_gain, JUDGED_SET)
@@ -282,13 +295,20 @@ class Tuner:
         for name in self.request.models:
             spec = self.base.tuned(self.catalog.get(name))
             self._describe(f"loading {name}")
-            start = {"token_budget": spec.budget_for(plan.kind), "max_batch_size": spec.max_batch_size}
-            trials = EmbedderTrials(spec, plan, texts, self.base.rows_per_item, reference=start)
-            try:
+            trials: EmbedderTrials | ImageTrials
+            if "images" in kind_of(spec).inputs:  # images per forward, on drawn JPEGs
+                start: Config = {"image_batch": spec.images_for(plan.kind)}
+                rows = images_per_item(self.base.rows_per_item)
+                trials = ImageTrials(spec, plan, IMAGE_SAMPLE, rows, reference=start)
+                dims = [Dimension("image_batch", grid.image_batch)]
+            else:
+                start = {"token_budget": spec.budget_for(plan.kind), "max_batch_size": spec.max_batch_size}
+                trials = EmbedderTrials(spec, plan, texts, self.base.rows_per_item, reference=start)
                 dims = [
                     Dimension("token_budget", grid.token_budget),
                     Dimension("max_batch_size", grid.max_batch_size),
                 ]
+            try:
                 search = CoordinateSearch(
                     dims,
                     start,
@@ -489,6 +509,7 @@ def _shown(url: str) -> str:
 
 SHORT_NAMES = {
     "token_budget": "budget",
+    "image_batch": "images/batch",
     "max_batch_size": "batch",
     "rows_per_item": "rows/item",
     "models_per_device": "models/device",

@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, ValidationError
 
 from shoal.configs import GatewaySettings, ModelSpec
+from shoal.configs.kinds.embedder import WIRE_DTYPES
 
 from ..protocol import EncodePayload, OnlineResult, Precision, ScorePayload
 from . import body_limits
@@ -28,7 +29,6 @@ from .image_inputs import image_bytes, is_data_uri
 from .wire import MSGPACK, RequestError
 
 PACKED = ("binary", "ubinary")  # 1 bit a dimension, 8 to a byte
-WIRE_DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1", "uint8": "u1", "binary": "i1", "ubinary": "u1"}
 
 # An answer's body, JSON or MessagePack, in one of the shapes below (docs/PROTOCOL.md).
 ResponseBody = Mapping[str, object]

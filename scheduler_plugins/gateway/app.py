@@ -48,10 +48,11 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
-from shoal.configs import GatewaySettings, ModelSpec
+from shoal.configs import GatewaySettings, ModelSpec, kinds
 from shoal.configs.adapters import unknown_model
 
-from ..kind_routes import KIND_ROUTES, KindRoute, TextsCall
+from .. import kind_routes
+from ..kind_routes import TextsCall, texts_call
 from ..protocol import OnlinePayload, OnlineResult, ServedModel
 from . import api_formats as api
 from . import body_limits, request_parts, token_arrays
@@ -117,9 +118,7 @@ ERROR_TYPES = {
 MODEL = web.RequestKey("shoal_model", str)  # metrics label, set once the route knows it
 REPLY = web.RequestKey("shoal_reply", str)  # media type of the answer, errors included
 TIMING = web.RequestKey("shoal_timing", dict)  # stage timings from the worker's ack
-EMBEDDING_KINDS = ("embedder", "sim", "image_embedder")
-IMAGE_KINDS = ("image_embedder",)  # models that embed images too: their requests go to the image operation
-SCORING_KINDS = ("reranker",)
+EMBED, RERANK = "embed", "rerank"  # the API formats' families of routes (api_formats): the kinds' `api`
 # The Content-Encodings aiohttp decodes (brotli and zstd when their libraries are installed), and none.
 CONTENT_CODINGS = {"", "identity", "gzip", "deflate", *(["br"] if HAS_BROTLI else []), *(["zstd"] if HAS_ZSTD else [])}
 MAX_MESSAGE = 1000  # characters of an error message, a worker's included: what it quotes is cut to 200 first
@@ -250,7 +249,7 @@ class _GatewayServer(web.Server):
 
 class Gateway:
     def __init__(self, backend: GatewayBackend, settings: GatewaySettings) -> None:
-        """`backend`: the queue in this process (OnlineQueue.local_backend) or a link to a scheduler's."""
+        """`backend`: the queue in this process (online_route.LocalBackend) or a link to a scheduler's."""
         self.backend = backend
         self.settings = settings
         self.auth = BearerAuth.from_settings(settings)
@@ -272,7 +271,7 @@ class Gateway:
                 # A model name may hold slashes: a Hugging Face id (org/name) served without a catalog entry.
                 native("/v1/encode/{model:.+}", self.encode),
                 native("/v1/rerank/{model:.+}", self.rerank),
-                *(native(f"/v1/{route.path}/{{model:.+}}", partial(self.kind_route, route)) for route in KIND_ROUTES),
+                *(native(f"/v1/{op}/{{model:.+}}", partial(self.kind_route, op)) for op in kinds.routes()),
                 compat("/v1/embeddings", self.openai_embeddings),
                 compat("/v{version:[12]}/rerank", self.cohere_rerank),  # the same shape in Cohere's v1 and v2
                 compat("/v2/embed", self.cohere_embed),
@@ -486,14 +485,15 @@ class Gateway:
     def _label(self, request: web.Request, model: str) -> None:
         request[MODEL] = model if model in self.backend.specs() else UNKNOWN_MODEL
 
-    def _spec(self, request: web.Request, model: str, kinds: tuple[str, ...], action: str) -> ModelSpec:
+    def _spec(self, request: web.Request, model: str, served: tuple[kinds.Kind, ...], action: str) -> ModelSpec:
+        """The model's spec, refused (400) unless its kind is one the route serves; `action`: what it cannot do."""
         self._label(request, model)
         specs = self.backend.specs()
         spec = specs.get(model)
         if spec is None:
             # The name cut first: a client's, quoted in the message (200 characters at most).
             raise RequestError(404, unknown_model(clip(model), list(specs)))
-        if spec.kind not in kinds:
+        if kinds.kind_of(spec) not in served:
             raise RequestError(400, f"model {model!r} is of kind {spec.kind!r}; it cannot {action}")
         return spec
 
@@ -539,55 +539,56 @@ class Gateway:
         model = request.match_info["model"]
         self._label(request, model)
         body = await self._body(request, MSGPACK)
-        spec = self._spec(request, model, EMBEDDING_KINDS, "encode")
-        call = api.encode_call(model, body, self.settings, spec.kind in IMAGE_KINDS)
+        spec = self._spec(request, model, kinds.for_api(EMBED), "encode")
+        call = api.encode_call(model, body, self.settings, _takes_images(spec))
         call.check_dim(spec)
-        result = await self._run(request, _encode_op(spec), call)
+        result = await self._run(request, kinds.kind_of(spec).operation, call)
         return self._reply(request, api.encode_response(call, result, request[REPLY]))
 
     async def rerank(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
         self._label(request, model)
         body = await self._body(request, MSGPACK)
-        self._spec(request, model, SCORING_KINDS, "rerank")
+        spec = self._spec(request, model, kinds.for_api(RERANK), "rerank")
         call = api.score_call(model, body, self.settings)
-        result = await self._run(request, "score", call)
+        result = await self._run(request, kinds.kind_of(spec).operation, call)
         return self._reply(request, api.rerank_response(call, result))
 
-    async def kind_route(self, route: KindRoute, request: web.Request) -> web.Response:
-        """A route of the other kinds (kind_routes): sparse and multi-vector encodes, classification."""
+    async def kind_route(self, op: str, request: web.Request) -> web.Response:
+        """A kind's own route (kind_routes): sparse and multi-vector encodes, classification, extraction."""
         model = request.match_info["model"]
         self._label(request, model)
         body = await self._body(request, MSGPACK)
-        call = route.call(model, body, self._spec(request, model, route.kinds, route.action), self.settings)
-        result = await self._run(request, route.op, call)
-        return self._reply(request, route.answer(call, result, request[REPLY]))
+        spec = self._spec(request, model, kinds.for_operation(op), kinds.routes()[op])
+        call = texts_call(model, body, spec, self.settings)
+        result = await self._run(request, op, call)
+        return self._reply(request, kind_routes.answer(spec, call, result, request[REPLY]))
 
     async def openai_embeddings(self, request: web.Request) -> web.Response:
         request[MODEL] = UNKNOWN_MODEL
         body = api.openai_request(await self._body(request, JSON), self.settings)
-        spec = self._spec(request, body.model, EMBEDDING_KINDS, "embed")
+        spec = self._spec(request, body.model, kinds.for_api(EMBED), "embed")
         arrays = body.token_arrays()
         texts = body.texts() if arrays is None else await asyncio.to_thread(token_arrays.decode, arrays)
-        call = api.openai_call(body, texts, self.settings, spec.kind in IMAGE_KINDS)
+        call = api.openai_call(body, texts, self.settings, _takes_images(spec))
         call.check_dim(spec)
-        result = await self._run(request, _encode_op(spec), call)
+        result = await self._run(request, kinds.kind_of(spec).operation, call)
         return self._reply(request, api.openai_response(call, body, result))
 
     async def cohere_embed(self, request: web.Request) -> web.Response:
         request[MODEL] = UNKNOWN_MODEL
         body = api.cohere_embed_request(await self._body(request, JSON), self.settings)
-        spec = self._spec(request, body.model, EMBEDDING_KINDS, "embed")
-        call = api.cohere_embed_call(body, self.settings, spec.kind in IMAGE_KINDS)
+        spec = self._spec(request, body.model, kinds.for_api(EMBED), "embed")
+        call = api.cohere_embed_call(body, self.settings, _takes_images(spec))
         call.check_dim(spec)
-        result = await self._run(request, _encode_op(spec), call)
+        result = await self._run(request, kinds.kind_of(spec).operation, call)
         return self._reply(request, api.cohere_embed_response(call, result))
 
     async def cohere_rerank(self, request: web.Request) -> web.Response:
         request[MODEL] = UNKNOWN_MODEL
         call, body = api.cohere_call(await self._body(request, JSON), self.settings)
-        self._spec(request, call.model, SCORING_KINDS, "rerank")
-        result = await self._run(request, "score", call)
+        spec = self._spec(request, call.model, kinds.for_api(RERANK), "rerank")
+        result = await self._run(request, kinds.kind_of(spec).operation, call)
         return self._reply(request, api.cohere_response(call, body, result, request.match_info["version"]))
 
     async def models(self, request: web.Request) -> web.Response:
@@ -625,9 +626,9 @@ class Gateway:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def _encode_op(spec: ModelSpec) -> str:
-    """The online operation of an encode: an image model's answers images and texts."""
-    return "encode_images" if spec.kind in IMAGE_KINDS else "encode"
+def _takes_images(spec: ModelSpec) -> bool:
+    """An image model's encode requests may carry images (its kind's operation answers images and texts)."""
+    return "images" in kinds.kind_of(spec).inputs
 
 
 class ClientGone(Exception):

@@ -1,7 +1,7 @@
 """How a gateway reaches the online queue: the interface, and the link from a process of its own.
 
 `GatewayBackend` is all the gateway knows of the queue. In the scheduler's
-process it is `online_queue.LocalBackend`: direct calls. In a `shoal gateway`
+process it is `online_route.LocalBackend`: direct calls. In a `shoal gateway`
 process it is `SchedulerLink`, the client wrapper of the queue's remote
 routes: requests gathered during one loop pass travel to the scheduler in one
 ``shoal_online_submit`` message, and one long poll (``shoal_online_answers``)

@@ -17,6 +17,7 @@ from tests.support.cli import embed_args, invoke_shoal
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.gateway import SIM
 from tests.support.paths import ROOT, SHOAL
+from tests.support.processes import started
 from tests.support.waiting import wait_for
 
 LOOPBACK = {"127.0.0.1", "::1"}
@@ -64,33 +65,20 @@ def _wait_for(proc: subprocess.Popen, marker: str, timeout: float = 120) -> None
 @pytest.mark.integration  # starts `shoal serve` and `shoal embed` processes
 def test_nothing_shoal_serve_or_shoal_embed_starts_listens_beyond_loopback(sim_catalog, tmp_path, demo_texts):
     profile = write_profile(tmp_path, name="two", workers=2, rows_per_item=50)
-    serve = subprocess.Popen(
-        [SHOAL, "serve", "--catalog", str(sim_catalog), "--profile", str(profile), "--port", "0"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    serving = [SHOAL, "serve", "--catalog", str(sim_catalog), "--profile", str(profile), "--port", "0"]
+    with started(serving, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as serve:
         _wait_for(serve, "serving")
         listening = _listeners(serve.pid)
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(60)
     # the scheduler, its dashboard, the gateway, two nannies and two workers
     assert len(listening) >= 5 and {ip for ip, _ in listening} <= LOOPBACK, listening
 
     write_shards(tmp_path / "in", demo_texts[:400], shards=2, row_group_size=50)
-    embed = subprocess.Popen(
-        [SHOAL, *embed_args(tmp_path / "in", tmp_path / "out", sim_catalog, profile=profile, model="slowish")],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    embedding = [SHOAL, *embed_args(tmp_path / "in", tmp_path / "out", sim_catalog, profile=profile, model="slowish")]
     seen: set[tuple[str, int]] = set()
-    while embed.poll() is None:  # sampled for the whole run: every listener it opens, however briefly
-        seen |= _listeners(embed.pid)
-        time.sleep(0.2)
+    with started(embedding, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as embed:
+        while embed.poll() is None:  # sampled for the whole run: every listener it opens, however briefly
+            seen |= _listeners(embed.pid)
+            time.sleep(0.2)
     assert embed.returncode == 0
     assert len(seen) >= 4 and {ip for ip, _ in seen} <= LOOPBACK, seen
 
@@ -103,17 +91,17 @@ def test_ctrl_c_exits_130_and_the_rerun_finishes_the_job(cluster, sim_catalog, t
     args = [SHOAL, *embed_args(tmp_path / "in", tmp_path / "out", sim_catalog, **on_cluster)]
     # SIGINT as in a terminal, even when the tests run in the background (which starts them with it ignored).
     interruptible = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
-    proc = subprocess.Popen(
+    with started(
         args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible
-    )
-    wait_for(  # interrupted mid-job, once a part is written
-        lambda: list((tmp_path / "out").glob("part-*.parquet")) or proc.poll() is not None,
-        timeout=120,
-        what="a first part written",
-    )
-    assert proc.poll() is None, "the job ended before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
+    ) as proc:
+        wait_for(  # interrupted mid-job, once a part is written
+            lambda: list((tmp_path / "out").glob("part-*.parquet")) or proc.poll() is not None,
+            timeout=120,
+            what="a first part written",
+        )
+        assert proc.poll() is None, "the job ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
     rerun = invoke_shoal(*args[1:])  # in this process: no second interpreter start

@@ -21,7 +21,7 @@ from tests.support.cli import embed_args
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.gateway import SIM, requests_in_flight
 from tests.support.paths import ROOT, SHOAL
-from tests.support.processes import wait_for_line
+from tests.support.processes import started, wait_for_line
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration  # every test here starts a cluster or processes (conftest.py, "Two tiers")
@@ -46,20 +46,10 @@ def refuses(url: str) -> bool:
 
 @contextmanager
 def shoal_serve(catalog: Path, profile: Path, model: str) -> Iterator[tuple[subprocess.Popen, str]]:
-    """`shoal serve` on a free port, and its "serving ..." line once it is up; killed if a test leaves it running."""
-    proc = subprocess.Popen(
-        [SHOAL, "serve", "--catalog", str(catalog), "--profile", str(profile), "--port", "0", "--models", model],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    """`shoal serve` on a free port, and its "serving ..." line once it is up; stopped if a test leaves it running."""
+    command = [SHOAL, "serve", "--catalog", str(catalog), "--profile", str(profile), "--port", "0", "--models", model]
+    with started(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
         yield proc, wait_for_line(proc.stderr, "serving")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_catalog, tmp_path):
@@ -114,20 +104,18 @@ def test_serve_with_the_worker_in_the_server_process_answers_online_while_a_batc
         queries = demo_texts[3000:3040]
         direct = SentenceTransformer(str(tiny_model), device="cpu").encode(queries, normalize_embeddings=True)
         ids = write_shards(tmp_path / "in", demo_texts[:1200], shards=3, row_group_size=200)
-        job = subprocess.Popen(
-            [SHOAL, *embed_args(tmp_path / "in", tmp_path / "out", tiny_catalog, scheduler=scheduler, profile=profile)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        answered = 0
-        with OnlineClient(url) as online:
-            while job.poll() is None or answered < len(queries):
-                i = answered % len(queries)
-                np.testing.assert_allclose(online.encode("tiny", [queries[i]])[0], direct[i], atol=1e-5)
-                answered += 1
-        _, stderr = job.communicate(timeout=300)
+        embedding = [
+            SHOAL,
+            *embed_args(tmp_path / "in", tmp_path / "out", tiny_catalog, scheduler=scheduler, profile=profile),
+        ]
+        with started(embedding, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as job:
+            answered = 0
+            with OnlineClient(url) as online:
+                while job.poll() is None or answered < len(queries):
+                    i = answered % len(queries)
+                    np.testing.assert_allclose(online.encode("tiny", [queries[i]])[0], direct[i], atol=1e-5)
+                    answered += 1
+            _, stderr = job.communicate(timeout=300)
         assert job.returncode == 0, stderr
         assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)
         proc.send_signal(signal.SIGTERM)

@@ -9,13 +9,14 @@ import json
 import msgpack
 import pytest
 
-from shoal.configs import GatewaySettings
+from shoal.configs import GatewaySettings, ModelSpec
 from shoal.scheduler_plugins import kind_routes
 from shoal.scheduler_plugins.gateway import api_formats as api
 from shoal.scheduler_plugins.gateway import body_limits
 from shoal.scheduler_plugins.gateway.wire import JSON, MSGPACK, DecodeBounds, RequestError, clip, decode, shown
 
 BOUNDS = DecodeBounds(values=100, containers=10, entries=20, strings=50, map_entries=8)
+CLASSIFIER = ModelSpec(name="m", kind="classifier", dim=2, max_seq_length=16)  # the /v1/classify route's
 LIMITS = GatewaySettings(max_inputs=4, max_documents=6, max_input_tokens=5, max_request_tokens=12)
 
 
@@ -166,14 +167,13 @@ def test_a_client_string_is_quoted_to_200_characters():
 
 @pytest.mark.parametrize("template", ["{:>999999999}", "{0}", "{} and {}", "{x}", "no field", "{", "{!r}"])
 def test_a_zero_shot_template_is_one_bare_placeholder(template):
-    spec = None
     body = {"texts": ["a"], "labels": ["x"], "template": template}
-    error = refusal(kind_routes.classify_call, "m", body, spec, LIMITS)
+    error = refusal(kind_routes.texts_call, "m", body, CLASSIFIER, LIMITS)
     assert error.status == 400 and "template must be a string with {}" in error.message
 
 
 def test_labels_are_counted_before_they_are_looked_at():
-    error = refusal(kind_routes.classify_call, "m", {"texts": ["a"], "labels": [1] * 1000}, None, LIMITS)
+    error = refusal(kind_routes.texts_call, "m", {"texts": ["a"], "labels": [1] * 1000}, CLASSIFIER, LIMITS)
     assert "1000 labels; at most 64" in error.message
 
 

@@ -16,6 +16,7 @@ from shoal.workers.data.lance_fragments import lance_storage_options
 from tests.support.cli import embed_args, invoke_shoal, reindex_job
 from tests.support.files import write_profile, write_shards
 from tests.support.paths import ROOT, SHOAL
+from tests.support.processes import started
 from tests.support.s3 import s3_options
 from tests.support.waiting import wait_for
 from tests.support.worker_loss import embed_killing_a_worker
@@ -69,15 +70,15 @@ def test_client_killed_then_rerun_commits_every_row_once(cluster, tiny_catalog, 
         tmp_path / "in", dataset, tiny_catalog, "--format", "lance", scheduler=client.scheduler.address, profile=profile
     )
     acked = plugin.state.counts["acked"]
-    job = subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(
-        lambda: plugin.state.counts["acked"] >= acked + 2 or job.poll() is not None,
-        120,
-        "two acks of the job",
-        step=0.01,
-    )
-    job.send_signal(signal.SIGKILL)
-    assert job.wait() == -signal.SIGKILL, "the job ended before it could be killed"
+    with started([SHOAL, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as job:
+        wait_for(
+            lambda: plugin.state.counts["acked"] >= acked + 2 or job.poll() is not None,
+            120,
+            "two acks of the job",
+            step=0.01,
+        )
+        job.send_signal(signal.SIGKILL)
+        assert job.wait() == -signal.SIGKILL, "the job ended before it could be killed"
     with pytest.raises((ValueError, OSError)):  # fragments written, no version committed: no half dataset
         lance.dataset(dataset)
     result = invoke_shoal(*args)

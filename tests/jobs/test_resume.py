@@ -18,6 +18,7 @@ from tests.support.cli import embed_args, invoke_shoal
 from tests.support.dask_cli import dask_cli_cluster
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.paths import ROOT, SHOAL
+from tests.support.processes import started
 from tests.support.s3 import s3_options
 from tests.support.waiting import wait_for
 
@@ -93,12 +94,15 @@ def test_client_killed_mid_job_then_same_command_completes(kind, cluster, tiny_c
 
     acked = plugin.state.counts["acked"]
     jobs_before = set(plugin.batch.jobs)
-    job = subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(
-        lambda: plugin.state.counts["acked"] >= acked + 2 or job.poll() is not None, 240, "two acks of the job", 0.01
-    )
-    job.send_signal(signal.SIGKILL)
-    assert job.wait() == -signal.SIGKILL, "the job ended before it could be killed"
+    with started([SHOAL, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as job:
+        wait_for(
+            lambda: plugin.state.counts["acked"] >= acked + 2 or job.poll() is not None,
+            240,
+            "two acks of the job",
+            0.01,
+        )
+        job.send_signal(signal.SIGKILL)
+        assert job.wait() == -signal.SIGKILL, "the job ended before it could be killed"
     # Until the scheduler sees the client gone and drops its job, workers still ack that job's items:
     # the count below must start after that, or it counts the killed run's last acks as the rerun's.
     wait_for(lambda: set(plugin.batch.jobs) <= jobs_before, 240, "the killed client's job dropped", 0.01)
@@ -164,21 +168,18 @@ def test_scheduler_killed_mid_job_then_new_cluster_and_same_command_complete(
     profile = write_profile(tmp_path, name="resume-dask", rows_per_item=5)  # 60 items
     out = tmp_path / "out"
     args = embed_args(tmp_path / "in", out, tiny_catalog, profile=profile)
+    embedding = [SHOAL, *args]
     with dask_cli_cluster(tmp_path, test_profile, tag="first") as (address, procs):
-        job = None
-        try:
-            job = subprocess.Popen(
-                [SHOAL, *args, "--scheduler", address], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
+        with started(
+            [*embedding, "--scheduler", address], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ) as job:
             wait_for(
                 lambda: len(list(out.glob("part-*"))) >= 2 or job.poll() is not None, 240, "two parts written", 0.01
             )
             procs[0].send_signal(signal.SIGKILL)
             assert job.poll() is None, "the job ended before the scheduler could be killed"
-        finally:
-            for proc in [*procs, *([job] if job else [])]:
+            for proc in [job, *procs]:  # the rest of the cluster and the client die with it, not in order
                 proc.kill()
-                proc.wait()
     at_kill = list(out.glob("part-*"))
     assert 2 <= len(at_kill) < 60 and not (out / "_manifest.json").exists()
 

@@ -155,3 +155,20 @@ def test_an_adapter_entry_takes_only_source_and_base(tmp_path, fleet):
         load_catalog(catalog_file(tmp_path, entries))
     renamed = {"bert": {"source": str(fleet["base"])}, "bert+civil": {"source": str(fleet["legal"])}}
     assert "bert+civil" in load_catalog(catalog_file(tmp_path, renamed)).models
+
+
+def test_a_profile_tunes_an_adapter_as_its_base_and_may_serve_it_merged(tmp_path, fleet):
+    from shoal.configs import Profile
+
+    catalog = load_catalog(
+        catalog_file(tmp_path, {"bert": {"source": str(fleet["base"])}, "legal": {"source": str(fleet["legal"])}})
+    )
+    profile = Profile(
+        name="p", token_budgets={"bert": 1024, "bert+legal": 99}, max_batch_sizes={"bert": 32},
+        merged_adapters=["bert+legal"],
+    )  # fmt: skip
+    shared = profile.model_copy(update={"merged_adapters": []}).tuned(catalog.get("bert+legal"))
+    assert shared.budget_for("cpu") == 1024 and shared.max_batch_size == 32  # its base's: it computes in its batches
+    assert shared.adapter is not None and not shared.adapter.merged
+    merged = profile.tuned(catalog.get("bert+legal"))
+    assert merged.adapter is not None and merged.adapter.merged and merged.budget_for("cpu") == 99  # its own model

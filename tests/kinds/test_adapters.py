@@ -60,13 +60,13 @@ def catalog_path(tmp_path_factory: pytest.TempPathFactory, bases, adapters) -> P
 def _attached(spec_names: list[str], catalog_path: Path):
     """The worker's way: a pool over a device thread, each adapter attached over its base (run on a loop)."""
     from shoal.workers.model_pool import ModelPool
-    from shoal.workers.runtimes import load_model
+    from shoal.workers.runtimes import load_runtime
     from shoal.workers.runtimes.lora import AdapterLoader
 
     catalog = load_catalog(catalog_path)
     device = DeviceThread()
     io = ThreadPoolExecutor(1)
-    pool = ModelPool(10**9, lambda spec: load_model(spec, PLAN, device), io, AdapterLoader(device, io))
+    pool = ModelPool(10**9, lambda spec: load_runtime(spec, PLAN, device), io, AdapterLoader(device, io))
     specs: list[ModelSpec] = [catalog.get(name) for name in spec_names]
 
     async def load():
@@ -310,11 +310,11 @@ def test_served_adapters_are_listed_under_their_base_and_an_unknown_one_is_a_404
 def test_adapters_removed_and_added_again_leave_the_others_and_the_base_as_peft_has_them(bases, adapters):
     """Removal as the pool evicts: the first adapter (PEFT's active one), one placed directly, then that one back."""
     from shoal.configs import AdapterSpec
-    from shoal.workers.runtimes import load_model
+    from shoal.workers.runtimes import load_runtime
     from shoal.workers.runtimes.lora import LoraLayers, read_adapter
 
     catalog = load_catalog_of(bases["embedder"])
-    runtime: Any = load_model(catalog, PLAN)
+    runtime: Any = load_runtime(catalog, PLAN)
     runtime.lora = layers = LoraLayers.of(runtime.model)
     specs = [
         AdapterSpec(base="embedder", name=f"lora-{i}", source=str(folder))
@@ -342,3 +342,18 @@ def load_catalog_of(folder: Path) -> ModelSpec:
     from shoal.configs.model_resolution import resolve_unlisted
 
     return resolve_unlisted(str(folder), [])
+
+
+def test_a_merged_adapter_is_a_model_of_its_own_equal_to_peft(catalog_path, bases, adapters):
+    """A profile's `merged_adapters`: the adapter merged into a copy of its base, no LoRA layers left."""
+    from shoal.configs import Profile
+    from shoal.workers.runtimes import load_runtime
+
+    spec = Profile(name="p", merged_adapters=["reranker+lora-1"]).tuned(
+        load_catalog(catalog_path).get("reranker+lora-1")
+    )
+    runtime: Any = load_runtime(spec, PLAN)
+    assert runtime.lora is None and runtime.spec.name == "reranker+lora-1"
+    pairs = [(TEXTS[i], TEXTS[(i + 2) % len(TEXTS)]) for i in range(len(TEXTS))]
+    scores, _ = runtime.score([q for q, _ in pairs], [p for _, p in pairs])
+    np.testing.assert_allclose(scores, peft_scores(bases["reranker"], adapters["reranker"][1], pairs), atol=1e-5)

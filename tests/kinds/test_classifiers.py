@@ -498,6 +498,7 @@ def test_killed_worker_mid_extract_job_loses_no_rows(demo_texts, models, tmp_pat
     from shoal.pipeline.cluster import start_local_cluster
     from tests.support.files import write_profile
     from tests.support.paths import ROOT, SHOAL
+    from tests.support.processes import started
     from tests.support.worker_loss import kill_busy_worker
 
     profile = load_profile(str(write_profile(tmp_path, name="kill-extract", rows_per_item=100, lease_seconds=30)))
@@ -509,9 +510,9 @@ def test_killed_worker_mid_extract_job_loses_no_rows(demo_texts, models, tmp_pat
         plugin = cluster.scheduler.extensions["shoal-pull-queue"]
         options = shoal_options(catalog, cluster.scheduler_address, profile.path)
         command = [SHOAL, "extract", str(tmp_path / "in"), str(tmp_path / "out"), "--model", "ner", *options]
-        job = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        kill_busy_worker(cluster, job)
-        _, stderr = job.communicate(timeout=300)
+        with started(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as job:
+            kill_busy_worker(cluster, job)
+            _, stderr = job.communicate(timeout=300)
         assert job.returncode == 0, stderr
         assert plugin.state.counts["lost"] >= 1
     table = read_output(tmp_path / "out")

@@ -117,3 +117,42 @@ def test_a_folder_of_images_on_s3_with_bad_ones_and_a_killed_worker(clip_folder,
         assert f"resume: {items - 3} of {items} parts already done, 3 run" in again.stderr
         rerun = pq.read_table(f"{BUCKET}/vectors", filesystem=fs)
         assert sorted(rerun.column("id").to_pylist()) == sorted(files)
+
+
+def test_reindex_of_a_growing_folder_redoes_only_the_changed_items(clip_folder, cluster, tmp_path) -> None:
+    from tests.support.cli import invoke_shoal, reindex_job
+
+    _, client = cluster
+    folder = tmp_path / "images"
+    folder.mkdir()
+    pictures = draw_images(41, seed=13, size=(40, 32))
+    for i, picture in enumerate(pictures[:40]):
+        (folder / f"{i:03d}.jpg").write_bytes(encoded(picture))
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": {"clip": {"source": str(clip_folder)}}}))
+    profile = write_profile(tmp_path, name="reindex-images", rows_per_item=4)
+    job = reindex_job(folder, tmp_path / "out", catalog, client.scheduler.address, model="clip", profile=str(profile))
+    path = tmp_path / "images.yaml"
+    path.write_text(yaml.safe_dump(job))
+
+    first = invoke_shoal("reindex", str(path))
+    assert first.returncode == 0, first.stderr
+    version = (tmp_path / "out" / "_CURRENT").read_text().strip()
+    manifest = json.loads((tmp_path / "out" / version / "_manifest.json").read_text())
+    items = manifest["work"]["items"]
+    assert manifest["rows"] == 40 and items >= 5  # groups of about 4 images
+
+    (folder / "017.jpg").write_bytes(encoded(pictures[40]))  # changed
+    (folder / "031.jpg").unlink()  # removed
+    (folder / "040.jpg").write_bytes(encoded(pictures[17]))  # added
+    second = invoke_shoal("reindex", str(path))
+    assert second.returncode == 0, second.stderr
+    manifest = json.loads((tmp_path / "out" / version / "_manifest.json").read_text())
+    assert manifest["rows"] == 40
+    assert 1 <= manifest["work"]["run"] <= 4 and manifest["work"]["reused"] >= manifest["work"]["items"] - 4
+    table = pq.read_table(tmp_path / "out" / version).sort_by("id")
+    ids = table.column("id").to_pylist()
+    assert ids == sorted({f"{i:03d}.jpg" for i in range(41)} - {"031.jpg"})
+    vectors = dict(zip(ids, table.column("embedding").to_pylist()))
+    expected = reference_vectors(clip_folder, [encoded(pictures[40]), encoded(pictures[17])])
+    np.testing.assert_allclose(np.array([vectors["017.jpg"], vectors["040.jpg"]]), expected, atol=1e-5)

@@ -140,3 +140,11 @@ def test_a_non_image_is_a_400_naming_its_input_and_the_server_keeps_serving(url:
         with pytest.raises(OnlineError, match="embeds no images"):
             online.embed_images("minilm", [IMAGES[0]])
         assert online.embed_images("clip", IMAGES[:2]).shape == (2, 16)  # still serving
+
+
+async def test_the_async_client_embeds_images_too(url: str, clip_folder: Path):
+    from shoal.pipeline.client import AsyncOnlineClient
+
+    expected, _ = clip_reference(clip_folder, IMAGES[:3], TEXTS)
+    async with AsyncOnlineClient(url, timeout=60) as online:
+        close(await online.embed_images("clip", IMAGES[:3]), expected)

@@ -15,6 +15,7 @@ import pytest
 
 from shoal.configs import ModelSpec
 from shoal.pipeline.jobs.image_files import list_image_groups, plan_image_items
+from shoal.scheduler_plugins.protocol import ImagePayload
 from shoal.workers.devices import DevicePlan
 from tests.support.image_models import CLIP_DIM, TEXT_WINDOW, decompression_bomb, draw_images, encoded, truncated
 
@@ -137,3 +138,37 @@ def test_a_text_column_goes_through_the_text_tower(runtime, tmp_path: Path) -> N
     expected, _ = runtime.embed(["a red cat", "a blue boat"])
     np.testing.assert_allclose(np.array([vectors[0], vectors[2]]), expected, atol=1e-6)
     assert vectors[1] is None and ack["null_texts"] == 1
+
+
+def test_precision_dim_and_a_lance_fragment_as_for_texts(runtime, tmp_path: Path) -> None:
+    import lance
+
+    from shoal.pipeline.jobs.lance_output import commit_parts
+    from shoal.workers.data.lance_fragments import FRAGMENT_KEY
+    from shoal.workers.data.vector_precision import VectorFormat, compact
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, picture in enumerate(draw_images(5, seed=9)):
+        (folder / f"{i}.jpg").write_bytes(encoded(picture))
+    (group,) = list_image_groups(str(folder))
+    payload: ImagePayload = {"id_column": "id", "vectors": {"precision": "float16", "dim": 8}}
+    (item,) = plan_image_items([group], str(tmp_path / "out"), "clip", "embed", payload)
+    run_item(runtime, item["payload"])
+    column = pq.read_table(item["payload"]["output"]).column("embedding")
+    assert column.type == pa.list_(pa.float16(), 8)
+    full, _ = runtime.embed_images([(folder / f"{i}.jpg").read_bytes() for i in range(5)])
+    expected = compact(full, VectorFormat(precision="float16", dim=8))  # shortened, re-normalised, half precision
+    np.testing.assert_allclose(np.array(column.to_pylist(), dtype=np.float16), expected, atol=1e-3)
+
+    dataset = str(tmp_path / "vectors.lance")
+    (item,) = plan_image_items(
+        [group], str(tmp_path / "markers"), "clip", "embed", {"id_column": "id", "lance": dataset}
+    )
+    ack = run_item(runtime, item["payload"])
+    marker = pq.ParquetFile(item["payload"]["output"])
+    assert FRAGMENT_KEY in marker.schema_arrow.metadata and ack["rows"] == 5
+    commit_parts(dataset, str(tmp_path / "markers"), [item["payload"]["part"]], {})  # what the client does at the end
+    table = lance.dataset(dataset).to_table().sort_by("id")
+    assert table.column("id").to_pylist() == [f"{i}.jpg" for i in range(5)]
+    np.testing.assert_allclose(np.array(table.column("embedding").to_pylist()), full, atol=1e-6)

@@ -28,7 +28,7 @@ from shoal.pipeline.retrieval.spec import JobSpec
 from shoal.scheduler_plugins.gateway import api_formats
 from shoal.scheduler_plugins.gateway.wire import RequestError
 from shoal.workers.data.chunking import ChunkSettings
-from shoal.workers.operations import embed_operation, online_operations
+from shoal.workers.operations import embed_operation
 from shoal.workers.operations.embed_operation import EmbedInput
 from shoal.workers.runtimes.sim_runtime import SimulatedRuntime
 from tests.support.cli import invoke_shoal, shoal_options
@@ -107,7 +107,7 @@ def test_online_requests_with_different_prompts_in_one_group_each_get_their_own(
         {"texts": ["a"], "prompt_name": "document"},
         {"texts": ["a"], "prompt_name": "qeury"},
     ]
-    plain, query, literal, document, unknown = online_operations.encode(runtime, payloads)
+    plain, query, literal, document, unknown = embed_operation.online(runtime, payloads)
     assert np.array_equal(vectors_of(plain), runtime.embed(["a", "b"], prompt="")[0])
     assert np.array_equal(vectors_of(query), runtime.embed(["query: a"], prompt="")[0])
     assert np.array_equal(vectors_of(literal)[1], vectors_of(query)[0])
@@ -123,7 +123,7 @@ def test_a_prompt_counts_towards_truncation_and_a_default_prompt_applies_when_no
     runtime = sim_runtime(max_seq_length=4, default_prompt_name="query")
     fits = "x" * 8  # 2 + 8 // 4 = 4 tokens alone; 2 + 15 // 4 = 5 with "query: "
     assert runtime.token_lengths([fits], prompt="")[1] == 0 and runtime.token_lengths([fits])[1] == 1
-    refused, plain = online_operations.encode(
+    refused, plain = embed_operation.online(
         runtime, [{"texts": [fits], "truncate": False}, {"texts": [fits], "truncate": False, "prompt": ""}]
     )
     assert refused["status"] == 422 and "truncate is off" in refused["error"]
@@ -243,7 +243,7 @@ def test_every_runtime_gives_encode_vectors_and_token_counts_with_each_prompt(pr
             expected = expected_vectors(model, TEXTS, prompt_name)
             direct, truncated = runtime.embed(TEXTS, prompt=prompt)
             np.testing.assert_allclose(direct, expected, atol=1e-5)
-            (online,) = online_operations.encode(runtime, [{"texts": TEXTS, "prompt_name": prompt_name}])
+            (online,) = embed_operation.online(runtime, [{"texts": TEXTS, "prompt_name": prompt_name}])
             np.testing.assert_allclose(vectors_of(online), expected, atol=1e-5)
             raw = [len(ids) for ids in tokenizer([prompt + t for t in TEXTS])["input_ids"]]
             lengths, counted = runtime.token_lengths(TEXTS, prompt)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from contextlib import ExitStack
 
 import pytest
 import yaml
@@ -16,6 +17,7 @@ from distributed import Client, Scheduler, SpecCluster, Worker
 from tests.support.cli import embed_args
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.paths import ROOT, SHOAL
+from tests.support.processes import started
 
 MB = 10**6
 
@@ -95,20 +97,23 @@ class JobWatch:
 def run_jobs(
     address: str, catalog, profile, corpus_dir, out, models: list[str]
 ) -> dict[str, subprocess.CompletedProcess]:
-    procs = {
-        m: subprocess.Popen(
-            [SHOAL, *embed_args(corpus_dir, out / m, catalog, scheduler=address, profile=profile, model=m)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for m in models
-    }
     results = {}
-    for m, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=240)
-        results[m] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    with ExitStack() as running:  # every command stopped, however this ends
+        procs = {
+            m: running.enter_context(
+                started(
+                    [SHOAL, *embed_args(corpus_dir, out / m, catalog, scheduler=address, profile=profile, model=m)],
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            for m in models
+        }
+        for m, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=240)
+            results[m] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     return results
 
 

@@ -45,8 +45,13 @@ def dask_cli_cluster(
     environment = {**os.environ, **(env or {})}
 
     def start(command: list[str]) -> subprocess.Popen:
-        return subprocess.Popen(
-            command, cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        return subprocess.Popen(  # a session of its own: stopping it stops the worker processes it started
+            command,
+            cwd=ROOT,
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
     scheduler = [DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0"]

@@ -71,4 +71,8 @@ def second_items_job(
 def start_embed(tmp_path: Path, scheduler: str, profile: Path, catalog: Path, output: str = "out") -> subprocess.Popen:
     """`shoal embed` of tmp_path/in into tmp_path/`output` with model `slow`, on `scheduler`, in its own process."""
     args = embed_args(tmp_path / "in", tmp_path / output, catalog, scheduler=scheduler, profile=profile, model="slow")
-    return subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A session of its own: the conftest's guard stops it, and what it started, if the test ends without waiting for it.
+    command = [SHOAL, *args]
+    return subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )

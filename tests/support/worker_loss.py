@@ -16,6 +16,7 @@ import yaml
 from tests.support.cli import embed_args
 from tests.support.files import write_profile, write_shards
 from tests.support.paths import ROOT, SHOAL
+from tests.support.processes import started
 from tests.support.waiting import wait_for
 
 # A simulated model slow enough (about 0.5 s per 100-row item) for a worker to be killed while a job runs.
@@ -79,15 +80,10 @@ def embed_killing_a_worker(
         client.wait_for_workers(2)
         plugin = cluster.scheduler.extensions["shoal-pull-queue"]
         on_cluster = {"scheduler": cluster.scheduler_address, "profile": profile.path, "model": model[0]}
-        job = subprocess.Popen(
-            [SHOAL, *embed_args(tmp_path / "in", output, catalog, **on_cluster)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        kill_busy_worker(cluster, job)
-        _, stderr = job.communicate(timeout=300)
+        embedding = [SHOAL, *embed_args(tmp_path / "in", output, catalog, **on_cluster)]
+        with started(embedding, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as job:
+            kill_busy_worker(cluster, job)
+            _, stderr = job.communicate(timeout=300)
         return ids, job.returncode, stderr, plugin.state.counts["lost"]
 
 

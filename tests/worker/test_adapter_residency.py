@@ -69,7 +69,7 @@ def make_pool(budget: int):
     adapters = FakeAdapters()
 
     def load(spec: ModelSpec) -> FakeBase:
-        assert spec.adapter is None
+        assert spec.adapter is None or spec.adapter.merged
         bases.append(spec.name)
         return FakeBase(spec, closed)
 
@@ -168,3 +168,14 @@ async def test_an_adapter_goes_on_a_torch_copy_when_its_base_alone_runs_without_
     async with pool.use(first) as (runtime, _):
         assert runtime is not plain
     assert bases == ["base", "base (torch)"] and set(pool.loaded()) == {"base", "base (torch)", "base+a0"}
+
+
+async def test_a_merged_adapter_loads_as_a_model_of_its_own():
+    pool, bases, adapters, closed = make_pool(1000)
+    spec, _ = adapter("hot")
+    assert spec.adapter is not None
+    merged = spec.model_copy(update={"adapter": spec.adapter.model_copy(update={"merged": True})})
+
+    async with pool.use(merged):
+        pass
+    assert bases == ["base+hot"] and adapters.attached == [] and pool.loaded() == ["base+hot"]

@@ -18,7 +18,7 @@ from shoal.configs import ModelSpec
 from shoal.workers.batching.device_thread import DeviceThread
 from shoal.workers.batching.online_groups import OnlineGroups
 from shoal.workers.model_pool import ModelPool
-from shoal.workers.operations import online_operations
+from shoal.workers.operations import embed_operation, rerank_operation
 from shoal.workers.runtimes.sim_runtime import SimulatedRuntime
 from shoal.workers.scheduler_stream import SchedulerStream
 from tests.support.fake_scheduler import RecordingStream
@@ -65,7 +65,7 @@ def test_online_call_waits_for_one_forward_batch_not_the_whole_item():
     item = device.run(runtime.embed, [f"row {i}" for i in range(20)])  # 20 batches of 50 ms
     wait_for(lambda: device.log, timeout=10, what="the item's first forward batch")
     payload = {"texts": ["query"], "truncate": True, "dtype": "float32"}
-    answer = device.run_online(lambda: online_operations.encode(runtime, [payload])).result(timeout=5)
+    answer = device.run_online(lambda: embed_operation.online(runtime, [payload])).result(timeout=5)
     answered_while_item_ran = not item.done()
     item.result(timeout=5)
     assert answer[0]["shape"] == [1, 8] and answered_while_item_ran
@@ -103,7 +103,7 @@ async def test_a_request_arriving_during_an_online_round_runs_right_after_it_not
 
         def request(name: str) -> dict:
             payload = {"texts": [name], "truncate": True, "dtype": "float32"}
-            return {"id": name, "model": "o", "op": "encode", "payload": payload, "lease_seconds": 1.0}
+            return {"id": name, "model": "o", "op": "embed", "payload": payload, "lease_seconds": 1.0}
 
         groups.add([request("A")])
         await asyncio.get_running_loop().run_in_executor(None, device.online.wait)
@@ -148,12 +148,12 @@ def test_group_encode_gives_each_request_its_slice():
         {"texts": ["x" * 200], "truncate": False, "dtype": "float32"},  # 52 tokens > 16
         {"texts": ["c"], "truncate": True, "dtype": "float16"},
     ]
-    first, refused, third = online_operations.encode(runtime, payloads)
+    first, refused, third = embed_operation.online(runtime, payloads)
     alone, _ = runtime.embed(["a", "b"])
     assert np.array_equal(np.frombuffer(first["embeddings"], "<f4").reshape(first["shape"]), alone)
     assert refused["status"] == 422 and "16 tokens" in refused["error"]
     assert third["dtype"] == "float16" and len(third["embeddings"]) == 8 * 2
-    assert online_operations.score(runtime, payloads[:1])[0]["status"] == 501
+    assert rerank_operation.online(runtime, payloads[:1])[0]["status"] == 501
 
 
 class PoisonRuntime(SimulatedRuntime):
@@ -175,9 +175,7 @@ async def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_a
         await pool.pin(spec)
         texts = ["a", "b", "poison", "c"]
         payload = lambda text: {"texts": [text], "truncate": True, "dtype": "float32"}  # noqa: E731
-        groups.add(
-            [{"id": t, "model": "p", "op": "encode", "payload": payload(t), "lease_seconds": 1.0} for t in texts]
-        )
+        groups.add([{"id": t, "model": "p", "op": "embed", "payload": payload(t), "lease_seconds": 1.0} for t in texts])
 
         kept: list[str] = []
 

@@ -322,3 +322,47 @@ def test_every_shipped_verdict_is_of_a_shipped_model_as_it_is_now_and_passed_its
         choice, _ = choose(record)
         row = next(r for r in record["candidates"] if (r["runtime"], r["dtype"]) == (choice.runtime, choice.dtype))
         assert row["verdict"] == "pass" and set(record["versions"]) == {"torch", "onnxruntime"}
+
+
+def test_a_model_loaded_before_its_verdict_is_named_for_reloading_once_the_verdict_names_another_runtime(
+    measured, monkeypatch
+):
+    monkeypatch.setenv(MEASURE_ENV, "background")
+    chooser = RuntimeChooser(load_profile("cpu-local"), CPU, AVX2)
+    assert ran(chooser, minilm())[:2] == ("torch", "float32") and measured == ["minilm"]
+    assert chooser.superseded() == []  # measuring still
+    write_record(verdict_path(FINGERPRINT, AVX2, 2, "cpu"), record(AVX2, "cpu", 2, ("onnx", "float32", "pass", 1.4)))
+    assert chooser.superseded() == [minilm()] and chooser.superseded() == []  # once
+    assert ran(chooser, minilm())[:2] == ("onnx", "float32")  # what the reload gets
+    # A verdict that names what already runs: nothing to reload.
+    other = RuntimeChooser(load_profile("cpu-local"), CPU, AMX)
+    assert ran(other, minilm())[:2] == ("torch", "float32")
+    write_record(verdict_path(FINGERPRINT, AMX, 2, "cpu"), record(AMX, "cpu", 2, ("torch", "bfloat16", "refused", 3.0)))
+    assert other.superseded() == []
+
+
+async def test_the_pool_swaps_a_reloaded_runtime_in_only_while_nothing_uses_the_old_one():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shoal.workers.model_pool import ModelPool
+
+    class Loaded:
+        def __init__(self, name: str) -> None:
+            self.name, self.closed = name, False
+
+        def memory_bytes(self) -> int:
+            return 1000
+
+        def close(self) -> None:
+            self.closed = True
+
+    first, second = Loaded("fp32"), Loaded("onnx")
+    with ThreadPoolExecutor(1) as loader:
+        pool = ModelPool(10**6, lambda spec: first, loader)
+        spec = ModelSpec(name="m", kind="embedder", source="/m", dim=4, max_seq_length=8, memory_bytes=1000)
+        async with pool.use(spec) as runtime:
+            assert runtime is first and not pool.replace_idle("m", second, 900)  # in use: later
+        assert pool.replace_idle("m", second, 900) and first.closed and not second.closed
+        async with pool.use(spec) as runtime:
+            assert runtime is second and pool.size_of(spec) == 900
+        assert not pool.replace_idle("gone", Loaded("x"), 1)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 
 import pytest
 
@@ -10,6 +13,7 @@ from shoal.configs.verdicts import choose
 from tests.support.cli import embed_args, run_shoal
 from tests.support.dask_cli import dask_cli_cluster
 from tests.support.files import read_output, write_shards
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration  # `dask scheduler` and `dask worker` processes
 
@@ -33,3 +37,39 @@ def test_dask_workers_without_a_profile_run_the_runtime_the_gate_passed_here_and
     assert chosen["verdict"] == "pass"
     (line,) = [line for line in done.stderr.splitlines() if "runtime of tiny on tcp://127.0.0.1:" in line]
     assert line.split("│")[2].strip() == why  # what the worker ran, and why, in the gate's words
+
+
+@pytest.mark.timeout(900)
+def test_a_first_use_runs_fp32_while_the_worker_measures_then_its_loaded_model_is_swapped_for_the_verdict(
+    tmp_path, tiny_catalog, demo_texts
+):
+    """In the background (a CPU's default): the first job runs fp32 torch; the child's verdict reaches the model
+    already loaded (reloaded on the verdict's runtime and swapped in while idle), so the next job runs it."""
+    from distributed import Client
+
+    from shoal.pipeline.cluster import worker_runtimes
+
+    write_shards(tmp_path / "in", demo_texts[:200], shards=1, row_group_size=100)
+    cache = tmp_path / "worker-cache"
+    env = {"SHOAL_CACHE_DIR": str(cache), "SHOAL_PROFILE": "", "SHOAL_AUTO_MEASURE": "background"}
+    try:
+        with dask_cli_cluster(tmp_path, None, env=env) as (address, _):
+            args = embed_args(tmp_path / "in", tmp_path / "first", tiny_catalog, scheduler=address)
+            first = run_shoal(*args, env={"COLUMNS": "400"})
+            assert first.returncode == 0, first.stderr
+            (line,) = [line for line in first.stderr.splitlines() if "runtime of tiny on tcp://" in line]
+            assert "torch float32: fp32 torch, the safe choice, on first use" in line
+            wait_for(lambda: list((cache / "verdicts").glob("*.json")), 600, "the background measurement", 2)
+            (verdicts,) = (cache / "verdicts").glob("*.json")
+            choice, why = choose(json.loads(verdicts.read_text()))
+            with Client(address, timeout="30s") as client:
+                wait_for(lambda: list(worker_runtimes(client).values())[0].get("tiny") == why, 120, "the swap", 1)
+            args = embed_args(tmp_path / "in", tmp_path / "second", tiny_catalog, scheduler=address)
+            second = run_shoal(*args, env={"COLUMNS": "400"})
+            assert second.returncode == 0, second.stderr
+            (line,) = [line for line in second.stderr.splitlines() if "runtime of tiny on tcp://" in line]
+            assert line.split("│")[2].strip() == why and f"{choice.runtime} {choice.dtype}" in why
+    finally:
+        for lock in cache.glob("verdicts/*.measuring"):  # a measurement that outlived a failed test
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(lock.read_text()), signal.SIGKILL)

@@ -39,7 +39,7 @@ from typing import Any
 from shoal.configs import ModelSpec
 from shoal.scheduler_plugins.protocol import ItemMessage, OnlineAck, OnlineResult
 from shoal.workers.model_pool import ModelPool
-from shoal.workers.operations import ONLINE_OPERATIONS, PERMANENT_ERRORS
+from shoal.workers.operations import PERMANENT_ERRORS, online_operation
 from shoal.workers.runtimes import Runtime
 from shoal.workers.scheduler_stream import SchedulerStream
 
@@ -194,7 +194,7 @@ class OnlineGroups:
         for (model, op), group in groups.items():
             began = time.perf_counter()
             try:
-                results = ONLINE_OPERATIONS[op](runtimes[model], [m["payload"] for m in group])
+                results = online_operation(op)(runtimes[model], [m["payload"] for m in group])
             except Exception as exc:  # noqa: BLE001 - reported per request by _fail
                 if len(group) == 1:
                     outcomes.append(Outcome(group, None, error=exc))
@@ -213,7 +213,7 @@ class OnlineGroups:
         began = time.perf_counter()
         for message in group:
             try:
-                results.extend(ONLINE_OPERATIONS[op](runtime, [message["payload"]]))
+                results.extend(online_operation(op)(runtime, [message["payload"]]))
                 answered.append(message)
             except Exception as exc:  # noqa: BLE001 - reported per request by _fail
                 outcomes.append(Outcome([message], None, error=exc))

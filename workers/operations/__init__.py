@@ -1,7 +1,14 @@
-"""The operations a work item may name, and the stages each one has.
+"""The operations a work item may name: each a module, found through the kinds' registry.
 
-A batch operation (`BatchOperation`) is a module with three functions, run by
-the pull loop in this order so storage work overlaps the model:
+An operation's one name runs through everything: a job's items and an online
+request's both name it (``embed``, ``rerank``, ``sparse``, ``multivector``,
+``classify``, ``extract``; ``sim`` for the simulated runtime), and the kind
+that computes it names its module (configs/kinds: `Kind.operations`). Whether
+an item is a batch item or an online request is its lane (`Lane`), never its
+operation's name.
+
+A module's batch stages (`BatchOperation`) are run by the pull loop in this
+order, so storage work overlaps the model:
 
 - ``read(payload) -> data``: in an I/O thread (storage reads, parsing)
 - ``compute(runtime, data) -> computed``: on the device thread, with the
@@ -9,31 +16,25 @@ the pull loop in this order so storage work overlaps the model:
 - ``write(payload, data, computed, spec) -> result``: in an I/O thread; the
   result is sent to the scheduler with the ack
 
-mypy checks each module against the protocol where `OPERATIONS` names it.
+and ``online(runtime, payloads) -> results`` answers a whole group of online
+requests of one model at once (see online_groups), on the device thread, one
+result per payload. tests/kinds/test_registry.py checks every module the
+registry names against these.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from functools import cache
+from typing import Any, Protocol, TypeVar, cast
 
 from shoal.configs import ModelSpec
+from shoal.configs.kinds import operation_module
 from shoal.scheduler_plugins.protocol import ItemResult, OnlineResult
 from shoal.workers.data.parquet_slices import InputError
 from shoal.workers.data.storage import OutputRefused
 from shoal.workers.model_pool import ModelTooLarge
-
-from . import (
-    classify_operation,
-    embed_operation,
-    extract_operation,
-    image_operation,
-    multivector_operation,
-    online_operations,
-    rerank_operation,
-    sim_operation,
-    sparse_operation,
-)
 
 P = TypeVar("P", contravariant=True)  # the payload
 R = TypeVar("R", contravariant=True)  # the runtime
@@ -49,30 +50,26 @@ class BatchOperation(Protocol[P, R, D, C]):
     def write(self, payload: P, data: D, computed: C, spec: ModelSpec) -> ItemResult: ...
 
 
-OPERATIONS: dict[str, BatchOperation[Any, Any, Any, Any]] = {
-    "embed": embed_operation,
-    "rerank": rerank_operation,
-    "sparse": sparse_operation,
-    "multivector": multivector_operation,
-    "classify": classify_operation,
-    "extract": extract_operation,
-    "embed_images": image_operation,
-    "sim": sim_operation,  # simulated runtime only: no storage (cluster experiments)
-}
-
-# Online operations take a whole group of requests of one model at once (see
-# online_groups), on the device thread: ``op(runtime, payloads) -> results``,
-# one result per payload.
 OnlineOperation = Callable[[Any, list[Any]], list[OnlineResult]]
-ONLINE_OPERATIONS: dict[str, OnlineOperation] = {
-    "encode": online_operations.encode,
-    "score": online_operations.score,
-    "encode_sparse": sparse_operation.online,  # an online op's name is never a batch op's (pull_loop)
-    "encode_multivector": multivector_operation.online,
-    "label": classify_operation.online,
-    "tag": extract_operation.online,
-    "encode_images": image_operation.online,  # an image model's requests of images or of texts
-}
+
+
+@cache
+def operation(op: str) -> Any:
+    """The module computing `op` (ValueError when no kind runs it)."""
+    return importlib.import_module(operation_module(op))
+
+
+def batch_operation(op: str) -> BatchOperation[Any, Any, Any, Any]:
+    return cast(BatchOperation[Any, Any, Any, Any], operation(op))
+
+
+def online_operation(op: str) -> OnlineOperation:
+    """`op`'s answer to a group of online requests (ValueError when it has none)."""
+    answer = getattr(operation(op), "online", None)
+    if answer is None:
+        raise ValueError(f"the operation {op!r} answers no online requests")
+    return answer
+
 
 # Failures no retry can fix: the item (or online request) goes to dead letters at once.
 PERMANENT_ERRORS = (InputError, ModelTooLarge, OutputRefused)

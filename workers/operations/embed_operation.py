@@ -6,6 +6,9 @@ in an I/O thread), `compute` (the model, on the device thread), `write`
 `chunk` setting: one row per window of its text, see chunking): null texts
 get a null embedding and are counted, never dropped. Vectors are stored in
 the item's format (see vector_precision): float32 unless asked otherwise.
+Online, `online` answers a group of requests (``/v1/encode``, OpenAI's
+``/v1/embeddings``) in one model call per prompt: each request's vectors as
+raw little-endian bytes with their shape.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import numpy as np
 import pyarrow as pa
 
 from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import EmbedPayload, ItemResult
+from shoal.configs.prompts import PromptError
+from shoal.scheduler_plugins.protocol import EmbedPayload, EncodePayload, ItemResult, OnlineResult
 from shoal.workers.data.chunking import ChunkSettings, Windows
 from shoal.workers.data.input_formats import read_input
 from shoal.workers.data.parquet_slices import rejection, text_column
 from shoal.workers.data.vector_precision import VectorFormat, compact
 from shoal.workers.runtimes import Embedder
 
+from .online_texts import encoded, too_long
 from .row_parts import row_texts, within_window, write_rows
 
 
@@ -80,3 +85,39 @@ def write(payload: EmbedPayload, data: EmbedInput, computed: EmbedComputed, spec
     width = fmt.width(spec.dim)
     embedding = pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1), type=fmt.arrow_type()), width)
     return write_rows(payload, data, computed.present, computed.windows, computed.truncated, "embedding", embedding)
+
+
+def online(runtime: Embedder, payloads: list[EncodePayload]) -> list[OnlineResult]:
+    """{"texts", "truncate", "dtype"[, "precision", "dim", "ranges", "prompt_name" or "prompt"]} per request
+    -> {"embeddings", "shape", "dtype", "tokens"}.
+
+    With a precision other than float32, "dtype" names it and the bytes are
+    the quantized values (binary: packed bits), as a batch job stores them.
+    Requests are run together per prompt text (configs/prompts.py; none
+    given: the model's default); an unknown prompt name is that request's 400.
+    """
+    results: list[OnlineResult] = [{} for _ in payloads]
+    by_prompt: dict[str, list[int]] = {}
+    for i, payload in enumerate(payloads):
+        try:
+            prompt = runtime.prompts.text(payload.get("prompt_name"), payload.get("prompt"))
+        except PromptError as exc:
+            results[i] = {"error": str(exc), "status": 400}
+            continue
+        if not payload.get("truncate", True) and runtime.token_lengths(payload["texts"], prompt)[1]:
+            results[i] = too_long(runtime.spec.max_seq_length)
+            continue
+        by_prompt.setdefault(prompt, []).append(i)
+    for prompt, answered in by_prompt.items():
+        texts = [text for i in answered for text in payloads[i]["texts"]]
+        measured = runtime.token_lengths(texts, prompt)
+        lengths = measured[0]
+        vectors, _ = runtime.embed(texts, measured, prompt)
+        start = 0
+        for i in answered:
+            payload = payloads[i]
+            end = start + len(payload["texts"])
+            results[i] = encoded(vectors[start:end], payload)
+            results[i]["tokens"] = int(lengths[start:end].sum())
+            start = end
+    return results

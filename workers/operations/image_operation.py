@@ -32,8 +32,9 @@ from shoal.workers.data.lance_fragments import write_fragment
 from shoal.workers.data.parquet_slices import InputError, identity_columns, part_ack, part_table, rejection, write_part
 from shoal.workers.data.vector_precision import VectorFormat, compact
 
-from . import embed_operation, online_operations
+from . import embed_operation
 from .embed_operation import EmbedInput
+from .online_texts import encoded
 
 
 @dataclass
@@ -173,7 +174,7 @@ def online(runtime, payloads: list[EncodePayload]) -> list[OnlineResult]:
     together, in image batches; a request with an image that does not decode is its 400, naming the input."""
     results: list[OnlineResult] = [{} for _ in payloads]
     texts = [i for i, payload in enumerate(payloads) if "images" not in payload]
-    for i, result in zip(texts, online_operations.encode(runtime, [payloads[i] for i in texts])):
+    for i, result in zip(texts, embed_operation.online(runtime, [payloads[i] for i in texts])):
         results[i] = result
     by_limits: dict[ImageLimits, list[int]] = {}
     for i, payload in enumerate(payloads):
@@ -188,7 +189,7 @@ def online(runtime, payloads: list[EncodePayload]) -> list[OnlineResult]:
             end = start + len(payload["images"])
             bad = next((row for row in range(start, end) if row in rejected), None)
             if bad is None:
-                results[i] = {**online_operations.encoded(vectors[start:end], payload), "tokens": 0}
+                results[i] = {**encoded(vectors[start:end], payload), "tokens": 0}
             else:
                 index = payload.get("first_input", 0) + bad - start
                 results[i] = {"error": f"input {index} is not an image that decodes: {rejected[bad]}", "status": 400}

@@ -29,8 +29,7 @@ from shoal.workers.data.vector_precision import VectorFormat, compact
 from shoal.workers.runtimes.multi_vector import InputType, MultiVectorEmbedder
 
 from .embed_operation import read as read_texts
-from .online_operations import encoded
-from .online_texts import answer_texts
+from .online_texts import answer_texts, encoded
 from .row_parts import KindInput, row_texts, within_window, write_rows
 
 

@@ -1,6 +1,6 @@
-"""Online requests of the other kinds (sparse, multivector, classify): a group answered in few model calls.
+"""What every operation's `online` shares: a group of requests answered in few model calls.
 
-As `encode` does for dense vectors: a request whose texts are longer than
+A request whose texts are longer than
 the model's window with truncation off gets its own 422, and the others are
 still answered; the texts of every request that asks for the same options
 (`options(payload)`: a top-k, an input type) go through the runtime in one
@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
-from shoal.scheduler_plugins.protocol import OnlineResult, TextsPayload
-from shoal.workers.batching.token_batching import Measured
+import numpy as np
 
-from .online_operations import too_long
+from shoal.configs.kinds.embedder import WIRE_DTYPES
+from shoal.scheduler_plugins.protocol import EncodePayload, OnlineResult, TextsPayload
+from shoal.workers.batching.token_batching import Measured
+from shoal.workers.data.vector_precision import VectorFormat, compact
 
 A = TypeVar("A")  # one text's answer
 K = TypeVar("K", bound=Hashable)  # the options requests share a call by
@@ -56,3 +58,26 @@ def answer_texts(
             results[i]["tokens"] = int(measured[0][start:end].sum())
             start = end
     return results
+
+
+def too_long(limit: int) -> OnlineResult:
+    return {"error": f"an input is longer than the model's {limit} tokens and truncate is off", "status": 422}
+
+
+def encoded(vectors: np.ndarray, payload: EncodePayload) -> OnlineResult:
+    """One request's vectors in its format: shortened and quantized if asked, else float32 or float16."""
+    dim = payload.get("dim") or vectors.shape[1]
+    if dim > vectors.shape[1]:
+        return {"error": f"dim {dim} is more than the model gives ({vectors.shape[1]})", "status": 422}
+    ranges = payload.get("ranges")
+    if ranges is not None and len(ranges[0]) != dim:
+        return {"error": f"ranges cover {len(ranges[0])} dimensions; the vectors have {dim}", "status": 422}
+    fmt = VectorFormat(precision=payload.get("precision", "float32"), dim=payload.get("dim"), ranges=ranges)
+    stored = compact(vectors, fmt)
+    dtype = fmt.precision if fmt.precision != "float32" else payload.get("dtype", "float32")
+    wire = WIRE_DTYPES.get(dtype, stored.dtype.str)
+    return {
+        "embeddings": np.ascontiguousarray(stored, dtype=wire).tobytes(),
+        "shape": list(stored.shape),
+        "dtype": dtype,
+    }

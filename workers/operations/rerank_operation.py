@@ -15,6 +15,9 @@ result and is reported with its file, row and column in the ack, so it is
 never silently lost and never takes the other rows of its part down with it.
 Stages as in operations.py: ``read`` (I/O thread), ``compute`` (model),
 ``write`` (I/O thread).
+
+Online, `online` answers a group of requests (``/v1/rerank``, Cohere's
+``/v1|v2/rerank``) in one model call: each request's scores in document order.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import ItemResult, RerankPayload
+from shoal.scheduler_plugins.protocol import ItemResult, OnlineResult, RerankPayload, ScorePayload
 from shoal.workers.data.input_formats import read_input
 from shoal.workers.data.parquet_slices import (
     InputError,
@@ -37,7 +40,9 @@ from shoal.workers.data.parquet_slices import (
     text_column,
     write_part,
 )
-from shoal.workers.runtimes import Scorer
+from shoal.workers.runtimes import Runtime, Scorer
+
+from .online_texts import too_long
 
 
 @dataclass
@@ -196,3 +201,30 @@ def _candidate_ids(column: pa.ChunkedArray, counts: np.ndarray, offsets: np.ndar
     starts = np.concatenate([[0], np.cumsum(lengths)])[:-1]  # where each row's ids begin in the flattened values
     take = np.repeat(starts, counts) + index
     return pc.list_flatten(lists).take(pa.array(take))
+
+
+def online(runtime: Runtime, payloads: list[ScorePayload]) -> list[OnlineResult]:
+    """{"query", "documents", "truncate"} per request -> {"scores" (document order), "tokens"}."""
+    if not isinstance(runtime, Scorer):
+        return [{"error": f"model {runtime.spec.name!r} cannot score pairs", "status": 501} for _ in payloads]
+    results: list[OnlineResult] = [{} for _ in payloads]
+    answered, queries, documents = [], [], []
+    for i, payload in enumerate(payloads):
+        pair_queries = [payload["query"]] * len(payload["documents"])
+        if not payload.get("truncate", True) and runtime.token_lengths(pair_queries, payload["documents"])[1]:
+            results[i] = too_long(runtime.spec.max_seq_length)
+            continue
+        answered.append(i)
+        queries.extend(pair_queries)
+        documents.extend(payload["documents"])
+    if not queries:
+        return results
+    measured = runtime.token_lengths(queries, documents)
+    lengths = measured[0]
+    scores, _ = runtime.score(queries, documents, measured)
+    start = 0
+    for i in answered:
+        end = start + len(payloads[i]["documents"])
+        results[i] = {"scores": scores[start:end].astype(float).tolist(), "tokens": int(lengths[start:end].sum())}
+        start = end
+    return results

@@ -1,13 +1,15 @@
-"""Which runtime loads a catalog entry: by its kind, and the runtime and dtype chosen for this device kind.
+"""Which runtime loads a catalog entry: its kind's, for the runtime and dtype chosen for this device kind.
 
 Every runtime is a ``BatchedRuntime`` (token_batching: its forward batches
-are token-budget batches, one device turn each) and offers the operations one
-interface, stated below as protocols that mypy checks against each class: an
-`Embedder` (torch, ONNX, simulated) or a `Scorer` (torch, ONNX cross-encoders).
-A model without a choice for this device kind runs on torch in the worker's
-dtype (the profile's ``dtype``, fp16/bf16 on GPUs). The other kinds (sparse,
-multi-vector, classifiers, GLiNER: `KIND_RUNTIMES`) run on torch only, each with its
-own call for its operation; `load_model`, the pool's loader, loads any kind.
+are token-budget batches, one device turn each). Which class computes a
+model is its kind's (configs/kinds: `Kind.runtimes`, runtime name -> class
+path, imported here when a model loads); each is constructed ``(spec, plan,
+device_thread, dtype)``. The dense ones share an interface, stated below as
+protocols that mypy checks against each class: an `Embedder` (torch, ONNX,
+simulated) or a `Scorer` (torch, ONNX cross-encoders); the other kinds offer
+their own operation's call. A model without a choice for this device kind
+runs on torch in the worker's dtype (the profile's ``dtype``, fp16/bf16 on
+GPUs). `load_runtime` is the one loader: the model pool's, the gate's, tuning's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from shoal.configs import ModelSpec, RuntimeChoice
 from shoal.configs.adapters import base_of
+from shoal.configs.kinds import kind_of
 from shoal.configs.prompts import ModelPrompts
 from shoal.workers.batching.device_thread import DeviceThread
 from shoal.workers.batching.token_batching import Adapters, Measured
@@ -30,16 +33,6 @@ logger = logging.getLogger("shoal.worker.runtimes")
 
 # The Python module each runtime needs, and the extra that installs it.
 RUNTIME_PACKAGES = {"torch": ("torch", "torch"), "onnx": ("onnxruntime", "onnx")}
-# The runtime class of each kind beyond embedder and reranker, (module here, class): torch only, in the
-# model's pinned dtype or the worker's. Each offers its own operation's call (workers/operations).
-KIND_RUNTIMES = {
-    "sparse": ("sparse_encoder", "SparseEmbedder"),
-    "multivector": ("multi_vector", "MultiVectorEmbedder"),
-    "classifier": ("classifier", "SequenceClassifier"),
-    "token_classifier": ("token_classifier", "TokenClassifier"),
-    "span_extractor": ("span_extractor", "SpanExtractor"),  # GLiNER
-    "image_embedder": ("image_embedder", "ImageEmbedder"),  # CLIP, SigLIP
-}
 
 
 class Runtime(Protocol):
@@ -102,8 +95,9 @@ def choice_for(spec: ModelSpec, plan: DevicePlan) -> tuple[str, str]:
     return choice.runtime, dtype
 
 
-def load_model(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None) -> Runtime:
-    """The model pool's loader: the runtime of a spec of any kind (`load_runtime` for embedders and rerankers).
+def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None) -> Any:
+    """`spec`'s runtime, of its kind's class for the chosen runtime; `device_thread`: the worker's, shared by
+    every runtime loaded there.
 
     A LoRA adapter's spec loads its base with the adapter over it, standalone (tuning, the quality gate); a
     worker's pool loads the base once and adds its adapters to it instead (workers/runtimes/lora.py).
@@ -111,47 +105,21 @@ def load_model(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | 
     if spec.adapter is not None:
         from .lora import load_adapter_alone
 
-        return load_adapter_alone(spec, load_model(base_of(spec), plan, device_thread))
-    if spec.kind not in KIND_RUNTIMES:
-        return load_runtime(spec, plan, device_thread)
+        return load_adapter_alone(spec, load_runtime(base_of(spec), plan, device_thread))
+    kind = kind_of(spec)
     runtime, dtype = choice_for(spec, plan)
-    if runtime != "torch":
-        raise ValueError(f"model {spec.name!r}: kind {spec.kind!r} runs on torch only, not {runtime!r}")
-    require_installed(runtime)
-    apply_torch_threads(plan)
-    began = time.perf_counter()
-    module, name = KIND_RUNTIMES[spec.kind]
-    loaded = getattr(importlib.import_module(f"{__name__}.{module}"), name)(spec, plan, device_thread, dtype)
-    logger.info("loaded %s (%s) on torch %s in %.2f s", spec.name, spec.kind, dtype, time.perf_counter() - began)
-    return loaded
-
-
-def load_runtime(spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None) -> Embedder | Scorer:
-    """`device_thread`: the worker's, shared by every runtime loaded there."""
-    if spec.kind == "sim":
-        from .sim_runtime import SimulatedRuntime
-
-        return SimulatedRuntime(spec, plan.kind, device_thread)
-    if spec.kind not in ("embedder", "reranker"):
-        raise ValueError(f"model {spec.name!r} is of kind {spec.kind!r}: no embedder or reranker runtime loads it")
-    runtime, dtype = choice_for(spec, plan)
-    require_installed(runtime)
-    began = time.perf_counter()
-    if runtime == "torch":  # an ONNX worker never imports torch: its session has its own threads
+    if runtime not in kind.runtimes:
+        offered = " or ".join(kind.runtimes)
+        raise ValueError(f"model {spec.name!r}: kind {spec.kind!r} runs on {offered}, not {runtime!r}")
+    if not kind.simulated:
+        require_installed(runtime)
+    if runtime == "torch" and not kind.simulated:  # an ONNX worker never imports torch: its session has its own threads
         apply_torch_threads(plan)
-    loaded: Embedder | Scorer
-    if runtime == "onnx":
-        from .onnx_runtime import OnnxCrossEncoder, OnnxEmbedder
-
-        onnx = (OnnxEmbedder if spec.kind == "embedder" else OnnxCrossEncoder)(spec, plan, dtype, device_thread)
-        loaded, how = onnx, "exported and checked" if onnx.artifact.exported else "cached export"
-    elif spec.kind == "embedder":
-        from .embedder import SentenceEmbedder
-
-        loaded, how = SentenceEmbedder(spec, plan, device_thread, dtype), "weights"
-    else:
-        from .cross_encoder import CrossEncoderScorer
-
-        loaded, how = CrossEncoderScorer(spec, plan, device_thread, dtype), "weights"
-    logger.info("loaded %s on %s %s (%s) in %.2f s", spec.name, runtime, dtype, how, time.perf_counter() - began)
+    began = time.perf_counter()
+    module, _, name = kind.runtimes[runtime].partition(":")
+    loaded = getattr(importlib.import_module(module), name)(spec, plan, device_thread, dtype)
+    how = getattr(loaded, "origin", "weights")
+    logger.info(
+        "loaded %s (%s) on %s %s (%s) in %.2f s", spec.name, spec.kind, runtime, dtype, how, time.perf_counter() - began
+    )
     return loaded

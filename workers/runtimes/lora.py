@@ -237,11 +237,17 @@ def _timed(function: Any, *args: Any) -> tuple[Any, float]:
     return function(*args), time.perf_counter() - began
 
 
-def load_adapter_alone(spec: ModelSpec, base: Any) -> AdapterRuntime:
-    """`spec`'s adapter over a `base` runtime loaded for it alone (tuning and the quality gate, in one thread)."""
+def load_adapter_alone(spec: ModelSpec, base: Any) -> Any:
+    """`spec`'s adapter over a `base` runtime loaded for it alone: tuning and the quality gate, and a merged
+    adapter (`AdapterSpec.merged`), whose base copy then holds the adapter in its weights, as a model of its own."""
     assert spec.adapter is not None and isinstance(base, TorchModel)
-    base.lora = layers = LoraLayers.of(base.model)
+    layers = LoraLayers.of(base.model)
     layers.add(read_adapter(spec.adapter, "cpu"))
+    if spec.adapter.merged:
+        layers.peft.merge_and_unload()  # in place: the runtime's model computes base and adapter in one weight
+        base.spec = spec
+        return base
+    base.lora = layers
     return AdapterRuntime(base, spec)
 
 

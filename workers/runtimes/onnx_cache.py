@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict
 from shoal.configs import ModelSpec, cache_dir
 from shoal.configs.model_resolution import folder_digest
 
-from .onnx_check import CheckInputs, check_export
-from .onnx_export import GRAPH_FILE, QUANTIZATION, export_graph, quantize_graph
+from .onnx_check import check_export
+from .onnx_export import GRAPH_FILE, QUANTIZATION, GraphForm, export_graph, quantize_graph
 from .onnx_tokenizer import TOKENIZER_FILE, TokenizerSettings
 
 logger = logging.getLogger("shoal.worker.onnx")
@@ -78,8 +78,8 @@ def entry_for(spec: ModelSpec, dtype: str) -> Path:
     return cache_dir() / "onnx" / f"{safe_name}-{dtype}-{key}"
 
 
-def ensure_artifact(spec: ModelSpec, dtype: str) -> Artifact:
-    """The cached, verified export of `spec` in `dtype`; exported and checked first if missing or corrupt."""
+def ensure_artifact(spec: ModelSpec, dtype: str, form: GraphForm) -> Artifact:
+    """The cached, verified export of `spec` in `dtype`, as `form`; exported and checked first if missing or corrupt."""
     began = time.perf_counter()
     entry = entry_for(spec, dtype)
     problem = _problem_with(entry)
@@ -90,7 +90,7 @@ def ensure_artifact(spec: ModelSpec, dtype: str) -> Artifact:
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:
-        _build(spec, dtype, staging)
+        _build(spec, dtype, staging, form)
         if entry.exists():  # corrupt (checked above), or a concurrent build that we replace
             if _problem_with(entry) is None:
                 return Artifact(entry, False, time.perf_counter() - began)
@@ -123,28 +123,27 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _build(spec: ModelSpec, dtype: str, staging: Path) -> None:
+def _build(spec: ModelSpec, dtype: str, staging: Path, form: GraphForm) -> None:
     """The entry's files in `staging`: fp32 exported and checked; int8 the fp32 entry quantized."""
     graph = staging / GRAPH_FILE
     if dtype == "int8":
-        fp32 = ensure_artifact(spec, "float32")
+        fp32 = ensure_artifact(spec, "float32", form)
         quantize_graph(fp32.graph, graph)
         shutil.copyfile(fp32.directory / TOKENIZER_FILE, staging / TOKENIZER_FILE)
         sealed = {"dtype": dtype, "graph_bytes": graph.stat().st_size, "graph_sha256": _sha256(graph)}
         record = fp32.record().model_copy(update=sealed)
     else:
-        record = _export_and_check(spec, staging)
+        record = _export_and_check(spec, staging, form)
     (staging / RECORD_FILE).write_text(record.model_dump_json(indent=1))  # written last: it makes the entry valid
 
 
-def _export_and_check(spec: ModelSpec, staging: Path) -> ExportRecord:
+def _export_and_check(spec: ModelSpec, staging: Path, form: GraphForm) -> ExportRecord:
     """The fp32 graph traced into `staging` and checked against torch, and the record describing it."""
     import torch
 
     graph = staging / GRAPH_FILE
-    example = CheckInputs.of(spec)
-    traced = export_graph(spec, staging, example)
-    check_export(spec, traced.model, traced.tokenizer, traced.input_names, graph, example)
+    traced = export_graph(spec, staging, form)
+    check_export(spec, traced.model, traced.tokenizer, traced.input_names, graph, form.example)
     return ExportRecord(
         model=spec.name,
         kind=spec.kind,

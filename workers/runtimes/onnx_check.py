@@ -47,15 +47,13 @@ class CheckInputs:
     first: list[str]
     second: list[str] | None = None  # the pairs' passages
 
-    @classmethod
-    def of(cls, spec: ModelSpec) -> CheckInputs:
-        if spec.kind == "reranker":
-            return cls([CHECK_TEXTS[0]] * len(CHECK_TEXTS) + [CHECK_TEXTS[4]], CHECK_TEXTS + [CHECK_TEXTS[2]])
-        return cls(CHECK_TEXTS)
-
     def feeds(self, tokenizer: GraphTokenizer, names: list[str], max_length: int) -> dict[str, np.ndarray]:
         """The graph's inputs, tokenized as a worker tokenizes them."""
         return tokenizer.graph_inputs(names, max_length, self.first, self.second)
+
+
+TEXTS = CheckInputs(CHECK_TEXTS)
+PAIRS = CheckInputs([CHECK_TEXTS[0]] * len(CHECK_TEXTS) + [CHECK_TEXTS[4]], CHECK_TEXTS + [CHECK_TEXTS[2]])
 
 
 def check_export(

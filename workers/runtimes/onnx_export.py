@@ -25,11 +25,20 @@ from typing import Any
 
 from shoal.configs import ModelSpec
 
-from .onnx_check import CheckInputs, ExportCheckFailed
+from .onnx_check import PAIRS, TEXTS, CheckInputs, ExportCheckFailed
 from .onnx_tokenizer import GRAPH_INPUTS, TOKENIZER_FILE, GraphTokenizer, TokenizerSettings
 
 GRAPH_FILE = "model.onnx"
 OPSET = 17
+
+
+@dataclass(frozen=True)
+class GraphForm:
+    """What an ONNX runtime's graph computes (onnx_runtime: each class names its own): how the torch model is
+    traced into it, and the inputs it is traced on and checked with."""
+
+    build: Callable[[ModelSpec], tuple[Any, Any]]  # (the fp32 torch model, a module from token ids to its output)
+    example: CheckInputs
 
 
 @dataclass(frozen=True)
@@ -47,16 +56,13 @@ def input_names(tokenizer: Any) -> list[str]:
     return [name for name in tokenizer.model_input_names if name in GRAPH_INPUTS]
 
 
-def export_graph(spec: ModelSpec, folder: Path, example: CheckInputs) -> TracedGraph:
-    """Trace `spec`'s fp32 model on `example` into ``folder/model.onnx``, its tokenizer beside it."""
+def export_graph(spec: ModelSpec, folder: Path, form: GraphForm) -> TracedGraph:
+    """Trace `spec`'s fp32 model as `form` builds it, on its example, into ``folder/model.onnx``, its tokenizer
+    beside it."""
     import torch
 
-    if spec.kind == "embedder":
-        model, wrapper = _embedder_graph(spec)
-    elif spec.kind == "reranker":
-        model, wrapper = _reranker_graph(spec)
-    else:
-        raise ValueError(f"model {spec.name!r}: no ONNX export for kind {spec.kind!r}")
+    example = form.example
+    model, wrapper = form.build(spec)
     settings = _save_tokenizer(spec, model.tokenizer, folder)
     tokenizer = GraphTokenizer(folder / TOKENIZER_FILE, settings)
     names = input_names(model.tokenizer)
@@ -170,3 +176,8 @@ def _reranker_graph(spec: ModelSpec) -> tuple[Any, Any]:
         return scores.reshape(scores.shape[0], -1)[:, 0]
 
     return model, _graph_module(model, input_names(model.tokenizer), scores_of)
+
+
+# The builders are looked up when a graph is built, not here: one name for each, wherever it is read from.
+VECTORS = GraphForm(lambda spec: _embedder_graph(spec), TEXTS)  # texts to their final vectors
+SCORES = GraphForm(lambda spec: _reranker_graph(spec), PAIRS)  # (query, passage) pairs to their final scores

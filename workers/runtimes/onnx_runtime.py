@@ -21,6 +21,7 @@ from shoal.workers.batching.token_batching import Adapters, BatchedRuntime, Meas
 from shoal.workers.devices import DevicePlan
 
 from .onnx_cache import Artifact, ensure_artifact
+from .onnx_export import SCORES, VECTORS, GraphForm
 from .onnx_tokenizer import TOKENIZER_FILE, GraphTokenizer
 from .token_counts import TokenEncoder, Tokens
 
@@ -28,11 +29,13 @@ from .token_counts import TokenEncoder, Tokens
 class OnnxModel(BatchedRuntime):
     """What both ONNX runtimes share: the cached graph, its session and its tokenizer."""
 
-    def __init__(self, spec: ModelSpec, plan: DevicePlan, dtype: str, device_thread: DeviceThread | None) -> None:
+    form: GraphForm  # what the graph computes: each runtime's own
+
+    def __init__(self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None, dtype: str) -> None:
         import onnxruntime as ort
 
         super().__init__(spec, plan.kind, device_thread, plan.threads)
-        self.artifact: Artifact = ensure_artifact(spec, dtype)
+        self.artifact: Artifact = ensure_artifact(spec, dtype, self.form)
         record = self.artifact.record()
         self.input_names = record.inputs
         self.tokenizer = GraphTokenizer(self.artifact.directory / TOKENIZER_FILE, record.tokenizer)
@@ -58,6 +61,11 @@ class OnnxModel(BatchedRuntime):
             providers = [("CUDAExecutionProvider", {"device_id": int(plan.device.split(":")[1])})]
         self.session = ort.InferenceSession(str(self.artifact.graph), options, providers=providers)
 
+    @property
+    def origin(self) -> str:
+        """Where the graph came from, for the load's log line."""
+        return "exported and checked" if self.artifact.exported else "cached export"
+
     def memory_bytes(self) -> int:
         return self.artifact.graph.stat().st_size
 
@@ -75,8 +83,10 @@ class OnnxModel(BatchedRuntime):
 class OnnxEmbedder(OnnxModel):
     """Prompts as the torch embedder applies them: prepended to each text before tokenizing."""
 
-    def __init__(self, spec: ModelSpec, plan: DevicePlan, dtype: str, device_thread: DeviceThread | None) -> None:
-        super().__init__(spec, plan, dtype, device_thread)
+    form = VECTORS
+
+    def __init__(self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None, dtype: str) -> None:
+        super().__init__(spec, plan, device_thread, dtype)
         self.prompts = model_prompts(spec)
 
     def token_lengths(self, texts: list[str], prompt: str | None = None) -> Measured:
@@ -103,6 +113,8 @@ class OnnxEmbedder(OnnxModel):
 
 
 class OnnxCrossEncoder(OnnxModel):
+    form = SCORES
+
     def token_lengths(self, queries: list[str], passages: list[str]) -> Measured:
         """Token counts of each pair after truncation, and how many pairs were truncated."""
         return self.encoder.encode(queries, passages)

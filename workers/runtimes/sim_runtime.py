@@ -19,6 +19,7 @@ from shoal.configs import ModelSpec
 from shoal.configs.prompts import model_prompts
 from shoal.workers.batching.device_thread import DeviceThread
 from shoal.workers.batching.token_batching import Adapters, BatchedRuntime, Measured
+from shoal.workers.devices import DevicePlan
 
 CHARS_PER_TOKEN = 4
 
@@ -26,8 +27,15 @@ CHARS_PER_TOKEN = 4
 class SimulatedRuntime(BatchedRuntime):
     tokenizer = None  # texts are counted by length: nothing to chunk with
 
-    def __init__(self, spec: ModelSpec, device_kind: str = "cpu", device_thread: DeviceThread | None = None) -> None:
-        super().__init__(spec, device_kind, device_thread)
+    def __init__(
+        self,
+        spec: ModelSpec,
+        plan: DevicePlan | None = None,
+        device_thread: DeviceThread | None = None,
+        dtype: str = "float32",
+    ) -> None:
+        """`plan` and `dtype` as every runtime takes them; the device simulated is `plan`'s kind (the CPU's)."""
+        super().__init__(spec, plan.kind if plan else "cpu", device_thread)
         self.prompts = model_prompts(spec)
         time.sleep(spec.load_seconds)
 
