@@ -19,6 +19,7 @@ import io
 import json
 import random
 import shutil
+from functools import cache
 from pathlib import Path
 
 IMAGE_SIZE = 32  # the tiny vision towers' input
@@ -173,8 +174,9 @@ def truncated(data: bytes) -> bytes:
     return data[: len(data) // 2]
 
 
+@cache
 def decompression_bomb() -> bytes:
-    """A PNG of a few kilobytes whose BOMB_SIDE x BOMB_SIDE pixels would take 100 MB decoded."""
+    """A PNG of a few kilobytes whose BOMB_SIDE x BOMB_SIDE pixels would take 100 MB decoded (made once: 1 s)."""
     from PIL import Image
 
     buffer = io.BytesIO()
