@@ -167,6 +167,9 @@ class EncodePayload(TypedDict, total=False):
     ranges: list[list[float]]
     prompt_name: str
     prompt: str
+    # The LoRA adapter the request's inputs go through: set by the worker from the request's model, so that
+    # requests for several adapters of one base share a call (workers/batching/online_groups); never a client's.
+    adapter: str
 
 
 class ScorePayload(TypedDict, total=False):
@@ -175,6 +178,7 @@ class ScorePayload(TypedDict, total=False):
     query: Required[str]
     documents: Required[list[str]]
     truncate: bool
+    adapter: str  # as EncodePayload's
 
 
 class TextsPayload(TypedDict, total=False):
@@ -182,6 +186,7 @@ class TextsPayload(TypedDict, total=False):
 
     texts: Required[list[str]]
     truncate: bool
+    adapter: str  # as EncodePayload's
     top_k: int  # as KindPayload's
     input_type: Literal["query", "document"]
     # multivector: the vectors' format, as EncodePayload's

@@ -357,3 +357,39 @@ def test_a_merged_adapter_is_a_model_of_its_own_equal_to_peft(catalog_path, base
     pairs = [(TEXTS[i], TEXTS[(i + 2) % len(TEXTS)]) for i in range(len(TEXTS))]
     scores, _ = runtime.score([q for q, _ in pairs], [p for _, p in pairs])
     np.testing.assert_allclose(scores, peft_scores(bases["reranker"], adapters["reranker"][1], pairs), atol=1e-5)
+
+
+def test_one_online_call_answers_requests_of_several_adapters_and_the_base_as_peft_does(catalog_path, bases, adapters):
+    """What a worker's online group hands each kind's operation: the base's runtime, each payload naming its
+    adapter (workers/batching/online_groups.through), one call for all of them."""
+    from shoal.workers.operations import online_operation
+
+    kinds = ["embedder", "reranker", "classifier", "token_classifier"]
+    runtimes, pool, device = _attached([f"{kind}+lora-{i}" for kind in kinds for i in range(ADAPTERS)], catalog_path)
+    base = {kind: runtimes[k * ADAPTERS].base for k, kind in enumerate(kinds)}
+    order = [None, *range(ADAPTERS)]
+    named = [{} if i is None else {"adapter": f"lora-{i}"} for i in order]
+    folder = {kind: [None if i is None else adapters[kind][i] for i in order] for kind in kinds}
+
+    def call(op: str, kind: str, payloads: list[dict]) -> list[dict]:
+        return device.run(online_operation(op), base[kind], payloads).result()
+
+    answers = call("embed", "embedder", [{"texts": TEXTS, **n} for n in named])
+    for answer, f in zip(answers, folder["embedder"]):
+        vectors = np.frombuffer(answer["embeddings"], "<f4").reshape(answer["shape"])
+        np.testing.assert_allclose(vectors, peft_embeddings(bases["embedder"], f, TEXTS), atol=1e-5)
+    answers = call("rerank", "reranker", [{"query": TEXTS[0], "documents": TEXTS[1:], **n} for n in named])
+    for answer, f in zip(answers, folder["reranker"]):
+        expected = peft_scores(bases["reranker"], f, [(TEXTS[0], d) for d in TEXTS[1:]])
+        np.testing.assert_allclose(answer["scores"], expected, atol=1e-5)
+    answers = call("classify", "classifier", [{"texts": TEXTS, **n} for n in named])
+    for answer, f in zip(answers, folder["classifier"]):
+        logits = np.array(peft_logits(bases["classifier"], f, TEXTS, "classifier"))
+        probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        for row, labels in zip(probabilities, answer["outputs"]):
+            assert max(abs(e["score"] - row[SENTIMENT.index(e["label"])]) for e in labels) <= 1e-5
+    answers = call("extract", "token_classifier", [{"texts": TEXTS, **n} for n in named])
+    for answer, f in zip(answers, folder["token_classifier"]):
+        expected = peft_entities(bases["token_classifier"], f, TEXTS)
+        assert [[(e["label"], e["start"], e["end"]) for e in row] for row in answer["outputs"]] == expected
+    device.shutdown()

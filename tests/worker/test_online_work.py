@@ -159,10 +159,10 @@ def test_group_encode_gives_each_request_its_slice():
 class PoisonRuntime(SimulatedRuntime):
     """A simulated model that cannot compute the text "poison" (as a tokenizer bug would)."""
 
-    def embed(self, texts, measured=None, prompt=None):
+    def embed(self, texts, measured=None, prompt=None, adapters=None):
         if "poison" in texts:
             raise RuntimeError("cannot compute 'poison'")
-        return super().embed(texts, measured, prompt)
+        return super().embed(texts, measured, prompt, adapters)
 
 
 async def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_answered():

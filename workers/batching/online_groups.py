@@ -7,7 +7,9 @@ requests in the pool, then runs on the device thread, ahead of batch items
 but after the forward batch running now (see device_thread), and only then
 takes every request of those models that is waiting: what accumulated while
 the last round ran and while this one waited for the device forms one group
-per model and operation, one model call each. A round's acks ride on the
+per model and operation, one model call each; the requests of a base's LoRA
+adapters join the base's group (each naming its adapter), so one call
+computes them in shared forward batches. A round's acks ride on the
 worker's next online pull, sent as soon as the round ends (pull_loop): one
 round trip per round. While a round runs no online pull waits, so requests
 that come meanwhile wait at the scheduler, where an idle worker may take
@@ -41,6 +43,7 @@ from shoal.scheduler_plugins.protocol import ItemMessage, OnlineAck, OnlineResul
 from shoal.workers.model_pool import ModelPool
 from shoal.workers.operations import PERMANENT_ERRORS, online_operation
 from shoal.workers.runtimes import Runtime
+from shoal.workers.runtimes.lora import AdapterRuntime
 from shoal.workers.scheduler_stream import SchedulerStream
 
 from .device_thread import DeviceThread
@@ -188,32 +191,38 @@ class OnlineGroups:
         """On the device thread, holding it: take the requests waiting now, then one call per group."""
         self._started(set(runtimes))  # requests from now on start the next round
         outcomes = []
-        groups: dict[tuple[str, str], list[Message]] = {}
+        # One group per loaded model and operation: a base's group also holds its adapters' requests, each
+        # payload naming its adapter, so one call computes them all in the same forward batches.
+        groups: dict[tuple[int, str], list[Message]] = {}
+        models: dict[int, Any] = {}
         for message in self._take(set(runtimes)):
-            groups.setdefault((message["model"], message["op"]), []).append(message)
-        for (model, op), group in groups.items():
+            model = computing(runtimes[message["model"]])
+            models[id(model)] = model
+            groups.setdefault((id(model), message["op"]), []).append(message)
+        for (key, op), group in groups.items():
+            payloads = [through(runtimes[m["model"]], m["payload"]) for m in group]
             began = time.perf_counter()
             try:
-                results = online_operation(op)(runtimes[model], [m["payload"] for m in group])
+                results = online_operation(op)(models[key], payloads)
             except Exception as exc:  # noqa: BLE001 - reported per request by _fail
                 if len(group) == 1:
                     outcomes.append(Outcome(group, None, error=exc))
                 else:
-                    outcomes.extend(self._one_by_one(runtimes[model], op, group))
+                    outcomes.extend(self._one_by_one(models[key], op, group, payloads))
                 continue
             outcomes.append(Outcome(group, results, time.perf_counter() - began))
         return outcomes
 
     @staticmethod
-    def _one_by_one(runtime: Any, op: str, group: list[Message]) -> list[Outcome]:
+    def _one_by_one(runtime: Any, op: str, group: list[Message], payloads: list[Any]) -> list[Outcome]:
         """The group's call failed: each request alone, so only those that fail are failed."""
         answered: list[Message] = []
         results: list[OnlineResult] = []
         outcomes = []
         began = time.perf_counter()
-        for message in group:
+        for message, payload in zip(group, payloads, strict=True):
             try:
-                results.extend(online_operation(op)(runtime, [message["payload"]]))
+                results.extend(online_operation(op)(runtime, [payload]))
                 answered.append(message)
             except Exception as exc:  # noqa: BLE001 - reported per request by _fail
                 outcomes.append(Outcome([message], None, error=exc))
@@ -247,3 +256,13 @@ class OnlineGroups:
         for item_id, _, _ in acks:
             self.stream.release(item_id)
         self._acks.extend(acks)
+
+
+def computing(runtime: Any) -> Any:
+    """The model that computes a runtime's requests: a LoRA adapter's base (its requests join the base's group)."""
+    return runtime.base if isinstance(runtime, AdapterRuntime) else runtime
+
+
+def through(runtime: Any, payload: Any) -> Any:
+    """A request's payload as its group's call takes it: naming its adapter when its model is one."""
+    return {**payload, "adapter": runtime.adapter} if isinstance(runtime, AdapterRuntime) else payload

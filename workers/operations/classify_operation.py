@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from shoal.configs import ModelSpec
 from shoal.scheduler_plugins.protocol import ClassifyPayload, ClassifyTexts, ItemResult, OnlineResult
-from shoal.workers.batching.token_batching import Measured
+from shoal.workers.batching.token_batching import Adapters, Measured
 from shoal.workers.data.chunking import Windows
 from shoal.workers.runtimes.classifier import DEFAULT_TEMPLATE, SequenceClassifier
 
@@ -55,14 +55,19 @@ def zero_shot_of(payload: ClassifyPayload | ClassifyTexts) -> ZeroShot | None:
 
 
 def score(
-    runtime: SequenceClassifier, texts: list[str], zero_shot: ZeroShot | None, measured: Measured | None = None
+    runtime: SequenceClassifier,
+    texts: list[str],
+    zero_shot: ZeroShot | None,
+    measured: Measured | None = None,
+    adapters: Adapters = None,
 ) -> tuple[np.ndarray, list[str], int]:
-    """(texts, labels) scores, the labels' names in column order, and how many texts were truncated."""
+    """(texts, labels) scores, the labels' names in column order, and how many texts were truncated;
+    `adapters`: each text's LoRA adapter."""
     if zero_shot is None:
-        scores, truncated = runtime.classify(texts, measured)
+        scores, truncated = runtime.classify(texts, measured, adapters=adapters)
         return scores, runtime.labels, truncated
     labels, template, multi_label = zero_shot
-    scores, truncated = runtime.zero_shot(texts, list(labels), template, multi_label)
+    scores, truncated = runtime.zero_shot(texts, list(labels), template, multi_label, adapters=adapters)
     return scores, list(labels), truncated
 
 
@@ -105,7 +110,7 @@ def online(runtime: SequenceClassifier, payloads: list[ClassifyTexts]) -> list[O
         runtime,
         [payloads[i] for i in asked],
         zero_shot_of,
-        lambda texts, measured, zero_shot: _scored(runtime, texts, zero_shot, measured),
+        lambda texts, measured, zero_shot, adapters: _scored(runtime, texts, zero_shot, measured, adapters),
         _answer,
         lambda texts, zero_shot: _lengths(runtime, texts, zero_shot),
     )
@@ -123,10 +128,14 @@ def _lengths(runtime: SequenceClassifier, texts: list[str], zero_shot: ZeroShot 
 
 
 def _scored(
-    runtime: SequenceClassifier, texts: list[str], zero_shot: ZeroShot | None, measured: Measured
+    runtime: SequenceClassifier,
+    texts: list[str],
+    zero_shot: ZeroShot | None,
+    measured: Measured,
+    adapters: list[str | None],
 ) -> list[tuple[np.ndarray, list[str]]]:
     """Each text's scores, with the names of their columns."""
-    scores, names, _ = score(runtime, texts, zero_shot, measured)
+    scores, names, _ = score(runtime, texts, zero_shot, measured, adapters)
     return [(row, names) for row in scores]
 
 

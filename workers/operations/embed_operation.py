@@ -27,7 +27,7 @@ from shoal.workers.data.parquet_slices import rejection, text_column
 from shoal.workers.data.vector_precision import VectorFormat, compact
 from shoal.workers.runtimes import Embedder
 
-from .online_texts import encoded, too_long
+from .online_texts import encoded, input_adapters, too_long
 from .row_parts import row_texts, within_window, write_rows
 
 
@@ -94,7 +94,9 @@ def online(runtime: Embedder, payloads: list[EncodePayload]) -> list[OnlineResul
     With a precision other than float32, "dtype" names it and the bytes are
     the quantized values (binary: packed bits), as a batch job stores them.
     Requests are run together per prompt text (configs/prompts.py; none
-    given: the model's default); an unknown prompt name is that request's 400.
+    given: the model's default), those for different LoRA adapters of one
+    base too (each text through its request's `adapter`); an unknown prompt
+    name is that request's 400.
     """
     results: list[OnlineResult] = [{} for _ in payloads]
     by_prompt: dict[str, list[int]] = {}
@@ -112,7 +114,7 @@ def online(runtime: Embedder, payloads: list[EncodePayload]) -> list[OnlineResul
         texts = [text for i in answered for text in payloads[i]["texts"]]
         measured = runtime.token_lengths(texts, prompt)
         lengths = measured[0]
-        vectors, _ = runtime.embed(texts, measured, prompt)
+        vectors, _ = runtime.embed(texts, measured, prompt, adapters=input_adapters(payloads, answered, "texts"))
         start = 0
         for i in answered:
             payload = payloads[i]

@@ -114,7 +114,9 @@ def online(runtime: TokenClassifier | SpanExtractor, payloads: list[ClassifyText
     if isinstance(runtime, SpanExtractor):  # one model call per distinct labels, threshold and multi_label
         spans = runtime
 
-        def find(texts: list[str], measured: Measured, key: SpanQuery) -> list[list[Entity]]:
+        def find(
+            texts: list[str], measured: Measured, key: SpanQuery, adapters: list[str | None]
+        ) -> list[list[Entity]]:
             return spans.entities(texts, list(key[0]), key[1], key[2])[0]
 
         return answer_texts(runtime, payloads, span_query, find, _answer)
@@ -122,7 +124,7 @@ def online(runtime: TokenClassifier | SpanExtractor, payloads: list[ClassifyText
         runtime,
         payloads,
         aggregation_of,
-        lambda texts, measured, aggregation: runtime.entities(texts, aggregation)[0],
+        lambda texts, measured, aggregation, adapters: runtime.entities(texts, aggregation, adapters=adapters)[0],
         _answer,
     )
 

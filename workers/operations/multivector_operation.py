@@ -75,7 +75,7 @@ def online(runtime: MultiVectorEmbedder, payloads: list[TextsPayload]) -> list[O
         runtime,
         payloads,
         _input_type,
-        lambda texts, measured, input_type: runtime.multivector(texts, input_type, measured)[0],
+        lambda texts, measured, input_type, _: runtime.multivector(texts, input_type, measured)[0],  # no adapters
         _answer,
         runtime.token_lengths,
     )

@@ -6,6 +6,9 @@ still answered; the texts of every request that asks for the same options
 (`options(payload)`: a top-k, an input type) go through the runtime in one
 call, so its token-budget batching sorts and packs them across requests;
 each request then gets its own slice of the answers, with its token count.
+Requests for different LoRA adapters of one base share that call: each
+text goes through its request's adapter (`adapter`, set by the worker's
+online groups), in the same forward batches.
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ def answer_texts(
     runtime: Any,
     payloads: list[P],
     options: Callable[[P], K],
-    compute: Callable[[list[str], Measured, K], Sequence[A]],
+    compute: Callable[[list[str], Measured, K, list[str | None]], Sequence[A]],
     answer: Callable[[P, Sequence[A]], OnlineResult],
     measure: Callable[[list[str], K], Measured] | None = None,
 ) -> list[OnlineResult]:
-    """One result per payload: `compute(texts, measured, options)` per options, `answer` per request.
+    """One result per payload: `compute(texts, measured, options, adapters)` per options, `answer` per request.
 
     `measure(texts, options)` measures (default: ``runtime.token_lengths(texts)``); `measured` is passed on
-    so no text is counted twice.
+    so no text is counted twice; `adapters`: each text's request's adapter (`input_adapters`).
     """
     measure = measure or (lambda texts, _: runtime.token_lengths(texts))
     results: list[OnlineResult] = [{} for _ in payloads]
@@ -50,7 +53,7 @@ def answer_texts(
     for key, members in groups.items():
         texts = [text for i in members for text in payloads[i]["texts"]]
         measured = measure(texts, key)
-        answers = compute(texts, measured, key)
+        answers = compute(texts, measured, key, input_adapters(payloads, members, "texts"))
         start = 0
         for i in members:
             end = start + len(payloads[i]["texts"])
@@ -58,6 +61,11 @@ def answer_texts(
             results[i]["tokens"] = int(measured[0][start:end].sum())
             start = end
     return results
+
+
+def input_adapters(payloads: Sequence[Any], members: list[int], inputs: str) -> list[str | None]:
+    """The adapter of each input of the `members` requests (their `inputs` lists, in order): a mixed group's."""
+    return [payloads[i].get("adapter") for i in members for _ in payloads[i][inputs]]
 
 
 def too_long(limit: int) -> OnlineResult:

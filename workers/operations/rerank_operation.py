@@ -42,7 +42,7 @@ from shoal.workers.data.parquet_slices import (
 )
 from shoal.workers.runtimes import Runtime, Scorer
 
-from .online_texts import too_long
+from .online_texts import input_adapters, too_long
 
 
 @dataclass
@@ -204,7 +204,8 @@ def _candidate_ids(column: pa.ChunkedArray, counts: np.ndarray, offsets: np.ndar
 
 
 def online(runtime: Runtime, payloads: list[ScorePayload]) -> list[OnlineResult]:
-    """{"query", "documents", "truncate"} per request -> {"scores" (document order), "tokens"}."""
+    """{"query", "documents", "truncate"} per request -> {"scores" (document order), "tokens"}; requests for
+    different LoRA adapters of one base in one call, each pair through its request's `adapter`."""
     if not isinstance(runtime, Scorer):
         return [{"error": f"model {runtime.spec.name!r} cannot score pairs", "status": 501} for _ in payloads]
     results: list[OnlineResult] = [{} for _ in payloads]
@@ -221,7 +222,7 @@ def online(runtime: Runtime, payloads: list[ScorePayload]) -> list[OnlineResult]
         return results
     measured = runtime.token_lengths(queries, documents)
     lengths = measured[0]
-    scores, _ = runtime.score(queries, documents, measured)
+    scores, _ = runtime.score(queries, documents, measured, adapters=input_adapters(payloads, answered, "documents"))
     start = 0
     for i in answered:
         end = start + len(payloads[i]["documents"])

@@ -63,7 +63,7 @@ def online(runtime: SparseEmbedder, payloads: list[TextsPayload]) -> list[Online
         runtime,
         payloads,
         _top_k,
-        lambda texts, measured, top_k: runtime.sparse(texts, top_k, measured=measured)[0],
+        lambda texts, measured, top_k, _: runtime.sparse(texts, top_k, measured=measured)[0],  # no adapters
         lambda payload, rows: {"outputs": [_wire(row) for row in rows]},
     )
 
