@@ -38,6 +38,7 @@ def decode_bounds(limits: GatewaySettings) -> DecodeBounds:
         containers=inputs + SLACK_VALUES,
         entries=ENTRIES_PER_INPUT * inputs + SLACK_VALUES,
         strings=inputs + 2 * ENTRIES_PER_INPUT * inputs + SLACK_VALUES,  # the inputs, the maps' keys and values
+        list_items=max(inputs, limits.max_input_tokens, MAX_DIMENSIONS),  # the longest list a route takes
         map_entries=MAX_FIELDS,
     )
 

@@ -87,6 +87,7 @@ class DecodeBounds:
     containers: int  # lists and maps
     entries: int  # map entries
     strings: int  # texts, keys, other strings: a JSON body over a bound by its bytes' count is recounted below it
+    list_items: int  # items of one list (MessagePack checks it at the list's header)
     map_entries: int  # entries of one map (MessagePack checks it at the map's header)
 
     def refusal(self, values: int, containers: int, entries: int) -> RequestError | None:
@@ -133,16 +134,19 @@ class _Count:
         return refusal
 
 
-def _structure(data: bytes) -> tuple[int, int, int, int]:
+def _structure(data: bytes, bounds: DecodeBounds) -> tuple[int, int, int, int]:
     """Upper bounds on JSON's (values, containers, entries) and its commas: each value but a container's first
-    follows a comma, each entry has a colon."""
-    commas, containers = data.count(b","), data.count(b"[") + data.count(b"{")
+    follows a comma, each entry has a colon. Commas first: past the values bound, the rest is not counted."""
+    commas = data.count(b",")
+    if commas >= bounds.values:
+        return commas + 1, 0, 0, commas
+    containers = data.count(b"[") + data.count(b"{")
     return commas + containers + 1, containers, data.count(b":"), commas
 
 
 def _json_refusal(body: bytes, bounds: DecodeBounds) -> RequestError | None:
     """Whether a JSON body holds more than the bounds, counted on its bytes before any value is built."""
-    if bounds.refusal(*_structure(body)[:3]) is None:
+    if bounds.refusal(*_structure(body, bounds)[:3]) is None:
         return None
     # Perhaps commas, brackets and colons in texts: count what lies outside the strings, once their number
     # (by their quotes) shows that splitting the body at them costs no more than decoding a legal body.
@@ -150,7 +154,7 @@ def _json_refusal(body: bytes, bounds: DecodeBounds) -> RequestError | None:
         return RequestError(413, f"the body holds more than {bounds.strings} strings; a request holds at most that")
     if b"\\" in body:  # escaped backslashes, then escaped quotes: what is left of a quote ends or starts a string
         body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
-    values, containers, entries, commas = _structure(b"".join(body.split(b'"')[0::2]))
+    values, containers, entries, commas = _structure(b"".join(body.split(b'"')[0::2]), bounds)
     if containers > NESTED * (commas + 1):  # lists and maps in few branches: a tree that deep has no place here
         return RequestError(400, f"the body is nested too deeply (at least {containers // (commas + 1)} levels)")
     return bounds.refusal(values, containers, entries)
@@ -186,7 +190,7 @@ def _decode_msgpack(body: bytes, bounds: DecodeBounds) -> Any:
             strict_map_key=True,
             max_str_len=len(body),
             max_bin_len=len(body),
-            max_array_len=bounds.values,
+            max_array_len=bounds.list_items,
             max_map_len=bounds.map_entries,
             max_ext_len=0,
             # Bytes that are not UTF-8 become lone surrogates, refused by api_formats with the
@@ -212,7 +216,7 @@ def _msgpack_error(message: str, bounds: DecodeBounds) -> RequestError:
     over = _OVER_LENGTH.match(message)
     if over and over.group(2) == "array":
         return RequestError(
-            413, f"the body holds a list of {over.group(1)} items; a request holds at most {bounds.values}"
+            413, f"the body holds a list of {over.group(1)} items; a list holds at most {bounds.list_items}"
         )
     if over and over.group(2) == "map":
         return RequestError(

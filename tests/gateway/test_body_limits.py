@@ -15,7 +15,7 @@ from shoal.scheduler_plugins.gateway import api_formats as api
 from shoal.scheduler_plugins.gateway import body_limits
 from shoal.scheduler_plugins.gateway.wire import JSON, MSGPACK, DecodeBounds, RequestError, clip, decode, shown
 
-BOUNDS = DecodeBounds(values=100, containers=10, entries=20, strings=50, map_entries=8)
+BOUNDS = DecodeBounds(values=100, containers=10, entries=20, strings=50, list_items=80, map_entries=8)
 CLASSIFIER = ModelSpec(name="m", kind="classifier", dim=2, max_seq_length=16)  # the /v1/classify route's
 LIMITS = GatewaySettings(max_inputs=4, max_documents=6, max_input_tokens=5, max_request_tokens=12)
 
@@ -54,7 +54,7 @@ def test_a_json_body_over_a_bound_is_refused_before_it_is_decoded(body, what):
 @pytest.mark.parametrize(
     "body,what",
     [
-        ({"texts": [1] * 101}, "a list of 101 items"),
+        ({"texts": [1] * 81}, "a list of 81 items; a list holds at most 80"),
         ({"texts": [[1] * 60, [1] * 60]}, "more than 100 values"),
         ({"texts": [[]] * 11}, "more than 10 lists and maps"),
         ({"texts": [{"a": 1, "b": 2, "c": 3}] * 7}, "more than 20 map entries"),
@@ -90,7 +90,7 @@ def test_json_nan_and_deep_nesting_are_400s():
     assert "NaN is not a JSON number" in refusal(decode, b'{"dim": NaN}', JSON, BOUNDS).message
     assert (
         "nested too deeply"
-        in refusal(decode, b"[" * 5000 + b"]" * 5000, JSON, DecodeBounds(10**5, 10**5, 10, 10, 8)).message
+        in refusal(decode, b"[" * 5000 + b"]" * 5000, JSON, DecodeBounds(10**5, 10**5, 10, 10, 10**5, 8)).message
     )
 
 
@@ -181,6 +181,6 @@ def test_json_documents_inside_texts_are_texts():
     """Texts that are JSON themselves (escaped quotes, braces, colons, commas): counted as texts, not structure."""
     inner = json.dumps({"key": [1, 2, {"nested": "value, with: commas"}], "other": {"a": "b"}})
     body = json.dumps({"texts": [inner] * 4}).encode()
-    bounds = DecodeBounds(values=10, containers=3, entries=3, strings=6, map_entries=8)
+    bounds = DecodeBounds(values=10, containers=3, entries=3, strings=6, list_items=10, map_entries=8)
     assert body.count(b"{") > bounds.containers and body.count(b'"') > 2 * bounds.strings
     assert decode(body, JSON, bounds) == {"texts": [inner] * 4}

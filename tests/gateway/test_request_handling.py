@@ -28,7 +28,7 @@ from tests.support.fake_scheduler import running_queue, spec
 from tests.support.waiting import async_wait_for
 
 LIMITS = GatewaySettings(max_inputs=4, max_input_chars=10)
-BOUNDS = DecodeBounds(values=100, containers=10, entries=10, strings=100, map_entries=64)
+BOUNDS = DecodeBounds(values=100, containers=10, entries=10, strings=100, list_items=100, map_entries=64)
 SETTINGS = GatewaySettings(request_timeout_seconds=5, max_attempts=2, online_lease_seconds=5)  # nobody renews here
 
 
