@@ -14,7 +14,8 @@ each tree:
 - meanwhile a stream of legitimate one-text requests (OpenAI shape, JSON) goes to the same server at --rate per
   second, open loop over kept-alive connections: each latency is counted from its scheduled send time, so a
   stall of the event loop shows in every request that waited behind it. Its p50/p99/max over the whole hostile
-  phase are reported.
+  phase are reported, beside the same stream's alone (--alone seconds before the first body): what the
+  machine's load gives it without hostile bodies.
 
 Last, in this process: how long the largest legal body of each shape holds the event loop in this tree's gateway
 (decoding, limits, schema), best of 5.
@@ -27,7 +28,8 @@ body's validation holding the loop more than a few milliseconds.
 
 `--code PATH` is a checkout (e.g. `git worktree add /tmp/gateway-before <commit>`): its code runs in the
 servers of the second column (its tree first on PYTHONPATH; shoal/__init__.py then maps its own folders).
-Prints a Markdown table; writes JSON to benchmarks/results/hostile_bodies.json (or --json).
+Prints a Markdown table; writes JSON to benchmarks/results/hostile_bodies.json (or --json), with its headline
+figures (docs/BENCHMARKS.md's opening table). `--report FILE` prints and writes an earlier run's result again.
 """
 
 from __future__ import annotations
@@ -210,7 +212,7 @@ class LegitStream:
 
     def __init__(self, port: int, rate: float, connections: int = 16) -> None:
         self.port, self.interval = port, 1 / rate
-        self.latencies: list[float] = []
+        self.latencies: list[tuple[float, float]] = []  # (scheduled time, latency)
         self.failures: list[str] = []
         self._due: list[float] = []
         self._lock = threading.Condition()
@@ -259,7 +261,7 @@ class LegitStream:
                 connection.close()
                 connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
                 continue
-            self.latencies.append(time.perf_counter() - due)
+            self.latencies.append((due, time.perf_counter() - due))
         connection.close()
 
 
@@ -268,12 +270,24 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def measure(port: int, pid: int, bodies: dict[str, tuple[str, str, bytes]], rate: float, rounds: int) -> dict[str, Any]:
+def _stream_figures(latencies: list[float]) -> dict[str, Any]:
+    return {
+        "requests": len(latencies),
+        "p50_ms": round(percentile(latencies, 0.50) * 1000, 1),
+        "p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+        "max_ms": round(max(latencies) * 1000, 1) if latencies else None,
+    }
+
+
+def measure(
+    port: int, pid: int, bodies: dict[str, tuple[str, str, bytes]], rate: float, rounds: int, alone: float
+) -> dict[str, Any]:
     memory = MemoryPeak(pid)
     results: dict[str, Any] = {"bodies": {}}
     try:
         with LegitStream(port, rate) as stream:
-            time.sleep(2)  # the stream's own steady state first
+            time.sleep(alone)  # the stream alone first: what this machine's load gives it without hostile bodies
+            hostile_from = time.perf_counter()
             for name, (path, media, data) in bodies.items():
                 times, growth, answers = [], [], []
                 for _ in range(rounds):
@@ -294,15 +308,9 @@ def measure(port: int, pid: int, bodies: dict[str, tuple[str, str, bytes]], rate
                 }
                 print(f"  {name}: {results['bodies'][name]['refused_ms']} ms, {answers[-1]}", flush=True)
             time.sleep(1)
-        latencies = stream.latencies
-        results["stream"] = {
-            "rate": rate,
-            "requests": len(latencies),
-            "failures": len(stream.failures),
-            "p50_ms": round(percentile(latencies, 0.50) * 1000, 1),
-            "p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
-            "max_ms": round(max(latencies) * 1000, 1) if latencies else None,
-        }
+        during = [latency for due, latency in stream.latencies if due >= hostile_from]
+        results["stream"] = {"rate": rate, "failures": len(stream.failures), **_stream_figures(during)}
+        results["stream_alone"] = _stream_figures([latency for due, latency in stream.latencies if due < hostile_from])
         results["rss_after_mib"] = round(memory.process.memory_info().rss / 2**20, 1)
     finally:
         memory.close()
@@ -361,15 +369,57 @@ def legal_costs(rounds: int = 5) -> dict[str, dict[str, Any]]:
     return costs
 
 
+def figures(result: dict[str, Any]) -> list[harness.Figure]:
+    """The headline figures: per tree and server, the slowest refusal, the largest memory growth, the stream's p99."""
+    found = []
+    for run_name, run in result["runs"].items():
+        bodies = run["bodies"].values()
+        slowest = max(body["refused_ms"] for body in bodies)
+        growth = max(body["memory_growth_mib"] for body in bodies)
+        p99 = run["stream"]["p99_ms"]
+        after = not run_name.startswith("before")
+        found += [
+            harness.Figure(
+                f"{run_name}: slowest refusal of {len(run['bodies'])} bodies",
+                slowest,
+                "ms",
+                "< 50 ms" if after else "",
+                slowest < 50 if after else None,
+            ),
+            harness.Figure(
+                f"{run_name}: largest memory growth",
+                growth,
+                "MiB",
+                "flat" if after else "",
+                growth < 64 if after else None,
+            ),
+            harness.Figure(
+                f"{run_name}: legitimate stream p99",
+                p99,
+                "ms",
+                "< 100 ms" if after else "",
+                p99 < 100 if after else None,
+            ),
+        ]
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--code", default=None, help="another checkout, measured beside this tree (the code before)")
     parser.add_argument("--servers", default="embedded,process", help="embedded (in the Dask scheduler), process")
     parser.add_argument("--rate", type=float, default=20.0, help="legitimate requests per second, open loop")
     parser.add_argument("--rounds", type=int, default=3, help="sends of each hostile body (the median is reported)")
+    parser.add_argument("--alone", type=float, default=10.0, help="seconds of the stream alone, before the bodies")
     parser.add_argument("--bodies", default=None, help="comma-separated names of BODIES (default: all)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--report", default=None, help="a result file: print its report, write it with its figures")
     args = parser.parse_args()
+    if args.report:
+        earlier = json.loads(Path(args.report).read_text())
+        harness.write_result("hostile_bodies", earlier, args.json, figures(earlier))
+        print(report(earlier, list(next(iter(earlier["runs"].values()))["bodies"])))
+        return
     names = args.bodies.split(",") if args.bodies else list(BODIES)
     bodies = {name: BODIES[name]() for name in names}
     trees = {"this tree": None, **({"before": args.code} if args.code else {})}
@@ -379,10 +429,10 @@ def main() -> None:
             for server in args.servers.split(","):
                 port, pid = servers[server]
                 print(f"{tree}, {server} gateway (load {harness.load_average()}):", flush=True)
-                run = measure(port, pid, bodies, args.rate, args.rounds if code is None else 1)
+                run = measure(port, pid, bodies, args.rate, args.rounds if code is None else 1, args.alone)
                 run["load"] = harness.load_average()
                 result["runs"][f"{tree} / {server}"] = run
-    result["legal_bodies_ms"] = legal_costs()
+    result["legal_bodies"] = legal_costs()
     result["conditions"]["load_after"] = harness.load_average()
     harness.write_result("hostile_bodies", result, args.json, figures(result))
     print(report(result, names))
@@ -406,10 +456,19 @@ def report(result: dict[str, Any], names: list[str]) -> str:
             for r in runs.values()
         ]
     )
+    rows.append(
+        ["the same stream alone, before: p50 / p99 / max (ms)"]
+        + [
+            f"{r['stream_alone']['p50_ms']} / {r['stream_alone']['p99_ms']} / {r['stream_alone']['max_ms']}"
+            if "stream_alone" in r
+            else ""
+            for r in runs.values()
+        ]
+    )
     rows.append(["load (1 min)"] + [str(r["load"]) for r in runs.values()])
     legal = harness.markdown_table(
         ["largest legal body (this tree)", "bytes", "decoding ms", "limits and schema ms"],
-        [[name, c["bytes"], c["decode_ms"], c["checks_ms"]] for name, c in result["legal_bodies_ms"].items()],
+        [[name, c["bytes"], c["decode_ms"], c["checks_ms"]] for name, c in result.get("legal_bodies", {}).items()],
     )
     return "\n".join([*harness.markdown_table(columns, rows), "", *legal])
 

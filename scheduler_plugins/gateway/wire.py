@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import orjson
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
@@ -173,6 +174,10 @@ def decode(body: bytes, kind: str, bounds: DecodeBounds) -> Any:
     refusal = _json_refusal(body, bounds)
     if refusal is not None:
         raise refusal
+    try:
+        return orjson.loads(body)  # about three times the standard library's speed: a large body holds the loop less
+    except orjson.JSONDecodeError:
+        pass  # the standard library accepts what orjson does not (lone surrogates, named later by the texts' check)
     try:
         return json.loads(body, parse_constant=_refuse_constant)
     except RecursionError:  # the decoder recurses per bracket
