@@ -401,6 +401,8 @@ def figures(result: dict[str, Any]) -> list[harness.Figure]:
                 p99 < 100 if after else None,
             ),
         ]
+        if "stream_alone" in run:  # what the machine's load gave the same stream without hostile bodies
+            found.append(harness.Figure(f"{run_name}: the stream's p99 alone", run["stream_alone"]["p99_ms"], "ms"))
     return found
 
 
