@@ -243,12 +243,18 @@ def test_an_adapter_that_does_not_fit_or_lacks_its_base_is_refused_before_any_wo
 
 @pytest.fixture(scope="module")
 def gateway(cluster, catalog_path):
-    """The gateway on the session's cluster, serving every base and adapter of the catalog: its URL."""
+    """The gateway on the session's cluster, serving every base and adapter of the catalog: its URL. A request's
+    deadline is minutes: the first ones wait for four bases to load on a shared 2-core machine."""
     from shoal.pipeline.cluster import pull_queue
 
     _, client = cluster
     models = {name: spec.model_dump() for name, spec in load_catalog(catalog_path).models.items()}
-    reply = client.sync(pull_queue(client).gateway_start, settings={"port": 0}, models=models, replace=True)
+    reply = client.sync(
+        pull_queue(client).gateway_start,
+        settings={"port": 0, "request_timeout_seconds": 300},
+        models=models,
+        replace=True,
+    )
     yield reply["url"]
     client.sync(pull_queue(client).gateway_stop)
 
