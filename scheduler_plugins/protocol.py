@@ -182,7 +182,7 @@ class ScorePayload(TypedDict, total=False):
 
 
 class TextsPayload(TypedDict, total=False):
-    """An online request of the other kinds: `sparse`, `multivector`, `classify` (scheduler_plugins/kind_routes)."""
+    """An online request of the other kinds: `sparse`, `multivector`, `classify` (scheduler_plugins/gateway/kind_routes.py)."""
 
     texts: Required[list[str]]
     truncate: bool

@@ -51,12 +51,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter
 from shoal.configs import GatewaySettings, ModelSpec, kinds
 from shoal.configs.adapters import unknown_model
 
-from .. import kind_routes
-from ..kind_routes import TextsCall, texts_call
 from ..protocol import OnlinePayload, OnlineResult, ServedModel
 from . import api_formats as api
-from . import body_limits, request_parts, token_arrays
+from . import body_limits, kind_routes, request_parts, token_arrays
 from .auth import BearerAuth
+from .kind_routes import TextsCall, texts_call
 from .metrics import GatewayMetrics
 from .rate_limits import RateLimits
 from .wire import JSON, MSGPACK, RequestError, clip, decode, encode, media_type, response_type, shown

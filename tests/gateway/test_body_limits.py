@@ -10,9 +10,8 @@ import msgpack
 import pytest
 
 from shoal.configs import GatewaySettings, ModelSpec
-from shoal.scheduler_plugins import kind_routes
 from shoal.scheduler_plugins.gateway import api_formats as api
-from shoal.scheduler_plugins.gateway import body_limits
+from shoal.scheduler_plugins.gateway import body_limits, kind_routes
 from shoal.scheduler_plugins.gateway.wire import JSON, MSGPACK, DecodeBounds, RequestError, clip, decode, shown
 
 BOUNDS = DecodeBounds(values=100, containers=10, entries=20, strings=50, list_items=80, map_entries=8)

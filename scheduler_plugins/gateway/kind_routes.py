@@ -20,10 +20,10 @@ from typing import Any, cast
 from shoal.configs import GatewaySettings, ModelSpec
 from shoal.configs.kinds import InvalidRequest, Route, kind_of
 
-from .gateway import api_formats as api
-from .gateway import body_limits
-from .gateway.wire import MSGPACK, RequestError, clip, shown
-from .protocol import OnlineResult, TextsPayload
+from ..protocol import OnlineResult, TextsPayload
+from . import api_formats as api
+from . import body_limits
+from .wire import MSGPACK, RequestError, clip, shown
 
 # The fields every route's texts come with, and the vector format's (a route with `vectors`), checked by
 # api_formats.encode_call as an encode request's are.
