@@ -15,6 +15,11 @@ and take costs O(log n).
 Items are removed lazily: an item that finished or died while queued (a late
 ack from a worker thought lost, a cancelled request) is skipped when it
 surfaces, and `forget` keeps the counts true meanwhile.
+
+Models of one family (a base and its LoRA adapters: one forward pass serves
+them all on a worker) are indexed together, so a pull takes the waiting work
+of several of them at once (`take_family`) at a cost of the models it takes
+from.
 """
 
 from __future__ import annotations
@@ -85,11 +90,17 @@ class ModelQueues:
     steal index orders models by it).
     """
 
-    def __init__(self, on_change: Callable[[str], None] = lambda model: None) -> None:
+    def __init__(
+        self, on_change: Callable[[str], None] = lambda model: None, family: Callable[[str], str] = lambda m: m
+    ) -> None:
+        """`family(model)`: the models that may share a pull (a LoRA adapter's: its base's name)."""
         self._queues: dict[str, dict[Lane, FairQueue]] = defaultdict(lambda: defaultdict(FairQueue))
         self._rows: Counter[tuple[str, Lane]] = Counter()
         self._items: Counter[tuple[str, Lane]] = Counter()
         self._backlog: dict[Lane, dict[str, None]] = defaultdict(dict)  # lane -> models with items waiting
+        self._families: dict[tuple[Lane, str], dict[str, None]] = {}  # (lane, family) -> its models with work
+        self._family_of: dict[str, str] = {}  # model -> its family, as first seen (one entry per model)
+        self._family = family
         self._on_change = on_change
 
     def push(self, item: WorkItem, front: bool = False) -> None:
@@ -109,6 +120,22 @@ class ModelQueues:
             self._count(item, -1)
         return taken
 
+    def take_family(self, model: str, lane: Lane, limit: int, rows: int | None = None) -> list[WorkItem]:
+        """As `take`, then, while room is left, the next items of the other models of `model`'s family."""
+        taken = self.take(model, lane, limit, rows)
+        used = sum(item.rows for item in taken)
+        family = self._families.get((lane, self._family_of.get(model, self._family(model))), {})
+        for sibling in list(family):
+            if len(taken) >= limit or (rows is not None and used >= rows):
+                break
+            head = self.head(sibling, lane)
+            if sibling == model or head is None or (rows is not None and used + head.rows > rows):
+                continue
+            more = self.take(sibling, lane, limit - len(taken), None if rows is None else rows - used)
+            taken += more
+            used += sum(item.rows for item in more)
+        return taken
+
     def queued(self, model: str, lane: Lane) -> list[WorkItem]:
         queue = self._queues.get(model, {}).get(lane)
         return list(queue.queued()) if queue is not None else []
@@ -123,9 +150,16 @@ class ModelQueues:
         self._items[key] += delta
         if self._items[key] > 0:
             self._backlog[item.lane][item.model] = None
+            family = self._family_of.setdefault(item.model, self._family(item.model))
+            self._families.setdefault((item.lane, family), {})[item.model] = None
         else:
             del self._items[key], self._rows[key]
             self._backlog[item.lane].pop(item.model, None)
+            family = self._family_of.get(item.model, item.model)
+            members = self._families.get((item.lane, family), {})
+            members.pop(item.model, None)
+            if not members:
+                self._families.pop((item.lane, family), None)
             queue = self._queues.get(item.model, {}).get(item.lane)
             if queue is not None and not queue.head():
                 del self._queues[item.model][item.lane]

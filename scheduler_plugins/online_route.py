@@ -170,7 +170,8 @@ class OnlineRoute:
             items = state.carry_out(decision, view) if decision is not None else []
             if not items:
                 return None
-            self.wake(items[0].model)  # more than one group's worth waits: the next pull takes the rest
+            for model in dict.fromkeys(item.model for item in items):  # more than a group's worth: the next pull
+                self.wake(model)
             return state.items_reply(items)
 
         def park() -> WaitingPull:
@@ -205,12 +206,22 @@ class OnlineRoute:
             self.wake(model)
 
     def _wake_one(self, model: str, held: bool) -> bool:
-        """Wake the best waiting pull for `model`: among its holders' if `held`, else among all; False if none."""
+        """Wake the best waiting pull for `model`: among its holders' if `held`, else among all; False if none.
+
+        A LoRA adapter nobody holds goes first to a holder of its base, which adds it in milliseconds.
+        """
         spec = self.state.model_specs[model]
-        while pulls := self.pulls.take(model, 1, lambda view: may_take(view, model, spec), holders_only=held):
-            if pulls[0].wake(model):  # else its timeout woke it: it leaves the index and the next one is asked
-                self._claims[model] = pulls[0]
-                return True
+        family = self.state.family(model)
+        asked = [(model, held)] if held or family == model else [(family, True), (model, False)]
+
+        def may(view: WorkerView) -> bool:
+            return may_take(view, model, spec)
+
+        for filed_under, holders_only in asked:
+            while pulls := self.pulls.take(filed_under, 1, may, holders_only=holders_only):
+                if pulls[0].wake(model):  # else its timeout woke it: it leaves the index and the next one is asked
+                    self._claims[model] = pulls[0]
+                    return True
         return False
 
     def _arm_rescue(self, model: str, delay: float | None = None) -> None:

@@ -63,6 +63,7 @@ from .worker_views import WorkerView, WorkerViews, can_host
 
 DEFAULT_ROWS_PER_SECOND = 100.0
 DEFAULT_LOAD_SECONDS = 5.0
+DEFAULT_ADAPTER_LOAD_SECONDS = 0.05  # a LoRA adapter added to its loaded base: read and placed (workers/runtimes/lora)
 
 
 class ModelStats:
@@ -467,11 +468,22 @@ class Placement:
         return base
 
     def load_seconds(self, view: WorkerView, model: str) -> float:
-        """Measured on this worker, else the catalog's figure, else a default."""
-        return view.load_seconds.get(model) or self._catalog_load(model)
+        """Measured on this worker, else the catalog's figure, else a default. A LoRA adapter costs its own load
+        (milliseconds) where its base is loaded, and its base's load too elsewhere."""
+        measured = view.load_seconds.get(model)
+        if measured:
+            return measured
+        spec = self.specs[model]
+        if spec.adapter is None or spec.adapter.merged or spec.adapter.base not in self.specs:
+            return self._catalog_load(model)
+        base = spec.adapter.base
+        return self._catalog_load(model) + (0.0 if base in view.loaded else self.load_seconds(view, base))
 
     def _catalog_load(self, model: str) -> float:
-        return self.specs[model].load_seconds or DEFAULT_LOAD_SECONDS
+        spec = self.specs[model]
+        if spec.adapter is not None and not spec.adapter.merged:  # on a worker holding its base: all it costs
+            return DEFAULT_ADAPTER_LOAD_SECONDS  # (its spec's load_seconds are its base's)
+        return spec.load_seconds or DEFAULT_LOAD_SECONDS
 
     # -- take-back -------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from typing import Any, Generic, ParamSpec
 from shoal.configs import ModelSpec
 
 from .clock import Clock
-from .leases import Leases
+from .leases import Leases, load_grace
 from .model_queues import ModelQueues
 from .model_specs import ModelSpecs
 from .placement import LeaseDecision, Placement
@@ -59,7 +59,7 @@ class QueueState:
         self.model_specs.add(models or {}, "the plugin's models")
         self.items: dict[str, WorkItem] = {}
         self.views = WorkerViews(on_holders=self._holders_changed)
-        self.queues = ModelQueues(on_change=self._batch_work_changed)
+        self.queues = ModelQueues(on_change=self._batch_work_changed, family=self.family)
         self.placement = Placement(self.queues, self.views, self.model_specs)
         self.leases = Leases(self.clock, self._expired)
         self.counts: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead, taken_back, rescued, ...
@@ -67,6 +67,12 @@ class QueueState:
         self.view_changed: Topic[[WorkerView]] = Topic()
         self.worker_free: Topic[[str]] = Topic()
         self._unplaceable_since: dict[str, float] = {}
+
+    def family(self, model: str) -> str:
+        """The models whose online requests one pull may take together: a LoRA adapter's base and its other
+        adapters (a worker computes them in shared forward batches, workers/batching/online_groups)."""
+        spec = self.model_specs.get(model)
+        return spec.adapter.base if spec is not None and spec.adapter is not None and not spec.adapter.merged else model
 
     def add_specs(self, models: Mapping[str, ModelSpec | SpecFields], source: str) -> None:
         """Model specs join the plugin-wide table that pulls send with items, validated here (a
@@ -135,16 +141,21 @@ class QueueState:
             self.revoke(holder, [item.id])
             self.counts["taken_back"] += 1
             items, attempt = [item], False
+        elif decision.lane is Lane.ONLINE:  # a forward batch's worth, its model's family's requests included
+            items, attempt = self.queues.take_family(decision.model, decision.lane, decision.count, decision.rows), True
         else:
             items, attempt = self.queues.take(decision.model, decision.lane, decision.count, decision.rows), True
         for item in items:
-            self.leases.grant(item, view.address, decision.grace, counts_as_attempt=attempt)
+            grace = decision.grace if item.model == decision.model else load_grace(view, item.model)
+            self.leases.grant(item, view.address, grace, counts_as_attempt=attempt)
             self.placement.leased(item)
         self.counts["leased"] += len(items)
-        if items and decision.model not in view.held:
+        unheld = [model for model in dict.fromkeys(item.model for item in items) if model not in view.held]
+        for model in unheld:
             # It loads the model now: a holder before its next pull says so, or every idle worker would
             # steal the same hot model at once.
-            self.views.hold(view, decision.model)
+            self.views.hold(view, model)
+        if unheld:
             self.view_changed.publish(view)
         return items
 
