@@ -74,6 +74,7 @@ def status(job: str | None, scheduler: str | None, as_json: bool, profile: str |
 @scheduler_option("tcp://host:port of a running cluster: the gateway starts in its scheduler.")
 @adapt_option
 @catalog_option
+@storage_options_option
 @offline_option
 @user_errors()
 def serve(
@@ -84,6 +85,7 @@ def serve(
     scheduler: str | None,
     adapt: AdaptRange | None,
     catalog: str | None,
+    storage_options: str | None,
 ) -> None:
     """Answer online requests (MessagePack or JSON over HTTP) until stopped.
 
@@ -94,7 +96,8 @@ def serve(
     from shoal.pipeline.serve import serve as run_serve
 
     console = Console(stderr=True, soft_wrap=True)
-    profile_config, catalog_config = load_profile(profile), load_catalog(catalog)
+    profile_config = load_profile(profile)
+    catalog_config = load_catalog(catalog).reading_with(parse_storage_options(storage_options))  # --models s3://…/
     sys.exit(
         run_serve(profile_config, catalog_config, catalog, parse_columns(models), host, port, scheduler, console, adapt)
     )
