@@ -138,7 +138,7 @@ class RuntimeChooser:
             if not lacking:
                 return pinned, self._pinned_by(spec, pinned)
             held = f"the pinned {pinned.runtime} {pinned.dtype} needs {', '.join(lacking)}, which this device lacks; "
-        if not kind_of(spec).tuned:  # a kind with one runtime: nothing to measure
+        if not kind_of(spec).measured:  # a kind with one runtime: nothing to measure
             return None, held + f"torch in the worker's dtype ({spec.kind} models are not measured)"
         if spec.adapter is not None:  # LoRA layers live in the torch model (configs/adapters.base_of)
             return None, held + "torch in the worker's dtype (a LoRA adapter runs on its base's torch model)"

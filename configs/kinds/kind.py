@@ -143,8 +143,9 @@ class Kind:
         return next(iter(self.operations))
 
     @property
-    def tuned(self) -> bool:
-        """`auto` and `shoal tune` choose its runtime among several; else torch in the workers' dtype."""
+    def measured(self) -> bool:
+        """`auto` (and `shoal tune`'s phase 0) measure which of its runtimes x dtypes is fastest under the gate;
+        a kind on torch alone runs in the workers' dtype."""
         return len(self.runtimes) > 1 and not self.simulated
 
     def check_job(self, options: JobOptions, spec: ModelSpec) -> None:

@@ -79,7 +79,7 @@ def cached_choice(spec: ModelSpec, machine: Machine, threads: int) -> str:
     """`shoal models`' column: auto's runtime for `spec` on this machine's CPU, short, or that it is measured on
     first use."""
     kind = kind_of(spec)
-    if not kind.tuned:  # not measured: torch in the workers' dtype, or a profile's pin
+    if not kind.measured:  # not measured: torch in the workers' dtype, or a profile's pin
         return "-" if kind.simulated else "torch (workers' dtype)"
     fingerprint = model_fingerprint(spec)
     record = read_verdicts(fingerprint, machine, threads, "cpu")

@@ -254,7 +254,7 @@ class Tuner:
         searches: dict[str, RuntimeSearch] = {}
         for name in self.request.models:
             spec = self.base.tuned(self.catalog.get(name))
-            if not kind_of(spec).tuned:
+            if not kind_of(spec).measured:
                 continue
             self._describe(f"phase 0 {name}: runtime x dtype under the quality gate")
             searches[name] = choose_runtime(spec, plan, texts, self.request.min_gain, JUDGED_SET)

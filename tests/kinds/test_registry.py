@@ -78,6 +78,8 @@ def kind_branches(source: str) -> list[tuple[int, str]]:
                 any(_names_a_kind(side) for side in sides) and any(_mentions_kind(side) for side in sides)
             ):
                 found.append(node)
+        elif isinstance(node, ast.Match) and (_a_specs_kind(node.subject) or _mentions_kind(node.subject)):
+            found.append(node.subject)  # match spec.kind: case "sparse": ...
         elif isinstance(node, ast.Subscript) and _a_specs_kind(node.slice):
             found.append(node)  # TABLE[spec.kind]
         elif isinstance(node, ast.Dict) and sum(k is not None and _names_a_kind(k) for k in node.keys) > 1:
@@ -108,6 +110,7 @@ def test_the_guard_finds_each_form_of_kind_branch():
         'TABLE = {"embedder": "embed", "sim": "embed"}',
         'KINDS = ("token_classifier", "span_extractor")',
         'Kind = Literal["embedder", "reranker"]',
+        'match spec.kind:\n    case "sparse":\n        pass',
     ]
     for code in branches:
         assert kind_branches(code), code
@@ -191,7 +194,7 @@ def test_a_span_extractor_needs_labels_and_reads_texts_whole():
         kind_of(spec).route.parse({}, {"texts": ["a"]}, spec)
 
 
-def test_tuned_kinds_are_those_with_more_than_torch():
-    tuned = {kind.name for kind in KINDS if kind.tuned}
-    assert tuned == {"embedder", "reranker"}
+def test_measured_kinds_are_those_with_more_than_torch():
+    measured = {kind.name for kind in KINDS if kind.measured}
+    assert measured == {"embedder", "reranker"}
     assert all(isinstance(kind, Kind) and next(iter(kind.runtimes)) == "torch" for kind in KINDS)
