@@ -82,17 +82,24 @@ class Pulled:
         return Path(self.folder).name
 
 
-def download(repo_id: str, revision: str = "main") -> Pulled:
+def download(repo_id: str, revision: str = "main", refresh: bool = False) -> Pulled:
     """`snapshot_download` of `revision` into the Hub cache; a ConfigError naming the id and the endpoint on failure.
 
-    A commit the cache holds completely is returned without a request (huggingface_hub checks the snapshot
-    against the tree listing it cached with it).
+    What the cache holds completely is returned without a request (huggingface_hub checks a snapshot against
+    the tree listing it cached with it; one another tool put there is taken as it is), unless `refresh`
+    (`shoal models pull`: a branch such as `main` is asked of the Hub again).
     """
     if offline():
         raise _not_cached(repo_id, revision)
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
+    if not refresh:
+        try:
+            folder = snapshot_download(repo_id, revision=revision, cache_dir=hub_cache_dir(), local_files_only=True)
+            return Pulled(repo_id, str(folder), 0, 0)
+        except LocalEntryNotFoundError:  # not cached, or only in part (an interrupted download): fetched below
+            pass
     blobs = _repo_folder(repo_id) / "blobs"
     before = _blob_sizes(blobs)
     try:

@@ -35,7 +35,7 @@ def pull(name: str, revision: str | None, catalog: Catalog, storage_options: dic
         repo_id, _, pinned = source.removeprefix(HF_PREFIX).partition("@")
         if Path(repo_id).expanduser().is_dir() or repo_id.count("/") != 1:
             raise ConfigError(f"{name!r} is not a Hugging Face id (ORG/NAME), a store URL or a catalog name")
-        pulled = download(repo_id, revision or pinned or "main")
+        pulled = download(repo_id, revision or pinned or "main", refresh=True)
         fetched = (
             f"{pulled.fetched} files fetched ({pulled.fetched_bytes / 1e6:.1f} MB)"
             if pulled.fetched
