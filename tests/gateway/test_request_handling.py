@@ -154,9 +154,9 @@ async def test_a_request_that_cannot_be_sent_is_refused_alone_with_a_400(plugin)
     backend = LocalBackend(plugin.online)
     pulled = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=5))
     await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
-    poison = await backend.answer("m", "encode", {"texts": ["\ud800"]}, 1, 5, SETTINGS)
+    poison = await backend.answer("m", "embed", {"texts": ["\ud800"]}, 1, 5, SETTINGS)
     assert poison["status"] == 400 and "cannot be sent" in poison["error"]
-    legit = asyncio.create_task(backend.answer("m", "encode", {"texts": ["fine"]}, 1, 5, SETTINGS))
+    legit = asyncio.create_task(backend.answer("m", "embed", {"texts": ["fine"]}, 1, 5, SETTINGS))
     reply = await pulled
     assert [m["payload"]["texts"] for m in reply["items"]] == [["fine"]]
     plugin.online.ack_all("w1", [(reply["items"][0]["id"], {"shape": [1, 8]}, 0.0)])

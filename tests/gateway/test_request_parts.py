@@ -185,7 +185,7 @@ async def test_a_gateway_process_may_give_a_request_the_longest_deadline_its_lim
     link_settings = {"request_timeout_seconds": 5, "max_attempts": 2, "max_queue_depth": 10}
     limits = {"max_inputs": 2048, "max_documents": 512}
     async with running_queue(models={"m": spec("m")}) as plugin:
-        requests = [[1, "m", "encode", {"texts": ["t1"]}, 1, 500.0], [2, "m", "encode", {"texts": ["t2"]}, 1, 7.0]]
+        requests = [[1, "m", "embed", {"texts": ["t1"]}, 1, 500.0], [2, "m", "embed", {"texts": ["t2"]}, 1, 7.0]]
         plugin.online.remote_submit("g", requests, {**link_settings, **limits})
         timers = {request_id: timer for request_id, (_, timer) in plugin.online.gateways["g"]._requests.items()}
         now = asyncio.get_running_loop().time()

@@ -72,7 +72,7 @@ async def test_a_batch_pull_leases_online_requests_of_a_model_nobody_holds_with_
     """Issue 46: online requests leave the queue by batch pulls too; those leased them with no grace, so a
     worker that must load the model lost its short lease while loading (failed before the one decision)."""
     plugin, clock = clocked
-    request, _ = plugin.online.submit("m", "encode", {"texts": ["x"]}, 1, SETTINGS)
+    request, _ = plugin.online.submit("m", "embed", {"texts": ["x"]}, 1, SETTINGS)
     (message,) = (await plugin.batch.pull("w1", timeout=0))["items"]  # a batch pull; w1 must load m first
     assert message["id"] == request.id
     clock.advance(10.0)  # far past the 0.2 s lease, within a first load's grace
@@ -82,14 +82,14 @@ async def test_a_batch_pull_leases_online_requests_of_a_model_nobody_holds_with_
 
 async def test_a_worker_that_must_load_the_model_gets_the_load_on_top_of_its_first_lease_only(clocked):
     plugin, clock = clocked
-    first, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    first, _ = plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
     assert (await plugin.online.pull("w1", held=[], loaded=[], timeout=0))["items"]
     clock.advance(0.5)  # past the 0.2 s lease, within the first load's grace on top of it
     assert first.worker == "w1" and first.attempts == 1
     plugin.state.leases.renew("w1", [first.id])  # a renewal keeps the grace, never shortens the lease
     assert first.deadline - first.leased_at == pytest.approx(0.2 + FIRST_LOAD_GRACE_SECONDS)
 
-    second, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    second, _ = plugin.online.submit("m", "embed", {"texts": ["b"]}, 1, SETTINGS)
     assert (await plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=0))["items"]
     clock.advance(0.35)  # loaded already: the short lease alone, and nobody renews it
     assert second.worker is None and "lease on w2 expired" in second.errors[0]
@@ -104,7 +104,7 @@ def test_the_grace_is_twice_the_load_the_worker_measured_and_none_when_it_has_th
 
 async def test_a_worker_whose_lease_lapsed_takes_nothing_more_until_it_speaks_again(clocked):
     plugin, clock = clocked
-    request, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    request, _ = plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
     assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
     # w1 freezes, with an online pull it sent before (waiting here) and no renewal after.
     frozen_pull = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=1.5))
@@ -122,7 +122,7 @@ async def test_a_worker_whose_lease_lapsed_takes_nothing_more_until_it_speaks_ag
 
     plugin.worker_events("w1", extend=[])  # any message of its own: it is back
     assert not plugin.state.views.views["w1"].silent
-    again, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    again, _ = plugin.online.submit("m", "embed", {"texts": ["b"]}, 1, SETTINGS)
     assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"][0]["id"] == again.id
 
 
@@ -130,11 +130,11 @@ async def test_requests_of_a_silent_holder_go_to_a_worker_that_does_not_hold_the
     """The frozen worker was the model's only holder: its requests, and those that come while it
     is silent, must not wait for it (they did until it thawed: chaos's p99 during freezes)."""
     plugin, clock = clocked
-    leased, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    leased, _ = plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
     assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
     other = asyncio.create_task(plugin.online.pull("w2", held=[], loaded=[], timeout=1.5))
     await settle()
-    later, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    later, _ = plugin.online.submit("m", "embed", {"texts": ["b"]}, 1, SETTINGS)
     await settle()
     assert not other.done() and later.worker is None  # w1 still holds m: w2's pull is not woken
     clock.advance(0.3)  # w1's lease lapses: it is silent, and no longer m's holder
@@ -149,12 +149,12 @@ async def test_requests_of_a_holder_stopped_between_two_pulls_go_to_another_work
     """Frozen after an answer and before its next pull, the sole holder has no lease to lapse and no
     pull to wake: its model's requests waited for it to thaw (or to be removed, minutes later)."""
     plugin, clock = clocked
-    first, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    first, _ = plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
     assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
     plugin.online.ack_all("w1", [(first.id, {"tokens": 1}, 0.01)])  # then w1 stops, no pull sent
     other = asyncio.create_task(plugin.online.pull("w2", held=[], loaded=[], timeout=2.0))
     await settle()
-    later, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    later, _ = plugin.online.submit("m", "embed", {"texts": ["b"]}, 1, SETTINGS)
     clock.advance(0.19)
     await settle()
     assert not other.done() and later.worker is None  # within a lease its holder is waited for
@@ -168,12 +168,12 @@ async def test_requests_of_a_holder_stopped_between_two_pulls_go_to_another_work
 
 async def test_a_holder_that_pulls_within_a_lease_keeps_its_models_requests(clocked):
     plugin, clock = clocked
-    first, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    first, _ = plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
     assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
     plugin.online.ack_all("w1", [(first.id, {"tokens": 1}, 0.01)])
     other = asyncio.create_task(plugin.online.pull("w2", held=[], loaded=[], timeout=0.6))
     await settle()
-    later, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    later, _ = plugin.online.submit("m", "embed", {"texts": ["b"]}, 1, SETTINGS)
     clock.advance(0.1)  # busy with a group, say: its next pull comes within the lease
     reply = await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0)
     assert [m["id"] for m in reply["items"]] == [later.id]

@@ -25,7 +25,7 @@ async def plugin() -> AsyncIterator[PullQueue]:
 
 
 async def test_online_requests_are_pulled_together_and_acked_with_the_next_pull(plugin):
-    submitted = [plugin.online.submit("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS) for i in range(3)]
+    submitted = [plugin.online.submit("m", "embed", {"texts": [f"t{i}"]}, 1, SETTINGS) for i in range(3)]
     reply = await plugin.online.pull("w1", held=["m"], timeout=0)
     assert [m["id"] for m in reply["items"]] == [item.id for item, _ in submitted]
     assert reply["models"] == {"m": spec("m").model_dump()}
@@ -40,7 +40,7 @@ async def test_online_requests_are_pulled_together_and_acked_with_the_next_pull(
 
 async def test_an_online_pull_takes_at_most_the_models_max_batch_size_and_wakes_another_for_the_rest():
     async with running_queue(models={"m": spec("m", max_batch_size=3)}) as plugin:
-        submitted = [plugin.online.submit("m", "encode", {"texts": [f"t{i}"]}, 1, SETTINGS)[0] for i in range(7)]
+        submitted = [plugin.online.submit("m", "embed", {"texts": [f"t{i}"]}, 1, SETTINGS)[0] for i in range(7)]
         taken = [(await plugin.online.pull(w, held=["m"], timeout=0))["items"] for w in ("w1", "w2", "w1")]
         assert [[m["id"] for m in group] for group in taken] == [
             [item.id for item in submitted[:3]],
@@ -54,7 +54,7 @@ async def test_the_parts_of_a_large_request_interleave_with_one_text_requests_in
     async with running_queue(models={"m": spec("m", max_batch_size=4)}) as plugin:
 
         def ask(texts: int, flow: str | None = None) -> str:
-            return plugin.online.submit("m", "encode", {"texts": ["t"] * texts}, texts, SETTINGS, flow)[0].id
+            return plugin.online.submit("m", "embed", {"texts": ["t"] * texts}, texts, SETTINGS, flow)[0].id
 
         big = [ask(4, flow="big") for _ in range(5)]  # one request of 20 texts: five parts, one flow
         small = [ask(1) for _ in range(3)]
@@ -75,7 +75,7 @@ async def test_the_parts_of_a_large_request_interleave_with_one_text_requests_in
 async def test_an_online_pull_takes_requests_of_at_most_a_batch_of_texts_but_always_one():
     async with running_queue(models={"m": spec("m", max_batch_size=4)}) as plugin:
         sizes = [1, 2, 1, 3, 6, 1]
-        submitted = [plugin.online.submit("m", "encode", {"texts": ["t"] * n}, n, SETTINGS)[0].id for n in sizes]
+        submitted = [plugin.online.submit("m", "embed", {"texts": ["t"] * n}, n, SETTINGS)[0].id for n in sizes]
         taken = [
             [m["id"] for m in (await plugin.online.pull(w, held=["m"], timeout=0))["items"]]
             for w in ("w1", "w2", "w1", "w2")
@@ -87,7 +87,7 @@ async def test_an_online_pull_takes_requests_of_at_most_a_batch_of_texts_but_alw
 
 
 async def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reason(plugin):
-    item, future = plugin.online.submit("m", "encode", {"texts": ["x"]}, 1, SETTINGS)
+    item, future = plugin.online.submit("m", "embed", {"texts": ["x"]}, 1, SETTINGS)
     await plugin.online.pull("w1", held=["m"], timeout=0)
     plugin.remove_worker(None, "w1")
     reply = await plugin.online.pull("w2", held=["m"], timeout=0)
@@ -98,18 +98,18 @@ async def test_online_items_of_a_lost_worker_are_retried_then_fail_with_the_reas
 
 
 async def test_an_online_pull_of_an_unheld_model_makes_the_worker_its_holder(plugin):
-    plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
     assert len((await plugin.online.pull("w1", held=[], timeout=0))["items"]) == 1
     assert "m" in plugin.state.views.views["w1"].held  # loading it: w2 must not load it too
-    plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    plugin.online.submit("m", "embed", {"texts": ["b"]}, 1, SETTINGS)
     assert (await plugin.online.pull("w2", held=[], timeout=0))["items"] == []
 
 
 async def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused(plugin):
-    queued, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    queued, _ = plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
     plugin.online.cancel(queued)
     assert (await plugin.online.pull("w1", held=["m"], timeout=0))["items"] == []
-    leased, _ = plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    leased, _ = plugin.online.submit("m", "embed", {"texts": ["b"]}, 1, SETTINGS)
     await plugin.online.pull("w1", held=["m"], timeout=0)
     plugin.online.cancel(leased)
     plugin.online.ack_all("w1", [(leased.id, {}, 0.0)])
@@ -118,9 +118,9 @@ async def test_a_cancelled_request_is_never_leased_and_its_late_ack_is_refused(p
 
 
 async def test_online_pull_leaves_a_model_held_elsewhere_to_its_holder(plugin):
-    plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
     await plugin.online.pull("w1", held=["m"], timeout=0.01)  # w1 registers as a holder, takes it
-    plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)
+    plugin.online.submit("m", "embed", {"texts": ["b"]}, 1, SETTINGS)
     assert (await plugin.online.pull("w2", held=[], timeout=0))["items"] == []
     assert len((await plugin.online.pull("w1", held=["m"], timeout=0))["items"]) == 1
 
@@ -131,7 +131,7 @@ async def test_a_request_goes_to_the_worker_with_its_model_loaded_not_one_still_
 
     loaded = asyncio.create_task(plugin.online.pull("w1", held=["m"], loaded=["m"], busy=True, timeout=1))
     await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w1's online pull waiting")
-    item, _ = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    item, _ = plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
     loading = await plugin.online.pull("w2", held=["m"], loaded=[], busy=loading_is_busy, timeout=0)
     assert loading["items"] == []
     assert [m["id"] for m in (await loaded)["items"]] == [item.id]
@@ -141,9 +141,9 @@ async def test_a_busy_worker_leaves_online_requests_to_an_idle_one(plugin):
     idle = asyncio.create_task(plugin.online.pull("w2", held=["m"], timeout=1))
     busy = asyncio.create_task(plugin.online.pull("w1", held=["m"], timeout=1, busy=True))
     await async_wait_for(lambda: len(plugin.online.pulls) == 2, what="both online pulls waiting")
-    plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+    plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
     assert len((await idle)["items"]) == 1 and (await busy)["items"] == []
-    plugin.online.submit("m", "encode", {"texts": ["b"]}, 1, SETTINGS)  # no idle puller now
+    plugin.online.submit("m", "embed", {"texts": ["b"]}, 1, SETTINGS)  # no idle puller now
     assert len((await plugin.online.pull("w1", held=["m"], timeout=0, busy=True))["items"]) == 1
 
 
@@ -151,7 +151,7 @@ async def test_requests_on_a_worker_that_stops_renewing_move_to_another_within_t
     """A frozen worker (SIGSTOP, a hung driver) renews nothing: its requests go elsewhere, not at their deadline."""
 
     settings = GatewaySettings(request_timeout_seconds=30, online_lease_seconds=1.0)
-    kept, _ = plugin.online.submit("m", "encode", {"texts": ["kept"]}, 1, settings)
+    kept, _ = plugin.online.submit("m", "embed", {"texts": ["kept"]}, 1, settings)
     assert [m["id"] for m in (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]] == [
         kept.id
     ]
@@ -159,7 +159,7 @@ async def test_requests_on_a_worker_that_stops_renewing_move_to_another_within_t
         await asyncio.sleep(0.25)
         plugin.worker_events("w1", extend=[kept.id])
     assert kept.worker == "w1" and kept.attempts == 1
-    moved, future = plugin.online.submit("m", "encode", {"texts": ["moved"]}, 1, settings)
+    moved, future = plugin.online.submit("m", "embed", {"texts": ["moved"]}, 1, settings)
     frozen = await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0)
     assert [m["id"] for m in frozen["items"]] == [moved.id]
     # w1 goes silent; the lease checker puts the request back and wakes w2's waiting pull

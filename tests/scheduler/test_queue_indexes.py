@@ -54,7 +54,7 @@ WORKERS = [f"w{i}" for i in range(256)]
 async def test_an_online_request_wakes_one_waiting_pull_whatever_the_number_of_workers():
     async with queue(WORKERS) as plugin:
         pulls = [asyncio.create_task(plugin.online.pull(w, held=["m"], loaded=["m"], timeout=30)) for w in WORKERS]
-        woken = await wakes_after(plugin, lambda: plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS))
+        woken = await wakes_after(plugin, lambda: plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS))
         assert woken <= 2, woken
         assert sum(1 for p in pulls if p.done() and p.result()["items"]) == 1
         for p in pulls:
@@ -85,7 +85,7 @@ async def test_a_batch_submit_wakes_holders_before_other_workers():
 
 async def test_online_items_of_a_lost_worker_wake_a_waiting_online_pull_at_once():
     async with queue(["w1", "w2"]) as plugin:
-        item, future = plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        item, future = plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
         assert (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
         survivor = asyncio.create_task(plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=30))
         await settle()
@@ -104,7 +104,7 @@ async def test_a_waiting_online_pull_of_a_worker_that_just_took_a_model_serves_i
         await settle()
         plugin.batch.submit("j", items("m", 1), {})
         assert (await plugin.batch.pull("w1", held=[], timeout=0))["items"]  # a steal: w1 holds m now
-        plugin.online.submit("m", "encode", {"texts": ["a"]}, 1, SETTINGS)
+        plugin.online.submit("m", "embed", {"texts": ["a"]}, 1, SETTINGS)
         await settle()
         assert online.done() and len(online.result()["items"]) == 1
 
@@ -286,7 +286,7 @@ async def test_indexes_equal_a_recomputation_after_any_sequence_of_events(steps)
                 jobs += 1
                 plugin.batch.submit(f"j{jobs}", items(model, count, rows), {"lease_seconds": 60})
             elif op == "online":
-                answers.append(plugin.online.submit(args[0], "encode", {"texts": ["x"]}, 1, SETTINGS)[1])
+                answers.append(plugin.online.submit(args[0], "embed", {"texts": ["x"]}, 1, SETTINGS)[1])
             elif op == "pull":
                 worker, held, loaded, room, in_hand, measured, seconds = args
                 budget = 10**10 if worker in ("w0", "w1") else 10**8
