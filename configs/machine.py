@@ -156,8 +156,9 @@ class Machine:
         if kind == "cuda" and self.gpus:
             gpu = self.gpus[0]
             named = f"{gpu.name} cc{'.'.join(map(str, gpu.compute_capability))}"
-        else:
-            named = ",".join(sorted(self.features)) or "none"
+        else:  # the NEEDS a CPU meets (not its exact flags: AVX-VNNI beside AVX-512 VNNI changes no choice)
+            met = [need for need in ("amx", "avx512", "bf16", "vnni") if NEEDS[need] & self.features]
+            named = ",".join(sorted([*met, *(["avx2"] if "avx2" in self.features else [])])) or "none"
         return f"{kind}:{named}" + (" no_bf16" if self.no_bf16 else "")
 
 

@@ -10,7 +10,8 @@ one device. A worker finds the record for a model it is about to load, first fou
 2. **Shipped**: ``configs/verdicts/*.json``, package data: records measured by Shoal's maintainers for the
    shipped models, each keyed by the model's fingerprint and the device's class (the CPU features that
    change which number format is fast, or the GPU and its compute capability) and valid only with the
-   same runtime versions. A model's first use on a machine of a shipped class runs the shipped choice at
+   same runtime versions. A record whose own file was not kept is transcribed from the measurement the
+   project published (its `described` says from where); it lists only the candidates measured there. A model's first use on a machine of a shipped class runs the shipped choice at
    once (its gate passed on that class), and a measurement here confirms or replaces it afterwards.
 
 Nothing here imports torch: workers choose from these records before they load anything, and `shoal
@@ -187,13 +188,14 @@ def choose(record: VerdictsRecord) -> tuple[RuntimeChoice, str]:
             )
         return REFERENCE, why
     figures = ", ".join(f"{k} {v:.4f}" for k, v in best["figures"].items() if k != "ndcg@10_fp32")
+    figures = f" ({figures})" if figures else ""
     even = (
         f" (within {MIN_GAIN:.0%} of fp32 torch, and its workers start without importing torch)"
         if best["speed_vs_fp32"] < 1 + MIN_GAIN
         else ""
     )
     why = (
-        f"{label(best)}: gate pass ({figures}), {best['speed_vs_fp32']:.2f}x fp32{even} {at}"
+        f"{label(best)}: gate pass{figures}, {best['speed_vs_fp32']:.2f}x fp32{even} {at}"
         + (f"; fastest of {len(faster)} that passed" if len(faster) > 1 else "")
         + (f"; refused: {', '.join(refused)}" if refused else "")
         + (f"; too slow to gate: {', '.join(slow)}" if slow else "")

@@ -366,3 +366,26 @@ async def test_the_pool_swaps_a_reloaded_runtime_in_only_while_nothing_uses_the_
         async with pool.use(spec) as runtime:
             assert runtime is second and pool.size_of(spec) == 900
         assert not pool.replace_idle("gone", Loaded("x"), 1)
+
+
+@pytest.mark.parametrize(
+    ("features", "dtype"),
+    [
+        ({"avx2"}, "float32"),  # ONNX fp32, measured on this project's AVX2 EPYC
+        ({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}, "bfloat16"),  # an AVX-512 BF16 EPYC
+        ({"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8", "amx_tile"}, "bfloat16"),
+    ],
+)
+def test_a_fresh_machine_of_a_shipped_class_runs_minilm_s_shipped_verdict_at_once(
+    tmp_path, monkeypatch, features, dtype
+):
+    """The first `make demo` on such a machine: no measurement before or beside the job, the gate's verdict."""
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(MEASURE_ENV, "background")
+    versions = tuple(next(iter(verdict_records._shipped().values()))["versions"].items())
+    machine = Machine(cores=2, memory_bytes=2**34, cpu_model="any", features=frozenset(features), versions=versions)
+    threads = 2 if dtype == "float32" else 1  # auto's layout there: 1 x 2 without bf16, 2 x 1 with it
+    chooser = RuntimeChooser(load_profile("cpu-local"), DevicePlan("cpu", "cpu", "float32", 2**30, threads), machine)
+    runtime, chosen, why = ran(chooser, minilm())
+    assert chosen == dtype and "shipped verdict, measured on" in why and chooser.unconfirmed
+    assert runtime == ("onnx" if dtype == "float32" else "torch")
