@@ -419,7 +419,7 @@ class RemoteGateway:
         item = self.forget(request_id)
         if item is not None:
             cancel(item)
-            self.answer(request_id, {"status": 504, "error": f"no answer within {timeout:g} s"})
+            self.answer(request_id, {"status": 504, "error": f"no answer within {timeout:.3g} s"})
 
 
 class LocalBackend:
@@ -470,8 +470,8 @@ class LocalBackend:
         except TimeoutError:
             self.online.cancel(item)
             if not self.state.scheduler.workers:  # scaled to zero, and no worker started in time: try again soon
-                return {"status": 503, "error": f"no worker started within {timeout:g} s; the cluster is scaling up"}
-            return {"status": 504, "error": f"no answer within {timeout:g} s"}
+                return {"status": 503, "error": f"no worker started within {timeout:.3g} s; the cluster is scaling up"}
+            return {"status": 504, "error": f"no answer within {timeout:.3g} s"}
         except OnlineFailure as exc:
             return {"status": 502, "error": f"model {model!r} failed: {exc}"}
         except asyncio.CancelledError:

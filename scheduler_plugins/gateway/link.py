@@ -161,7 +161,7 @@ class SchedulerLink:
         self._outgoing.append((*request, flow) if flow is not None else request)
         self._flush_soon()
         # The scheduler answers 504 at the deadline; this only covers an answer lost on the way.
-        lost: OnlineResult = {"status": 504, "error": f"no answer within {timeout:g} s"}
+        lost: OnlineResult = {"status": 504, "error": f"no answer within {timeout:.3g} s"}
         late = loop.call_later(timeout + LATE_ANSWER_SECONDS, self._resolve, request_id, lost)
         try:
             return await future

@@ -7,6 +7,7 @@ import json
 import yaml
 
 from shoal.configs import load_catalog, load_profile
+from shoal.configs.kinds import for_command
 from shoal.pipeline.cluster import pull_queue
 from shoal.pipeline.jobs.embed import EmbedRequest, embed_job
 from shoal.pipeline.jobs.engine import model_for, plan_job
@@ -20,12 +21,12 @@ def test_status_lists_jobs_per_model_and_workers(cluster, tiny_catalog, test_pro
     write_shards(tmp_path / "in", demo_texts[:400], shards=2, row_group_size=100)
     profile, catalog = load_profile(str(test_profile)), load_catalog(str(tiny_catalog))
     plan = plan_job(embed_job(EmbedRequest(str(tmp_path / "in"), str(tmp_path / "out"), "tiny")), profile)
-    spec = model_for(catalog, profile, "tiny", "embedder")
+    spec = model_for(catalog, profile, "tiny", for_command("embed"))
     client.sync(
         pull_queue(client).submit,
         job="status-probe",
         items=plan.items,
-        settings={"models": {"tiny": spec.model_dump()}},
+        options={"models": {"tiny": spec.model_dump()}},
     )
     try:
         wait_for(

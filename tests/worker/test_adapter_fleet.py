@@ -45,21 +45,6 @@ def _loaded_bytes(folder: Path) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
-def _pool_state(dask_worker: Any) -> dict[str, Any]:
-    import psutil
-
-    pool = dask_worker.plugins["shoal-worker"].pool
-    return {
-        "rss": psutil.Process().memory_info().rss,
-        "used": pool.used_bytes(),
-        "budget": pool.budget,
-        "sizes": dict(pool._sizes),
-        "load_counts": dict(pool.load_counts),
-        "load_seconds": dict(pool.load_seconds),
-        "evictions": list(pool.evictions),
-    }
-
-
 @pytest.mark.timeout(900)
 def test_two_hundred_adapters_answered_in_one_burst_from_one_worker(fleet, tiny_model, tmp_path):
     """The budget holds them all (the LRU under a smaller one: tests/worker/test_adapter_residency.py)."""
@@ -68,6 +53,20 @@ def test_two_hundred_adapters_answered_in_one_burst_from_one_worker(fleet, tiny_
 
     from shoal.pipeline.client import AsyncOnlineClient
     from shoal.pipeline.cluster import pull_queue, start_local_cluster
+
+    def _pool_state(dask_worker: Any) -> dict[str, Any]:  # nested: pickled by value, workers cannot import tests/
+        import psutil
+
+        pool = dask_worker.plugins["shoal-worker"].pool
+        return {
+            "rss": psutil.Process().memory_info().rss,
+            "used": pool.used_bytes(),
+            "budget": pool.budget,
+            "sizes": dict(pool._sizes),
+            "load_counts": dict(pool.load_counts),
+            "load_seconds": dict(pool.load_seconds),
+            "evictions": list(pool.evictions),
+        }
 
     catalog_path, folders = fleet
     catalog = load_catalog(catalog_path)

@@ -37,7 +37,7 @@ import numpy as np
 from shoal.configs import ModelSpec
 from shoal.configs.prompts import model_prompts
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Measured
+from shoal.workers.batching.token_batching import Adapters, Measured
 from shoal.workers.data.images import DEFAULT_LIMITS, ImageLimits, ImageRejected, decode
 from shoal.workers.devices import DevicePlan
 
@@ -186,15 +186,17 @@ class ImageEmbedder(TorchModel):
         return lengths, truncated
 
     def embed(
-        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None
+        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None, adapters: Adapters = None
     ) -> tuple[np.ndarray, int]:
-        """float32 text vectors in input order, and the count of truncated texts."""
+        """float32 text vectors in input order, and the count of truncated texts. `adapters`: as any
+        embedder's (an image model serves none: refused unless every one is None)."""
         prompt = self.prompts.text(prompt=prompt)
         return self.in_batches(
             len(texts),
             lambda: measured or self.token_lengths(texts, prompt),
             lambda batch: self._vectors(self.towers.prepare_texts([texts[i] for i in batch], prompt)),
             self.spec.dim,
+            adapters,
         )
 
     # Images.
