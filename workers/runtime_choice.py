@@ -174,7 +174,7 @@ class RuntimeChooser:
                     self.provisional[spec.name] = (path, spec)
                 return REFERENCE, (
                     f"fp32 torch, the safe choice, on first use on this device: its runtimes are being measured "
-                    f"in the background ({started}); later loads run the verdict"
+                    f"in the background ({started}); the model moves to the verdict's runtime once it is in"
                 )
             record = measure_in_child(self.profile, spec, path)
         choice, why = choose(record)
