@@ -6,9 +6,12 @@ so budgets and GPU tags differ per worker; jobs come from the real CLI.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from unittest import mock
 
 import pytest
 import yaml
@@ -55,17 +58,19 @@ def corpus(tmp_path_factory, demo_texts):
     return directory / "in", ids
 
 
-def start(profile_path, catalog, workers: dict[str, dict]) -> SpecCluster:
-    import os
-
-    os.environ["SHOAL_PROFILE"] = str(profile_path)
-    os.environ["SHOAL_CATALOG"] = str(catalog)
+@contextmanager
+def start(profile_path, catalog, workers: dict[str, dict]) -> Iterator[SpecCluster]:
+    """The cluster, with SHOAL_PROFILE and SHOAL_CATALOG set while it runs (its in-process workers and the
+    `shoal` commands the test starts read them), and restored after: left set, they would pin the runtime
+    of every later test's `shoal` command (fp32 torch for tiny, tests/support/files.write_profile)."""
     scheduler = {"cls": Scheduler, "options": {"preload": ["shoal.scheduler_plugins"], "dashboard_address": ":0"}}
     spec = {
         name: {"cls": Worker, "options": {"nthreads": 1, "preload": ["shoal.workers"], "resources": resources}}
         for name, resources in workers.items()
     }
-    return SpecCluster(scheduler=scheduler, workers=spec)
+    environment = {"SHOAL_PROFILE": str(profile_path), "SHOAL_CATALOG": str(catalog)}
+    with mock.patch.dict(os.environ, environment), SpecCluster(scheduler=scheduler, workers=spec) as cluster:
+        yield cluster
 
 
 class JobWatch:
