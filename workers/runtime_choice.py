@@ -17,8 +17,10 @@ here once the worker is idle, to confirm it), else none yet, and then by `SHOAL_
   its comparisons with the reference library's own call are of fp32 torch).
 
 The measurement runs in a child (``python -m shoal.pipeline.tuning.auto_runtime``): this process never
-loads the candidates, and a measurement outlives a worker that closes meanwhile. What each model ran on
-and why is kept for the job summary (`report`).
+loads the candidates, and a measurement outlives a worker that closes meanwhile. In a cluster, workers of
+one kind of device share what they measured through the scheduler (workers/shared_verdicts.py): a verdict
+another one measured is taken, not measured again, and one another one is measuring is waited for on fp32.
+What each model ran on and why is kept for the job summary (`report`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from shoal.configs.verdicts import (
 )
 
 from .devices import DevicePlan
+from .shared_verdicts import SharedVerdicts
 
 logger = logging.getLogger("shoal.worker.runtimes")
 
@@ -80,14 +83,18 @@ class Ran:
 class RuntimeChooser:
     """The runtime of each model this worker loads (policy only: the pool's loader acts on it)."""
 
-    def __init__(self, profile: Profile, plan: DevicePlan, machine: Machine) -> None:
-        self.profile, self.plan, self.machine = profile, plan, machine
+    def __init__(
+        self, profile: Profile, plan: DevicePlan, machine: Machine, shared: SharedVerdicts | None = None
+    ) -> None:
+        self.profile, self.plan, self.machine, self.shared = profile, plan, machine, shared
         self.ran: dict[str, Ran] = {}
         # Shipped verdicts used here but not measured here yet: measured once the worker is idle.
         self.unconfirmed: dict[Path, ModelSpec] = {}
         # Models loaded before their verdict here (fp32 torch meanwhile, or a shipped one): where it will be.
         self.provisional: dict[str, tuple[Path, ModelSpec]] = {}
-        self._lock = threading.Lock()  # `choose` runs in the loader thread, the rest on the event loop
+        # Of those, the ones another worker of this kind is measuring (shared): measured here if its mark lapses.
+        self.awaited: set[str] = set()
+        self._lock = threading.Lock()  # `choose` runs in the loader thread, the rest in another one
 
     def choose(self, spec: ModelSpec) -> ModelSpec:
         """`spec` with this device kind's runtime set; in the loader thread, since it may wait for a measurement."""
@@ -103,31 +110,66 @@ class RuntimeChooser:
         """Each model loaded here: what it ran on and why."""
         return {name: str(ran) for name, ran in self.ran.items()}
 
-    def confirm(self) -> list[str]:
-        """Start measuring the shipped verdicts used here (the worker is idle, or closing); what was started."""
+    def confirm(self, ask_cluster: bool = True) -> list[str]:
+        """Start measuring the shipped verdicts used here (the worker is idle, or closing: `ask_cluster` False, the
+        scheduler may be gone), unless the cluster has one already; what was started. Blocks: not on the loop."""
         with self._lock:
             waiting, self.unconfirmed = self.unconfirmed, {}
-        return [
-            f"{spec.name}: {measure_in_background(self.profile, spec, path)}"
-            for path, spec in waiting.items()
-            if read_record(path) is None
-        ]
+        started = []
+        for path, spec in waiting.items():
+            if self._recorded(path, ask_cluster) is None:
+                measuring = self.shared.claim(path.stem) if self.shared and ask_cluster else None
+                started.append(f"{spec.name}: {measuring or measure_in_background(self.profile, spec, path)}")
+        return started
 
     def superseded(self) -> list[ModelSpec]:
-        """The models loaded before their verdict here whose verdict has come and names another runtime than the
-        one loaded: the worker loads them again (`choose` now gives the verdict's) and swaps them in."""
+        """The models loaded before their verdict here whose verdict has come (measured here, or published by
+        another worker of this kind) and names another runtime than the one loaded: the worker loads them
+        again (`choose` now gives the verdict's) and swaps them in. A verdict measured here is published.
+        Blocks on the scheduler: not on the event loop."""
         found = []
         with self._lock:
-            for name, (path, spec) in list(self.provisional.items()):
-                record = read_record(path)
-                if record is None:
-                    continue
-                del self.provisional[name]
+            waiting = list(self.provisional.items())
+        for name, (path, spec) in waiting:
+            measured_here = read_record(path)
+            record = measured_here or self._recorded(path)
+            if record is None:
+                self._take_over(name, path, spec)
+                continue
+            if measured_here is not None and self.shared is not None and "failed" not in measured_here:
+                self.shared.publish(path.stem, measured_here)
+            with self._lock:
+                self.provisional.pop(name, None)
+                self.awaited.discard(name)
                 choice, _ = choose(record)
                 ran = self.ran.get(name)
-                if ran is not None and (choice.runtime, choice.dtype) != (ran.runtime, ran.dtype):
-                    found.append(spec)
+            if ran is not None and (choice.runtime, choice.dtype) != (ran.runtime, ran.dtype):
+                found.append(spec)
         return found
+
+    def _take_over(self, name: str, path: Path, spec: ModelSpec) -> None:
+        """Measure here a model another worker was measuring, once its mark has lapsed (killed, or failed)."""
+        with self._lock:
+            if name not in self.awaited:
+                return
+        if self.shared is None or self.shared.claim(path.stem) is not None:
+            return
+        with self._lock:
+            self.awaited.discard(name)
+        started = measure_in_background(self.profile, spec, path)
+        logger.info("%s: the worker measuring it published nothing in time; measuring here (%s)", name, started)
+
+    def _recorded(self, path: Path, ask_cluster: bool = True) -> VerdictsRecord | None:
+        """The record at `path`, else the one another worker of this kind published (cached at `path` then)."""
+        record = read_record(path)
+        if record is None and self.shared is not None and ask_cluster:
+            record = self.shared.fetch(path.stem)
+            if record is not None:
+                try:
+                    write_record(path, record)
+                except OSError:
+                    pass  # a read-only cache: asked again next time
+        return record
 
     def _choice(self, spec: ModelSpec) -> tuple[RuntimeChoice | None, str]:
         kind = self.plan.kind
@@ -157,7 +199,7 @@ class RuntimeChooser:
             return REFERENCE, f"auto's runtime choice is off ({MEASURE_ENV}=off)"
         fingerprint = model_fingerprint(spec)
         path = verdict_path(fingerprint, self.machine, threads, kind)
-        record = read_record(path)
+        record = self._recorded(path)
         if record is None:
             shipped = shipped_verdict(fingerprint, self.machine, kind)
             if shipped is not None and mode == "background":
@@ -168,15 +210,20 @@ class RuntimeChooser:
                 return choice, (
                     f"{why}; shipped verdict, measured on {shipped['described']}; measured here once this worker is idle"
                 )
+            measuring = self.shared.claim(path.stem) if self.shared is not None else None
             if mode == "background":
-                started = measure_in_background(self.profile, spec, path)
+                started = f"by {measuring}" if measuring else measure_in_background(self.profile, spec, path)
                 with self._lock:
                     self.provisional[spec.name] = (path, spec)
+                    if measuring:
+                        self.awaited.add(spec.name)
                 return REFERENCE, (
                     f"fp32 torch, the safe choice, on first use on this device: its runtimes are being measured "
                     f"in the background ({started}); the model moves to the verdict's runtime once it is in"
                 )
             record = measure_in_child(self.profile, spec, path)
+            if self.shared is not None and "failed" not in record:
+                self.shared.publish(path.stem, record)
         choice, why = choose(record)
         if "failed" in record:
             why += f"; delete {path} to measure again"

@@ -26,6 +26,7 @@ from .pull_loop import PullLoop
 from .runtime_choice import RuntimeChooser
 from .runtimes import Runtime, load_runtime, require_installed
 from .runtimes.lora import AdapterLoader
+from .shared_verdicts import SharedVerdicts
 from .termination import TerminationForwarder, take_over_sigterm, termination_grace
 
 logger = logging.getLogger("shoal.worker")
@@ -85,7 +86,8 @@ class ShoalWorker(WorkerPlugin):
         # Loads get their own thread: a model loads while another one computes.
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="shoal-load")
         # This device's runtime for each model it loads: the gate's verdict here (runtime_choice).
-        self.chooser = RuntimeChooser(profile, plan, probe())
+        shared = SharedVerdicts(worker.scheduler, asyncio.get_running_loop(), worker.address)
+        self.chooser = RuntimeChooser(profile, plan, probe(), shared)
         load = partial(self._load, self.chooser, plan, self.device_thread)
         # LoRA adapters are read in a thread of their own (not behind a base's load: they take milliseconds)
         # and placed on the device thread between forward batches.
@@ -160,10 +162,11 @@ class ShoalWorker(WorkerPlugin):
         swaps: list[tuple[ModelSpec, Runtime, int]] = []  # loaded on the verdict's runtime, waiting to go in
         while True:
             await asyncio.sleep(IDLE_CHECK_SECONDS)
+            loop = asyncio.get_running_loop()
             if chooser.unconfirmed and not self.loop.leased and not self.loop.online.models():
-                for started in chooser.confirm():
+                for started in await loop.run_in_executor(None, chooser.confirm):  # asks the scheduler
                     logger.info("confirming a shipped verdict: %s", started)
-            for spec in chooser.superseded():
+            for spec in await loop.run_in_executor(None, chooser.superseded):
                 try:
                     runtime = await asyncio.get_running_loop().run_in_executor(self.loader, load, spec)
                 except Exception as exc:  # noqa: BLE001 - the loaded runtime keeps serving
@@ -214,4 +217,4 @@ class ShoalWorker(WorkerPlugin):
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
         if self.chooser is not None:
-            self.chooser.confirm()  # a closing worker leaves its measurements running: an embedded cluster's end
+            self.chooser.confirm(ask_cluster=False)  # a closing worker leaves its measurements running

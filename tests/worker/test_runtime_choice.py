@@ -389,3 +389,116 @@ def test_a_fresh_machine_of_a_shipped_class_runs_minilm_s_shipped_verdict_at_onc
     runtime, chosen, why = ran(chooser, minilm())
     assert chosen == dtype and "shipped verdict, measured on" in why and chooser.unconfirmed
     assert runtime == ("onnx" if dtype == "float32" else "torch")
+
+
+class Cluster:
+    """The scheduler's shared verdicts, as workers/shared_verdicts.SharedVerdicts offers them, in a dict."""
+
+    def __init__(self, address: str, store: dict | None = None) -> None:
+        self.address, self.store = address, {} if store is None else store
+
+    def fetch(self, key):
+        return self.store.get(("verdict", key))
+
+    def publish(self, key, record):
+        self.store[("verdict", key)] = record
+
+    def claim(self, key):  # a mark set to None stands for one that lapsed
+        measuring = self.store.get(("measuring", key))
+        if measuring and measuring != self.address:
+            return measuring
+        self.store[("measuring", key)] = self.address
+        return None
+
+
+def test_workers_of_one_kind_of_device_measure_once_and_share_the_verdict_through_the_scheduler(
+    measured, monkeypatch, tmp_path
+):
+    monkeypatch.setenv(MEASURE_ENV, "background")
+    store: dict = {}
+    first = RuntimeChooser(load_profile("cpu-local"), CPU, AVX2, Cluster("tcp://a", store))
+    assert ran(first, minilm())[:2] == ("torch", "float32") and measured == ["minilm"]
+    # A second worker of the same kind (its own cache) while the first measures: fp32, nothing started.
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path / "second"))
+    second = RuntimeChooser(load_profile("cpu-local"), CPU, AVX2, Cluster("tcp://b", store))
+    runtime, dtype, why = ran(second, minilm())
+    assert (runtime, dtype) == ("torch", "float32") and "measured in the background (by tcp://a)" in why
+    assert measured == ["minilm"]
+    # The first's child writes its record: the first publishes it, the second takes it, both move to it.
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path))
+    write_record(verdict_path(FINGERPRINT, AVX2, 2, "cpu"), record(AVX2, "cpu", 2, ("onnx", "float32", "pass", 1.4)))
+    assert first.superseded() == [minilm()]
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path / "second"))
+    assert second.superseded() == [minilm()]
+    assert verdict_path(FINGERPRINT, AVX2, 2, "cpu").is_file()  # cached in the second's own cache
+    # A third, started later: the verdict at once, nothing measured.
+    monkeypatch.setenv("SHOAL_CACHE_DIR", str(tmp_path / "third"))
+    third = RuntimeChooser(load_profile("cpu-local"), CPU, AVX2, Cluster("tcp://c", store))
+    assert ran(third, minilm())[:2] == ("onnx", "float32") and measured == ["minilm"]
+
+
+def test_a_worker_waiting_for_another_s_measurement_measures_itself_once_that_one_s_mark_lapses(
+    measured, monkeypatch, tmp_path
+):
+    monkeypatch.setenv(MEASURE_ENV, "background")
+    store: dict = {("measuring", verdict_path(FINGERPRINT, AVX2, 2, "cpu").stem): "tcp://killed"}
+    waiting = RuntimeChooser(load_profile("cpu-local"), CPU, AVX2, Cluster("tcp://b", store))
+    assert ran(waiting, minilm())[:2] == ("torch", "float32") and measured == []
+    assert waiting.superseded() == [] and measured == []  # still marked: waits
+    store[("measuring", verdict_path(FINGERPRINT, AVX2, 2, "cpu").stem)] = None  # the mark lapsed
+    assert waiting.superseded() == [] and measured == ["minilm"]  # measured here now, once
+    assert waiting.superseded() == [] and measured == ["minilm"]
+    write_record(verdict_path(FINGERPRINT, AVX2, 2, "cpu"), record(AVX2, "cpu", 2, ("onnx", "float32", "pass", 1.4)))
+    assert waiting.superseded() == [minilm()] and store[("verdict", verdict_path(FINGERPRINT, AVX2, 2, "cpu").stem)]
+
+
+def test_shared_verdicts_ask_the_scheduler_from_the_loader_thread_and_survive_one_that_does_not_answer(monkeypatch):
+    import asyncio
+    import threading
+
+    from shoal.workers import shared_verdicts
+    from shoal.workers.shared_verdicts import SharedVerdicts
+
+    class Scheduler:  # Dask's set_metadata/get_metadata handlers, over a nested dict
+        def __init__(self) -> None:
+            self.metadata: dict = {}
+
+        async def set_metadata(self, keys, value):
+            self.metadata.setdefault(keys[0], {})[keys[1]] = value
+
+        async def get_metadata(self, keys, default):
+            return self.metadata.get(keys[0], {}).get(keys[1], default)
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        scheduler, now = Scheduler(), [1000.0]
+        mine = SharedVerdicts(scheduler, loop, "tcp://a", clock=lambda: now[0])
+        theirs = SharedVerdicts(scheduler, loop, "tcp://b", clock=lambda: now[0])
+        assert mine.fetch("k") is None and mine.claim("k") is None and theirs.claim("k") == "tcp://a"
+        assert mine.claim("k") is None  # its own mark, renewed
+        now[0] += shared_verdicts.CLAIM_SECONDS + 1  # a's mark lapses (a killed, or its measurement failed)
+        assert theirs.claim("k") is None and mine.claim("k") == "tcp://b"
+        result = record(AVX2, "cpu", 2, ("onnx", "float32", "pass", 1.4))
+        mine.publish("k", result)
+        assert theirs.fetch("k") == result
+        scheduler.metadata[shared_verdicts.ROOT]["old"] = {"measurement": 1}  # another format: measured again
+        assert theirs.fetch("old") is None
+
+        class Gone:
+            async def get_metadata(self, keys, default):
+                await asyncio.sleep(60)
+
+        monkeypatch.setattr(shared_verdicts, "TIMEOUT", 0.2)
+        assert SharedVerdicts(Gone(), loop, "tcp://c").fetch("k") is None
+    finally:
+
+        async def cancelled() -> None:  # the unanswered call, cancelled by the timeout: let it end
+            pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cancelled(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
