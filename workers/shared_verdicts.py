@@ -16,6 +16,7 @@ Calls go from the loader thread to the worker's event loop; a scheduler that doe
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -43,7 +44,7 @@ class SharedVerdicts:
         record = self._call(self.scheduler.get_metadata(keys=[ROOT, key], default=None))
         if not isinstance(record, dict) or record.get("measurement") != MEASUREMENT:
             return None
-        return cast(VerdictsRecord, record)
+        return cast(VerdictsRecord, json.loads(json.dumps(record)))  # as read from a file: Dask's comms give tuples
 
     def publish(self, key: str, record: VerdictsRecord) -> None:
         self._call(self.scheduler.set_metadata(keys=[ROOT, key], value=dict(record)))

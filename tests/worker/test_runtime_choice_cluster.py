@@ -11,7 +11,7 @@ import pytest
 
 from shoal.configs import load_catalog
 from shoal.configs.fingerprints import model_fingerprint
-from shoal.configs.verdicts import SHIPPED, choose, read_record
+from shoal.configs.verdicts import MEASUREMENT, SHIPPED, choose, read_record
 from tests.support.cli import embed_args, run_shoal
 from tests.support.dask_cli import dask_cli_cluster
 from tests.support.files import read_output, write_shards
@@ -90,3 +90,25 @@ def test_a_first_use_runs_fp32_while_the_worker_measures_then_its_loaded_model_i
         for lock in cache.glob("verdicts/*.measuring"):  # a measurement that outlived a failed test
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(lock.read_text()), signal.SIGKILL)
+
+
+async def test_verdicts_published_by_one_worker_reach_another_through_a_real_scheduler_s_metadata():
+    """workers/shared_verdicts.py against Dask's own get_metadata/set_metadata handlers, over its comms."""
+    import asyncio
+
+    from distributed import Scheduler
+    from distributed.core import rpc
+
+    from shoal.workers.shared_verdicts import SharedVerdicts
+
+    record = {"measurement": MEASUREMENT, "model": "tiny", "candidates": []}
+    loop = asyncio.get_running_loop()
+    async with Scheduler(host="127.0.0.1", dashboard_address=":0") as scheduler:
+        async with rpc(scheduler.address) as a_link, rpc(scheduler.address) as b_link:
+            a, b = SharedVerdicts(a_link, loop, "tcp://a"), SharedVerdicts(b_link, loop, "tcp://b")
+            assert await asyncio.to_thread(b.fetch, "key") is None
+            assert await asyncio.to_thread(a.claim, "key") is None
+            assert await asyncio.to_thread(b.claim, "key") == "tcp://a"
+            await asyncio.to_thread(a.publish, "key", record)
+            assert await asyncio.to_thread(b.fetch, "key") == record
+        assert scheduler.get_metadata(["shoal-verdicts", "key"])["model"] == "tiny"  # held by the scheduler
