@@ -84,8 +84,9 @@ def build_adapters(root: Path, count: int) -> list[Path]:
     return folders
 
 
-def write_setup(directory: Path, folders: list[Path]) -> tuple[Path, Path]:
-    """The shipped catalog's minilm with the adapters as minilm+lora-N, and a one-worker fp32 torch profile."""
+def write_setup(directory: Path, folders: list[Path], threads: int = 0) -> tuple[Path, Path]:
+    """The shipped catalog's minilm with the adapters as minilm+lora-N, and a one-worker fp32 torch profile
+    (`threads`: its torch threads; 0, every core)."""
     catalog = directory / "catalog.yaml"
     models: dict[str, Any] = {f"minilm+{folder.name}": {"source": str(folder)} for folder in folders}
     catalog.write_text(yaml.safe_dump({"models": models}))
@@ -97,6 +98,7 @@ def write_setup(directory: Path, folders: list[Path]) -> tuple[Path, Path]:
         "name": "bench-adapters",
         "device": "cpu",
         "workers": 1,
+        "threads_per_worker": threads,
         "runtimes": {"minilm": {"runtime": "torch", "dtype": "float32"}},
         "gateway": gateway,
     }
@@ -108,12 +110,12 @@ async def _burst(client: AsyncOnlineClient, asks: list[tuple[str, str]]) -> None
     await asyncio.gather(*(client.encode(model, [text]) for model, text in asks))
 
 
-def online(rounds: int, words: int) -> dict[str, Any]:
+def online(rounds: int, words: int, threads: int) -> dict[str, Any]:
     texts = queries(words)
     adapters = [f"minilm+lora-{i}" for i in range(ADAPTERS)]
     per_request = [adapters[i % ADAPTERS] for i in range(REQUESTS)]
     with tempfile.TemporaryDirectory() as tmp:
-        catalog, profile = write_setup(Path(tmp), build_adapters(Path(tmp) / "adapters", ADAPTERS))
+        catalog, profile = write_setup(Path(tmp), build_adapters(Path(tmp) / "adapters", ADAPTERS), threads)
         server = Server(catalog, profile, ["minilm"])
         try:
             seconds: dict[str, list[float]] = {way: [] for way in WAYS}
@@ -143,6 +145,7 @@ def online(rounds: int, words: int) -> dict[str, Any]:
         "mixed_over_base": rates["mixed"] / rates["base"],
         "per_adapter_over_base": rates["per adapter"] / rates["base"],
         "server_exit_code": exit_code,
+        "threads": threads or harness.usable_cores(),
         "load_average": load_average(),
     }
 
@@ -153,7 +156,7 @@ async def _in_turn(client: AsyncOnlineClient, per_request: list[str], texts: lis
         await _burst(client, [(m, t) for m, t in zip(per_request, texts, strict=True) if m == adapter])
 
 
-def forwards(rounds: int, words: int) -> dict[str, Any]:
+def forwards(rounds: int, words: int, threads: int) -> dict[str, Any]:
     """(b): the worker's runtime in this process; seconds per 64 queries, each way, rounds in turn."""
     from shoal.configs import Profile, load_catalog
     from shoal.workers.devices import DevicePlan
@@ -161,7 +164,7 @@ def forwards(rounds: int, words: int) -> dict[str, Any]:
     from shoal.workers.runtimes.lora import LoraLayers, read_adapter
 
     texts = queries(words)
-    plan = DevicePlan("cpu", "cpu", "float32", 10**10, harness.usable_cores())
+    plan = DevicePlan("cpu", "cpu", "float32", 10**10, threads or harness.usable_cores())
     with tempfile.TemporaryDirectory() as tmp:
         folders = build_adapters(Path(tmp) / "adapters", ADAPTERS)
         catalog_path, _ = write_setup(Path(tmp), folders)
@@ -199,6 +202,7 @@ def forwards(rounds: int, words: int) -> dict[str, Any]:
         "median_seconds": median,
         "over_base": {way: median["base"] / median[way] for way in FORWARDS},
         "merged_max_abs_difference": float(np.abs(one - alone).max()),
+        "threads": threads or harness.usable_cores(),
         "load_average": load_average(),
     }
 
@@ -224,12 +228,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--words", type=int, default=12)
     parser.add_argument("--parts", default="a,b", help="a: online, b: forwards in process")
+    parser.add_argument("--threads", type=int, default=0, help="the worker's torch threads (0: every core)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     result: dict[str, Any] = {"adapters": ADAPTERS, "requests": REQUESTS, "rank": RANK, "words": args.words}
     if "a" in parts:
-        result["online"] = online(args.rounds, args.words)
+        result["online"] = online(args.rounds, args.words, args.threads)
         rates = result["online"]["requests_per_second"]
         print(f"\n(a) 64 requests, one query each, load {result['online']['load_average']:.1f}\n")
         rows = [[way, f"{rates[way]:.1f}", f"{rates[way] / rates['base']:.2f}x"] for way in WAYS]
@@ -241,7 +246,7 @@ def main() -> None:
             )
         )
     if "b" in parts:
-        result["forwards"] = forwards(args.rounds, args.words)
+        result["forwards"] = forwards(args.rounds, args.words, args.threads)
         median, over = result["forwards"]["median_seconds"], result["forwards"]["over_base"]
         print(f"\n(b) forwards of 64 queries in process, load {result['forwards']['load_average']:.1f}\n")
         rows = [[way, f"{1000 * median[way]:.1f}", f"{over[way]:.2f}x"] for way in FORWARDS]

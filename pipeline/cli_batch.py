@@ -42,7 +42,7 @@ from shoal.pipeline.jobs.lance_output import LanceTarget
 from shoal.pipeline.jobs.lock import LockHeld
 from shoal.pipeline.jobs.planner import check_apart, check_output
 from shoal.pipeline.jobs.reindex import ReindexJob, job_config, load_job, plan_reindex, run_reindex
-from shoal.pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank
+from shoal.pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank, run_rerank_models
 from shoal.pipeline.jobs.schedule import check_expression, run_on_schedule
 from shoal.pipeline.retrieval.beir import load_beir
 from shoal.pipeline.retrieval.evaluation import print_report, run_eval
@@ -216,7 +216,13 @@ def embed(
 @click.command()
 @click.argument("input_url", metavar="INPUT")
 @click.argument("output_url", metavar="OUTPUT")
-@click.option("--model", required=True, callback=model_names, help="Catalog name of the reranker (kind: reranker).")
+@click.option(
+    "--model",
+    required=True,
+    callback=model_names,
+    help="The reranker (kind: reranker); several, comma-separated (LoRA adapters of one base: BASE+ADAPTER), "
+    "write OUTPUT/<model>/ each.",
+)
 @click.option("--query-column", default="query", show_default=True)
 @click.option("--passage-column", default=None, help="Pairs mode: one passage per row. [default: passage]")
 @click.option("--candidates-column", default=None, help="Candidates mode: a list of passages per row.")
@@ -260,11 +266,12 @@ def rerank(
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
     catalog_config = load_catalog(catalog).reading_with(parse_storage_options(storage_options))
-    model_for(catalog_config, profile_config, model, for_operation("rerank"))
+    models = parse_columns(model)
+    warm = [model_for(catalog_config, profile_config, name, for_operation("rerank")).name for name in models]
     request = RerankRequest(
         input=input_url,
         output=output_url,
-        model=model,
+        model=models[0],
         query_column=query_column,
         passage_column=passage_column or None,
         candidates_column=candidates_column or None,
@@ -276,9 +283,12 @@ def rerank(
         input_format=input_format,
     )
     preflight(request.input, request.output, request.storage_options, request.input_format)
-    with connect(scheduler, profile_config, catalog, adapt=adapt, warm=[model]) as client:
-        outcome = run_rerank(client, request, profile_config, catalog_config, console)
-    sys.exit(outcome.exit_code)
+    with connect(scheduler, profile_config, catalog, adapt=adapt, warm=warm) as client:
+        if len(models) == 1:
+            outcomes = [run_rerank(client, request, profile_config, catalog_config, console)]
+        else:
+            outcomes = run_rerank_models(client, request, models, profile_config, catalog_config, console)
+    sys.exit(max(outcome.exit_code for outcome in outcomes))
 
 
 @click.command()

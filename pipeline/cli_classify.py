@@ -15,7 +15,7 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 
-from shoal.configs import load_catalog, load_profile
+from shoal.configs import ConfigError, load_catalog, load_profile
 from shoal.configs.kinds import for_command, kind_of
 from shoal.configs.kinds.kind import OPTION_FLAGS
 from shoal.configs.kinds.token_classifier import AGGREGATIONS
@@ -32,7 +32,13 @@ from shoal.pipeline.cli_options import (
     user_errors,
 )
 from shoal.pipeline.cluster import AdaptRange, connect
-from shoal.pipeline.jobs.classify import ClassifyRequest, Operation, check_classify_options, run_classify
+from shoal.pipeline.jobs.classify import (
+    ClassifyRequest,
+    Operation,
+    check_classify_options,
+    run_classify,
+    run_classify_models,
+)
 from shoal.pipeline.jobs.engine import model_for, preflight
 from shoal.pipeline.jobs.lance_output import LanceTarget
 from shoal.pipeline.jobs.planner import check_apart
@@ -53,7 +59,13 @@ rows_options = stack(
 @click.command()
 @click.argument("input_url", metavar="INPUT")
 @click.argument("output_url", metavar="OUTPUT")
-@click.option("--model", required=True, callback=model_names, help="A sequence classifier (kind: classifier).")
+@click.option(
+    "--model",
+    required=True,
+    callback=model_names,
+    help="A sequence classifier (kind: classifier); several, comma-separated (LoRA adapters of one base: "
+    "BASE+ADAPTER), write OUTPUT/<model>/ each.",
+)
 @rows_options
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="Keep each row's best K labels. [default: all]")
 @click.option(
@@ -91,7 +103,8 @@ def classify(labels: str | None, **options: Any) -> None:
     "--model",
     required=True,
     callback=model_names,
-    help="A token classifier (kind: token_classifier), or a GLiNER span extractor (kind: span_extractor).",
+    help="A token classifier (kind: token_classifier), or a GLiNER span extractor (kind: span_extractor); "
+    "several, comma-separated, write OUTPUT/<model>/ each.",
 )
 @rows_options
 @click.option(
@@ -146,29 +159,37 @@ def _run(
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
     catalog_config = load_catalog(catalog).reading_with(parse_storage_options(storage_options))
-    spec = model_for(catalog_config, profile_config, model, for_command(operation))
+    models = parse_columns(model)
+    specs = [model_for(catalog_config, profile_config, name, for_command(operation)) for name in models]
+    spec = specs[0]
     context, kind = click.get_current_context(), kind_of(spec)
     for name, value in options.items():  # an option left at its default is not asked for: the kind may take none
         if name in OPTION_FLAGS and value not in (None, False) and name not in kind.options:
             if context.get_parameter_source(name) is ParameterSource.DEFAULT:
                 options[name] = None
     lance = LanceTarget.of(output_url, output_format)
+    if lance and len(models) > 1:
+        raise ConfigError("a Lance OUTPUT is one dataset: give one model (or one OUTPUT per model)")
     request = ClassifyRequest(
         operation=operation,
         input=input_url,
         output=lance.staging if lance else output_url,
         lance=lance.dataset if lance else None,
-        model=model,
+        model=models[0],
         id_column=id_column or None,
         keep_columns=parse_columns(keep_columns),
         storage_options=parse_storage_options(storage_options),
         chunk=parse_chunk(chunk),
         **options,
     )
-    check_classify_options(request, spec)
+    for each in specs:
+        check_classify_options(request, each)
     if lance:  # named as given: preflight checks the staging folder inside it
         check_apart(request.input, lance.dataset, request.storage_options)
     preflight(request.input, request.output, request.storage_options, request.input_format)
-    with connect(scheduler, profile_config, catalog, adapt=adapt, warm=[model]) as client:
-        outcome = run_classify(client, request, profile_config, catalog_config, console)
-    sys.exit(outcome.exit_code)
+    with connect(scheduler, profile_config, catalog, adapt=adapt, warm=[each.name for each in specs]) as client:
+        if len(models) == 1:
+            outcomes = [run_classify(client, request, profile_config, catalog_config, console)]
+        else:
+            outcomes = run_classify_models(client, request, models, profile_config, catalog_config, console)
+    sys.exit(max(outcome.exit_code for outcome in outcomes))

@@ -10,7 +10,7 @@ Options are refused here, before any work, when the model cannot meet them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from distributed import Client
@@ -19,7 +19,16 @@ from rich.console import Console
 from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
 from shoal.configs.kinds import JobOptions, for_command, kind_of
 from shoal.configs.kinds.token_classifier import Aggregation
-from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, run_job, text_rows_job, text_rows_payload
+from shoal.pipeline.jobs.engine import (
+    BatchJob,
+    JobOutcome,
+    model_for,
+    model_output,
+    run_job,
+    run_jobs,
+    text_rows_job,
+    text_rows_payload,
+)
 from shoal.scheduler_plugins.protocol import ClassifyPayload, StorageOptions
 from shoal.workers.data.chunking import ChunkSettings
 
@@ -100,3 +109,18 @@ def run_classify(
     spec = model_for(catalog, profile, request.model, for_command(request.operation))
     check_classify_options(request, spec)
     return run_job(client, classify_job(request), spec, profile, console)
+
+
+def run_classify_models(
+    client: Client, request: ClassifyRequest, models: list[str], profile: Profile, catalog: Catalog, console: Console
+) -> list[JobOutcome]:
+    """Several models over one input, OUTPUT/<model>/ each (engine.run_jobs): a base's LoRA adapters share
+    its forward passes."""
+    specs = [model_for(catalog, profile, name, for_command(request.operation)) for name in models]
+    for spec in specs:  # refused before any work
+        check_classify_options(request, spec)
+    jobs = [
+        (classify_job(replace(request, model=spec.name, output=model_output(request.output, name))), spec)
+        for name, spec in zip(models, specs)
+    ]
+    return run_jobs(client, jobs, profile, console)

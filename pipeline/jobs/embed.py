@@ -11,8 +11,6 @@ halves of a hybrid index in one command.
 
 from __future__ import annotations
 
-import io
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -27,9 +25,10 @@ from shoal.pipeline.jobs.engine import (
     BatchJob,
     JobOutcome,
     model_for,
-    output_folder,
+    model_output,
     plan_job,
     run_job,
+    run_jobs,
     text_rows_job,
     text_rows_payload,
 )
@@ -155,27 +154,13 @@ def run_embed(
 def run_embed_models(
     client: Client, request: EmbedRequest, models: list[str], profile: Profile, catalog: Catalog, console: Console
 ) -> list[JobOutcome]:
-    """Several models over one input, an output folder each (OUTPUT/<model>/).
-
-    Every model's job is in the queue at once, so workers keep several
-    models held and share the cluster between them. The first job shows
-    the progress bar; the others' summaries follow it.
-    """
+    """Several models over one input, an output folder each (OUTPUT/<model>/): engine.run_jobs."""
     specs = [model_for(catalog, profile, name, for_command(COMMAND)) for name in models]  # refuse before any work
     for spec in specs:
         check_embed_options(request, spec)
-    requests = [
-        replace(request, model=spec.name, output=f"{request.output.rstrip('/')}/{output_folder(name)}")
+    jobs = [
+        (embed_job(with_prompt(replace(request, model=spec.name, output=model_output(request.output, name)), spec),
+                   kind_of(spec).operation), spec)
         for name, spec in zip(models, specs)
-    ]
-    buffers = [io.StringIO() for _ in models[1:]]  # the other jobs' summaries, printed after the first's
-    consoles = [console, *(Console(file=buffer, soft_wrap=True, width=console.width) for buffer in buffers)]
-    with ThreadPoolExecutor(len(models)) as pool:
-        futures = [
-            pool.submit(run_job, client, embed_job(with_prompt(r, spec), kind_of(spec).operation), spec, profile, c)
-            for r, spec, c in zip(requests, specs, consoles)
-        ]
-        outcomes = [future.result() for future in futures]
-    for buffer in buffers:
-        console.print(buffer.getvalue(), end="", highlight=False, markup=False)
-    return outcomes
+    ]  # fmt: skip
+    return run_jobs(client, jobs, profile, console)

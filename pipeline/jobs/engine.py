@@ -11,8 +11,10 @@ and the parts written are checked again before the manifest lists them.
 
 from __future__ import annotations
 
+import io
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Protocol, cast
 
@@ -183,6 +185,32 @@ def output_folder(model: str) -> str:
     if model.startswith((".", "/", "~")) or "://" in model:  # a folder, here or in object storage
         return model.rstrip("/").rsplit("/", 1)[-1]
     return model.replace("/", "--")
+
+
+def run_jobs(
+    client: Client, jobs: list[tuple[BatchJob, ModelSpec]], profile: Profile, console: Console
+) -> list[JobOutcome]:
+    """Several models' jobs at once (OUTPUT/<model>/ each: `output_folder`), each resumed and summed up alone.
+
+    Every job is in the queue at once, so workers keep several models held and share the cluster between
+    them; the LoRA adapters of one base share its forward passes. The first job shows the progress bar; the
+    others' summaries follow it.
+    """
+    buffers = [io.StringIO() for _ in jobs[1:]]  # the other jobs' summaries, printed after the first's
+    consoles = [console, *(Console(file=buffer, soft_wrap=True, width=console.width) for buffer in buffers)]
+    with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+        futures = [
+            pool.submit(run_job, client, job, spec, profile, shown) for (job, spec), shown in zip(jobs, consoles)
+        ]
+        outcomes = [future.result() for future in futures]
+    for buffer in buffers:
+        console.print(buffer.getvalue(), end="", highlight=False, markup=False)
+    return outcomes
+
+
+def model_output(output: str, model: str) -> str:
+    """A model's output under a several-model job's OUTPUT."""
+    return f"{output.rstrip('/')}/{output_folder(model)}"
 
 
 def plan_job(job: BatchJob, profile: Profile) -> Plan:

@@ -7,7 +7,7 @@ submit/follow/manifest path as embedding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from distributed import Client
@@ -15,7 +15,7 @@ from rich.console import Console
 
 from shoal.configs import Catalog, ConfigError, Profile
 from shoal.configs.kinds import for_command
-from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, run_job
+from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, model_output, run_job, run_jobs
 from shoal.scheduler_plugins.protocol import RerankPayload, StorageOptions
 
 DEFAULT_MAX_CANDIDATES = 1000
@@ -102,3 +102,16 @@ def run_rerank(
 ) -> JobOutcome:
     spec = model_for(catalog, profile, request.model, for_command("rerank"))
     return run_job(client, rerank_job(request), spec, profile, console)
+
+
+def run_rerank_models(
+    client: Client, request: RerankRequest, models: list[str], profile: Profile, catalog: Catalog, console: Console
+) -> list[JobOutcome]:
+    """Several rerankers over one input, OUTPUT/<model>/ each (engine.run_jobs): a base's LoRA adapters share
+    its forward passes."""
+    specs = [model_for(catalog, profile, name, for_command("rerank")) for name in models]  # before any work
+    jobs = [
+        (rerank_job(replace(request, model=spec.name, output=model_output(request.output, name))), spec)
+        for name, spec in zip(models, specs)
+    ]
+    return run_jobs(client, jobs, profile, console)

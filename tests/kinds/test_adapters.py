@@ -399,3 +399,47 @@ def test_one_online_call_answers_requests_of_several_adapters_and_the_base_as_pe
         expected = peft_entities(bases["token_classifier"], f, TEXTS)
         assert [[(e["label"], e["start"], e["end"]) for e in row] for row in answer["outputs"]] == expected
     device.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["reranker", "classifier", "token_classifier"])
+def test_a_job_of_several_adapters_of_each_kind_equals_peft(cluster, catalog_path, bases, adapters, tmp_path, kind):
+    """`shoal rerank`, `classify`, `extract` with --model A,B over one base's adapters: OUTPUT/<model>/ each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shoal.pipeline.jobs.engine import output_folder
+    from tests.support.cli import invoke_shoal, shoal_options
+    from tests.support.files import read_output
+
+    _, client = cluster
+    rows = {f"r{i}": (TEXTS[i % len(TEXTS)], TEXTS[(i + 1) % len(TEXTS)]) for i in range(18)}
+    source = tmp_path / "in"
+    source.mkdir()
+    table = {"key": list(rows), "query": [q for q, _ in rows.values()], "passage": [p for _, p in rows.values()]}
+    pq.write_table(pa.table(table), source / "part.parquet", row_group_size=7)
+    command = {"reranker": "rerank", "classifier": "classify", "token_classifier": "extract"}[kind]
+    columns = ["--text-column", "query"] if kind != "reranker" else ["--query-column", "query"]
+    names = [f"{kind}+lora-0", f"{kind}+lora-2"]
+    result = invoke_shoal(
+        command, str(source), str(tmp_path / "out"), "--model", ",".join(names), "--id-column", "key", *columns,
+        *shoal_options(catalog_path, client.scheduler.address),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for name, folder in zip(names, [adapters[kind][0], adapters[kind][2]]):
+        out = read_output(tmp_path / "out" / output_folder(name))
+        keys = out.column("key").to_pylist()
+        assert sorted(keys) == sorted(rows)  # every id once per adapter
+        if kind == "reranker":
+            got = dict(zip(keys, out.column("score").to_pylist()))
+            expected = peft_scores(bases[kind], folder, list(rows.values()))
+            np.testing.assert_allclose([got[k] for k in rows], expected, atol=1e-5)
+        elif kind == "classifier":
+            got = dict(zip(keys, out.column("labels").to_pylist()))
+            logits = np.array(peft_logits(bases[kind], folder, [q for q, _ in rows.values()], kind))
+            probabilities = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+            for key, row in zip(rows, probabilities):
+                assert max(abs(e["score"] - row[SENTIMENT.index(e["label"])]) for e in got[key]) <= 1e-5
+        else:
+            got = dict(zip(keys, out.column("entities").to_pylist()))
+            expected = peft_entities(bases[kind], folder, [q for q, _ in rows.values()])
+            assert [[(e["label"], e["start"], e["end"]) for e in got[k]] for k in rows] == expected

@@ -207,7 +207,7 @@ def _owned_by(key: str, name: str) -> bool:
 
 class AdapterRuntime:
     """One adapter over its loaded base, as its model's operations use it: the base's runtime, each call that
-    takes per-input `adapters` running every input through this adapter unless told otherwise."""
+    takes per-input `adapters` running every input through this adapter when it names none (None)."""
 
     def __init__(self, base: Any, spec: ModelSpec) -> None:
         assert spec.adapter is not None
@@ -218,8 +218,13 @@ class AdapterRuntime:
     def __getattr__(self, attribute: str) -> Any:
         value = getattr(self.base, attribute)
         if callable(value) and "adapters" in _parameters(value):
-            return partial(value, adapters=self.adapter)
+            return partial(_through_adapter, value, self.adapter)
         return value
+
+
+def _through_adapter(call: Any, adapter: str, *args: Any, adapters: Any = None, **kwargs: Any) -> Any:
+    """`call` with its inputs through `adapter`, unless the caller names the inputs' adapters itself."""
+    return call(*args, adapters=adapter if adapters is None else adapters, **kwargs)
 
 
 @lru_cache(maxsize=256)
