@@ -8,7 +8,12 @@ first in alternate rounds), on the same files:
   (batch size 32): what a user writes without Shoal;
 - shoal: ``shoal embed FOLDER OUTPUT --model FOLDER`` with no other flag: the
   image files planned as items, read and decoded on the workers a batch ahead
-  of the device (off the device thread), the runtime `auto` chooses.
+  of the device (off the device thread), the runtime `auto` chooses. As after
+  a first use: before the timed rounds, one untimed job over a few of the
+  images with ``SHOAL_AUTO_MEASURE=wait`` exports the model's towers and
+  measures its runtimes (auto's verdict, cached in the scratch folder's own
+  Shoal cache); the timed jobs run what that verdict chose, named in the
+  result (``shoal_runtime``).
 
 The model: no CLIP weights are on this machine and nothing is downloaded, so a
 CLIP of ViT-B/32's shape (transformers' `CLIPConfig` defaults: a 12-layer ViT
@@ -108,12 +113,19 @@ def draw_jpegs(folder: Path, count: int) -> list[str]:
     return names
 
 
-def timed(command: list[str]) -> tuple[float, str]:
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, str]:
     with Meter() as meter:
-        done = subprocess.run(command, capture_output=True, text=True, env=harness.subprocess_env())
+        done = subprocess.run(command, capture_output=True, text=True, env=harness.subprocess_env(**env))
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command[:3])} failed:\n{done.stderr[-3000:]}")
     return meter.seconds, done.stdout + done.stderr
+
+
+def runtime_row(summary: str) -> str:
+    """The job summary's "runtime of MODEL on WORKER" value: what the worker ran the model on, and why."""
+    rows = [m for m in map(harness.SUMMARY_ROW.match, summary.splitlines()) if m]
+    found = [m.group("value") for m in rows if m.group("key").startswith("runtime of")]
+    return found[0] if found else "(no runtime row in the summary)"
 
 
 def shoal_vectors(output: Path, names: list[str]) -> np.ndarray:
@@ -147,6 +159,18 @@ def main() -> None:
         shutil.rmtree(images, ignore_errors=True)
         names = draw_jpegs(images, args.images)
     (scratch / "direct.py").write_text(DIRECT)
+    env = {"SHOAL_CACHE_DIR": str(scratch / "cache")}  # this run's own exports and verdicts
+    first_use = scratch / "first-use"
+    shutil.rmtree(first_use, ignore_errors=True)
+    first_use.mkdir(parents=True)
+    for name in names[:16]:
+        shutil.copyfile(images / name, first_use / name)
+    seconds, output = timed(
+        [harness.venv_command("shoal"), "embed", str(first_use), str(scratch / "first-use-out"), "--model", str(model)],
+        {**env, "SHOAL_AUTO_MEASURE": "wait"},
+    )
+    shutil.rmtree(scratch / "first-use-out", ignore_errors=True)
+    print(f"first use (export and auto's measurement, untimed): {seconds:.1f} s; {runtime_row(output)}", flush=True)
     direct_out, shoal_out = scratch / "direct.npy", scratch / "shoal-out"
     commands = {
         "direct": [sys.executable, str(scratch / "direct.py"), str(model), str(images), str(direct_out)],
@@ -159,7 +183,7 @@ def main() -> None:
             if name == "shoal":  # a fresh output, not a resumed one
                 shutil.rmtree(shoal_out, ignore_errors=True)
             load = harness.load_average()
-            seconds, output = timed(commands[name])
+            seconds, output = timed(commands[name], env)
             if name == "shoal":
                 summary = output
             runs[name].append({"seconds": round(seconds, 2), "load_before": round(load, 2)})
@@ -180,6 +204,7 @@ def main() -> None:
         "shoal_vs_direct": round(best["direct"] / best["shoal"], 2),
         "cosine_min": round(float(cosine.min()), 6),
         "cosine_mean": round(float(cosine.mean()), 6),
+        "shoal_runtime": runtime_row(summary),
         "shoal_summary": summary[-2000:],
         "runs": runs,
         "conditions": harness.conditions(),

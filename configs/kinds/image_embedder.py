@@ -33,7 +33,10 @@ KIND = Kind(
     command="embed",
     operations={"embed_images": "shoal.workers.operations.image_operation"},
     api="embed",
-    runtimes={"torch": "shoal.workers.runtimes.image_embedder:ImageEmbedder"},
+    runtimes={
+        "torch": "shoal.workers.runtimes.image_embedder:ImageEmbedder",
+        "onnx": "shoal.workers.runtimes.onnx_image:OnnxImageEmbedder",
+    },
     tunable=True,
     recognises=recognises,
     width=lambda files: image_models.width(files.folder),

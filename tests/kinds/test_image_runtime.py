@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shoal.configs import ModelSpec
+from shoal.configs import ModelSpec, RuntimeChoice
 from shoal.workers.data.images import ImageLimits, ImageRejected, decode
 from shoal.workers.devices import DevicePlan
 from tests.support.image_models import (
@@ -89,9 +89,11 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("runtime_name", ["torch", "onnx"])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_vectors_equal_the_reference_library(layout: str, request: pytest.FixtureRequest) -> None:
-    from shoal.workers.runtimes.image_embedder import ImageEmbedder
+def test_vectors_equal_the_reference_library(layout: str, runtime_name: str, request: pytest.FixtureRequest) -> None:
+    """Both runtimes: torch, and ONNX (each tower exported, checked and cached, then run from the cache)."""
+    from shoal.workers.runtimes import load_runtime
 
     fixture, dim, normalize, reference = LAYOUTS[layout]
     folder = request.getfixturevalue(fixture)
@@ -100,8 +102,10 @@ def test_vectors_equal_the_reference_library(layout: str, request: pytest.Fixtur
     images = [encoded(p, "JPEG" if i % 2 else "PNG") for i, p in enumerate(pictures)]
     expected_images, expected_texts = reference(folder, images, TEXTS)
 
-    runtime = ImageEmbedder(image_spec(folder, dim, normalize), PLAN)
+    choice = RuntimeChoice.model_validate({"runtime": runtime_name, "dtype": "float32"})
+    runtime = load_runtime(image_spec(folder, dim, normalize).model_copy(update={"runtimes": {"cpu": choice}}), PLAN)
     try:
+        assert type(runtime).__name__ == {"torch": "ImageEmbedder", "onnx": "OnnxImageEmbedder"}[runtime_name]
         vectors, rejected = runtime.embed_images(images)
         text_vectors, truncated_texts = runtime.embed(TEXTS)
     finally:
@@ -110,9 +114,9 @@ def test_vectors_equal_the_reference_library(layout: str, request: pytest.Fixtur
     assert rejected == {}
     assert vectors.shape == (len(images), dim) and vectors.dtype == np.float32
     assert cosines(vectors, expected_images).min() >= 0.9999
-    np.testing.assert_allclose(vectors, expected_images, atol=1e-5)
+    np.testing.assert_allclose(vectors, expected_images, atol=1e-5 if runtime_name == "torch" else 1e-4)
     assert cosines(text_vectors, expected_texts).min() >= 0.9999
-    np.testing.assert_allclose(text_vectors, expected_texts, atol=1e-5)
+    np.testing.assert_allclose(text_vectors, expected_texts, atol=1e-5 if runtime_name == "torch" else 1e-4)
     assert truncated_texts == 1  # the long text passes the 16-token window
     if normalize:
         np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
@@ -196,18 +200,19 @@ def test_the_quality_gate_holds_half_precision_to_fp32_on_images_and_texts(clip_
     from shoal.workers.runtimes.image_embedder import GATE_IMAGES, ImageEmbedder, drawn_images
 
     spec = image_spec(clip_folder, CLIP_DIM, True)
-    gate = PrecisionGate(spec, PLAN, TEXTS, judged_set=None)
+    texts = TEXTS * (GATE_IMAGES // len(TEXTS))  # as many drawn images as texts, GATE_IMAGES at most
+    gate = PrecisionGate(spec, PLAN, texts, judged_set=None)
     verdict = gate.check(RuntimeChoice(runtime="torch", dtype="bfloat16"))
 
     full, half = ImageEmbedder(spec, PLAN), ImageEmbedder(spec, PLAN, dtype="bfloat16")
     try:
         images = drawn_images(GATE_IMAGES)
         assert len(set(images)) == GATE_IMAGES  # each its own picture
-        reference = np.concatenate([full.embed_images(images)[0], full.embed(TEXTS)[0]])
-        candidate = np.concatenate([half.embed_images(images)[0], half.embed(TEXTS)[0]])
+        reference = np.concatenate([full.embed_images(images)[0], full.embed(texts)[0]])
+        candidate = np.concatenate([half.embed_images(images)[0], half.embed(texts)[0]])
     finally:
         full.close()
         half.close()
     figures, failures = judge_vectors(candidate, reference)
     assert verdict.figures == pytest.approx(figures, abs=1e-6) and verdict.failures == failures
-    assert verdict.texts == len(TEXTS)
+    assert verdict.texts == len(texts)

@@ -196,5 +196,5 @@ def test_a_span_extractor_needs_labels_and_reads_texts_whole():
 
 def test_measured_kinds_are_those_with_more_than_torch():
     measured = {kind.name for kind in KINDS if kind.measured}
-    assert measured == {"embedder", "reranker"}
+    assert measured == {"embedder", "reranker", "image_embedder"}
     assert all(isinstance(kind, Kind) and next(iter(kind.runtimes)) == "torch" for kind in KINDS)

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ import numpy as np
 from shoal.configs import ModelSpec
 from shoal.configs.prompts import model_prompts
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Adapters, Measured
+from shoal.workers.batching.token_batching import Adapters, BatchedRuntime, Measured
 from shoal.workers.data.images import DEFAULT_LIMITS, ImageLimits, ImageRejected, decode
 from shoal.workers.devices import DevicePlan
 
@@ -109,29 +110,49 @@ class _SentenceTransformerTowers(_Towers):
         return int(self.model.get_embedding_dimension())
 
 
+class ImageProcessing:
+    """A CLIP or SigLIP folder's own processor: images resized and normalised as its image processor does,
+    texts tokenized to its window (a SigLIP's padded to it). Both image runtimes prepare inputs with it."""
+
+    def __init__(self, folder: str | Path, spec: ModelSpec) -> None:
+        from transformers import AutoConfig, AutoProcessor
+
+        self.processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
+        self.tokenizer = self.processor.tokenizer
+        self.max_length = spec.max_seq_length
+        model_type = AutoConfig.from_pretrained(folder, local_files_only=True).model_type
+        self.padding: str | bool = "max_length" if model_type in PADDED_TEXT_TOWERS else True
+
+    def images(self, images: list[Any], tensors: str = "pt") -> dict[str, Any]:
+        return dict(self.processor.image_processor(images=images, return_tensors=tensors))
+
+    def texts(self, texts: list[str], prompt: str, tensors: str = "pt") -> dict[str, Any]:
+        texts = [prompt + t for t in texts] if prompt else texts
+        return dict(
+            self.tokenizer(
+                texts, padding=self.padding, truncation=True, max_length=self.max_length, return_tensors=tensors
+            )
+        )
+
+
 class _TransformersTowers(_Towers):
     """A transformers folder: the processor's features, ``get_image_features`` / ``get_text_features``."""
 
     def __init__(self, folder: str, spec: ModelSpec, device: str) -> None:
-        from transformers import AutoModel, AutoProcessor
+        from transformers import AutoModel
 
-        self.processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
+        self.processing = ImageProcessing(folder, spec)
         self.model = AutoModel.from_pretrained(folder, local_files_only=True).to(device)
         if not hasattr(self.model, "get_image_features") or not hasattr(self.model, "get_text_features"):
             raise ValueError(f"model {spec.name!r}: {type(self.model).__name__} has no image and text towers")
-        self.tokenizer = self.processor.tokenizer
-        self.max_length = spec.max_seq_length
-        self.padding: str | bool = "max_length" if self.model.config.model_type in PADDED_TEXT_TOWERS else True
+        self.tokenizer = self.processing.tokenizer
+        self.padding = self.processing.padding
 
     def prepare_images(self, images: list[Any]) -> dict[str, Any]:
-        return dict(self.processor.image_processor(images=images, return_tensors="pt"))
+        return self.processing.images(images)
 
     def prepare_texts(self, texts: list[str], prompt: str) -> dict[str, Any]:
-        texts = [prompt + t for t in texts] if prompt else texts
-        features = self.tokenizer(
-            texts, padding=self.padding, truncation=True, max_length=self.max_length, return_tensors="pt"
-        )
-        return {**dict(features), "modality": "text"}
+        return {**self.processing.texts(texts, prompt), "modality": "text"}
 
     def forward(self, features: dict[str, Any]) -> Any:
         import torch
@@ -149,29 +170,30 @@ class _TransformersTowers(_Towers):
         return int(width)
 
 
-class ImageEmbedder(TorchModel):
-    """Images (encoded bytes) and texts to float32 vectors in one space."""
+class ImageModel(BatchedRuntime):
+    """What the image runtimes share (torch here, ONNX in onnx_image.py): images decoded and prepared a batch or
+    two ahead of the device in the preparing thread, batches of `image_batch`, texts in token-budget batches.
 
-    def __init__(
-        self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None, dtype: str | None = None
-    ) -> None:
-        """`dtype`: the model's own choice (its profile entry); None takes the worker's."""
-        import torch
-        from transformers.utils import logging as hf_logging
+    A runtime gives its own preparing (`image_features`, `text_features`: CPU work, off the device thread
+    for images) and its own `forward` of one prepared batch to float32 vectors (one device turn).
+    """
 
-        hf_logging.disable_progress_bar()
-        folder = spec.resolve_path()
-        layout = _SentenceTransformerTowers if (Path(folder) / "modules.json").is_file() else _TransformersTowers
-        self.towers = layout(folder, spec, plan.device)
-        super().__init__(spec, plan, self.towers.model, device_thread, dtype, self.towers.tokenizer)
-        self.torch_device = torch.device(plan.device)
-        self.torch_dtype = getattr(torch, self.dtype)
-        self.prompts = model_prompts(spec)
-        self.image_batch = spec.images_for(plan.kind)
-        self._preparing: ThreadPoolExecutor | None = None
-        dim = self.towers.dim()
-        if dim != spec.dim:
-            raise ValueError(f"model {spec.name!r}: catalog says dim {spec.dim}, the model gives {dim}")
+    image_batch: int
+    prompts: Any
+    tokenizer: Any
+    padded_texts: bool  # every text is padded to the window (SigLIP): each costs the whole window
+    _preparing: ThreadPoolExecutor | None = None
+
+    def image_features(self, images: list[Any]) -> dict[str, Any]:
+        """The forward's input features for decoded images (the model's image processor's work)."""
+        raise NotImplementedError
+
+    def text_features(self, texts: list[str], prompt: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def forward(self, features: dict[str, Any]) -> np.ndarray:
+        """One forward batch: float32 vectors, normalised as the spec says."""
+        raise NotImplementedError
 
     # Texts: the Embedder protocol, through the text tower.
 
@@ -181,7 +203,7 @@ class ImageEmbedder(TorchModel):
         lengths, truncated = count_tokens(
             self.tokenizer, self.spec.max_seq_length, [prompt + t for t in texts] if prompt else texts
         )
-        if getattr(self.towers, "padding", True) == "max_length":  # every text costs the whole window
+        if self.padded_texts:  # every text costs the whole window
             lengths = np.full_like(lengths, self.spec.max_seq_length)
         return lengths, truncated
 
@@ -194,7 +216,7 @@ class ImageEmbedder(TorchModel):
         return self.in_batches(
             len(texts),
             lambda: measured or self.token_lengths(texts, prompt),
-            lambda batch: self._vectors(self.towers.prepare_texts([texts[i] for i in batch], prompt)),
+            lambda batch: self.forward(self.text_features([texts[i] for i in batch], prompt)),
             self.spec.dim,
             adapters,
         )
@@ -240,7 +262,7 @@ class ImageEmbedder(TorchModel):
                 kept.append(start + offset)
             except ImageRejected as exc:
                 rejected[start + offset] = str(exc)
-        features = self.towers.prepare_images(decoded) if decoded else None
+        features = self.image_features(decoded) if decoded else None
         for image in decoded:
             image.close()
         return np.asarray(kept, dtype=np.int64), features, rejected
@@ -251,9 +273,50 @@ class ImageEmbedder(TorchModel):
         if features is None:
             return
         with self.device_thread.turn():
-            out[kept] = self._vectors(features)
+            out[kept] = self.forward(features)
 
-    def _vectors(self, features: dict[str, Any]) -> np.ndarray:
+    def gate_vectors(self, texts: list[str]) -> np.ndarray:
+        """What the quality gate holds a candidate to fp32 by, and `auto` times runtimes on: the vectors of as
+        many drawn images as texts, up to GATE_IMAGES (both towers' work: decode, resize, the vision tower),
+        then of `texts` (the text tower)."""
+        images, _ = self.embed_images(drawn_images(min(GATE_IMAGES, max(len(texts), 1))))
+        return np.concatenate([images, self.embed(texts)[0]])
+
+    def stop_preparing(self) -> None:
+        """At close: the preparing thread ends, its queued batches dropped."""
+        if self._preparing is not None:
+            self._preparing.shutdown(wait=False, cancel_futures=True)
+
+
+class ImageEmbedder(ImageModel, TorchModel):
+    """Images (encoded bytes) and texts to float32 vectors in one space, on torch."""
+
+    def __init__(
+        self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None = None, dtype: str | None = None
+    ) -> None:
+        """`dtype`: the model's own choice (its profile entry); None takes the worker's."""
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.towers = load_towers(spec, plan.device)
+        super().__init__(spec, plan, self.towers.model, device_thread, dtype, self.towers.tokenizer)
+        self.torch_device = torch.device(plan.device)
+        self.torch_dtype = getattr(torch, self.dtype)
+        self.prompts = model_prompts(spec)
+        self.image_batch = spec.images_for(plan.kind)
+        self.padded_texts = getattr(self.towers, "padding", True) == "max_length"
+        dim = self.towers.dim()
+        if dim != spec.dim:
+            raise ValueError(f"model {spec.name!r}: catalog says dim {spec.dim}, the model gives {dim}")
+
+    def image_features(self, images: list[Any]) -> dict[str, Any]:
+        return self.towers.prepare_images(images)
+
+    def text_features(self, texts: list[str], prompt: str) -> dict[str, Any]:
+        return self.towers.prepare_texts(texts, prompt)
+
+    def forward(self, features: dict[str, Any]) -> np.ndarray:
         """One forward batch: features on the device (pixels in the model's dtype), float32 vectors back."""
         import torch
 
@@ -265,26 +328,34 @@ class ImageEmbedder(TorchModel):
                     value = value.to(self.torch_dtype)
             moved[name] = value
         with torch.inference_mode():
-            vectors = self.towers.forward(moved)
-            if self.spec.normalize:
-                vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
-            return vectors.float().cpu().numpy()
-
-    def gate_vectors(self, texts: list[str]) -> np.ndarray:
-        """What the quality gate holds a candidate to fp32 by: the vectors of GATE_IMAGES drawn images (both
-        towers' work: decode, resize, the vision tower), then of `texts` (the text tower)."""
-        images, _ = self.embed_images(drawn_images(GATE_IMAGES))
-        return np.concatenate([images, self.embed(texts)[0]])
+            return tower_vectors(self.towers, self.spec, moved).float().cpu().numpy()
 
     def close(self) -> None:
-        if self._preparing is not None:
-            self._preparing.shutdown(wait=False, cancel_futures=True)
+        self.stop_preparing()
         super().close()
 
 
+def load_towers(spec: ModelSpec, device: str) -> _Towers:
+    """`spec`'s model in fp32 on `device`, as its layout's library loads it."""
+    folder = spec.resolve_path()
+    layout = _SentenceTransformerTowers if (Path(folder) / "modules.json").is_file() else _TransformersTowers
+    return layout(folder, spec, device)
+
+
+def tower_vectors(towers: _Towers, spec: ModelSpec, features: dict[str, Any]) -> Any:
+    """The torch forward of one batch of features: the layout's vectors, normalised as the spec says (what an
+    ONNX graph of a tower is traced from)."""
+    import torch
+
+    vectors = towers.forward(features)
+    return torch.nn.functional.normalize(vectors, p=2, dim=-1) if spec.normalize else vectors
+
+
+@cache
 def drawn_images(count: int, size: tuple[int, int] = (320, 240)) -> list[bytes]:
     """`count` different JPEGs, the same on every machine: smooth colour fields, shapes and grain, as photos
-    are smooth with edges and noise (the quality gate's image sample)."""
+    are smooth with edges and noise (the quality gate's image sample; drawn once, as `auto` times runtimes on
+    it)."""
     import io
 
     from PIL import Image, ImageDraw

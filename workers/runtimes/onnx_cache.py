@@ -28,8 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from shoal.configs import ModelSpec, cache_dir
 from shoal.configs.model_resolution import folder_digest
 
-from .onnx_check import check_export
-from .onnx_export import GRAPH_FILE, QUANTIZATION, GraphForm, export_graph, quantize_graph
+from .onnx_export import GRAPH_FILE, QUANTIZATION, GraphForm, quantize_graph
 from .onnx_tokenizer import TOKENIZER_FILE, TokenizerSettings
 
 logger = logging.getLogger("shoal.worker.onnx")
@@ -48,7 +47,7 @@ class ExportRecord(BaseModel):
     dtype: str
     inputs: list[str]  # the graph's input names, in order
     max_seq_length: int
-    tokenizer: TokenizerSettings
+    tokenizer: TokenizerSettings | None = None  # None: a graph of no token ids (an image tower's)
     torch: str
     graph_bytes: int
     graph_sha256: str
@@ -68,20 +67,23 @@ class Artifact:
         return ExportRecord.model_validate_json((self.directory / RECORD_FILE).read_text())
 
 
-def entry_for(spec: ModelSpec, dtype: str) -> Path:
-    """The cache folder of `spec` in `dtype`: a new model file or setting is a new entry."""
+def entry_for(spec: ModelSpec, dtype: str, form: str = "") -> Path:
+    """The cache folder of `spec` in `dtype`, of its graph named `form` ("": its one graph): a new model file
+    or setting is a new entry."""
     settings = f"{folder_digest(spec.resolve_path())}|{spec.kind}|{spec.max_seq_length}|{spec.normalize}|{dtype}|{EXPORT_FORMAT}"
     if dtype == "int8":
         settings += f"|{QUANTIZATION}"
+    if form:
+        settings += f"|{form}"
     key = hashlib.sha256(settings.encode()).hexdigest()[:20]
     safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", spec.name)
-    return cache_dir() / "onnx" / f"{safe_name}-{dtype}-{key}"
+    return cache_dir() / "onnx" / f"{safe_name}{'-' + form if form else ''}-{dtype}-{key}"
 
 
 def ensure_artifact(spec: ModelSpec, dtype: str, form: GraphForm) -> Artifact:
     """The cached, verified export of `spec` in `dtype`, as `form`; exported and checked first if missing or corrupt."""
     began = time.perf_counter()
-    entry = entry_for(spec, dtype)
+    entry = entry_for(spec, dtype, form.name)
     problem = _problem_with(entry)
     if problem is None:
         return Artifact(entry, False, time.perf_counter() - began)
@@ -129,7 +131,8 @@ def _build(spec: ModelSpec, dtype: str, staging: Path, form: GraphForm) -> None:
     if dtype == "int8":
         fp32 = ensure_artifact(spec, "float32", form)
         quantize_graph(fp32.graph, graph)
-        shutil.copyfile(fp32.directory / TOKENIZER_FILE, staging / TOKENIZER_FILE)
+        if (fp32.directory / TOKENIZER_FILE).is_file():
+            shutil.copyfile(fp32.directory / TOKENIZER_FILE, staging / TOKENIZER_FILE)
         sealed = {"dtype": dtype, "graph_bytes": graph.stat().st_size, "graph_sha256": _sha256(graph)}
         record = fp32.record().model_copy(update=sealed)
     else:
@@ -142,8 +145,8 @@ def _export_and_check(spec: ModelSpec, staging: Path, form: GraphForm) -> Export
     import torch
 
     graph = staging / GRAPH_FILE
-    traced = export_graph(spec, staging, form)
-    check_export(spec, traced.model, traced.tokenizer, traced.input_names, graph, form.example)
+    traced = form.export(spec, staging)
+    form.check(spec, traced, graph)
     return ExportRecord(
         model=spec.name,
         kind=spec.kind,

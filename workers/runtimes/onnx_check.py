@@ -67,9 +67,7 @@ def check_export(
     """
     import onnxruntime as ort
 
-    left_training = [name or "(root)" for name, module in model.named_modules() if module.training]
-    if left_training:
-        raise ExportCheckFailed(f"model {spec.name!r}: export left modules in training mode: {left_training[:3]}")
+    check_eval(spec, model)
     session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
     got = session.run(None, inputs.feeds(tokenizer, names, spec.max_seq_length))[0]
     if inputs.second is not None:
@@ -89,10 +87,22 @@ def check_export(
         convert_to_numpy=True,
         normalize_embeddings=spec.normalize,
     )
+    check_vectors(spec, got, expected)
+
+
+def check_eval(spec: ModelSpec, model: Any) -> None:
+    """No module of `model` may be left in training mode (dropout on) by the export."""
+    left_training = [name or "(root)" for name, module in model.named_modules() if module.training]
+    if left_training:
+        raise ExportCheckFailed(f"model {spec.name!r}: export left modules in training mode: {left_training[:3]}")
+
+
+def check_vectors(spec: ModelSpec, got: np.ndarray, expected: np.ndarray, what: str = "vectors") -> None:
+    """The graph's vectors must be torch fp32's, row by row, up to float reordering (CHECK_MIN_COSINE)."""
     cosine = np.sum(got * expected, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1))
     if got.shape != expected.shape or not float(cosine.min()) >= CHECK_MIN_COSINE:
         raise ExportCheckFailed(
-            f"model {spec.name!r}: the ONNX graph does not reproduce torch fp32 vectors "
+            f"model {spec.name!r}: the ONNX graph does not reproduce torch fp32 {what} "
             f"(shape {got.shape} vs {expected.shape}, cosine min {float(cosine.min()):.6f}, "
             f"needed {CHECK_MIN_COSINE})"
         )

@@ -25,20 +25,41 @@ from typing import Any
 
 from shoal.configs import ModelSpec
 
-from .onnx_check import PAIRS, TEXTS, CheckInputs, ExportCheckFailed
+from .onnx_check import PAIRS, TEXTS, CheckInputs, ExportCheckFailed, check_export
 from .onnx_tokenizer import GRAPH_INPUTS, TOKENIZER_FILE, GraphTokenizer, TokenizerSettings
 
 GRAPH_FILE = "model.onnx"
 OPSET = 17
 
 
-@dataclass(frozen=True)
 class GraphForm:
-    """What an ONNX runtime's graph computes (onnx_runtime: each class names its own): how the torch model is
-    traced into it, and the inputs it is traced on and checked with."""
+    """What an ONNX runtime's graph computes (each runtime names its own): how it is traced from the torch model,
+    and how the graph is checked against it before it is cached (onnx_cache)."""
+
+    name: str = ""  # a model's second graph (an image model's towers) is its own cache entry: its name keys it
+
+    def export(self, spec: ModelSpec, folder: Path) -> TracedGraph:
+        """The fp32 graph traced into ``folder/model.onnx``, with what its check needs."""
+        raise NotImplementedError
+
+    def check(self, spec: ModelSpec, traced: TracedGraph, graph: Path) -> None:
+        """Raise `ExportCheckFailed` unless `graph` reproduces the torch fp32 model `traced` came from."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TokenGraph(GraphForm):
+    """A graph from token ids to a text model's final output, traced and checked on its example texts."""
 
     build: Callable[[ModelSpec], tuple[Any, Any]]  # (the fp32 torch model, a module from token ids to its output)
     example: CheckInputs
+
+    def export(self, spec: ModelSpec, folder: Path) -> TracedGraph:
+        return export_graph(spec, folder, self)
+
+    def check(self, spec: ModelSpec, traced: TracedGraph, graph: Path) -> None:
+        assert traced.tokenizer is not None
+        check_export(spec, traced.model, traced.tokenizer, traced.input_names, graph, self.example)
 
 
 @dataclass(frozen=True)
@@ -46,8 +67,8 @@ class TracedGraph:
     """A graph just written, with what its check needs: the torch model it came from, and its tokenizer."""
 
     model: Any  # the fp32 SentenceTransformer or CrossEncoder: the check's reference
-    tokenizer: GraphTokenizer
-    settings: TokenizerSettings
+    tokenizer: GraphTokenizer | None  # None: a graph of no token ids (an image tower's)
+    settings: TokenizerSettings | None
     input_names: list[str]
 
 
@@ -56,7 +77,7 @@ def input_names(tokenizer: Any) -> list[str]:
     return [name for name in tokenizer.model_input_names if name in GRAPH_INPUTS]
 
 
-def export_graph(spec: ModelSpec, folder: Path, form: GraphForm) -> TracedGraph:
+def export_graph(spec: ModelSpec, folder: Path, form: TokenGraph) -> TracedGraph:
     """Trace `spec`'s fp32 model as `form` builds it, on its example, into ``folder/model.onnx``, its tokenizer
     beside it."""
     import torch
@@ -179,5 +200,5 @@ def _reranker_graph(spec: ModelSpec) -> tuple[Any, Any]:
 
 
 # The builders are looked up when a graph is built, not here: one name for each, wherever it is read from.
-VECTORS = GraphForm(lambda spec: _embedder_graph(spec), TEXTS)  # texts to their final vectors
-SCORES = GraphForm(lambda spec: _reranker_graph(spec), PAIRS)  # (query, passage) pairs to their final scores
+VECTORS = TokenGraph(lambda spec: _embedder_graph(spec), TEXTS)  # texts to their final vectors
+SCORES = TokenGraph(lambda spec: _reranker_graph(spec), PAIRS)  # (query, passage) pairs to their final scores

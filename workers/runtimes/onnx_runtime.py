@@ -12,6 +12,9 @@ the torch path, and each batch's ids, padded, run one device turn.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from shoal.configs import ModelSpec
@@ -26,40 +29,45 @@ from .onnx_tokenizer import TOKENIZER_FILE, GraphTokenizer
 from .token_counts import TokenEncoder, Tokens
 
 
+def open_session(spec: ModelSpec, plan: DevicePlan, graph: Path) -> Any:
+    """An ONNX Runtime session of `graph` on `plan`'s device, with the worker's threads (every ONNX runtime's)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = plan.threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # ONNX Runtime's threads spin between runs by default: on a worker's few cores they would take
+    # the CPU its tokenizer, I/O threads and event loop need between batches.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # A provider is named alone, or with its options.
+    providers: list[str | tuple[str, dict[str, int]]] = ["CPUExecutionProvider"]
+    if plan.kind == "cuda":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError(
+                f"model {spec.name!r}: runtime onnx on {plan.device} needs onnxruntime-gpu (pip install onnxruntime-gpu)"
+            )
+        providers = [("CUDAExecutionProvider", {"device_id": int(plan.device.split(":")[1])})]
+    return ort.InferenceSession(str(graph), options, providers=providers)
+
+
 class OnnxModel(BatchedRuntime):
     """What both ONNX runtimes share: the cached graph, its session and its tokenizer."""
 
     form: GraphForm  # what the graph computes: each runtime's own
 
     def __init__(self, spec: ModelSpec, plan: DevicePlan, device_thread: DeviceThread | None, dtype: str) -> None:
-        import onnxruntime as ort
-
         super().__init__(spec, plan.kind, device_thread, plan.threads)
         self.artifact: Artifact = ensure_artifact(spec, dtype, self.form)
         record = self.artifact.record()
         self.input_names = record.inputs
+        assert record.tokenizer is not None  # a graph of token ids has its tokenizer's settings
         self.tokenizer = GraphTokenizer(self.artifact.directory / TOKENIZER_FILE, record.tokenizer)
         encoder = TokenEncoder.of(self.tokenizer, spec.max_seq_length, self.tokenizer_threads)
         if encoder is None:
             raise ValueError(f"model {spec.name!r}: its tokenizer pads on the left or has no padding token")
         self.encoder = encoder
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = plan.threads
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # ONNX Runtime's threads spin between runs by default: on a worker's few cores they would take
-        # the CPU its tokenizer, I/O threads and event loop need between batches.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # A provider is named alone, or with its options.
-        providers: list[str | tuple[str, dict[str, int]]] = ["CPUExecutionProvider"]
-        if plan.kind == "cuda":
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise RuntimeError(
-                    f"model {spec.name!r}: runtime onnx on {plan.device} needs onnxruntime-gpu "
-                    "(pip install onnxruntime-gpu)"
-                )
-            providers = [("CUDAExecutionProvider", {"device_id": int(plan.device.split(":")[1])})]
-        self.session = ort.InferenceSession(str(self.artifact.graph), options, providers=providers)
+        self.session = open_session(spec, plan, self.artifact.graph)
 
     @property
     def origin(self) -> str:
