@@ -27,7 +27,7 @@ class OnlineRequests:
 
     unplaceable_seconds = UNPLACEABLE_SECONDS  # as a batch job's default; a request's own deadline comes first
 
-    def __init__(self, model: str, settings: GatewaySettings, forget: Callable[[WorkItem], None]) -> None:
+    def __init__(self, model: str, settings: GatewaySettings, forget: Callable[[WorkItem], object]) -> None:
         self.id = f"online-{model}"
         self.model = model
         self.futures: dict[str, asyncio.Future[OnlineResult]] = {}

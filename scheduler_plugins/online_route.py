@@ -90,17 +90,16 @@ class OnlineRoute:
         (or OnlineFailure)."""
         requests = self.requests.get(model)
         if requests is None:
-            requests = self.requests[model] = OnlineRequests(model, settings, self._forget)
+            # An answered or cancelled request's item leaves the queue's table at once.
+            requests = self.requests[model] = OnlineRequests(
+                model, settings, lambda i: self.state.items.pop(i.id, None)
+            )
         elif requests.settings is not settings:
             requests.configure(settings)
         item, future = requests.new_item(op, payload, rows, flow)
         self.load.arrived()
         self.state.enqueue([item])
         return item, future
-
-    def _forget(self, item: WorkItem) -> None:
-        """An answered or cancelled request's item leaves the queue's table at once."""
-        self.state.items.pop(item.id, None)
 
     def pending(self, model: str) -> int:
         """Requests of `model` not answered yet: queued, or leased and waiting on a worker."""

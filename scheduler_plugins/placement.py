@@ -83,7 +83,7 @@ class ModelStats:
         return self.rows[model] / seconds if seconds else DEFAULT_ROWS_PER_SECOND
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LeaseDecision:
     """What a pull leases: up to `count` items of `model` waiting in `lane`, and no more than `rows` rows (but
     one item at least), each lease with `grace` seconds on top for a load; or `take_back`, one item leased
@@ -305,13 +305,15 @@ class Placement:
         """What a pull of `view`'s worker leases now, or None: a batch pull (`room` for items, none in hand
         when `idle`), or an online pull (`busy`: batch work computes there), which takes `claim`'s requests
         (the model whose requests woke it) while any wait, else those online_model_for picks."""
-        if route is Lane.ONLINE:
-            model = claim if claim and self.queues.waiting_items(claim, Lane.ONLINE) else None
-            model = model or (self.online_model_for(view, busy, waiting, claimed) if waiting is not None else None)
-            return self._decision(view, model, Lane.ONLINE) if model else None
-        choice = self._choose(view)
-        if choice is not None:
-            return self._decision(view, *choice, room=room)
+        if route is Lane.ONLINE and claim and self.queues.waiting_items(claim, Lane.ONLINE):
+            return self._decision(view, claim, Lane.ONLINE)
+        model = self.online_model_for(view, busy, waiting, claimed)  # a batch pull, too, takes online work first
+        if model is not None or route is Lane.ONLINE:
+            return self._decision(view, model, Lane.ONLINE) if model is not None else None
+        heads = [(head.enqueued_at, m) for m in view.held if (head := self.queues.head(m, Lane.BATCH)) is not None]
+        model = min(heads)[1] if heads else self._steal(view)
+        if model is not None:
+            return self._decision(view, model, Lane.BATCH, room)
         item = self.take_back(view) if idle else None
         return LeaseDecision(item.model, Lane.BATCH, 1, None, load_grace(view, item.model), item) if item else None
 
@@ -327,41 +329,13 @@ class Placement:
         holders = max(1, self.views.holders.get(model, 0))
         return max(1, math.ceil(self.queues.waiting_items(model, Lane.BATCH) / holders))
 
-    def _choose(self, view: WorkerView) -> tuple[str, Lane] | None:
-        """(model, lane) for a batch pull, or None when nothing fits the worker."""
-        heads = [
-            (head.enqueued_at, model)
-            for model in self.queues.models(Lane.ONLINE)
-            if (model in view.held or can_host(self.specs[model], view))
-            and (head := self.queues.head(model, Lane.ONLINE)) is not None
-        ]
-        held = [h for h in heads if h[1] in view.held]
-        if held:
-            return min(held)[1], Lane.ONLINE
-        # Online requests of a model another worker holds wait for it (at most
-        # its running batch): a load here would cost them far more.
-        unheld = [h for h in heads if not self.views.holders.get(h[1])]
-        if unheld:
-            return min(unheld)[1], Lane.ONLINE
-        held = [
-            (head.enqueued_at, model)
-            for model in view.held
-            if (head := self.queues.head(model, Lane.BATCH)) is not None
-        ]
-        if held:
-            return min(held)[1], Lane.BATCH
-        steal = self._steal(view)
-        return (steal, Lane.BATCH) if steal is not None else None
-
     def online_model_for(
-        self, view: WorkerView, busy: bool, waiting: WaitingPulls, claimed: Collection[str]
+        self, view: WorkerView, busy: bool = False, waiting: WaitingPulls | None = None, claimed: Collection[str] = ()
     ) -> str | None:
-        """The model whose online requests this online pull takes, oldest head first.
-
-        A request goes to a worker holding its model, or to any that may host
-        it when none does. A model is left to another waiting pull that ranks
-        better for it (online_rank), and to one already woken for it.
-        """
+        """The model whose online requests this pull takes: one the worker holds (oldest head first), else one
+        nobody holds that it may host (online requests of a model another worker holds wait for it: a load
+        here would cost them far more). An online pull leaves a model to a `waiting` pull that ranks better
+        for it (online_rank), and to one already woken for it (`claimed`)."""
         best: tuple[bool, float, str] | None = None
         for model in self.queues.models(Lane.ONLINE):
             if model in claimed:
@@ -370,7 +344,7 @@ class Placement:
             held = bool(self.views.holders.get(model))
             if not here and (held or not can_host(self.specs[model], view)):
                 continue
-            other = waiting.best_rank(model, held)
+            other = waiting.best_rank(model, held) if waiting is not None else None
             if other is not None and other < online_rank(view, model, busy):
                 continue
             head = self.queues.head(model, Lane.ONLINE)

@@ -59,7 +59,7 @@ class QueueState:
         self.model_specs.add(models or {}, "the plugin's models")
         self.items: dict[str, WorkItem] = {}
         self.views = WorkerViews(on_holders=self._holders_changed)
-        self.queues = ModelQueues(on_change=self._batch_work_changed, family=self.family)
+        self.queues = ModelQueues(on_change=lambda model: self.placement.model_changed(model), family=self.family)
         self.placement = Placement(self.queues, self.views, self.model_specs)
         self.leases = Leases(self.clock, self._expired)
         self.counts: Counter[str] = Counter()  # leased, acked, failed, lost, expired, dead, taken_back, rescued, ...
@@ -87,6 +87,9 @@ class QueueState:
             item.enqueued_at = now
             self.items[item.id] = item
             self.queues.push(item)
+        if len(items) == 1:  # an online request: no Counter
+            self.queued.publish(items[0].model, items[0].lane, 1)
+            return
         for (model, lane), count in Counter((item.model, item.lane) for item in items).items():
             self.queued.publish(model, lane, count)
 
@@ -306,9 +309,6 @@ class QueueState:
                         self.queues.forget(item)
                         item.errors.append(reason)
                         self.bury(item)
-
-    def _batch_work_changed(self, model: str) -> None:
-        self.placement.model_changed(model)
 
     def _holders_changed(self, model: str) -> None:
         self.placement.model_changed(model)

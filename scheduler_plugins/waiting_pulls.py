@@ -123,8 +123,9 @@ class WaitingPulls:
     Batch pulls rank every held model alike (0) and are never busy; online pulls by `online_rank`.
     """
 
-    def __init__(self, rank: Callable[[WorkerView, str, bool], int] = lambda view, model, busy: 0) -> None:
+    def __init__(self, rank: Callable[[WorkerView, str, bool], int] | None = None) -> None:
         self._rank = rank
+        self._ranks = RANKS if rank is not None else 1
         self.by_model: dict[str, list[OrderedDict[str, WaitingPull]]] = {}
         self.idle: OrderedDict[str, WaitingPull] = OrderedDict()
         self.busy: OrderedDict[str, WaitingPull] = OrderedDict()
@@ -132,12 +133,13 @@ class WaitingPulls:
     def add(self, pull: WaitingPull) -> None:
         address = pull.view.address
         (self.busy if pull.busy else self.idle)[address] = pull
-        pull.models = [(model, self._rank(pull.view, model, pull.busy)) for model in pull.view.held]
-        for model, rank in pull.models:
+        rank, view = self._rank, pull.view
+        pull.models = [(model, rank(view, model, pull.busy) if rank else 0) for model in view.held]
+        for model, at in pull.models:
             buckets = self.by_model.get(model)
             if buckets is None:
-                buckets = self.by_model[model] = [OrderedDict() for _ in range(RANKS)]
-            buckets[rank][address] = pull
+                buckets = self.by_model[model] = [OrderedDict() for _ in range(self._ranks)]
+            buckets[at][address] = pull
 
     def discard(self, pull: WaitingPull) -> None:
         address = pull.view.address

@@ -116,7 +116,10 @@ def test_workers_retired_and_added_every_few_seconds_lose_nothing_under_batch_an
     assert job.returncode == 0, stderr
     assert churned >= 2
     assert failures == [] and answered and max(answered) < 20
-    assert plugin.state.counts["handed_back"] >= 1 and plugin.state.counts["lost"] == 0
+    # Retired, never lost: no attempt spent. (Whether a retired worker had unstarted items to hand back depends on
+    # timing: a pull leases at most its fair share, often just the item it starts; tests/scheduler/test_elastic.py
+    # holds the hand-back itself.)
+    assert plugin.state.counts["lost"] == 0 and plugin.state.counts["expired"] == 0
     assert sorted(read_output(tmp_path / "out").column("id").to_pylist()) == sorted(ids)  # none lost, none twice
 
 
