@@ -9,19 +9,17 @@ the duration, never earlier than the grace left; a lease that runs out puts
 the item back as a spent attempt (queue_state).
 
 Expiry pops deadlines off a heap, checked by one timer armed for the
-earliest at most `CHECK_SECONDS` late, never by a pass over every lease; a
-renewal pushes the new deadline and the old entry is skipped when it
-surfaces. Batch items and rows leased per model are counted for scaling.py.
+earliest at most `CHECK_SECONDS` late (clock.Deadlines), never by a pass over
+every lease; a renewal pushes the new deadline and the old entry is skipped
+when it surfaces. Batch items and rows leased per model are counted for scaling.py.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from .clock import Clock, Timer
+from .clock import Clock, Deadlines
 from .protocol import Lane
 from .work_items import ItemState, WorkItem
 from .worker_views import WorkerView
@@ -52,11 +50,8 @@ class Leases:
         self.batch_items: Counter[str] = Counter()  # model -> batch items leased
         self.batch_rows: Counter[str] = Counter()  # model -> their rows
         self._on_expired = on_expired
-        self._deadlines: list[tuple[float, int, WorkItem]] = []
-        self._order = itertools.count()
+        self._deadlines: Deadlines[WorkItem] = Deadlines(clock, self._due, late=CHECK_SECONDS)
         self._count = 0
-        self._timer: Timer | None = None
-        self._armed_for = float("inf")
 
     def grant(self, item: WorkItem, worker: str, grace: float = 0.0, counts_as_attempt: bool = True) -> None:
         """`item` is `worker`'s until its owner's lease (plus `grace`, this once) runs out."""
@@ -99,18 +94,14 @@ class Leases:
 
     def expire(self) -> None:
         """Hand every item whose deadline passed to `on_expired`, oldest first; O(1) when none did."""
-        self._timer, self._armed_for = None, float("inf")
-        now = self.clock.now()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            deadline, _, item = heapq.heappop(self._deadlines)
-            if item.deadline == deadline and item.id in self.of_worker(item.worker or ""):
-                self._on_expired(item)
-        if self._deadlines:
-            self._arm(self._deadlines[0][0])
+        self._deadlines.check()
+
+    def _due(self, deadline: float, item: WorkItem) -> None:
+        if item.deadline == deadline and item.id in self.of_worker(item.worker or ""):  # else renewed or gone
+            self._on_expired(item)
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._deadlines.close()
 
     def __len__(self) -> int:
         return self._count
@@ -123,18 +114,6 @@ class Leases:
                 del self.batch_items[item.model], self.batch_rows[item.model]
 
     def _push(self, item: WorkItem) -> None:
-        heapq.heappush(self._deadlines, (item.deadline, next(self._order), item))
-        if len(self._deadlines) > 4 * self._count + 1024:
-            self._deadlines = [
-                (w.deadline, next(self._order), w) for held in self.by_worker.values() for w in held.values()
-            ]
-            heapq.heapify(self._deadlines)
-        if item.deadline < self._armed_for:
-            self._arm(item.deadline)
-
-    def _arm(self, deadline: float) -> None:
-        """Check at `deadline`, or CHECK_SECONDS after the last check if later: one timer, rarely moved."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._armed_for = max(deadline, self.clock.now() + CHECK_SECONDS)
-        self._timer = self.clock.call_at(self._armed_for, self.expire)
+        self._deadlines.push(item.deadline, item)
+        if len(self._deadlines) > 4 * self._count + 1024:  # mostly renewed entries: rebuilt from the live ones
+            self._deadlines.replace((w.deadline, w) for held in self.by_worker.values() for w in held.values())

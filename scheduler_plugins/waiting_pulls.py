@@ -15,13 +15,11 @@ its last resize, a scan of thousands of entries per wake-up at cluster scale.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
-from .clock import Clock, Timer
+from .clock import Clock, Deadlines
 from .worker_views import WorkerView
 
 RANKS = 4  # placement.online_rank's range
@@ -51,19 +49,12 @@ class WaitingPull:
 
 
 class LongPolls:
-    """The loop of every pull (`long_poll`), and the deadlines of those waiting: one heap and one timer.
-
-    A timer per wait (``call_later``, then its cancel) was the largest cost of
-    a pull cycle with thousands of workers waiting; here a wait costs a heap
-    push, and a pull woken early leaves its entry to be dropped when it is due.
-    """
+    """The loop of every pull (`long_poll`), and the deadlines of those waiting: one heap and one timer
+    (clock.Deadlines); a pull woken early leaves its entry to be dropped when it is due."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self._heap: list[tuple[float, int, WaitingPull]] = []
-        self._order = itertools.count()
-        self._timer: Timer | None = None
-        self._armed_for = float("inf")
+        self._deadlines: Deadlines[WaitingPull] = Deadlines(clock, lambda _, pull: pull.wake())
 
     async def long_poll(
         self,
@@ -75,7 +66,7 @@ class LongPolls:
         """What `take` finds, waiting up to `timeout` seconds for it; None at the timeout.
 
         Look; if nothing, `park` a waiting pull in the index that new work
-        wakes, wait, `unpark` it and look again.
+        wakes, wait until it is woken or the deadline, `unpark` it and look again.
         """
         deadline = self.clock.now() + max(0.0, timeout)
         while (reply := take()) is None:
@@ -83,38 +74,15 @@ class LongPolls:
                 return None
             pull = park()
             try:
-                await self._wait(pull, deadline)
+                self._deadlines.push(deadline, pull)
+                await pull.future
             finally:
                 unpark(pull)
         return reply
 
-    async def _wait(self, pull: WaitingPull, deadline: float) -> None:
-        """Until `pull` is woken, or `deadline`."""
-        heapq.heappush(self._heap, (deadline, next(self._order), pull))
-        if deadline < self._armed_for:
-            self._arm(deadline)
-        await pull.future
-
-    def _arm(self, deadline: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._armed_for = deadline
-        self._timer = self.clock.call_at(deadline, self._expire)
-
-    def _expire(self) -> None:
-        now = self.clock.now()
-        self._timer, self._armed_for = None, float("inf")
-        while self._heap and self._heap[0][0] <= now:
-            heapq.heappop(self._heap)[2].wake()
-        if self._heap:
-            self._arm(self._heap[0][0])
-
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        for _, _, pull in self._heap:
+        for pull in self._deadlines.close():
             pull.wake()
-        self._heap.clear()
 
 
 class WaitingPulls:
