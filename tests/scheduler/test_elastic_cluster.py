@@ -71,7 +71,7 @@ def test_dask_alone_retires_busy_workers_and_the_queue_makes_adapt_grow_to_four_
 
 
 def test_workers_retired_and_added_every_few_seconds_lose_nothing_under_batch_and_online_load(tmp_path):
-    profile, catalog, ids = second_items_job(tmp_path, rows=40 * 20)
+    profile, catalog, ids = second_items_job(tmp_path, rows=60 * 20)  # long enough for two churns at high load
     spec = {"name": "slow", **SECOND_ITEMS, "batch_fixed_seconds": 0.2}
     with local_cluster(load_profile(str(profile)), str(catalog)) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)

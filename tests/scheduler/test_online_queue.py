@@ -11,6 +11,7 @@ import pytest
 from shoal.configs import GatewaySettings
 from shoal.scheduler_plugins.online_requests import OnlineFailure
 from shoal.scheduler_plugins.pull_queue import PullQueue
+from tests.support.clock import ManualClock
 from tests.support.fake_scheduler import running_queue, spec
 from tests.support.waiting import async_wait_for
 
@@ -147,24 +148,28 @@ async def test_a_busy_worker_leaves_online_requests_to_an_idle_one(plugin):
     assert len((await plugin.online.pull("w1", held=["m"], timeout=0, busy=True))["items"]) == 1
 
 
-async def test_requests_on_a_worker_that_stops_renewing_move_to_another_within_their_short_lease(plugin):
+async def test_requests_on_a_worker_that_stops_renewing_move_to_another_within_their_short_lease():
     """A frozen worker (SIGSTOP, a hung driver) renews nothing: its requests go elsewhere, not at their deadline."""
 
     settings = GatewaySettings(request_timeout_seconds=30, online_lease_seconds=1.0)
-    kept, _ = plugin.online.submit("m", "embed", {"texts": ["kept"]}, 1, settings)
-    assert [m["id"] for m in (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]] == [
-        kept.id
-    ]
-    for _ in range(6):  # 1.5 s of renewals, past the lease: a live worker keeps what it holds
-        await asyncio.sleep(0.25)
-        plugin.worker_events("w1", extend=[kept.id])
-    assert kept.worker == "w1" and kept.attempts == 1
-    moved, future = plugin.online.submit("m", "embed", {"texts": ["moved"]}, 1, settings)
-    frozen = await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0)
-    assert [m["id"] for m in frozen["items"]] == [moved.id]
-    # w1 goes silent; the lease checker puts the request back and wakes w2's waiting pull
-    reply = await plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=10)
-    assert (moved.id, 2) in [(m["id"], m["attempt"]) for m in reply["items"]]  # `kept` too, unrenewed now
-    assert moved.id in plugin.scheduler.revoked("w1")
-    await plugin.online.pull("w2", held=["m"], timeout=0, acks=[[moved.id, {"n": 1}, 0.0]])
-    assert future.result()["n"] == 1
+    clock = ManualClock()
+    async with running_queue(models={"m": spec("m")}, clock=clock) as plugin:
+        kept, _ = plugin.online.submit("m", "embed", {"texts": ["kept"]}, 1, settings)
+        first = await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0)
+        assert [m["id"] for m in first["items"]] == [kept.id]
+        for _ in range(6):  # 1.5 s of renewals, past the lease: a live worker keeps what it holds
+            clock.advance(0.25)
+            plugin.worker_events("w1", extend=[kept.id])
+        assert kept.worker == "w1" and kept.attempts == 1
+        moved, future = plugin.online.submit("m", "embed", {"texts": ["moved"]}, 1, settings)
+        frozen = await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0)
+        assert [m["id"] for m in frozen["items"]] == [moved.id]
+        # w1 goes silent; the lease checker puts the request back and wakes w2's waiting pull
+        waiting = asyncio.create_task(plugin.online.pull("w2", held=["m"], loaded=["m"], timeout=10))
+        await async_wait_for(lambda: len(plugin.online.pulls) == 1, what="w2's online pull waiting")
+        clock.advance(1.2)  # past the lease (and CHECK_SECONDS), well before the request's 30 s deadline
+        reply = await waiting
+        assert (moved.id, 2) in [(m["id"], m["attempt"]) for m in reply["items"]]  # `kept` too, unrenewed now
+        assert moved.id in plugin.scheduler.revoked("w1")
+        await plugin.online.pull("w2", held=["m"], timeout=0, acks=[[moved.id, {"n": 1}, 0.0]])
+        assert future.result()["n"] == 1

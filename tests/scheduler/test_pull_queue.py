@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY, generate_latest
 from shoal.configs import ConfigError
 from shoal.scheduler_plugins.protocol import EVENTS, Lane
 from shoal.scheduler_plugins.pull_queue import PullQueue
+from tests.support.clock import ManualClock
 from tests.support.fake_scheduler import running_queue, spec, worker_state
 from tests.support.waiting import async_wait_for
 
@@ -30,6 +31,14 @@ async def plugin() -> AsyncIterator[PullQueue]:
         yield plugin
 
 
+@pytest.fixture
+async def clocked() -> AsyncIterator[tuple[PullQueue, ManualClock]]:
+    """The same, its leases and timers on a clock the test drives (no sleeps)."""
+    clock = ManualClock()
+    async with running_queue(clock=clock) as plugin:
+        yield plugin, clock
+
+
 async def test_handlers_declared_in_one_place(plugin):
     assert {
         "shoal_submit",
@@ -41,7 +50,8 @@ async def test_handlers_declared_in_one_place(plugin):
     assert set(plugin.scheduler.stream_handlers) == {EVENTS}
 
 
-async def test_one_events_message_starts_acks_fails_and_renews_many_items_and_revokes_what_is_lost(plugin):
+async def test_one_events_message_starts_acks_fails_and_renews_many_items_and_revokes_what_is_lost(clocked):
+    plugin, clock = clocked
     plugin.batch.submit("j", items("m", 4), SPECS)
     a, b, c, d = [m["id"] for m in (await plugin.batch.pull("w1", held=["m"], room=4, timeout=0))["items"]]
     events = plugin.scheduler.stream_handlers[EVENTS]
@@ -49,7 +59,7 @@ async def test_one_events_message_starts_acks_fails_and_renews_many_items_and_re
     assert plugin.state.items[c].started is False and plugin.batch.job_status("j")["done"] == 1
     assert plugin.state.items[b].state.value == "queued" and "OSError: reset" in plugin.state.items[b].errors[0]
     before = plugin.state.items[c].deadline, plugin.state.items[d].deadline
-    await asyncio.sleep(0.01)
+    clock.advance(0.01)
     events(worker="w1", extend=[c, d, "j/unknown"])
     assert plugin.state.items[c].deadline > before[0] and plugin.state.items[d].deadline > before[1]
     assert plugin.batch.job_status("j")["leased"] == 2
@@ -93,7 +103,9 @@ async def test_pull_ack_completes_job_with_rows_per_worker(plugin):
     assert status["rows_by_worker"] == {"w1": 20, "w2": 10} and len(status["results"]) == 3
 
 
-async def test_job_status_counts_follow_every_transition_without_a_pass_over_the_items(plugin):
+async def test_job_status_counts_follow_every_transition_without_a_pass_over_the_items(clocked):
+    plugin, clock = clocked
+
     def counted(plugin: PullQueue, job: str) -> dict[str, dict[str, int]]:
         by_model: dict[str, dict[str, int]] = {}
         for work in plugin.batch.jobs[job].items.values():
@@ -118,24 +130,13 @@ async def test_job_status_counts_follow_every_transition_without_a_pass_over_the
     check(plugin)
     await plugin.batch.pull("w2", held=["m"], timeout=0)  # takes c back or leases the last m item
     check(plugin)
-    await asyncio.sleep(0.1)
-    plugin.state.leases.expire()  # every lease runs out: back to queued
+    clock.advance(60)  # every lease runs out, a first load's grace included: back to queued
+    assert plugin.state.counts["expired"] >= 1 and not plugin.state.leases.by_worker
     check(plugin)
     plugin.batch.submit("k", items("m", 2), SPECS)
     plugin.batch.job_release("k")
     assert plugin.batch.job_status("j")["done"] == 1 and plugin.batch.job_status("j")["failed"] == 1
     check(plugin)
-
-
-async def test_extended_lease_does_not_expire(plugin):
-    plugin.batch.submit("j", items("m", 1), {**SPECS, "lease_seconds": 0.2})
-    item = (await plugin.batch.pull("w1", timeout=0))["items"][0]["id"]
-    for _ in range(4):
-        await asyncio.sleep(0.1)  # 0.4 s in all, twice the lease: only the extensions keep it
-        assert plugin.state.leases.renew("w1", [item]) == []
-        plugin.state.leases.expire()
-    assert plugin.batch.job_status("j")["leased"] == 1
-    assert plugin.state.leases.renew("w2", [item]) == [item]
 
 
 async def test_lost_worker_items_go_back_to_the_front(plugin):
@@ -162,11 +163,12 @@ async def test_permanent_failure_is_dead_at_once_retryable_is_retried(plugin):
     assert "no column 'text'" in status["dead_letters"][0]["errors"][0]
 
 
-async def test_late_ack_after_requeue_counts_once(plugin):
+async def test_late_ack_after_requeue_counts_once(clocked):
+    plugin, clock = clocked
     plugin.batch.submit("j", items("m", 1), {**SPECS, "lease_seconds": 0.01})
-    item = (await plugin.batch.pull("w1", timeout=0))["items"][0]["id"]
-    await asyncio.sleep(0.05)  # the 0.01 s lease runs out by time, as a slow worker's would
-    plugin.state.leases.expire()
+    item = (await plugin.batch.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"][0]["id"]  # no load: no grace
+    clock.advance(0.2)  # the 0.01 s lease runs out, as a slow worker's would (noticed within CHECK_SECONDS)
+    assert plugin.state.items[item].state.value == "queued"
     assert plugin.state.ack("w1", item, {"rows": 10}) is True
     assert plugin.state.ack("w1", item, {"rows": 10}) is False
     assert (await plugin.batch.pull("w2", timeout=0))["items"] == []  # the stale queue entry is skipped
