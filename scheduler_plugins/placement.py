@@ -4,34 +4,11 @@ Workers pull, so a model's work goes to whichever worker has room, not to
 where a router guessed. `Placement.decide` answers a pull with a
 `LeaseDecision` (model, lane, items, rows, and the grace each lease gets
 for a load: leases.load_grace), which the queue carries out the same way
-for both routes (QueueState.carry_out). A batch pull gets, in order:
-
-1. online items of models the worker holds, or of models no worker holds
-   (online requests never pay a load a holder could spare them);
-2. batch items of models the worker holds, oldest head first: as many as it
-   has room for, at most its fair share (waiting items over holders), so the
-   first pull of a job does not lease what other holders would start sooner;
-3. a steal (one item: the model loads before any runs): a model the worker
-   does not hold, when its backlog is worth the load: the expected drain
-   time (waiting rows over the measured rate of its holders) longer than its
-   load time here times `steal_factor`; one nobody holds always is;
-4. with nothing in hand, a take-back: an item another worker leased but has
-   not started, when it would start sooner here. The holder first finishes
-   the items it started (and loads the model, if it lacks it); this worker
-   only has to load the model, if it lacks it. Without that comparison idle
-   workers pass a lone model's last items around, each paying a load.
-
-An online pull takes about a forward batch of one model's requests. A
-request goes to a waiting online pull of a worker holding its model, one
-with the model loaded before one loading it, an idle one before a busy one
-(`online_rank`); when nobody holds the model, to an idle worker. So it waits
-for a running forward batch rather than a load, and for neither when it
-need not.
-
-Only models the worker may host count: the catalog's `requires` against its
-Dask resources, the model's size against its budget. What a load costs a
-worker is `load_seconds(view, model)`: measured there, else the spec's
-`load_seconds`, else a default; steals and take-backs weigh it.
+for both routes (QueueState.carry_out). In order: online requests (never
+paying a load a holder could spare them), batch items of held models (at
+most a fair share among holders), a steal when a backlog outweighs the
+load, a take-back when an item would start sooner here. The rules in full:
+docs/ARCHITECTURE.md, "Placement".
 
 Every choice is made from indexes kept as events happen, never from a scan
 of all workers or all leased items: the cost of one pull must not grow with
