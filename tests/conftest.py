@@ -64,6 +64,7 @@ import pytest
 # never depends on what ran before it, and running the tests never changes what the user's next `shoal embed`
 # does. Set, not defaulted: a SHOAL_CACHE_DIR or HF_HOME in the caller's environment is exactly what must not leak
 # in. HOME too, so whatever a library keeps under ~ lands here. The processes tests start inherit them all.
+CALLERS_HOME = Path(os.environ.get("HOME") or Path.home())  # the user's, whose caches no test may touch
 SESSION_CACHES = Path(tempfile.mkdtemp(prefix="shoal-test-caches-"))
 for _variable, _folder in {
     "HOME": "home",
@@ -85,7 +86,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # on a first use. Off here: workers run fp32 torch, so every comparison with the reference library's own call is
 # of fp32 torch, and no measuring process outlives a test. A test of auto's choice sets "wait" (or "background",
 # with the child stood in for) itself (tests/worker/test_runtime_choice*.py, tests/tuning/test_auto_profile.py).
-os.environ.setdefault("SHOAL_AUTO_MEASURE", "off")
+# Set, not defaulted, as the caches are: a caller's SHOAL_AUTO_MEASURE=background must not change what tests compare.
+os.environ["SHOAL_AUTO_MEASURE"] = "off"
 
 pytest_plugins = ["tests.fixtures.models", "tests.fixtures.cluster", "tests.fixtures.s3"]
 

@@ -18,6 +18,7 @@ from shoal.configs import model_store as store
 from shoal.configs.model_store import local_copy
 from tests.support.cli import invoke_shoal
 from tests.support.files import write_shards
+from tests.support.processes import Processes
 from tests.support.s3 import s3_options
 
 
@@ -98,17 +99,12 @@ def test_workers_of_one_machine_fetch_a_folder_once(stored, tmp_path):
         "print(json.dumps(local_copy(sys.argv[1], json.loads(sys.argv[2])).fetched))"
     )
     env = {**os.environ, "SHOAL_CACHE_DIR": str(tmp_path / "cache")}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, url, json.dumps(options)], env=env, stdout=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    try:
+    with Processes() as procs:
+        for _ in range(2):
+            procs.start(
+                [sys.executable, "-c", code, url, json.dumps(options)], env=env, stdout=subprocess.PIPE, text=True
+            )
         fetched = sorted(json.loads(p.communicate(timeout=120)[0]) for p in procs)
-    finally:
-        for p in procs:
-            p.kill()
     assert fetched == [False, True]
 
 

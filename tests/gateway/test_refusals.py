@@ -31,8 +31,8 @@ import pytest
 from shoal.pipeline.client import OnlineClient
 from tests.support.dask_cli import wait_for_address
 from tests.support.files import write_profile
-from tests.support.paths import DASK, ROOT, SHOAL
-from tests.support.processes import free_port, stop_processes
+from tests.support.paths import DASK, SHOAL
+from tests.support.processes import Processes, free_port
 from tests.support.raw_http import Answer, exchange, parse, read_until_closed, request_bytes
 from tests.support.waiting import wait_for
 
@@ -101,16 +101,13 @@ def servers(tmp_path_factory, tiny_catalog) -> Iterator[dict[str, Server]]:
     profile = write_profile(folder, workers=1)
     env = {k: v for k, v in os.environ.items() if k != "SHOAL_GATEWAY_TOKEN"}
     env["SHOAL_CATALOG"] = str(tiny_catalog)
-    procs: list[subprocess.Popen] = []
     logs = {name: folder / f"{name}.log" for name in ("embedded", "process", "worker")}
+    procs = Processes()
 
     def start(command: list[str], log: Path, **extra: str) -> subprocess.Popen:
-        with log.open("w") as out:
-            proc = subprocess.Popen(command, cwd=ROOT, env={**env, **extra}, stdout=out, stderr=subprocess.STDOUT)
-        procs.append(proc)
-        return proc
+        return procs.start(command, log=log, env={**env, **extra})
 
-    try:
+    with procs:
         scheduler_file, embedded_port = folder / "scheduler.json", free_port()
         scheduler = start(
             [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0"]
@@ -139,8 +136,6 @@ def servers(tmp_path_factory, tiny_catalog) -> Iterator[dict[str, Server]]:
             with OnlineClient(server.url(), timeout=120, token=server.token) as online:
                 wait_for(partial(_ready, online), 180, f"{server.name} gateway answering", 0.5)
         yield found
-    finally:
-        stop_processes(procs)
 
 
 def _ready(online: OnlineClient) -> bool:

@@ -19,7 +19,8 @@ import yaml
 from tests.support.cli import embed_args, run_shoal
 from tests.support.files import write_profile
 from tests.support.image_models import CLIP_DIM, decompression_bomb, draw_images, encoded, truncated
-from tests.support.paths import ROOT, SHOAL
+from tests.support.paths import SHOAL
+from tests.support.processes import started
 from tests.support.s3 import s3_options
 from tests.support.worker_loss import kill_busy_worker
 
@@ -80,12 +81,9 @@ def test_a_folder_of_images_on_s3_with_bad_ones_and_a_killed_worker(clip_folder,
             profile=profile.path,
             model="clip",
         )
-        job = subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+        with started([SHOAL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as job:
             kill_busy_worker(cluster, job)
             _, stderr = job.communicate(timeout=300)
-        finally:
-            job.kill()
         assert plugin.state.counts["lost"] >= 1
 
         assert job.returncode == 1, stderr  # rows were rejected; every other one was written

@@ -18,8 +18,8 @@ import yaml
 from shoal.pipeline.client import OnlineClient, OnlineError
 from tests.support.files import write_profile
 from tests.support.image_models import data_uri, decompression_bomb, draw_images, encoded, truncated
-from tests.support.paths import ROOT, SHOAL
-from tests.support.processes import wait_for_line
+from tests.support.paths import SHOAL
+from tests.support.processes import started, wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -35,30 +35,11 @@ def url(clip_folder: Path, st_clip_folder: Path, tmp_path_factory: pytest.TempPa
         yaml.safe_dump({"models": {"clip": {"source": str(clip_folder)}, "st-clip": {"source": str(st_clip_folder)}}})
     )
     profile = write_profile(folder, name="serve-images", workers=1, device="cpu")
-    proc = subprocess.Popen(
-        [
-            SHOAL,
-            "serve",
-            "--catalog",
-            str(catalog),
-            "--profile",
-            str(profile),
-            "--port",
-            "0",
-            "--models",
-            "clip,st-clip",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    command = [SHOAL, "serve", "--catalog", str(catalog), "--profile", str(profile), "--port", "0"]
+    command += ["--models", "clip,st-clip"]
+    with started(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
         line = wait_for_line(proc.stderr, "serving")
         yield line.split(" on ")[1].split()[0]
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def pil(data: bytes):

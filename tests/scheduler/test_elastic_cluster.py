@@ -14,6 +14,7 @@ from shoal.pipeline.client import OnlineClient
 from shoal.pipeline.cluster import AdaptRange, local_cluster, pull_queue
 from tests.support.elastic import SECOND_ITEMS, WorkerCounts, second_items_job, start_embed
 from tests.support.files import read_output
+from tests.support.processes import Processes
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration  # every test here starts a cluster and processes (conftest.py, "Two tiers")
@@ -33,12 +34,16 @@ def test_dask_alone_retires_busy_workers_and_the_queue_makes_adapt_grow_to_four_
     profile, catalog, ids = second_items_job(tmp_path, rows=60 * 20)  # 60 items of about a second
     # Dask alone, starting from 4 workers: it sees no tasks, so it retires workers in the middle of the job,
     # down to its minimum, and never adds one for the backlog.
-    with local_cluster(load_profile(str(profile)), str(catalog)) as cluster, Client(cluster) as client:
+    with (
+        local_cluster(load_profile(str(profile)), str(catalog)) as cluster,
+        Client(cluster) as client,
+        Processes() as procs,
+    ):
         client.run_on_scheduler(dask_alone)
         cluster.scale(4)
         client.wait_for_workers(4)
         plugin = cluster.scheduler.extensions["shoal-pull-queue"]
-        job = start_embed(tmp_path, cluster.scheduler_address, profile, catalog, output="alone")
+        job = start_embed(procs, tmp_path, cluster.scheduler_address, profile, catalog, output="alone")
         wait_for(lambda: plugin.state.counts["acked"] >= 2, 60, "the first acks")
         cluster.adapt(minimum=1, maximum=4)
         with WorkerCounts(cluster.scheduler) as counts:
@@ -52,11 +57,15 @@ def test_dask_alone_retires_busy_workers_and_the_queue_makes_adapt_grow_to_four_
 
     # With the queue's target: from 1 worker it grows to 4 while the backlog lasts, then back to 1.
     adapt = AdaptRange(1, 4)
-    with local_cluster(load_profile(str(profile)), str(catalog), adapt=adapt) as cluster, Client(cluster) as client:
+    with (
+        local_cluster(load_profile(str(profile)), str(catalog), adapt=adapt) as cluster,
+        Client(cluster) as client,
+        Processes() as procs,
+    ):
         client.wait_for_workers(1)
         plugin = cluster.scheduler.extensions["shoal-pull-queue"]
         with WorkerCounts(cluster.scheduler) as counts:
-            job = start_embed(tmp_path, cluster.scheduler_address, profile, catalog, output="elastic")
+            job = start_embed(procs, tmp_path, cluster.scheduler_address, profile, catalog, output="elastic")
             _, stderr = job.communicate(timeout=300)
             assert job.returncode == 0, stderr
             wait_for(lambda: len(cluster.scheduler.workers) == 1, 60, "adapt to shrink back to one worker")
@@ -73,7 +82,11 @@ def test_dask_alone_retires_busy_workers_and_the_queue_makes_adapt_grow_to_four_
 def test_workers_retired_and_added_every_few_seconds_lose_nothing_under_batch_and_online_load(tmp_path):
     profile, catalog, ids = second_items_job(tmp_path, rows=60 * 20)  # long enough for two churns at high load
     spec = {"name": "slow", **SECOND_ITEMS, "batch_fixed_seconds": 0.2}
-    with local_cluster(load_profile(str(profile)), str(catalog)) as cluster, Client(cluster) as client:
+    with (
+        local_cluster(load_profile(str(profile)), str(catalog)) as cluster,
+        Client(cluster) as client,
+        Processes() as procs,
+    ):
         client.wait_for_workers(2)
         plugin = cluster.scheduler.extensions["shoal-pull-queue"]
         url = client.sync(
@@ -98,7 +111,7 @@ def test_workers_retired_and_added_every_few_seconds_lose_nothing_under_batch_an
         callers = [threading.Thread(target=ask) for _ in range(2)]
         for caller in callers:
             caller.start()
-        job = start_embed(tmp_path, cluster.scheduler_address, profile, catalog)
+        job = start_embed(procs, tmp_path, cluster.scheduler_address, profile, catalog)
         churned = 0
         while job.poll() is None:
             time.sleep(3)
@@ -160,23 +173,16 @@ def test_a_dask_worker_stopped_by_sigterm_hands_back_what_it_did_not_start_and_f
     import subprocess
 
     from tests.support.dask_cli import dask_cli_cluster
-    from tests.support.paths import DASK, ROOT
+    from tests.support.paths import DASK
 
     profile, catalog, ids = second_items_job(tmp_path, rows=24 * 20)
     env = {"SHOAL_CATALOG": str(catalog)}
     with dask_cli_cluster(tmp_path, profile, workers=1, env=env) as (address, procs), Client(address) as client:
         second = [DASK, "worker", address, "--nthreads", "1", "--preload", "shoal.workers"]
-        procs.append(
-            subprocess.Popen(
-                [*second, "--shoal-profile", str(profile)],
-                cwd=ROOT,
-                env={**os.environ, **env},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        procs.start([*second, "--shoal-profile", str(profile)], env={**os.environ, **env}, **quiet)
         client.wait_for_workers(2, timeout=120)
-        job = start_embed(tmp_path, address, profile, catalog)
+        job = start_embed(procs, tmp_path, address, profile, catalog)
 
         def started_on_the_second() -> str | None:
             leased = client.run_on_scheduler(
@@ -231,11 +237,11 @@ def test_the_kubernetes_operators_calls_over_http_and_rpc_get_the_queues_answers
 
     profile, catalog, ids = second_items_job(tmp_path, rows=40 * 20)
     env = {"SHOAL_CATALOG": str(catalog), "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES": image_scheduler_routes()}
-    with dask_cli_cluster(tmp_path, profile, workers=3, env=env) as (address, _), Client(address) as client:
+    with dask_cli_cluster(tmp_path, profile, workers=3, env=env) as (address, procs), Client(address) as client:
         client.wait_for_workers(3, timeout=120)
         dashboard = json.loads((tmp_path / "scheduler.json").read_text())["services"]["dashboard"]
         api = f"http://127.0.0.1:{dashboard}/api/v1"
-        job = start_embed(tmp_path, address, profile, catalog)
+        job = start_embed(procs, tmp_path, address, profile, catalog)
 
         def holding() -> int:
             return len(

@@ -20,7 +20,7 @@ from distributed import Client, Scheduler, SpecCluster, Worker
 from tests.support.cli import embed_args
 from tests.support.files import read_output, write_profile, write_shards
 from tests.support.paths import ROOT, SHOAL
-from tests.support.processes import started
+from tests.support.processes import run, started
 
 MB = 10**6
 
@@ -209,23 +209,15 @@ def test_one_command_several_models(sim_catalog, corpus, tmp_path):
     corpus_dir, ids = corpus
     with start(profile, sim_catalog, {"w": {"MEMORY": 100 * MB}}) as cluster, Client(cluster) as client:
         client.wait_for_workers(1)
-        result = subprocess.run(
-            [
-                SHOAL,
-                *embed_args(
-                    corpus_dir,
-                    tmp_path / "out",
-                    sim_catalog,
-                    scheduler=cluster.scheduler_address,
-                    profile=profile,
-                    model="sim-a,sim-b",
-                ),
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=240,
+        args = embed_args(
+            corpus_dir,
+            tmp_path / "out",
+            sim_catalog,
+            scheduler=cluster.scheduler_address,
+            profile=profile,
+            model="sim-a,sim-b",
         )
+        result = run([SHOAL, *args], timeout=240)
         (pool,) = worker_pools(client).values()
     assert result.returncode == 0, result.stderr
     for model in ("sim-a", "sim-b"):
@@ -234,11 +226,5 @@ def test_one_command_several_models(sim_catalog, corpus, tmp_path):
         assert (tmp_path / "out" / model / "_manifest.json").exists()
     assert sorted(pool["loaded"]) == ["sim-a", "sim-b"] and not pool["evictions"]  # both fit: both stay
     assert result.stderr.count("job summary") == 2
-    result = subprocess.run(
-        [SHOAL, *embed_args(corpus_dir, tmp_path / "out2", sim_catalog, model="sim-a,nope")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run([SHOAL, *embed_args(corpus_dir, tmp_path / "out2", sim_catalog, model="sim-a,nope")], timeout=120)
     assert result.returncode == 2 and "unknown model 'nope'" in result.stderr

@@ -7,14 +7,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.support.paths import ROOT, SHOAL
+from tests.support.paths import SHOAL
+from tests.support.processes import run
 
 
 def run_shoal(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """The `shoal` command in a process of its own; `env` is laid over this process's environment."""
-    return subprocess.run(
-        [SHOAL, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})}
-    )
+    """The `shoal` command in a process (and session) of its own, stopped with what it started however it ends;
+    `env` is laid over this process's environment."""
+    return run([SHOAL, *args], timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def invoke_shoal(*args: str) -> subprocess.CompletedProcess:

@@ -8,9 +8,10 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from tests.support.paths import DASK, ROOT
-from tests.support.processes import stop_processes
+from tests.support.paths import DASK
+from tests.support.processes import Processes
 from tests.support.waiting import wait_for
 
 
@@ -32,36 +33,26 @@ def dask_cli_cluster(
     worker_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     tag: str = "",
-) -> Iterator[tuple[str, list[subprocess.Popen]]]:
+) -> Iterator[tuple[str, Processes]]:
     """`dask scheduler` (with `--preload shoal.scheduler_plugins` unless not `plugins`) on 127.0.0.1:`port` and, when
     `workers`, one `dask worker --nworkers workers --preload shoal.workers --shoal-profile profile` (no
     `--shoal-profile` when `profile` is None: the workers' own `auto`), as in the README.
 
-    Yields the scheduler address and the processes, scheduler first (append more: they are stopped first);
-    on exit every one still running is stopped. `env` is laid over this process's environment; `tag` names
-    the scheduler file in `folder`, for more than one cluster there.
+    Yields the scheduler address and the processes, scheduler first (`procs.start` more: they are stopped
+    first); on exit every one still running is stopped, with what it started. `env` is laid over this
+    process's environment; `tag` names the scheduler file in `folder`, for more than one cluster there.
     """
     scheduler_file = folder / f"scheduler{'-' + tag if tag else ''}.json"
     environment = {**os.environ, **(env or {})}
-
-    def start(command: list[str]) -> subprocess.Popen:
-        return subprocess.Popen(  # a session of its own: stopping it stops the worker processes it started
-            command,
-            cwd=ROOT,
-            env=environment,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
+    quiet: dict[str, Any] = {"env": environment, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     scheduler = [DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0"]
     scheduler += [
         "--scheduler-file",
         str(scheduler_file),
         *(["--preload", "shoal.scheduler_plugins"] if plugins else []),
     ]
-    procs = [start([*scheduler, *scheduler_args])]
-    try:
+    with Processes() as procs:
+        procs.start([*scheduler, *scheduler_args], **quiet)
         address = wait_for_address(scheduler_file)
         if workers:
             # The address comes first: dask passes the options it does not know to the preload.
@@ -71,7 +62,5 @@ def dask_cli_cluster(
                 "shoal.workers",
                 *(["--shoal-profile", str(profile)] if profile is not None else []),
             ]
-            procs.append(start(worker))
+            procs.start(worker, **quiet)
         yield address, procs
-    finally:
-        stop_processes(procs)

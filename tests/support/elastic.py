@@ -13,7 +13,8 @@ import yaml
 
 from tests.support.cli import embed_args
 from tests.support.files import write_profile, write_shards
-from tests.support.paths import ROOT, SHOAL
+from tests.support.paths import SHOAL
+from tests.support.processes import Processes
 
 # About a second per 20-row item and nothing else: a job of many such items is work for several workers.
 SECOND_ITEMS = {
@@ -68,11 +69,9 @@ def second_items_job(
     return profile, catalog, ids
 
 
-def start_embed(tmp_path: Path, scheduler: str, profile: Path, catalog: Path, output: str = "out") -> subprocess.Popen:
-    """`shoal embed` of tmp_path/in into tmp_path/`output` with model `slow`, on `scheduler`, in its own process."""
+def start_embed(
+    procs: Processes, tmp_path: Path, scheduler: str, profile: Path, catalog: Path, output: str = "out"
+) -> subprocess.Popen:
+    """`shoal embed` of tmp_path/in into tmp_path/`output` with model `slow`, on `scheduler`, among `procs`."""
     args = embed_args(tmp_path / "in", tmp_path / output, catalog, scheduler=scheduler, profile=profile, model="slow")
-    # A session of its own: the conftest's guard stops it, and what it started, if the test ends without waiting for it.
-    command = [SHOAL, *args]
-    return subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    return procs.start([SHOAL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,8 +1,10 @@
-"""Processes a test starts: starting one so that it is stopped however the test ends, a free port to give one, a
-line to wait for in its output, and stopping them.
+"""Processes a test starts: starting them so that they are stopped however the test ends, a free port to give one,
+a line to wait for in its output, and stopping them.
 
-A process a test starts runs in a session of its own (`started`, `dask_cli_cluster`), so stopping it stops what it
-started too: `shoal embed`'s embedded cluster, `dask worker`'s nanny and worker processes.
+Every process a test starts goes through `Processes` (or `started`, for one): it runs in a session of its own,
+so stopping it stops what it started too (`shoal embed`'s embedded cluster, `dask worker`'s nanny and worker
+processes), and the block's exit stops every one still running, passed or failed. tests/test_processes.py
+fails on a subprocess.Popen anywhere else in tests/.
 """
 
 from __future__ import annotations
@@ -15,20 +17,71 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, Any
+
+from tests.support.paths import ROOT
 
 STOP_SECONDS = 30  # a process's time to exit on SIGTERM before SIGKILL
 
 
+class Processes:
+    """The processes one block of a test starts, each in a session of its own, in the order started; leaving the
+    block stops every one still running (last started first) with whatever it started, however the block ends."""
+
+    def __init__(self) -> None:
+        self._started: list[subprocess.Popen] = []
+
+    def start(self, command: Sequence[str], *, log: Path | None = None, **popen: Any) -> subprocess.Popen:
+        """`command` in a process and session of its own, in the repository unless `cwd=` says otherwise; `log`: a
+        file that takes its stdout and stderr; `popen` as for subprocess.Popen."""
+        popen.setdefault("cwd", ROOT)
+        if log is not None:
+            with log.open("w") as out:
+                proc = subprocess.Popen(
+                    list(command), start_new_session=True, stdout=out, stderr=subprocess.STDOUT, **popen
+                )
+        else:
+            proc = subprocess.Popen(list(command), start_new_session=True, **popen)
+        self._started.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        stop_processes(self._started)
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __iter__(self) -> Iterator[subprocess.Popen]:
+        return iter(list(self._started))
+
+    def __getitem__(self, index: int) -> subprocess.Popen:
+        return self._started[index]
+
+    def __len__(self) -> int:
+        return len(self._started)
+
+
 @contextmanager
 def started(command: Sequence[str], **popen: Any) -> Iterator[subprocess.Popen]:
-    """`command` in a process (and session) of its own, stopped with whatever it started when the block exits,
-    whether the test passed or not; `popen` as for subprocess.Popen."""
-    proc = subprocess.Popen(list(command), start_new_session=True, **popen)
-    try:
-        yield proc
-    finally:
-        stop_processes([proc])
+    """One process, as `Processes.start` starts it, stopped with whatever it started when the block exits."""
+    with Processes() as procs:
+        yield procs.start(command, **popen)
+
+
+def run(
+    command: Sequence[str], *, timeout: float, input: str | None = None, **popen: Any
+) -> subprocess.CompletedProcess:
+    """`command` to its end, as subprocess.run runs it with its output captured as text, but started as `started`
+    starts one: on a timeout (subprocess.TimeoutExpired) or any failure here, what it started is stopped with it,
+    and what it left running once it exited is stopped too."""
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    with started(command, **({"stdin": subprocess.PIPE} if input is not None else {}), **pipes, **popen) as proc:
+        out, err = proc.communicate(input, timeout=timeout)
+    return subprocess.CompletedProcess(list(command), proc.returncode, out, err)
 
 
 def free_port() -> int:

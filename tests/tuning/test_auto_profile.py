@@ -25,6 +25,7 @@ from shoal.pipeline.tuning.auto_runtime import gate_texts, judge
 from shoal.pipeline.tuning.quality_gate import GATE_SAMPLE
 from tests.support.cli import embed_args, run_shoal
 from tests.support.files import write_shards
+from tests.support.processes import run
 
 GIB = 2**30
 
@@ -266,9 +267,7 @@ def installed_shoal(tmp_path_factory) -> Path:
 def run_installed(site: Path, folder: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
     """`args` run by the installed copy (`-m MODULE ...`) in `folder`, where no datasets/ is."""
     env = {**os.environ, "PYTHONPATH": str(site), "SHOAL_CACHE_DIR": str(folder / "cache"), "SHOAL_PROFILE": ""}
-    done = subprocess.run(
-        [sys.executable, *args], input=stdin, capture_output=True, text=True, cwd=folder, env=env, timeout=300
-    )
+    done = run([sys.executable, *args], input=stdin, cwd=folder, env=env, timeout=300)
     assert not (folder / "datasets").exists()
     return done
 

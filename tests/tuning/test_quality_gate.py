@@ -14,6 +14,7 @@ from shoal.configs import RuntimeChoice, load_catalog, load_profile
 from shoal.pipeline.retrieval.beir import load_beir
 from shoal.pipeline.tuning.quality_gate import GATE_SAMPLE, PrecisionGate, judge_retrieval, judge_scores, judge_vectors
 from shoal.workers.devices import DevicePlan
+from tests.support.processes import run
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
 PLAN = DevicePlan("cpu", "cpu", "float32", 10**9, 2)
@@ -23,7 +24,7 @@ def check_precision(model: str, profile, texts, dtype: str, *options: str) -> su
     """`shoal check-precision` of `model` on `texts` against onnx `dtype`, its verdict written into `profile`."""
     args = ["check-precision", "--model", model, "--profile", str(profile), "--texts", str(texts)]
     args += ["--runtime", "onnx", "--dtype", dtype, *options]
-    return subprocess.run([SHOAL, *args], capture_output=True, text=True, timeout=300)
+    return run([SHOAL, *args], timeout=300)
 
 
 @pytest.fixture(autouse=True)
@@ -131,10 +132,5 @@ def test_check_precision_refuses_int8_minilm_and_keeps_fp32(tmp_path, demo_texts
 def test_bad_sample_file_is_a_clear_error(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    done = subprocess.run(
-        [SHOAL, "check-precision", "--model", "minilm", "--texts", str(empty)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run([SHOAL, "check-precision", "--model", "minilm", "--texts", str(empty)], timeout=120)
     assert done.returncode == 2 and f"{empty}: 0 non-empty texts" in done.stderr

@@ -25,6 +25,7 @@ from shoal.workers.devices import DevicePlan
 from shoal.workers.runtimes import RuntimeNotInstalled, load_runtime, onnx_cache, onnx_export
 from shoal.workers.runtimes.onnx_check import ExportCheckFailed
 from shoal.workers.runtimes.token_counts import count_tokens
+from tests.support.processes import run
 
 PLAN = DevicePlan("cpu", "cpu", "float32", 10**9, 2)
 
@@ -294,7 +295,7 @@ def test_a_profile_naming_a_missing_runtime_fails_at_start(tmp_path, tiny_catalo
     profile.write_text("name: onnx\ndevice: cpu\nruntimes:\n  tiny: {runtime: onnx, dtype: float32}\n")
     pq.write_table(pa.table({"text": ["a text to embed"]}), tmp_path / "in.parquet")
     env = {**os.environ, "PYTHONPATH": str(shim.parent)}
-    done = subprocess.run(
+    done = run(
         [
             str(Path(sys.executable).parent / "shoal"),
             "embed",
@@ -307,8 +308,6 @@ def test_a_profile_naming_a_missing_runtime_fails_at_start(tmp_path, tiny_catalo
             "--catalog",
             str(tiny_catalog),
         ],
-        capture_output=True,
-        text=True,
         timeout=120,
         env=env,
     )

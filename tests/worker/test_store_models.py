@@ -19,7 +19,7 @@ from shoal.configs.model_store import record_path
 from tests.support.cli import run_shoal
 from tests.support.dask_cli import dask_cli_cluster
 from tests.support.files import read_output, write_shards
-from tests.support.paths import DASK, ROOT
+from tests.support.paths import DASK
 from tests.support.s3 import s3_options
 from tests.support.waiting import wait_for
 
@@ -60,7 +60,7 @@ def test_two_workers_with_separate_caches_copy_a_store_model_once_each(
         second = [DASK, "worker", address, "--nthreads", "1", "--preload", "shoal.workers"]
         second += ["--shoal-profile", str(test_profile), *warm]
         env = {**os.environ, "SHOAL_CACHE_DIR": str(caches["b"])}
-        procs.append(subprocess.Popen(second, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.start(second, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: copies(caches["a"]) and copies(caches["b"]), 240, "both workers to copy the model")
         fetched = {name: copies(caches[name]) for name in ("a", "b")}
         client = {"SHOAL_CACHE_DIR": str(caches["client"]), "COLUMNS": "300"}

@@ -21,8 +21,8 @@ from shoal.pipeline.cluster import pull_queue
 from tests.support.cli import embed_args
 from tests.support.dask_cli import wait_for_address
 from tests.support.files import read_output, write_profile, write_shards
-from tests.support.paths import DASK, ROOT, SHOAL
-from tests.support.processes import stop_processes
+from tests.support.paths import DASK, SHOAL
+from tests.support.processes import Processes
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration  # every test here starts processes (conftest.py, "Two tiers")
@@ -48,7 +48,7 @@ class Cluster:
         self.folder = folder
         self.env = {**os.environ, "DASK_SHOAL__WORKER__TERMINATION_GRACE": f"{GRACE_SECONDS}s"}
         self.log = folder / "scheduler.log"
-        self.procs: list[subprocess.Popen] = []
+        self.procs = Processes()
         self.workers: dict[str, subprocess.Popen] = {}  # worker name -> its `dask worker` process
         self._names = itertools.count()
 
@@ -56,7 +56,7 @@ class Cluster:
         scheduler_file = self.folder / "scheduler.json"
         command = [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0"]
         command += ["--scheduler-file", str(scheduler_file), "--preload", "shoal.scheduler_plugins"]
-        self.procs.append(self._popen(command, self.log))
+        self.procs.start(command, log=self.log, env=self.env)
         self.address = wait_for_address(scheduler_file)
         return self.address
 
@@ -64,16 +64,11 @@ class Cluster:
         name = f"w{next(self._names)}-{'nanny' if nanny else 'alone'}"
         command = [DASK, "worker", self.address, "--nthreads", "1", "--name", name]
         command += [*([] if nanny else ["--no-nanny"]), "--preload", "shoal.workers"]
-        self.workers[name] = proc = self._popen(command, self.folder / f"{name}.log")
-        self.procs.append(proc)
+        self.workers[name] = self.procs.start(command, log=self.folder / f"{name}.log", env=self.env)
         return name
 
-    def _popen(self, command: list[str], log: Path) -> subprocess.Popen:
-        with open(log, "w") as out:
-            return subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
-
     def stop(self) -> None:
-        stop_processes(self.procs)
+        self.procs.stop()
 
 
 def names_by_address(client: Client) -> dict[str, str]:
@@ -96,9 +91,10 @@ def churn_job(folder: Path, max_attempts: int) -> tuple[Path, Path, list[str]]:
     return profile, catalog, ids
 
 
-def start_job(folder: Path, address: str, profile: Path, catalog: Path) -> subprocess.Popen:
-    args = embed_args(folder / "in", folder / "out", catalog, scheduler=address, profile=profile, model="churn")
-    return subprocess.Popen([SHOAL, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_job(cluster: Cluster, folder: Path, profile: Path, catalog: Path) -> subprocess.Popen:
+    """`shoal embed` on `cluster`, among its processes (stopped with them)."""
+    args = embed_args(folder / "in", folder / "out", catalog, scheduler=cluster.address, profile=profile, model="churn")
+    return cluster.procs.start([SHOAL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_workers_sigtermed_every_few_seconds_retire_without_spending_an_attempt_and_sigkill_is_a_loss(tmp_path):
@@ -113,7 +109,7 @@ def test_workers_sigtermed_every_few_seconds_retire_without_spending_an_attempt_
             job_folder = tmp_path / "retire"
             job_folder.mkdir()
             profile, catalog, ids = churn_job(job_folder, max_attempts=1)
-            job = start_job(job_folder, address, profile, catalog)
+            job = start_job(cluster, job_folder, profile, catalog)
             terminated = []
             for round_ in range(3):  # the first part of the job: a SIGTERM every 3 s, and a worker joins
                 busy = wait_for(lambda: [n for n in leased_names(client) if n not in terminated], 120, "a busy worker")
@@ -138,7 +134,7 @@ def test_workers_sigtermed_every_few_seconds_retire_without_spending_an_attempt_
             job_folder = tmp_path / "kill"
             job_folder.mkdir()
             profile, catalog, ids = churn_job(job_folder, max_attempts=2)
-            job = start_job(job_folder, address, profile, catalog)
+            job = start_job(cluster, job_folder, profile, catalog)
             victim = wait_for(lambda: leased_names(client), 120, "a busy worker")[0]
             addresses = [a for a, name in names_by_address(client).items() if name == victim]
             cluster.workers[victim].send_signal(signal.SIGKILL)  # a no-nanny worker, or a nanny: its child goes too
