@@ -30,8 +30,8 @@ from shoal.workers.runtime_choice import MEASURE_ENV, RuntimeChooser
 from tests.support.cli import embed_args, run_shoal
 from tests.support.files import write_profile
 from tests.support.image_models import CLIP_DIM, TEXT_WINDOW, draw_images, encoded
-from tests.support.paths import ROOT, SHOAL
-from tests.support.processes import wait_for_line
+from tests.support.paths import SHOAL
+from tests.support.processes import started, wait_for_line
 
 pytestmark = pytest.mark.integration
 
@@ -141,18 +141,9 @@ def test_a_job_and_an_online_request_run_on_onnx(clip_folder: Path, tmp_path: Pa
     assert table.column("id").to_pylist() == [f"{i:02d}.{'png' if i % 3 == 0 else 'jpg'}" for i in range(12)]
     close(table.column("embedding").to_pylist(), expected_images)
 
-    proc = subprocess.Popen(
-        [SHOAL, "serve", "--catalog", str(catalog), "--profile", str(profile), "--port", "0", "--models", "clip"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    serve = [SHOAL, "serve", "--catalog", str(catalog), "--profile", str(profile), "--port", "0", "--models", "clip"]
+    with started(serve, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
         url = wait_for_line(proc.stderr, "serving").split(" on ")[1].split()[0]
         with OnlineClient(url, timeout=60) as online:
             close(online.embed_images("clip", images), expected_images)
             close(online.encode("clip", texts), expected_texts)
-    finally:
-        proc.kill()
-        proc.wait()
