@@ -363,8 +363,8 @@ class Profile(BaseModel):
         A LoRA adapter computes in its base's batches, so it is tuned as its base is (merged: as itself).
         """
         update: dict = {}
-        merged = spec.adapter is not None and (spec.adapter.merged or spec.name in self.merged_adapters)
-        name = spec.adapter.base if spec.adapter is not None and not merged else spec.name
+        merged = self.merges(spec)
+        name = self.entry_of(spec)
         budget = self.token_budgets.get(name)
         if budget is not None:
             update["token_budget"] = {kind: budget for kind in ("cpu", "cuda")}
@@ -379,6 +379,15 @@ class Profile(BaseModel):
         if merged and spec.adapter is not None and not spec.adapter.merged:
             update["adapter"] = spec.adapter.model_copy(update={"merged": True})
         return spec.model_copy(update=update) if update else spec
+
+    def merges(self, spec: ModelSpec) -> bool:
+        """Whether `spec` is a LoRA adapter served merged into a copy of its base (a model of its own)."""
+        return spec.adapter is not None and (spec.adapter.merged or spec.name in self.merged_adapters)
+
+    def entry_of(self, spec: ModelSpec) -> str:
+        """The name whose entries (runtimes, token_budgets, ...) tune `spec`: an adapter computes in its base's
+        forward passes, so the base's, unless it is merged."""
+        return spec.adapter.base if spec.adapter is not None and not self.merges(spec) else spec.name
 
     def torch_threads(self, cores: int) -> int:
         """Threads per worker process: the cores it owns, never oversubscribed."""

@@ -149,13 +149,20 @@ def check_precision(
 
     console = Console(stderr=True, soft_wrap=True)
     with user_errors(ValueError):  # besides USER_ERRORS: a model or sample the gate cannot use
-        verdicts, single = gate_candidates(model, profile, catalog, texts_file, text_column, sample, runtime, dtype)
+        verdicts, single, entry = gate_candidates(
+            model, profile, catalog, texts_file, text_column, sample, runtime, dtype
+        )
     out = Console(soft_wrap=True)
     out.print(verdict_table(model, verdicts))
     for v in verdicts:
         if not v.passed:
             out.print(f"{v.choice.runtime} {v.choice.dtype} refused: " + "; ".join(v.failures))
-    if single and profile:
+    if single and profile and entry != model:  # an adapter in its base's forward passes: the base's runtime
+        console.print(
+            f"not written: {model} computes in {entry}'s forward passes, so runtimes.{entry} decides its runtime; "
+            f"check {entry} and each of its adapters with the same --dtype, or merge this one (merged_adapters)"
+        )
+    elif single and profile:
         path = record_verdict(profile, verdicts[0], f"check-precision {verdicts[0].summary()}")
         console.print(f"verdict written into {path} (runtimes.{model})")
     if single and not verdicts[0].passed:

@@ -84,11 +84,13 @@ def gate_candidates(
     sample: int,
     runtime: RuntimeName | None,
     dtype: RuntimeDType | None,
-) -> tuple[list[Verdict], bool]:
-    """Verdicts of `shoal check-precision`, and whether they were one candidate's (recordable).
+) -> tuple[list[Verdict], bool, str]:
+    """Verdicts of `shoal check-precision`, whether they were one candidate's (recordable), and the profile
+    entry that decides the model's runtime (`Profile.entry_of`: a LoRA adapter's base, unless merged).
 
     The candidate is the one named, else the profile's choice for the model,
-    else every candidate for the profile's kind of device.
+    else every candidate for the profile's kind of device. A LoRA adapter is checked against its own fp32
+    output, on torch only (its layers live in its base's torch model).
     """
     from shoal.configs import RuntimeChoice, load_catalog
     from shoal.pipeline.tuning.auto_runtime import gate_texts
@@ -112,12 +114,13 @@ def gate_candidates(
         texts = gate_texts()[:sample]
     if runtime or dtype:
         chosen = [RuntimeChoice(runtime=runtime or "torch", dtype=dtype or "auto")]
-    elif model in loaded.runtimes:
-        chosen = [loaded.runtimes[model]]
+    elif loaded.entry_of(spec) in loaded.runtimes:
+        chosen = [loaded.runtimes[loaded.entry_of(spec)]]
     else:
-        chosen = candidates(plan.kind, spec.kind)
+        chosen = [c for c in candidates(plan.kind, spec.kind) if spec.adapter is None or c.runtime == "torch"]
     gate = PrecisionGate(spec, plan, texts)
-    return [gate.check(choice.model_copy(update={"gate": None})) for choice in chosen], len(chosen) == 1
+    verdicts = [gate.check(choice.model_copy(update={"gate": None})) for choice in chosen]
+    return verdicts, len(chosen) == 1, loaded.entry_of(spec)
 
 
 def verdict_table(model: str, verdicts: list[Verdict]) -> Table:

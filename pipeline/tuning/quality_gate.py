@@ -234,6 +234,11 @@ class PrecisionGate:
     def _runtime(self, choice: RuntimeChoice):
         import time
 
+        if self.spec.adapter is not None and choice.runtime != "torch":  # base_of would run torch regardless
+            raise ValueError(
+                f"model {self.spec.name!r} is a LoRA adapter: it runs on its base's torch model, not {choice.runtime}"
+            )
+
         spec = self.spec.model_copy(update={"runtimes": {self.plan.kind: choice}})
         began = time.perf_counter()
         runtime = self._load(spec, self.plan)

@@ -25,7 +25,8 @@ from tests.support.classifier_models import BIO, SENTIMENT, build_tiny_sequence_
 from tests.support.models import catalog_yaml
 
 PLAN = DevicePlan("cpu", "cpu", "float32", 10**9, 1)
-ADAPTERS = 3
+ADAPTERS = 3  # per kind; the embedder has JOB_ADAPTERS, for a job of that many at once
+JOB_ADAPTERS = 8
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,11 @@ def bases(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, tiny_reran
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory, bases: dict[str, Path]) -> dict[str, list[Path]]:
     root = tmp_path_factory.mktemp("adapters")
-    return {kind: build_loras(base, root / kind, kind, ADAPTERS, first_seed=10) for kind, base in bases.items()}
+    count = {"embedder": JOB_ADAPTERS}
+    return {
+        kind: build_loras(base, root / kind, kind, count.get(kind, ADAPTERS), first_seed=10)
+        for kind, base in bases.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +158,7 @@ def test_classifier_adapters_mixed_in_one_forward_equal_peft(catalog_path, bases
 
 # -- on the cluster: a job of several adapters, online requests of many at once ---------------------------
 
-ADAPTED = [f"embedder+lora-{i}" for i in range(ADAPTERS)]
+ADAPTED = [f"embedder+lora-{i}" for i in range(JOB_ADAPTERS)]
 
 
 @pytest.fixture(scope="module")
@@ -173,9 +178,11 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, demo_texts: list[str]) -> t
     return folder, dict(zip(keys, bodies))
 
 
+@pytest.mark.timeout(900)  # jobs on a shared 2-core machine
 def test_a_job_of_several_adapters_writes_every_id_once_per_adapter_equal_to_peft(
     cluster, catalog_path, bases, adapters, corpus, tmp_path
 ):
+    """A job of 8 adapters at once over a corpus unlike the demo's (`corpus`): OUTPUT/<model>/ each."""
     from shoal.pipeline.jobs.engine import output_folder
     from tests.support.cli import invoke_shoal, shoal_options
     from tests.support.files import read_output
@@ -205,6 +212,108 @@ def test_a_job_of_several_adapters_writes_every_id_once_per_adapter_equal_to_pef
         manifest = json.loads((tmp_path / "out" / output_folder(name) / "_manifest.json").read_text())
         assert manifest["model"]["name"] == name and manifest["complete"] and manifest["rows"] == len(bodies)
         assert got[min(key for key, body in bodies.items() if body is None)] is None
+
+
+@pytest.mark.timeout(900)  # jobs on a shared 2-core machine
+def test_an_adapters_job_resumes_and_reindexes_into_lance_in_chunks_as_any_models(
+    cluster, catalog_path, bases, adapters, corpus, tmp_path
+):
+    """Resume (a crashed run's missing part redone, the others reused), then a reindex into Lance in chunks (a new
+    version when a shard arrives), for an adapter as for any model (tests/jobs/ for the base's): every row once,
+    each the adapter's own vector (PEFT's), none its base's."""
+    import shutil
+    from collections import Counter
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    from tests.support.cli import invoke_shoal, shoal_options
+    from tests.support.files import read_output
+
+    lance = pytest.importorskip("lance")
+    _, client = cluster
+    source, bodies = corpus
+    folder = tmp_path / "corpus"
+    shutil.copytree(source, folder)  # the module's corpus stays as it is: a shard is added below
+    name, adapter = "embedder+lora-1", adapters["embedder"][1]
+    present = [key for key, body in bodies.items() if body is not None]
+    expected = dict(zip(present, peft_embeddings(bases["embedder"], adapter, [bodies[key] for key in present])))
+    out = tmp_path / "out"
+    embed = [
+        "embed", str(folder), str(out), "--model", name, "--text-column", "body", "--id-column", "key",
+        *shoal_options(catalog_path, client.scheduler.address),
+    ]  # fmt: skip
+    assert invoke_shoal(*embed).returncode == 0
+    items = json.loads((out / "_manifest.json").read_text())["work"]["items"]
+    (out / "_manifest.json").unlink()  # a run that crashed: no manifest, a part missing
+    sorted(out.glob("part-*"))[1].unlink()
+    resumed = invoke_shoal(*embed)
+    assert resumed.returncode == 0, resumed.stderr
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["work"] == {"items": items, "reused": items - 1, "run": 1, "removed": 0}
+    assert manifest["model"]["name"] == name
+    table = read_output(out)
+    keys = table.column("key").to_pylist()
+    assert sorted(keys) == sorted(bodies)
+    got = dict(zip(keys, table.column("embedding").to_pylist()))
+    np.testing.assert_allclose([got[key] for key in present], [expected[key] for key in present], atol=1e-5)
+
+    dataset = tmp_path / "docs.lance"
+    job = {
+        "name": "docs", "input": str(folder), "output": str(dataset), "model": name, "catalog": str(catalog_path),
+        "scheduler": client.scheduler.address, "lock": {"settle_seconds": 0.1}, "format": "lance",
+        "columns": {"text": "body", "id": "key"}, "chunk": {"tokens": 32, "overlap": 4},
+    }  # fmt: skip
+    (tmp_path / "docs.yaml").write_text(yaml.safe_dump(job))
+    first = invoke_shoal("reindex", str(tmp_path / "docs.yaml"))
+    assert first.returncode == 0, first.stderr
+    more = {90_001: "A shard that arrived later.", 90_004: "Its second text, also short."}
+    pq.write_table(pa.table({"key": list(more), "body": list(more.values())}), folder / "shard-3.parquet")
+    again = invoke_shoal("reindex", str(tmp_path / "docs.yaml"))
+    assert again.returncode == 0, again.stderr
+    assert lance.dataset(str(dataset)).version == 2  # the new shard: a version of its own
+    rows = lance.dataset(str(dataset)).to_table().to_pylist()
+    chunks = Counter((row["key"], row["chunk"]) for row in rows)
+    assert max(chunks.values()) == 1 and {key for key, _ in chunks} >= set(present) | set(more)
+    windows = Counter(row["key"] for row in rows)
+    assert max(windows.values()) > 1  # the long texts were cut into windows
+    expected |= dict(zip(more, peft_embeddings(bases["embedder"], adapter, list(more.values()))))
+    whole = [row for row in rows if windows[row["key"]] == 1 and row["key"] in expected]  # one window: the text
+    assert len(whole) > len(more)
+    np.testing.assert_allclose([row["embedding"] for row in whole], [expected[row["key"]] for row in whole], atol=1e-5)
+
+
+def test_the_quality_gate_holds_an_adapter_to_its_own_fp32_output(catalog_path, bases, adapters, tmp_path):
+    """`shoal check-precision` of an adapter: torch candidates only (its layers live in the base's torch model),
+    each against the adapter's own fp32 output (PEFT's, not the base's); with --profile nothing is written under
+    an adapter that computes in its base's forward passes (runtimes.BASE decides it)."""
+    from shoal.configs import RuntimeChoice, load_profile
+    from shoal.pipeline.tuning.quality_gate import PrecisionGate
+    from tests.support.cli import invoke_shoal
+
+    spec = load_catalog(catalog_path).get("embedder+lora-1")
+    gate = PrecisionGate(spec, PLAN, TEXTS, judged_set=None)
+    own = peft_embeddings(bases["embedder"], adapters["embedder"][1], TEXTS)
+    np.testing.assert_allclose(gate.reference_outputs, own, atol=1e-5)
+    assert np.abs(own - peft_embeddings(bases["embedder"], None, TEXTS)).max() > 1e-3  # the base's would differ
+    verdict = gate.check(RuntimeChoice(runtime="torch", dtype="bfloat16"))
+    assert verdict.model == "embedder+lora-1" and set(verdict.figures) == {"cosine_mean", "cosine_min"}
+    with pytest.raises(ValueError, match="embedder\\+lora-1' is a LoRA adapter: it runs on its base's torch model"):
+        gate.check(RuntimeChoice(runtime="onnx", dtype="float32"))
+
+    texts = tmp_path / "sample.txt"
+    texts.write_text("\n".join(TEXTS))
+    profile = tmp_path / "gated.yaml"
+    profile.write_text("name: gated\ndevice: cpu\nthreads_per_worker: 1\n")
+    every = invoke_shoal("check-precision", "--model", "embedder+lora-1", "--texts", str(texts), "--catalog",
+                         str(catalog_path))  # fmt: skip
+    assert every.returncode == 0, every.stderr
+    assert "onnx" not in every.stdout and every.stdout.count("│ torch") == 2  # torch's dtypes only (fp32, bf16)
+    single = invoke_shoal("check-precision", "--model", "embedder+lora-1", "--texts", str(texts), "--dtype",
+                          "bfloat16", "--profile", str(profile), "--catalog", str(catalog_path))  # fmt: skip
+    assert "not written: embedder+lora-1 computes in embedder's forward passes" in single.stderr
+    assert load_profile(str(profile)).runtimes == {}
 
 
 def test_an_adapter_that_does_not_fit_or_lacks_its_base_is_refused_before_any_work(
