@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from shoal.configs import ConfigError, RuntimeChoice, load_catalog
-from shoal.configs.adapters import base_of
+from shoal.configs.adapters import PEFT_MODULE_BYTES, base_of
 from tests.support.models import catalog_yaml
 
 HIDDEN = 32
@@ -86,7 +86,8 @@ def test_a_catalog_adapter_is_a_model_of_its_bases_kind_named_base_plus_adapter(
     assert spec.name == "bert+legal" and "legal" not in catalog.models
     assert spec.adapter is not None and spec.adapter.base == "bert" and spec.adapter.name == "legal"
     assert (spec.kind, spec.dim, spec.max_seq_length, spec.source) == (base.kind, HIDDEN, 128, base.source)
-    assert spec.adapter.memory_bytes == 2 * 2 * (4 * HIDDEN) * 4  # its tensors' bytes: 2 layers x A and B, fp32
+    # Its tensors' bytes (2 layers x A and B, fp32) and PEFT's objects around each of the 2 adapted modules.
+    assert spec.adapter.memory_bytes == 2 * 2 * (4 * HIDDEN) * 4 + 2 * PEFT_MODULE_BYTES
     # What a worker loads once for all of them: the base, pinned to torch (LoRA layers live in the torch model).
     torch = RuntimeChoice(runtime="torch")
     assert base_of(spec) == base.model_copy(update={"runtimes": {"cpu": torch, "cuda": torch}})

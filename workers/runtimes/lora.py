@@ -36,7 +36,7 @@ from functools import lru_cache, partial
 from typing import Any
 
 from shoal.configs import AdapterSpec, ModelSpec
-from shoal.configs.adapters import BASE_ROWS, PEFT_PREFIX
+from shoal.configs.adapters import BASE_ROWS, PEFT_MODULE_BYTES, PEFT_PREFIX, lora_modules
 from shoal.workers.batching.device_thread import DeviceThread
 
 from .torch_model import TorchModel
@@ -107,9 +107,11 @@ class LoraLayers:
             except Exception:
                 self.remove(name)
                 raise
-        # As loaded: its tensors in the base's dtype (counted from the file's tensors, not by walking the model).
+        # As loaded: its tensors in the base's dtype (counted from the file's tensors, not by walking the model),
+        # and PEFT's objects around them.
         element = next(self.model.parameters()).element_size()
-        self.bytes[name] = sum(tensor.numel() * element for tensor in weights.state.values())
+        tensors = sum(tensor.numel() * element for tensor in weights.state.values())
+        self.bytes[name] = tensors + PEFT_MODULE_BYTES * lora_modules(weights.state)
         return self.bytes[name]
 
     def _add_through_peft(self, name: str, weights: AdapterWeights) -> None:
