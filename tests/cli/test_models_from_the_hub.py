@@ -18,7 +18,9 @@ from tests.support.models import build_tiny_embedder
 
 pytestmark = [
     pytest.mark.integration,  # shoal and dask processes, and an HTTP server
-    pytest.mark.timeout(600),  # an embedded cluster and a `dask` one, each started once
+    # An embedded cluster and a `dask` one, each started once, and eight `shoal` processes: 10 minutes was
+    # not enough on a 2-core machine at a load average of 20 (the last `shoal models pull` cut short).
+    pytest.mark.timeout(900),
 ]
 
 REPO = "stand-in-org/tiny-embedder"
