@@ -52,10 +52,21 @@ def shoal_serve(catalog: Path, profile: Path, model: str) -> Iterator[tuple[subp
         yield proc, wait_for_line(proc.stderr, "serving")
 
 
-def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_catalog, tmp_path):
+def test_serve_runs_uvloop_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_catalog, tmp_path):
+    from distributed import Client
+
+    def loop_module() -> str:  # nested: sent by value, so a process that cannot import tests/ runs it
+        import asyncio
+
+        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
     profile = write_profile(tmp_path, name="serve", workers=1)
     with shoal_serve(sim_catalog, profile, "simzero") as (proc, line):
         url = line.split(" on ")[1].split()[0]
+        scheduler = re.search(r"scheduler (\S+),", line).group(1)
+        with Client(scheduler) as client:  # a served cluster runs uvloop, scheduler and workers
+            assert client.run_on_scheduler(loop_module) == "uvloop"
+            assert set(client.run(loop_module).values()) == {"uvloop"}
         with OnlineClient(url) as online:
             assert online.encode("simzero", ["hello"]).shape == (1, 8)
             assert {m["id"] for m in online.models()} >= {"simzero", "slow", "minilm"}
@@ -70,23 +81,18 @@ def test_serve_answers_until_sigterm_then_finishes_in_flight_and_exits_0(sim_cat
         assert proc.wait(60) == 0
 
 
-def test_a_served_cluster_runs_uvloop_and_a_batch_cluster_keeps_dasks_loop(sim_catalog, tmp_path, cluster):
-    from distributed import Client
+def test_a_batch_cluster_keeps_dasks_loop(cluster):
+    """Batch commands start their cluster as the tests' session cluster is started: Dask's own asyncio loop
+    (the served one's uvloop: the test above)."""
 
-    def event_loop_module() -> str:  # nested: sent by value, so a process that cannot import tests/ runs it
+    def loop_module() -> str:  # nested: sent by value, so a process that cannot import tests/ runs it
         import asyncio
 
         return type(asyncio.get_running_loop()).__module__.split(".")[0]
 
-    profile = write_profile(tmp_path, name="serve", workers=1)
-    with shoal_serve(sim_catalog, profile, "simzero") as (_, line):
-        scheduler = re.search(r"scheduler (\S+),", line).group(1)
-        with Client(scheduler) as client:
-            assert client.run_on_scheduler(event_loop_module) == "uvloop"
-            assert set(client.run(event_loop_module).values()) == {"uvloop"}
-    _, batch = cluster  # the tests' session cluster, started as batch commands start theirs
-    assert batch.run_on_scheduler(event_loop_module) == "asyncio"
-    assert set(batch.run(event_loop_module).values()) == {"asyncio"}
+    _, batch = cluster
+    assert batch.run_on_scheduler(loop_module) == "asyncio"
+    assert set(batch.run(loop_module).values()) == {"asyncio"}
 
 
 def test_serve_with_the_worker_in_the_server_process_answers_online_while_a_batch_job_from_another_process_runs(
