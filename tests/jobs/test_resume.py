@@ -162,7 +162,7 @@ def test_rerun_redoes_changed_inputs_and_removes_stale_parts(cluster, tiny_catal
 
 
 def test_scheduler_killed_mid_job_then_new_cluster_and_same_command_complete(
-    test_profile, tiny_catalog, demo_texts, tmp_path
+    test_profile, tiny_catalog, demo_texts, tmp_path, cluster
 ):
     ids = write_shards(tmp_path / "in", demo_texts[:300], shards=2, row_group_size=5)
     profile = write_profile(tmp_path, name="resume-dask", rows_per_item=5)  # 60 items
@@ -183,8 +183,8 @@ def test_scheduler_killed_mid_job_then_new_cluster_and_same_command_complete(
     at_kill = list(out.glob("part-*"))
     assert 2 <= len(at_kill) < 60 and not (out / "_manifest.json").exists()
 
-    with dask_cli_cluster(tmp_path, test_profile, tag="second") as (address, _):
-        result = invoke_shoal(*args, "--scheduler", address)
+    _, client = cluster  # another cluster: the session's, whose workers run the same profile
+    result = invoke_shoal(*args, "--scheduler", client.scheduler.address)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["complete"] and manifest["work"]["reused"] >= len(at_kill)
