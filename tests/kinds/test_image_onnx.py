@@ -147,3 +147,11 @@ def test_a_job_and_an_online_request_run_on_onnx(clip_folder: Path, tmp_path: Pa
         with OnlineClient(url, timeout=60) as online:
             close(online.embed_images("clip", images), expected_images)
             close(online.encode("clip", texts), expected_texts)
+
+
+def test_a_catalog_width_its_graphs_do_not_give_is_refused_at_load(clip_folder: Path) -> None:
+    from shoal.workers.runtimes import load_runtime
+
+    spec = clip_spec(clip_folder).model_copy(update={"dim": 7, "runtimes": {"cpu": ONNX}})
+    with pytest.raises(ValueError, match=f"catalog says dim 7, its image tower gives {CLIP_DIM}"):
+        load_runtime(spec, PLAN)

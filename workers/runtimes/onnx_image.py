@@ -153,6 +153,10 @@ class OnnxImageEmbedder(ImageModel):
         self.sessions: dict[str, Any] = {
             tower: open_session(spec, plan, artifact.graph) for tower, artifact in self.artifacts.items()
         }
+        for tower, session in self.sessions.items():
+            width = session.get_outputs()[0].shape[-1]
+            if isinstance(width, int) and width != spec.dim:
+                raise ValueError(f"model {spec.name!r}: catalog says dim {spec.dim}, its {tower} tower gives {width}")
 
     @property
     def origin(self) -> str:
