@@ -119,7 +119,11 @@ class RuntimeChooser:
         for path, spec in waiting.items():
             if self._recorded(path, ask_cluster) is None:
                 measuring = self.shared.claim(path.stem) if self.shared and ask_cluster else None
-                started.append(f"{spec.name}: {measuring or measure_in_background(self.profile, spec, path)}")
+                if measuring:  # measured here after all if that worker's mark lapses (superseded)
+                    with self._lock:
+                        self.awaited.add(spec.name)
+                how = f"by {measuring}" if measuring else measure_in_background(self.profile, spec, path)
+                started.append(f"{spec.name}: {how}")
         return started
 
     def superseded(self) -> list[ModelSpec]:

@@ -452,6 +452,28 @@ def test_a_worker_waiting_for_another_s_measurement_measures_itself_once_that_on
     assert waiting.superseded() == [minilm()] and store[("verdict", verdict_path(FINGERPRINT, AVX2, 2, "cpu").stem)]
 
 
+def test_a_shipped_verdict_another_worker_is_confirming_is_left_to_it_unless_its_mark_lapses(
+    measured, monkeypatch, tmp_path
+):
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    write_record(shipped / "minilm-avx2.json", record(AVX2, "cpu", 2, ("onnx", "float32", "pass", 2.19)))
+    monkeypatch.setattr(verdict_records, "SHIPPED", shipped)
+    verdict_records._shipped.cache_clear()
+    monkeypatch.setenv(MEASURE_ENV, "background")
+    key = verdict_path(FINGERPRINT, AVX2, 2, "cpu").stem
+    store: dict = {("measuring", key): "tcp://a"}
+    try:
+        chooser = RuntimeChooser(load_profile("cpu-local"), CPU, AVX2, Cluster("tcp://b", store))
+        assert ran(chooser, minilm())[:2] == ("onnx", "float32")
+        assert chooser.confirm() == ["minilm: by tcp://a"] and measured == []
+        assert chooser.superseded() == [] and measured == []
+        store[("measuring", key)] = None  # a's mark lapsed: b confirms it itself
+        assert chooser.superseded() == [] and measured == ["minilm"]
+    finally:
+        verdict_records._shipped.cache_clear()
+
+
 def test_shared_verdicts_ask_the_scheduler_from_the_loader_thread_and_survive_one_that_does_not_answer(monkeypatch):
     import asyncio
     import threading
