@@ -230,7 +230,8 @@ def test_over_its_rate_limit_a_client_gets_a_429_with_retry_after_and_others_do_
     tokens = tmp_path / "tokens"
     tokens.write_text("first-t0ken\nsecond-t0ken\n")
     # One request per 100 s after a burst of 2: the third comes well within that, whatever the machine's load.
-    served.start(token_file=str(tokens), requests_per_second=0.01, request_burst=2)
+    # No worker serves `sim` here: an admitted request waits out its timeout (then a 504), so keep that short.
+    served.start(token_file=str(tokens), requests_per_second=0.01, request_burst=2, request_timeout_seconds=1)
 
     def ask(token: str) -> tuple[int, dict[str, str], bytes]:
         return _answer(
