@@ -180,7 +180,7 @@ def test_a_dask_worker_stopped_by_sigterm_hands_back_what_it_did_not_start_and_f
     with dask_cli_cluster(tmp_path, profile, workers=1, env=env) as (address, procs), Client(address) as client:
         second = [DASK, "worker", address, "--nthreads", "1", "--preload", "shoal.workers"]
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        procs.start([*second, "--shoal-profile", str(profile)], env={**os.environ, **env}, **quiet)
+        joined = procs.start([*second, "--shoal-profile", str(profile)], env={**os.environ, **env}, **quiet)
         client.wait_for_workers(2, timeout=120)
         job = start_embed(procs, tmp_path, address, profile, catalog)
 
@@ -196,14 +196,14 @@ def test_a_dask_worker_stopped_by_sigterm_hands_back_what_it_did_not_start_and_f
                 (
                     w
                     for w, started in leased.items()
-                    if any(started) and len(started) > 1 and parents.get(w) == procs[-1].pid
+                    if any(started) and len(started) > 1 and parents.get(w) == joined.pid
                 ),
                 None,
             )
 
         wait_for(started_on_the_second, 120, "the second worker to start an item with more leased behind it")
-        procs[-1].send_signal(signal.SIGTERM)
-        assert procs[-1].wait(30) == 0
+        joined.send_signal(signal.SIGTERM)
+        assert joined.wait(30) == 0
         _, stderr = job.communicate(timeout=300)
         events = client.run_on_scheduler(
             lambda dask_scheduler: dict(dask_scheduler.extensions["shoal-pull-queue"].state.counts)
