@@ -20,6 +20,8 @@ with the worker's threads (onnx_runtime.open_session), one device turn.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +32,11 @@ from shoal.configs import ModelSpec
 from shoal.configs.image_models import tower_folder
 from shoal.configs.prompts import model_prompts
 from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.data.images import decode
+from shoal.workers.batching.token_batching import Adapters, Measured
+from shoal.workers.data.images import DEFAULT_LIMITS, ImageLimits, decode
 from shoal.workers.devices import DevicePlan
 
-from .image_embedder import ImageModel, ImageProcessing, drawn_images, load_towers, tower_vectors
+from .image_embedder import ImageInput, ImageModel, ImageProcessing, drawn_images, load_towers, tower_vectors
 from .onnx_cache import ensure_artifact
 from .onnx_check import CHECK_TEXTS, check_eval, check_vectors
 from .onnx_export import GRAPH_FILE, OPSET, GraphForm, TracedGraph
@@ -150,13 +153,38 @@ class OnnxImageEmbedder(ImageModel):
         self.image_batch = spec.images_for(plan.kind)
         self.artifacts = {form.tower: ensure_artifact(spec, dtype, form) for form in (IMAGE_TOWER, TEXT_TOWER)}
         self.inputs = {tower: artifact.record().inputs for tower, artifact in self.artifacts.items()}
-        self.sessions: dict[str, Any] = {
-            tower: open_session(spec, plan, artifact.graph) for tower, artifact in self.artifacts.items()
-        }
-        for tower, session in self.sessions.items():
-            width = session.get_outputs()[0].shape[-1]
-            if isinstance(width, int) and width != spec.dim:
-                raise ValueError(f"model {spec.name!r}: catalog says dim {spec.dim}, its {tower} tower gives {width}")
+        self.plan = plan
+        # Each tower's session is opened on its first call, outside any device turn: an image job never
+        # creates the text tower's (ONNX Runtime optimises a graph when it opens it: seconds, and its memory).
+        self.sessions: dict[str, Any] = {}
+        self._opening = threading.Lock()
+        self.session("image")
+
+    def session(self, tower: str) -> Any:
+        """`tower`'s session, opened now if this is its first call (its width checked against the spec's)."""
+        with self._opening:
+            if tower not in self.sessions:
+                session = open_session(self.spec, self.plan, self.artifacts[tower].graph)
+                width = session.get_outputs()[0].shape[-1]
+                if isinstance(width, int) and width != self.spec.dim:
+                    raise ValueError(
+                        f"model {self.spec.name!r}: catalog says dim {self.spec.dim}, its {tower} tower gives {width}"
+                    )
+                self.sessions[tower] = session
+            return self.sessions[tower]
+
+    def embed(
+        self, texts: list[str], measured: Measured | None = None, prompt: str | None = None, adapters: Adapters = None
+    ) -> tuple[np.ndarray, int]:
+        if texts:
+            self.session("text")
+        return super().embed(texts, measured, prompt, adapters)
+
+    def embed_images(
+        self, images: Sequence[ImageInput], limits: ImageLimits = DEFAULT_LIMITS
+    ) -> tuple[np.ndarray, dict[int, str]]:
+        self.session("image")
+        return super().embed_images(images, limits)
 
     @property
     def origin(self) -> str:
@@ -176,7 +204,7 @@ class OnnxImageEmbedder(ImageModel):
     def forward(self, features: dict[str, Any]) -> np.ndarray:
         tower = features[TOWER]
         feeds = {name: features[name] for name in self.inputs[tower]}
-        return np.asarray(self.sessions[tower].run(None, feeds)[0], dtype=np.float32)
+        return np.asarray(self.session(tower).run(None, feeds)[0], dtype=np.float32)
 
     def close(self) -> None:
         self.stop_preparing()
