@@ -41,6 +41,18 @@ Tests never sleep a fixed time for something to happen: they wait for it with `w
 `async_wait_for` in a coroutine; tests/support/waiting.py), which polls the condition and fails with `what` if it never holds.
 A sleep that stays is the thing under test (a slow client, a lease left to expire, a forward batch's
 compute time) and says so in a comment.
+
+Processes
+---------
+A test starts a process only through tests/support/processes.py: `Processes` (several, e.g. a `dask scheduler`
+and its workers), `started` (one) or `run` (to its end, as subprocess.run). Each runs in a session of its own and
+is stopped, with whatever it started, when its block exits, passed or failed; tests/test_processes.py fails on
+any other way. `_no_process_outlives_its_test` below is the backstop, not the mechanism.
+
+Caches
+------
+The session's caches and home are its own (below); tests/test_hermetic.py shows that what the user's caches hold
+(a bf16 verdict for every model, say) changes nothing a test compares.
 """
 
 from __future__ import annotations
