@@ -22,7 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from shoal.pipeline import cli_batch, cli_classify, cli_online, cli_tuning  # noqa: E402
+from . import cli_batch, cli_classify, cli_online, cli_tuning  # noqa: E402
 
 
 class _Interruptible(click.Group):

@@ -15,10 +15,12 @@ from typing import Literal
 import click
 from rich.console import Console
 
-from shoal.configs import ConfigError, load_catalog, load_profile
-from shoal.configs.kinds import for_command, for_operation
-from shoal.configs.prompts import model_prompts
-from shoal.pipeline.cli_options import (
+from ..configs import ConfigError, load_catalog, load_profile
+from ..configs.kinds import for_command, for_operation
+from ..configs.prompts import model_prompts
+from ..workers.data.input_formats import INPUT_FORMATS
+from ..workers.data.vector_precision import PRECISIONS, Precision, VectorFormat
+from .cli_options import (
     USER_ERRORS,
     adapt_option,
     cluster_options,
@@ -33,23 +35,21 @@ from shoal.pipeline.cli_options import (
     text_column_option,
     user_errors,
 )
-from shoal.pipeline.cluster import AdaptRange, connect
-from shoal.pipeline.jobs import image_files
-from shoal.pipeline.jobs.embed import COMMAND as EMBED
-from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, run_embed, run_embed_models, with_images
-from shoal.pipeline.jobs.engine import model_for, preflight
-from shoal.pipeline.jobs.lance_output import LanceTarget
-from shoal.pipeline.jobs.lock import LockHeld
-from shoal.pipeline.jobs.planner import check_apart, check_output
-from shoal.pipeline.jobs.reindex import ReindexJob, job_config, load_job, plan_reindex, run_reindex
-from shoal.pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank, run_rerank_models
-from shoal.pipeline.jobs.schedule import check_expression, run_on_schedule
-from shoal.pipeline.retrieval.beir import load_beir
-from shoal.pipeline.retrieval.evaluation import print_report, run_eval
-from shoal.pipeline.retrieval.run import embed_requests, run_pipeline
-from shoal.pipeline.retrieval.spec import load_job_spec
-from shoal.workers.data.input_formats import INPUT_FORMATS
-from shoal.workers.data.vector_precision import PRECISIONS, Precision, VectorFormat
+from .cluster import AdaptRange, connect
+from .jobs import image_files
+from .jobs.embed import COMMAND as EMBED
+from .jobs.embed import EmbedRequest, check_embed_options, run_embed, run_embed_models, with_images
+from .jobs.engine import model_for, preflight
+from .jobs.lance_output import LanceTarget
+from .jobs.lock import LockHeld
+from .jobs.planner import check_apart, check_output
+from .jobs.reindex import ReindexJob, job_config, load_job, plan_reindex, run_reindex
+from .jobs.rerank import DEFAULT_MAX_CANDIDATES, RerankRequest, run_rerank, run_rerank_models
+from .jobs.schedule import check_expression, run_on_schedule
+from .retrieval.beir import load_beir
+from .retrieval.evaluation import print_report, run_eval
+from .retrieval.run import embed_requests, run_pipeline
+from .retrieval.spec import load_job_spec
 
 RESUMABLE = ("embed", "rerank", "classify", "extract", "run", "reindex", "eval")
 """The commands whose interrupted run keeps its written parts: the same command again resumes it."""

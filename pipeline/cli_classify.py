@@ -15,12 +15,12 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 
-from shoal.configs import ConfigError, load_catalog, load_profile
-from shoal.configs.kinds import for_command, kind_of
-from shoal.configs.kinds.kind import OPTION_FLAGS
-from shoal.configs.kinds.token_classifier import AGGREGATIONS
-from shoal.pipeline.cli_batch import input_format_option, output_format_option
-from shoal.pipeline.cli_options import (
+from ..configs import ConfigError, load_catalog, load_profile
+from ..configs.kinds import for_command, kind_of
+from ..configs.kinds.kind import OPTION_FLAGS
+from ..configs.kinds.token_classifier import AGGREGATIONS
+from .cli_batch import input_format_option, output_format_option
+from .cli_options import (
     cluster_options,
     model_names,
     parse_chunk,
@@ -31,17 +31,17 @@ from shoal.pipeline.cli_options import (
     text_column_option,
     user_errors,
 )
-from shoal.pipeline.cluster import AdaptRange, connect
-from shoal.pipeline.jobs.classify import (
+from .cluster import AdaptRange, connect
+from .jobs.classify import (
     ClassifyRequest,
     Operation,
     check_classify_options,
     run_classify,
     run_classify_models,
 )
-from shoal.pipeline.jobs.engine import model_for, preflight
-from shoal.pipeline.jobs.lance_output import LanceTarget
-from shoal.pipeline.jobs.planner import check_apart
+from .jobs.engine import model_for, preflight
+from .jobs.lance_output import LanceTarget
+from .jobs.planner import check_apart
 
 rows_options = stack(
     text_column_option,

@@ -8,8 +8,8 @@ import sys
 import click
 from rich.console import Console
 
-from shoal.configs import load_catalog, load_profile
-from shoal.pipeline.cli_options import (
+from ..configs import load_catalog, load_profile
+from .cli_options import (
     GATEWAY_PROFILE,
     adapt_option,
     catalog_option,
@@ -24,9 +24,9 @@ from shoal.pipeline.cli_options import (
     storage_options_option,
     user_errors,
 )
-from shoal.pipeline.cluster import AdaptRange, connect
-from shoal.pipeline.jobs.reindex import load_job
-from shoal.pipeline.status import StatusState, cluster_state, output_state, render_cluster, render_output
+from .cluster import AdaptRange, connect
+from .jobs.reindex import load_job
+from .status import StatusState, cluster_state, output_state, render_cluster, render_output
 
 
 @click.command()
@@ -93,7 +93,7 @@ def serve(
     SIGTERM stops accepting, finishes what is in flight, and exits 0. The
     protocol is in docs/PROTOCOL.md.
     """
-    from shoal.pipeline.serve import serve as run_serve
+    from .serve import serve as run_serve
 
     console = Console(stderr=True, soft_wrap=True)
     profile_config = load_profile(profile)
@@ -116,7 +116,7 @@ def gateway(scheduler: str, profile: str | None, host: str | None, port: int | N
     scheduler: run several, behind any load balancer, to serve one cluster.
     Waits for the scheduler if it is not up yet; SIGINT or SIGTERM exits 0.
     """
-    from shoal.pipeline.gateway_process import gateway as run_gateway
+    from .gateway_process import gateway as run_gateway
 
     console = Console(stderr=True, soft_wrap=True)
     sys.exit(run_gateway(load_profile(profile), load_catalog(catalog), scheduler, host, port, console))
@@ -136,7 +136,7 @@ def models(ctx: click.Context, catalog: str | None, catalog_only: bool, as_json:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from shoal.pipeline.model_listing import model_rows, render_models
+    from .model_listing import model_rows, render_models
 
     rows = model_rows(load_catalog(catalog), load_profile(profile), include_cache=not catalog_only)
     if as_json:
@@ -155,6 +155,6 @@ def pull_model(model: str, revision: str | None, storage_options: str | None, ca
     """Fetch MODEL ahead of its first use and print what was fetched: a Hugging Face id (ORG/NAME) into the
     Hugging Face cache, a folder in object storage (s3://…, any fsspec URL) into the Shoal cache, or a catalog
     name's source. Needs the network (HF_HUB_OFFLINE unset)."""
-    from shoal.pipeline.model_pull import pull
+    from .model_pull import pull
 
     pull(model, revision, load_catalog(catalog), parse_storage_options(storage_options), Console(soft_wrap=True))

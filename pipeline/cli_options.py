@@ -23,12 +23,12 @@ import click
 from pydantic import ValidationError
 from rich.console import Console
 
-from shoal.configs import ConfigError
-from shoal.configs.hub import OFFLINE_ENV
-from shoal.pipeline.cluster import AdaptRange, ClusterError
-from shoal.pipeline.jobs.planner import PlanError
-from shoal.scheduler_plugins.protocol import StorageOptions
-from shoal.workers.data.chunking import ChunkSettings
+from ..configs import ConfigError
+from ..configs.hub import OFFLINE_ENV
+from ..scheduler_plugins.protocol import StorageOptions
+from ..workers.data.chunking import ChunkSettings
+from .cluster import AdaptRange, ClusterError
+from .jobs.planner import PlanError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -95,7 +95,7 @@ storage_options_option = click.option(
 
 
 def _start_stages(ctx: click.Context, param: click.Parameter, verbose: bool) -> None:
-    from shoal.pipeline.jobs.stages import STAGES
+    from .jobs.stages import STAGES
 
     STAGES.start(verbose)
 

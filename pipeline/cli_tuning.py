@@ -9,10 +9,10 @@ from typing import get_args
 import click
 from rich.console import Console
 
-from shoal.configs import RuntimeDType, RuntimeName, load_catalog
-from shoal.configs.kinds import kind_of
-from shoal.pipeline.cli_options import catalog_option, model_names, parse_columns, text_column_option, user_errors
-from shoal.pipeline.tuning.derived import GPUS
+from ..configs import RuntimeDType, RuntimeName, load_catalog
+from ..configs.kinds import kind_of
+from .cli_options import catalog_option, model_names, parse_columns, text_column_option, user_errors
+from .tuning.derived import GPUS
 
 
 @click.command()
@@ -70,10 +70,10 @@ def tune(
     search; the chosen settings and every trial's figures go to the file.
     """
     # Imported here: every other command (`shoal embed` first) would pay for the tuner's imports at its start.
-    from shoal.pipeline.tuning.derived import derive as derive_gpu
-    from shoal.pipeline.tuning.profile import profile_path, write_profile
-    from shoal.pipeline.tuning.tune import DEMO_INPUT, TuneRequest
-    from shoal.pipeline.tuning.tune import tune as tune_profile
+    from .tuning.derived import derive as derive_gpu
+    from .tuning.profile import profile_path, write_profile
+    from .tuning.tune import DEMO_INPUT, TuneRequest
+    from .tuning.tune import tune as tune_profile
 
     console = Console(stderr=True, soft_wrap=True)
     names = parse_columns(models)
@@ -145,7 +145,7 @@ def check_precision(
     """Gate a runtime/dtype against fp32 torch: cosine mean >= 0.999 and min >= 0.99 (and nDCG@10 within 0.005)
     for embedders, Kendall tau >= 0.99 for rerankers. With --profile, one candidate's verdict is written into it.
     Exit 1 when a single candidate is refused."""
-    from shoal.pipeline.tuning.gate_record import gate_candidates, record_verdict, verdict_table
+    from .tuning.gate_record import gate_candidates, record_verdict, verdict_table
 
     console = Console(stderr=True, soft_wrap=True)
     with user_errors(ValueError):  # besides USER_ERRORS: a model or sample the gate cannot use

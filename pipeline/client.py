@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import msgpack
 import numpy as np
 
-from shoal.scheduler_plugins.protocol import ServedModel
+from ..scheduler_plugins.protocol import ServedModel
 
 if TYPE_CHECKING:
     import aiohttp

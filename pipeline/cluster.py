@@ -21,12 +21,12 @@ import dask
 from distributed import Client, LocalCluster
 from rich.console import Console
 
-from shoal.configs import Profile
-from shoal.configs.auto import NAME as AUTO
-from shoal.configs.hub import OFFLINE_ENV, offline
-from shoal.pipeline.jobs.stages import STAGES
-from shoal.scheduler_plugins.protocol import NAME as PULL_QUEUE
-from shoal.scheduler_plugins.protocol import PullQueueClient
+from ..configs import Profile
+from ..configs.auto import NAME as AUTO
+from ..configs.hub import OFFLINE_ENV, offline
+from ..scheduler_plugins.protocol import NAME as PULL_QUEUE
+from ..scheduler_plugins.protocol import PullQueueClient
+from .jobs.stages import STAGES
 
 LOOPBACK = "127.0.0.1"  # where everything the embedded cluster starts listens, unless the caller says otherwise
 NANNY_KEEPS_ITS_WORKER = "3650 days"  # see keep_restarting_workers
@@ -235,7 +235,7 @@ def check_runtimes(profile: Profile) -> None:
         return
     from rich.markup import escape
 
-    from shoal.workers.runtimes import RuntimeNotInstalled, require_installed
+    from ..workers.runtimes import RuntimeNotInstalled, require_installed
 
     for model, choice in profile.runtimes.items():
         if choice.runtime == "torch":

@@ -18,9 +18,9 @@ import signal
 from distributed.security import Security
 from rich.console import Console
 
-from shoal.configs import Catalog, ConfigError, GatewaySettings, ModelSpec, Profile
-from shoal.scheduler_plugins.gateway.app import Gateway
-from shoal.scheduler_plugins.gateway.link import SchedulerLink
+from ..configs import Catalog, ConfigError, GatewaySettings, ModelSpec, Profile
+from ..scheduler_plugins.gateway.app import Gateway
+from ..scheduler_plugins.gateway.link import SchedulerLink
 
 
 async def run_gateway(

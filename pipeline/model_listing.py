@@ -13,11 +13,11 @@ from typing import TypedDict
 from rich.console import Console
 from rich.table import Table
 
-from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
-from shoal.configs.hub import cached_models, hub_cache_dir
-from shoal.configs.machine import probe
-from shoal.configs.prompts import model_prompts
-from shoal.pipeline.tuning.auto_runtime import listed_choice
+from ..configs import Catalog, ConfigError, ModelSpec, Profile
+from ..configs.hub import cached_models, hub_cache_dir
+from ..configs.machine import probe
+from ..configs.prompts import model_prompts
+from .tuning.auto_runtime import listed_choice
 
 
 class PromptFields(TypedDict, total=False):

@@ -13,10 +13,10 @@ from typing import Any
 
 from rich.console import Console
 
-from shoal.configs import Catalog, ConfigError
-from shoal.configs.hub import HF_PREFIX, download
-from shoal.configs.model_resolution import ModelFiles, looks_like_path
-from shoal.configs.model_store import is_store_url, local_copy, unpinned
+from ..configs import Catalog, ConfigError
+from ..configs.hub import HF_PREFIX, download
+from ..configs.model_resolution import ModelFiles, looks_like_path
+from ..configs.model_store import is_store_url, local_copy, unpinned
 
 
 def pull(name: str, revision: str | None, catalog: Catalog, storage_options: dict[str, Any], console: Console) -> None:

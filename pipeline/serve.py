@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from distributed import Client
 from rich.console import Console
 
-from shoal.configs import Catalog, ConfigError, Profile
-from shoal.configs.auto import serving_layout
-from shoal.pipeline.cluster import (
+from ..configs import Catalog, ConfigError, Profile
+from ..configs.auto import serving_layout
+from .cluster import (
     AdaptRange,
     check_plugin,
     connect,
@@ -32,7 +32,7 @@ from shoal.pipeline.cluster import (
     pull_queue,
     worker_runtimes,
 )
-from shoal.pipeline.jobs.engine import choice_lines
+from .jobs.engine import choice_lines
 
 
 @contextmanager

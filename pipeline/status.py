@@ -16,11 +16,11 @@ from distributed import Client
 from rich.console import Console
 from rich.table import Table
 
-from shoal.pipeline.cluster import pull_queue
-from shoal.pipeline.jobs.lock import JobLock, LockRecord
-from shoal.pipeline.jobs.manifest import Manifest, read_manifest
-from shoal.pipeline.jobs.reindex import ReindexJob, VersionedOutput
-from shoal.scheduler_plugins.protocol import Overview
+from ..scheduler_plugins.protocol import Overview
+from .cluster import pull_queue
+from .jobs.lock import JobLock, LockRecord
+from .jobs.manifest import Manifest, read_manifest
+from .jobs.reindex import ReindexJob, VersionedOutput
 
 
 def cluster_state(client: Client, pattern: str | None = None) -> Overview:

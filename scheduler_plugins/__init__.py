@@ -14,8 +14,7 @@ import gc
 import click
 import dask.config
 
-from shoal.configs import GatewaySettings, load_catalog, load_profile, log_like_dask
-
+from ..configs import GatewaySettings, load_catalog, load_profile, log_like_dask
 from .protocol import NAME
 
 __all__ = ["dask_setup"]

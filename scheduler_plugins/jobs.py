@@ -6,8 +6,7 @@ import time
 from collections import Counter
 from typing import cast
 
-from shoal.configs import LEASE_SECONDS, MAX_ATTEMPTS, UNPLACEABLE_SECONDS
-
+from ..configs import LEASE_SECONDS, MAX_ATTEMPTS, UNPLACEABLE_SECONDS
 from .protocol import DeadLetter, ItemResult, JobContext, JobOptions, JobStatus, Lane, SlicePayload, SubmittedItem
 from .work_items import ItemState, WorkItem
 

@@ -14,8 +14,7 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
-from shoal.configs import ConfigError, ModelSpec
-
+from ..configs import ConfigError, ModelSpec
 from .protocol import SpecFields
 
 

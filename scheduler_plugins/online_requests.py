@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from shoal.configs import UNPLACEABLE_SECONDS, GatewaySettings
-
+from ..configs import UNPLACEABLE_SECONDS, GatewaySettings
 from .protocol import Lane, OnlinePayload, OnlineResult
 from .work_items import ItemState, WorkItem
 

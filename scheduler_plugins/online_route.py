@@ -26,8 +26,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-from shoal.configs import GatewaySettings, ModelSpec
-
+from ..configs import GatewaySettings, ModelSpec
 from .clock import Clock, Timer
 from .online_requests import OnlineFailure, OnlineRequests
 from .placement import online_rank

@@ -29,8 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from shoal.configs import ModelSpec
-
+from ..configs import ModelSpec
 from .leases import load_grace
 from .model_queues import ModelQueues
 from .protocol import Lane

@@ -27,7 +27,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal, NotRequired, Required, TypedDict, get_args
 
-from shoal.configs.kinds.token_classifier import Aggregation
+from ..configs.kinds.token_classifier import Aggregation
 
 NAME = "shoal-pull-queue"  # the scheduler plugin's name and its key in `scheduler.extensions`
 EVENTS = "shoal-events"  # worker -> scheduler stream op: WorkerEvents

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-from shoal.configs import GatewaySettings, ModelSpec
-
+from ..configs import GatewaySettings, ModelSpec
 from .batch_route import BatchRoute
 from .clock import Clock
 from .dashboard import start_dashboard

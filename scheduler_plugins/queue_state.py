@@ -16,8 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec
 
-from shoal.configs import ModelSpec
-
+from ..configs import ModelSpec
 from .clock import Clock
 from .leases import Leases, load_grace
 from .model_queues import ModelQueues

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.configs import ModelSpec
+from ..configs import ModelSpec
 
 
 @dataclass

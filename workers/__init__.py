@@ -40,10 +40,10 @@ async def dask_setup(
 ) -> None:
     for name, value in WORKER_ENVIRONMENT.items():
         os.environ.setdefault(name, value)
-    from shoal.configs import log_like_dask
+    from ..configs import log_like_dask
 
     log_like_dask()
-    from shoal.workers.worker_plugin import ShoalWorker
+    from .worker_plugin import ShoalWorker
 
     plugin = ShoalWorker(profile=shoal_profile, pinned=shoal_pin, warm=shoal_warm, catalog=shoal_catalog)
     await worker.plugin_add(plugin, name=ShoalWorker.name)

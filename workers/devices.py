@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from shoal.configs import Profile
+from ..configs import Profile
 
 
 @dataclass(frozen=True)

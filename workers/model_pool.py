@@ -27,8 +27,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shoal.configs import ModelSpec
-from shoal.configs.adapters import base_of
+from ..configs import ModelSpec
+from ..configs.adapters import base_of
 
 logger = logging.getLogger("shoal.worker.pool")
 

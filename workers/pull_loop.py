@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from distributed import Worker
 
-from shoal.configs import Profile
-from shoal.scheduler_plugins.model_specs import ModelSpecs
-from shoal.scheduler_plugins.protocol import (
+from ..configs import Profile
+from ..scheduler_plugins.model_specs import ModelSpecs
+from ..scheduler_plugins.protocol import (
     REVOKE,
     ItemMessage,
     JobContext,
@@ -34,7 +34,6 @@ from shoal.scheduler_plugins.protocol import (
     PullReply,
     WorkerReport,
 )
-
 from .batching.device_thread import DeviceThread
 from .batching.online_groups import OnlineGroups
 from .model_pool import ModelPool

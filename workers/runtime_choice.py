@@ -33,11 +33,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoal.configs import ModelSpec, Profile, RuntimeChoice
-from shoal.configs.fingerprints import model_fingerprint
-from shoal.configs.kinds import kind_of
-from shoal.configs.machine import Machine, implied_needs
-from shoal.configs.verdicts import (
+from ..configs import ModelSpec, Profile, RuntimeChoice
+from ..configs.fingerprints import model_fingerprint
+from ..configs.kinds import kind_of
+from ..configs.machine import Machine, implied_needs
+from ..configs.verdicts import (
     REFERENCE,
     VerdictsRecord,
     choose,
@@ -47,7 +47,6 @@ from shoal.configs.verdicts import (
     verdict_path,
     write_record,
 )
-
 from .devices import DevicePlan
 from .shared_verdicts import SharedVerdicts
 

@@ -24,8 +24,8 @@ import asyncio
 import logging
 from typing import Any
 
-from shoal.scheduler_plugins.clock import Clock, Timer
-from shoal.scheduler_plugins.protocol import EVENTS, ItemResult, OnlineAck, WorkerEvents
+from ..scheduler_plugins.clock import Clock, Timer
+from ..scheduler_plugins.protocol import EVENTS, ItemResult, OnlineAck, WorkerEvents
 
 logger = logging.getLogger("shoal.worker")
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from shoal.configs.verdicts import MEASUREMENT, VerdictsRecord
+from ..configs.verdicts import MEASUREMENT, VerdictsRecord
 
 logger = logging.getLogger("shoal.worker.runtimes")
 

@@ -16,9 +16,8 @@ from functools import partial
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol.pickle import dumps
 
-from shoal.configs import Catalog, ModelSpec, Profile, load_catalog, load_profile
-from shoal.configs.machine import probe
-
+from ..configs import Catalog, ModelSpec, Profile, load_catalog, load_profile
+from ..configs.machine import probe
 from .batching.device_thread import DeviceThread
 from .devices import detect_device
 from .model_pool import ModelPool

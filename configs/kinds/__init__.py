@@ -31,8 +31,8 @@ from . import (
 from .kind import Gate, InvalidRequest, JobOptions, Kind, Route
 
 if TYPE_CHECKING:
-    from shoal.configs import ModelSpec
-    from shoal.configs.model_resolution import ModelFiles
+    from .. import ModelSpec
+    from ..model_resolution import ModelFiles
 
 __all__ = ["DEFAULT", "KINDS", "Gate", "InvalidRequest", "JobOptions", "Kind", "Route", "kind_of", "recognise"]
 

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from .. import DEFAULT_TOKEN_BUDGET, ConfigError
 
 if TYPE_CHECKING:
-    from shoal.configs import ModelSpec
-    from shoal.configs.model_resolution import ModelFiles
+    from .. import ModelSpec
+    from ..model_resolution import ModelFiles
 
 # A job's options, each only when the job asks for it (pipeline/jobs): chunk, vectors, prompt, top_k, input_type,
 # threshold, labels, template, multi_label, aggregation.

@@ -20,10 +20,10 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shoal.pipeline.jobs.planner import PlanError, PlannedItem
-from shoal.scheduler_plugins.protocol import JobStatus, StorageOptions
-from shoal.workers.data.storage import atomic_write, open_fs
-from shoal.workers.data.vector_precision import VectorFormat, ranges_of
+from ...scheduler_plugins.protocol import JobStatus, StorageOptions
+from ...workers.data.storage import atomic_write, open_fs
+from ...workers.data.vector_precision import VectorFormat, ranges_of
+from .planner import PlanError, PlannedItem
 
 CALIBRATION_NAME = "_calibration.json"
 SAMPLE_NAME = "_calibration-sample.parquet"

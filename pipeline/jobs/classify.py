@@ -16,10 +16,12 @@ from typing import Literal
 from distributed import Client
 from rich.console import Console
 
-from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
-from shoal.configs.kinds import JobOptions, for_command, kind_of
-from shoal.configs.kinds.token_classifier import Aggregation
-from shoal.pipeline.jobs.engine import (
+from ...configs import Catalog, ConfigError, ModelSpec, Profile
+from ...configs.kinds import JobOptions, for_command, kind_of
+from ...configs.kinds.token_classifier import Aggregation
+from ...scheduler_plugins.protocol import ClassifyPayload, StorageOptions
+from ...workers.data.chunking import ChunkSettings
+from .engine import (
     BatchJob,
     JobOutcome,
     model_for,
@@ -29,8 +31,6 @@ from shoal.pipeline.jobs.engine import (
     text_rows_job,
     text_rows_payload,
 )
-from shoal.scheduler_plugins.protocol import ClassifyPayload, StorageOptions
-from shoal.workers.data.chunking import ChunkSettings
 
 Operation = Literal["classify", "extract"]  # the command, and the operation of the kinds it runs (configs/kinds)
 

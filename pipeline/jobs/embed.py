@@ -17,11 +17,14 @@ from typing import Literal
 from distributed import Client
 from rich.console import Console
 
-from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
-from shoal.configs.kinds import DEFAULT, JobOptions, for_command, kind_of
-from shoal.configs.prompts import model_prompts
-from shoal.pipeline.jobs import image_files
-from shoal.pipeline.jobs.engine import (
+from ...configs import Catalog, ConfigError, ModelSpec, Profile
+from ...configs.kinds import DEFAULT, JobOptions, for_command, kind_of
+from ...configs.prompts import model_prompts
+from ...scheduler_plugins.protocol import ImagePayload, StorageOptions
+from ...workers.data.chunking import ChunkSettings
+from ...workers.data.vector_precision import VectorFormat
+from . import image_files
+from .engine import (
     BatchJob,
     JobOutcome,
     model_for,
@@ -32,10 +35,7 @@ from shoal.pipeline.jobs.engine import (
     text_rows_job,
     text_rows_payload,
 )
-from shoal.pipeline.jobs.planner import Plan
-from shoal.scheduler_plugins.protocol import ImagePayload, StorageOptions
-from shoal.workers.data.chunking import ChunkSettings
-from shoal.workers.data.vector_precision import VectorFormat
+from .planner import Plan
 
 COMMAND = "embed"
 

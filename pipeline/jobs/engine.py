@@ -21,36 +21,11 @@ from typing import Protocol, cast
 from distributed import Client
 from rich.console import Console
 
-from shoal.configs import Catalog, ConfigError, ModelSpec, Profile
-from shoal.configs.auto import LAYOUT
-from shoal.configs.fingerprints import model_fingerprint
-from shoal.configs.kinds import Kind, kind_of
-from shoal.pipeline.cluster import ClusterError, pull_queue, worker_runtimes
-from shoal.pipeline.jobs import image_files
-from shoal.pipeline.jobs.calibration import calibrate, stored_ranges, with_ranges
-from shoal.pipeline.jobs.follower import follow, summarize
-from shoal.pipeline.jobs.lance_output import commit_parts
-from shoal.pipeline.jobs.manifest import (
-    Columns,
-    LanceRecord,
-    Manifest,
-    build_manifest,
-    read_manifest,
-    remove_manifest,
-    write_manifest,
-)
-from shoal.pipeline.jobs.planner import (
-    Plan,
-    PlannedItem,
-    check_columns,
-    check_output,
-    list_shards,
-    plan_items,
-    read_footers,
-)
-from shoal.pipeline.jobs.resume import Inventory, PartStore, current_parts, job_params, stamp_items
-from shoal.pipeline.jobs.stages import STAGES
-from shoal.scheduler_plugins.protocol import (
+from ...configs import Catalog, ConfigError, ModelSpec, Profile
+from ...configs.auto import LAYOUT
+from ...configs.fingerprints import model_fingerprint
+from ...configs.kinds import Kind, kind_of
+from ...scheduler_plugins.protocol import (
     DeadLetter,
     EmbedPayload,
     ImagePayload,
@@ -61,8 +36,33 @@ from shoal.scheduler_plugins.protocol import (
     SubmittedItem,
     VectorFields,
 )
-from shoal.workers.data.chunking import ChunkSettings
-from shoal.workers.data.vector_precision import VectorFormat
+from ...workers.data.chunking import ChunkSettings
+from ...workers.data.vector_precision import VectorFormat
+from ..cluster import ClusterError, pull_queue, worker_runtimes
+from . import image_files
+from .calibration import calibrate, stored_ranges, with_ranges
+from .follower import follow, summarize
+from .lance_output import commit_parts
+from .manifest import (
+    Columns,
+    LanceRecord,
+    Manifest,
+    build_manifest,
+    read_manifest,
+    remove_manifest,
+    write_manifest,
+)
+from .planner import (
+    Plan,
+    PlannedItem,
+    check_columns,
+    check_output,
+    list_shards,
+    plan_items,
+    read_footers,
+)
+from .resume import Inventory, PartStore, current_parts, job_params, stamp_items
+from .stages import STAGES
 
 SHOWN_REJECTIONS = 10
 WORKERS_NAMED = 3  # a summary line names this many workers that ran a model alike, then counts the rest

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from shoal.pipeline.cluster import pull_queue
-from shoal.pipeline.jobs.stages import STAGES
-from shoal.scheduler_plugins.protocol import JobStatus, WorkerSummary
+from ...scheduler_plugins.protocol import JobStatus, WorkerSummary
+from ..cluster import pull_queue
+from .stages import STAGES
 
 POLL_SECONDS = 0.5
 LAST_POLL_SECONDS = 0.05  # near the end the poll tightens: the command ends within this of the last ack

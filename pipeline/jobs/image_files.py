@@ -22,7 +22,11 @@ from __future__ import annotations
 import hashlib
 import posixpath
 
-from shoal.pipeline.jobs.planner import (
+from ...scheduler_plugins.protocol import ImagePayload, StorageOptions
+from ...workers.data.images import IMAGE_EXTENSIONS, is_image_name
+from ...workers.data.input_formats import format_of
+from ...workers.data.storage import open_fs
+from .planner import (
     GLOB_CHARS,
     Plan,
     PlanError,
@@ -32,10 +36,6 @@ from shoal.pipeline.jobs.planner import (
     object_version,
     part_name,
 )
-from shoal.scheduler_plugins.protocol import ImagePayload, StorageOptions
-from shoal.workers.data.images import IMAGE_EXTENSIONS, is_image_name
-from shoal.workers.data.input_formats import format_of
-from shoal.workers.data.storage import open_fs
 
 FORMAT = "images"  # a job's input_format, and each group's Shard.format
 # Images per work item at most (on average, for files): an image costs a forward of the order of a hundred texts', so

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shoal.configs import ConfigError
-from shoal.scheduler_plugins.protocol import StorageOptions
-from shoal.workers.data.lance_fragments import FRAGMENT_KEY, SCHEMA_KEY, lance_storage_options
-from shoal.workers.data.storage import open_fs
+from ...configs import ConfigError
+from ...scheduler_plugins.protocol import StorageOptions
+from ...workers.data.lance_fragments import FRAGMENT_KEY, SCHEMA_KEY, lance_storage_options
+from ...workers.data.storage import open_fs
 
 SCHEME = "lance://"
 STAGING = "_shoal"

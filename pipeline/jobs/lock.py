@@ -27,8 +27,8 @@ import time
 import uuid
 from typing import TypedDict
 
-from shoal.scheduler_plugins.protocol import StorageOptions
-from shoal.workers.data.storage import atomic_write, open_fs
+from ...scheduler_plugins.protocol import StorageOptions
+from ...workers.data.storage import atomic_write, open_fs
 
 
 class LockRecord(TypedDict, total=False):

@@ -14,9 +14,9 @@ import datetime as dt
 import json
 from typing import TypedDict
 
-from shoal.pipeline.jobs.planner import Shard
-from shoal.scheduler_plugins.protocol import DeadLetter, PartRecord, StorageOptions, VectorFields
-from shoal.workers.data.storage import atomic_write, open_fs
+from ...scheduler_plugins.protocol import DeadLetter, PartRecord, StorageOptions, VectorFields
+from ...workers.data.storage import atomic_write, open_fs
+from .planner import Shard
 
 MANIFEST_NAME = "_manifest.json"
 FORMAT_VERSION = 1

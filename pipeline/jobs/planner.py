@@ -24,9 +24,9 @@ from typing import TypedDict
 
 import pyarrow.parquet as pq
 
-from shoal.scheduler_plugins.protocol import SlicePayload, StorageOptions
-from shoal.workers.data.input_formats import LineIndex, format_of, header_lines, is_gzip, scan
-from shoal.workers.data.storage import atomic_write, open_fs
+from ...scheduler_plugins.protocol import SlicePayload, StorageOptions
+from ...workers.data.input_formats import LineIndex, format_of, header_lines, is_gzip, scan
+from ...workers.data.storage import atomic_write, open_fs
 
 GLOB_CHARS = "*?["
 FOOTER_READERS = 8

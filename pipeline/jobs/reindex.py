@@ -30,22 +30,22 @@ from typing import Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
-from shoal.configs import Catalog, ConfigError, ModelSpec, Profile, explain, load_catalog, load_profile, read_yaml
-from shoal.configs.fingerprints import model_fingerprint
-from shoal.configs.kinds import for_command, kind_of
-from shoal.configs.kinds.token_classifier import Aggregation
-from shoal.pipeline.cluster import AdaptRange, connect
-from shoal.pipeline.jobs.classify import ClassifyRequest, Operation, check_classify_options, classify_job
-from shoal.pipeline.jobs.embed import COMMAND as EMBED
-from shoal.pipeline.jobs.embed import EmbedRequest, check_embed_options, embed_job, with_images
-from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
-from shoal.pipeline.jobs.lance_output import LanceTarget
-from shoal.pipeline.jobs.lock import JobLock, LockHeld
-from shoal.pipeline.jobs.resume import job_params
-from shoal.scheduler_plugins.protocol import StorageOptions
-from shoal.workers.data.chunking import ChunkSettings
-from shoal.workers.data.storage import atomic_write, open_fs
-from shoal.workers.data.vector_precision import Precision, VectorFormat
+from ...configs import Catalog, ConfigError, ModelSpec, Profile, explain, load_catalog, load_profile, read_yaml
+from ...configs.fingerprints import model_fingerprint
+from ...configs.kinds import for_command, kind_of
+from ...configs.kinds.token_classifier import Aggregation
+from ...scheduler_plugins.protocol import StorageOptions
+from ...workers.data.chunking import ChunkSettings
+from ...workers.data.storage import atomic_write, open_fs
+from ...workers.data.vector_precision import Precision, VectorFormat
+from ..cluster import AdaptRange, connect
+from .classify import ClassifyRequest, Operation, check_classify_options, classify_job
+from .embed import COMMAND as EMBED
+from .embed import EmbedRequest, check_embed_options, embed_job, with_images
+from .engine import BatchJob, JobOutcome, PreparedJob, model_for, prepare_job, run_prepared
+from .lance_output import LanceTarget
+from .lock import JobLock, LockHeld
+from .resume import job_params
 
 CURRENT = "_CURRENT"
 LOCK = "_lock.json"

@@ -13,10 +13,10 @@ from typing import Literal
 from distributed import Client
 from rich.console import Console
 
-from shoal.configs import Catalog, ConfigError, Profile
-from shoal.configs.kinds import for_command
-from shoal.pipeline.jobs.engine import BatchJob, JobOutcome, model_for, model_output, run_job, run_jobs
-from shoal.scheduler_plugins.protocol import RerankPayload, StorageOptions
+from ...configs import Catalog, ConfigError, Profile
+from ...configs.kinds import for_command
+from ...scheduler_plugins.protocol import RerankPayload, StorageOptions
+from .engine import BatchJob, JobOutcome, model_for, model_output, run_job, run_jobs
 
 DEFAULT_MAX_CANDIDATES = 1000
 

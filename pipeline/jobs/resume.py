@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shoal.pipeline.jobs.manifest import Manifest
-from shoal.pipeline.jobs.planner import Plan, PlannedItem, Shard
-from shoal.scheduler_plugins.protocol import PartRecord, SlicePayload, StorageOptions
-from shoal.workers.data.storage import open_fs
+from ...scheduler_plugins.protocol import PartRecord, SlicePayload, StorageOptions
+from ...workers.data.storage import open_fs
+from .manifest import Manifest
+from .planner import Plan, PlannedItem, Shard
 
 STAMP_PREFIX = "shoal."
 PART_NAME = re.compile(r"^part-.+-[0-9a-f]{8}-\d{10}-\d{10}\.parquet$")

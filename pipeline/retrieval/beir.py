@@ -24,9 +24,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shoal.pipeline.jobs.planner import PlanError
-from shoal.scheduler_plugins.protocol import StorageOptions
-from shoal.workers.data.storage import open_fs
+from ...scheduler_plugins.protocol import StorageOptions
+from ...workers.data.storage import open_fs
+from ..jobs.planner import PlanError
 
 # One row of a dataset's file as its format gives it (JSON Lines, TSV, Parquet): whatever fields and types the
 # dataset's authors wrote; each read names the field it needs, and a missing one is a PlanError.

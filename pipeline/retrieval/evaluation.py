@@ -22,11 +22,11 @@ from distributed import Client
 from rich.console import Console
 from rich.table import Table
 
-from shoal.configs import Catalog, Profile
-from shoal.pipeline.retrieval.beir import RetrievalSet
-from shoal.pipeline.retrieval.run import RunOutcome, run_pipeline
-from shoal.pipeline.retrieval.spec import EmbedStage, JobSpec, RerankStage, RetrieveStage, TextSource
-from shoal.workers.data.storage import atomic_write, open_fs
+from ...configs import Catalog, Profile
+from ...workers.data.storage import atomic_write, open_fs
+from .beir import RetrievalSet
+from .run import RunOutcome, run_pipeline
+from .spec import EmbedStage, JobSpec, RerankStage, RetrieveStage, TextSource
 
 
 class EvalReport(TypedDict, total=False):

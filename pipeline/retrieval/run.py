@@ -29,17 +29,17 @@ import pyarrow.parquet as pq
 from distributed import Client
 from rich.console import Console
 
-from shoal.configs import Catalog, Profile
-from shoal.configs.kinds import for_operation
-from shoal.configs.prompts import ModelPrompts, Role, model_prompts
-from shoal.pipeline.jobs.embed import EmbedRequest, run_embed
-from shoal.pipeline.jobs.engine import JobOutcome, model_for
-from shoal.pipeline.jobs.planner import PlanError
-from shoal.pipeline.jobs.rerank import RerankRequest, run_rerank
-from shoal.pipeline.retrieval.spec import JobSpec, RerankStage, TextSource
-from shoal.pipeline.retrieval.top_k import read_texts, read_vectors, top_k, top_k_documents
-from shoal.scheduler_plugins.protocol import StorageOptions
-from shoal.workers.data.storage import atomic_write, open_fs
+from ...configs import Catalog, Profile
+from ...configs.kinds import for_operation
+from ...configs.prompts import ModelPrompts, Role, model_prompts
+from ...scheduler_plugins.protocol import StorageOptions
+from ...workers.data.storage import atomic_write, open_fs
+from ..jobs.embed import EmbedRequest, run_embed
+from ..jobs.engine import JobOutcome, model_for
+from ..jobs.planner import PlanError
+from ..jobs.rerank import RerankRequest, run_rerank
+from .spec import JobSpec, RerankStage, TextSource
+from .top_k import read_texts, read_vectors, top_k, top_k_documents
 
 PAIRS_PER_ITEM = 2048  # rerank work items are sized by pairs, not rows
 RANKED_NAME = "ranked.parquet"

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shoal.configs import explain, read_yaml
-from shoal.pipeline.jobs.rerank import DEFAULT_MAX_CANDIDATES
-from shoal.scheduler_plugins.protocol import StorageOptions
-from shoal.workers.data.chunking import ChunkSettings
+from ...configs import explain, read_yaml
+from ...scheduler_plugins.protocol import StorageOptions
+from ...workers.data.chunking import ChunkSettings
+from ..jobs.rerank import DEFAULT_MAX_CANDIDATES
 
 
 class _Strict(BaseModel):

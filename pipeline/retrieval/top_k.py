@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shoal.pipeline.jobs.manifest import MANIFEST_NAME
-from shoal.pipeline.jobs.planner import PlanError, list_shards
-from shoal.scheduler_plugins.protocol import StorageOptions
-from shoal.workers.data.storage import open_fs
+from ...scheduler_plugins.protocol import StorageOptions
+from ...workers.data.storage import open_fs
+from ..jobs.manifest import MANIFEST_NAME
+from ..jobs.planner import PlanError, list_shards
 
 QUERY_BLOCK = 1024
 

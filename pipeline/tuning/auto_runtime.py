@@ -43,12 +43,12 @@ from typing import Any
 
 from rich.console import Console
 
-from shoal.configs import ModelSpec, Profile, RuntimeChoice, load_profile
-from shoal.configs.auto import NAME
-from shoal.configs.fingerprints import model_fingerprint
-from shoal.configs.kinds import kind_of
-from shoal.configs.machine import Machine, probe
-from shoal.configs.verdicts import (
+from ...configs import ModelSpec, Profile, RuntimeChoice, load_profile
+from ...configs.auto import NAME
+from ...configs.fingerprints import model_fingerprint
+from ...configs.kinds import kind_of
+from ...configs.machine import Machine, probe
+from ...configs.verdicts import (
     LOSSY_GAIN,
     MEASUREMENT,
     Candidate,
@@ -70,7 +70,7 @@ def gate_texts() -> list[str]:
     """The gate's sample: 64 paragraphs of the demo corpus, shipped with the package."""
     import pyarrow.parquet as pq
 
-    from shoal.pipeline.tuning.quality_gate import GATE_SAMPLE
+    from .quality_gate import GATE_SAMPLE
 
     return [str(t) for t in pq.read_table(GATE_SAMPLE / "sample.parquet", columns=["text"]).column("text").to_pylist()]
 
@@ -100,7 +100,7 @@ def listed_choice(profile: Profile, spec: ModelSpec, machine: Machine) -> str:
     pinned = profile.runtimes.get(spec.name)
     if pinned is not None:
         return f"{pinned.runtime} {pinned.dtype} (pinned by profile {profile.name})"
-    from shoal.configs.auto import auto_profile
+    from ...configs.auto import auto_profile
 
     threads = (auto_profile(machine) if profile.name == NAME else profile).torch_threads(machine.cores)
     choice = cached_choice(spec, machine, threads)
@@ -111,8 +111,8 @@ def listed_choice(profile: Profile, spec: ModelSpec, machine: Machine) -> str:
 
 def offered(plan_kind: str, machine: Machine) -> list[RuntimeChoice]:
     """The candidates this machine could make fast, fp32 torch (the reference) left out."""
-    from shoal.pipeline.tuning.quality_gate import REFERENCE, candidates
-    from shoal.workers.runtimes import RuntimeNotInstalled, require_installed
+    from ...workers.runtimes import RuntimeNotInstalled, require_installed
+    from .quality_gate import REFERENCE, candidates
 
     chosen = []
     for choice in candidates(plan_kind):
@@ -176,10 +176,10 @@ def measure(spec: ModelSpec, profile: Profile, machine: Machine) -> Measurement:
     """
     from dataclasses import replace
 
-    from shoal.pipeline.tuning.quality_gate import JUDGED_SET, REFERENCE, PrecisionGate
-    from shoal.pipeline.tuning.runtimes import speedups, timed_work
-    from shoal.workers.devices import apply_torch_threads, detect_device
-    from shoal.workers.runtimes import load_runtime
+    from ...workers.devices import apply_torch_threads, detect_device
+    from ...workers.runtimes import load_runtime
+    from .quality_gate import JUDGED_SET, REFERENCE, PrecisionGate
+    from .runtimes import speedups, timed_work
 
     began = mark = time.perf_counter()
     steps: dict[str, float] = {}  # seconds per step, for the record: what a first use costs, and where

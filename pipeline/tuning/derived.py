@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoal.configs import LEASE_SECONDS, MAX_ATTEMPTS, Catalog, ModelSpec
-from shoal.pipeline.tuning.profile import ProfileFields
+from ...configs import LEASE_SECONDS, MAX_ATTEMPTS, Catalog, ModelSpec
+from .profile import ProfileFields
 
 # Assumptions, stated once; each one appears in the derivation it feeds.
 EFFICIENCY = 0.30  # achieved share of dense FP16 peak: skinny (d <= 1024) GEMMs, eager PyTorch

@@ -13,9 +13,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from rich.table import Table
 
-from shoal.configs import ConfigError, GateEvidence, RuntimeDType, RuntimeName, load_profile
-from shoal.pipeline.tuning.profile import ProfileFields, profile_fields, profile_path, write_profile
-from shoal.pipeline.tuning.quality_gate import Verdict
+from ...configs import ConfigError, GateEvidence, RuntimeDType, RuntimeName, load_profile
+from .profile import ProfileFields, profile_fields, profile_path, write_profile
+from .quality_gate import Verdict
 
 
 def read_sample(path: str, limit: int, text_column: str = "text", seed: int = 0) -> list[str]:
@@ -92,12 +92,12 @@ def gate_candidates(
     else every candidate for the profile's kind of device. A LoRA adapter is checked against its own fp32
     output, on torch only (its layers live in its base's torch model).
     """
-    from shoal.configs import RuntimeChoice, load_catalog
-    from shoal.pipeline.tuning.auto_runtime import gate_texts
-    from shoal.pipeline.tuning.quality_gate import PrecisionGate, candidates
-    from shoal.pipeline.tuning.sample import draw_sample
-    from shoal.pipeline.tuning.tune import DEMO_INPUT
-    from shoal.workers.devices import apply_torch_threads, detect_device
+    from ...configs import RuntimeChoice, load_catalog
+    from ...workers.devices import apply_torch_threads, detect_device
+    from .auto_runtime import gate_texts
+    from .quality_gate import PrecisionGate, candidates
+    from .sample import draw_sample
+    from .tune import DEMO_INPUT
 
     loaded = load_profile(profile)
     spec = loaded.tuned(load_catalog(catalog).get(model))

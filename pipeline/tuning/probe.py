@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from shoal.pipeline.client import AsyncOnlineClient
-from shoal.pipeline.tuning.search import Figures
+from ..client import AsyncOnlineClient
+from .search import Figures
 
 
 class OnlineProbe:

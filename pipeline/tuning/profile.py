@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from shoal.configs import CONFIG_DIR, GatewaySettings, Profile, load_profile
+from ...configs import CONFIG_DIR, GatewaySettings, Profile, load_profile
 
 # A profile's fields as its YAML file holds them: what tuning writes, `load_profile` validates.
 ProfileFields = dict[str, Any]

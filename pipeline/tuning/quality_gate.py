@@ -41,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from shoal.configs import GateEvidence, ModelSpec, RuntimeChoice, RuntimeDType
-from shoal.configs.kinds import DEFAULT, KINDS, kind_of
-from shoal.configs.verdicts import REFERENCE
-from shoal.pipeline.retrieval.beir import RetrievalSet, load_beir
-from shoal.pipeline.retrieval.evaluation import evaluate
-from shoal.pipeline.retrieval.top_k import top_k
+from ...configs import GateEvidence, ModelSpec, RuntimeChoice, RuntimeDType
+from ...configs.kinds import DEFAULT, KINDS, kind_of
+from ...configs.verdicts import REFERENCE
+from ..retrieval.beir import RetrievalSet, load_beir
+from ..retrieval.evaluation import evaluate
+from ..retrieval.top_k import top_k
 
 # Package data: sample.parquet (64 demo paragraphs) and a BEIR judged set (a copy of datasets/pydoc-sections),
 # so the gate runs the same in an installed Shoal, which has no datasets/.
@@ -185,7 +185,7 @@ class PrecisionGate:
         self, spec: ModelSpec, plan, texts: list[str], judged_set: str | None = JUDGED_SET, reference=None
     ) -> None:
         """`reference`: fp32 torch already loaded by the caller (auto's timing), used instead of loading another."""
-        from shoal.workers.runtimes import load_runtime
+        from ...workers.runtimes import load_runtime
 
         gate = kind_of(spec).gate
         if gate is None:

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from shoal.configs import ModelSpec, RuntimeChoice
-from shoal.configs.kinds import kind_of
-from shoal.configs.kinds.embedder import vectors
-from shoal.pipeline.tuning.meter import MachineMeter
-from shoal.pipeline.tuning.quality_gate import REFERENCE, PrecisionGate, Verdict, candidates
+from ...configs import ModelSpec, RuntimeChoice
+from ...configs.kinds import kind_of
+from ...configs.kinds.embedder import vectors
+from .meter import MachineMeter
+from .quality_gate import REFERENCE, PrecisionGate, Verdict, candidates
 
 PAIRS = 3
 # A speed this near the bar it is judged against is timed again, over twice as many rounds more: three
@@ -117,7 +117,7 @@ def speedups(
 
 def choose_runtime(spec: ModelSpec, plan, texts: list[str], min_gain: float, judged_set: str | None) -> RuntimeSearch:
     """The fastest candidate the gate accepts for `spec` on this device (fp32 torch when none beats it)."""
-    from shoal.workers.runtimes import RuntimeNotInstalled, require_installed
+    from ...workers.runtimes import RuntimeNotInstalled, require_installed
 
     offered = []
     for choice in candidates(plan.kind):
@@ -144,7 +144,7 @@ def retime(search: RuntimeSearch, spec: ModelSpec, plan, texts: list[str], min_g
 
 def time_passing(search: RuntimeSearch, spec: ModelSpec, plan, texts: list[str], min_gain: float) -> RuntimeSearch:
     """Each candidate that passed the gate timed against fp32 torch; the fastest beating it by `min_gain` chosen."""
-    from shoal.workers.runtimes import load_runtime
+    from ...workers.runtimes import load_runtime
 
     passing = [v.choice for v in search.verdicts if v.passed and v.choice != REFERENCE]
     if not passing:

@@ -16,8 +16,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shoal.pipeline.jobs.planner import PlanError, list_shards
-from shoal.scheduler_plugins.protocol import StorageOptions
+from ...scheduler_plugins.protocol import StorageOptions
+from ..jobs.planner import PlanError, list_shards
 
 ROW_GROUP = 64
 

@@ -28,16 +28,16 @@ import yaml
 from distributed import Client, LocalCluster
 from rich.console import Console
 
-from shoal.configs import Catalog, GatewaySettings, ModelSpec, Profile, load_profile
-from shoal.configs.kinds import for_operation
-from shoal.pipeline.cluster import pull_queue, start_local_cluster
-from shoal.pipeline.jobs.embed import EmbedRequest, embed_job
-from shoal.pipeline.jobs.engine import model_for, prepare_job, run_prepared
-from shoal.pipeline.tuning.meter import MachineMeter
-from shoal.pipeline.tuning.probe import OnlineProbe
-from shoal.pipeline.tuning.profile import ProfileFields
-from shoal.pipeline.tuning.sample import Sample
-from shoal.pipeline.tuning.search import Config, Figures, Outcome
+from ...configs import Catalog, GatewaySettings, ModelSpec, Profile, load_profile
+from ...configs.kinds import for_operation
+from ..cluster import pull_queue, start_local_cluster
+from ..jobs.embed import EmbedRequest, embed_job
+from ..jobs.engine import model_for, prepare_job, run_prepared
+from .meter import MachineMeter
+from .probe import OnlineProbe
+from .profile import ProfileFields
+from .sample import Sample
+from .search import Config, Figures, Outcome
 
 WARMUP_TEXTS = 64
 WARMUP_IMAGES = 8
@@ -95,7 +95,7 @@ class EmbedderTrials(PairedTrials):
     def __init__(
         self, spec: ModelSpec, plan, texts: list[str], rows_per_item: int, reference: Config, repeats: int = 2
     ) -> None:
-        from shoal.workers.runtimes import Scorer, load_runtime
+        from ...workers.runtimes import Scorer, load_runtime
 
         self.spec = spec
         embedder = load_runtime(spec, plan)  # the runtime and dtype phase 0 chose
@@ -120,7 +120,7 @@ class EmbedderTrials(PairedTrials):
         return meter
 
     def _padding(self, config: Config) -> float:
-        from shoal.workers.batching.token_batching import plan_batches
+        from ...workers.batching.token_batching import plan_batches
 
         budget, max_batch = int(config["token_budget"]), int(config["max_batch_size"])
         computed = sum(
@@ -139,8 +139,8 @@ class ImageTrials(PairedTrials):
     times token budgets: each trial embeds the same drawn JPEGs, decoded and prepared as a job's are."""
 
     def __init__(self, spec: ModelSpec, plan, images: int, rows_per_item: int, reference: Config, repeats: int = 2):
-        from shoal.workers.runtimes import load_runtime
-        from shoal.workers.runtimes.image_embedder import drawn_images
+        from ...workers.runtimes import load_runtime
+        from ...workers.runtimes.image_embedder import drawn_images
 
         self.spec = spec
         self.embedder = cast(Any, load_runtime(spec, plan))  # an ImageEmbedder

@@ -39,16 +39,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from shoal.configs import Catalog, Profile, load_catalog, load_profile
-from shoal.configs.kinds import kind_of
-from shoal.pipeline.jobs.image_files import images_per_item
-from shoal.pipeline.tuning import REPO_ROOT
-from shoal.pipeline.tuning.profile import profile_fields, profile_path, write_profile
-from shoal.pipeline.tuning.quality_gate import JUDGED_SET
-from shoal.pipeline.tuning.runtimes import RuntimeSearch, choose_runtime, retime
-from shoal.pipeline.tuning.sample import draw_sample
-from shoal.pipeline.tuning.search import Config, CoordinateSearch, Dimension, Outcome, SearchResult, Trial
-from shoal.pipeline.tuning.trials import ClusterTrials, EmbedderTrials, ImageTrials
+from ...configs import Catalog, Profile, load_catalog, load_profile
+from ...configs.kinds import kind_of
+from ..jobs.image_files import images_per_item
+from . import REPO_ROOT
+from .profile import profile_fields, profile_path, write_profile
+from .quality_gate import JUDGED_SET
+from .runtimes import RuntimeSearch, choose_runtime, retime
+from .sample import draw_sample
+from .search import Config, CoordinateSearch, Dimension, Outcome, SearchResult, Trial
+from .trials import ClusterTrials, EmbedderTrials, ImageTrials
 
 DEMO_INPUT = str(REPO_ROOT / "datasets" / "demo")
 PHASE1_SHARE = 0.3
@@ -142,7 +142,7 @@ class Tuner:
         self.other_cpu: list[float] = []
 
     def run(self) -> TuneReport:
-        from shoal.workers.devices import apply_torch_threads, detect_device
+        from ...workers.devices import apply_torch_threads, detect_device
 
         plan = detect_device(self.base, {})
         apply_torch_threads(plan)

@@ -20,9 +20,8 @@ from typing import Any, Literal, cast
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, ValidationError
 
-from shoal.configs import GatewaySettings, ModelSpec
-from shoal.configs.kinds.embedder import WIRE_DTYPES
-
+from ...configs import GatewaySettings, ModelSpec
+from ...configs.kinds.embedder import WIRE_DTYPES
 from ..protocol import EncodePayload, OnlineResult, Precision, ScorePayload
 from . import body_limits
 from .image_inputs import image_bytes, is_data_uri

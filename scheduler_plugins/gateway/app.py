@@ -48,9 +48,8 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 from prometheus_client import CONTENT_TYPE_LATEST, Counter
 
-from shoal.configs import GatewaySettings, ModelSpec, kinds
-from shoal.configs.adapters import unknown_model
-
+from ...configs import GatewaySettings, ModelSpec, kinds
+from ...configs.adapters import unknown_model
 from ..protocol import OnlinePayload, OnlineResult, ServedModel
 from . import api_formats as api
 from . import body_limits, kind_routes, request_parts, token_arrays

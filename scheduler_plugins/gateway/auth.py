@@ -13,7 +13,7 @@ import hmac
 import os
 from pathlib import Path
 
-from shoal.configs import ConfigError, GatewaySettings
+from ...configs import ConfigError, GatewaySettings
 
 
 class BearerAuth:

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.configs import GatewaySettings
-
+from ...configs import GatewaySettings
 from .wire import DecodeBounds, RequestError, clip
 
 MAX_FIELDS = 64  # fields of a body's top map (a route takes at most a dozen; other vendors' extras are ignored)

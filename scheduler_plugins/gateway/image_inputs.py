@@ -18,8 +18,7 @@ import io
 import warnings
 from typing import Any
 
-from shoal.configs import GatewaySettings
-
+from ...configs import GatewaySettings
 from .wire import RequestError
 
 

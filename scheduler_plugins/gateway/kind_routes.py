@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from shoal.configs import GatewaySettings, ModelSpec
-from shoal.configs.kinds import InvalidRequest, Route, kind_of
-
+from ...configs import GatewaySettings, ModelSpec
+from ...configs.kinds import InvalidRequest, Route, kind_of
 from ..protocol import OnlineResult, TextsPayload
 from . import api_formats as api
 from . import body_limits

@@ -22,8 +22,7 @@ from typing import Any, Protocol
 
 from distributed.core import rpc
 
-from shoal.configs import GatewaySettings, ModelSpec
-
+from ...configs import GatewaySettings, ModelSpec
 from ..model_specs import ModelSpecs
 from ..protocol import OnlinePayload, OnlineResult, PullQueueClient, RemoteRequest, RemoteSettings, SpecFields
 from ..work_items import unsendable

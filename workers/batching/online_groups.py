@@ -38,14 +38,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import ItemMessage, OnlineAck, OnlineResult
-from shoal.workers.model_pool import ModelPool
-from shoal.workers.operations import PERMANENT_ERRORS, online_operation
-from shoal.workers.runtimes import Runtime
-from shoal.workers.runtimes.lora import AdapterRuntime
-from shoal.workers.scheduler_stream import SchedulerStream
-
+from ...configs import ModelSpec
+from ...scheduler_plugins.protocol import ItemMessage, OnlineAck, OnlineResult
+from ..model_pool import ModelPool
+from ..operations import PERMANENT_ERRORS, online_operation
+from ..runtimes import Runtime
+from ..runtimes.lora import AdapterRuntime
+from ..scheduler_stream import SchedulerStream
 from .device_thread import DeviceThread
 
 logger = logging.getLogger("shoal.worker.online")

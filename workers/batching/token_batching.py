@@ -23,7 +23,7 @@ import numpy as np
 from .device_thread import DeviceThread
 
 if TYPE_CHECKING:
-    from shoal.configs import ModelSpec
+    from ...configs import ModelSpec
 
 # Token counts after truncation, and how many inputs were truncated (see token_counts).
 Measured = tuple[np.ndarray, int]

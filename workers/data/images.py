@@ -23,9 +23,8 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from shoal.configs import MAX_IMAGE_PIXELS
-from shoal.scheduler_plugins.protocol import StorageOptions
-
+from ...configs import MAX_IMAGE_PIXELS
+from ...scheduler_plugins.protocol import StorageOptions
 from .storage import open_fs
 
 MAX_PIXELS = MAX_IMAGE_PIXELS  # Pillow's own default: past it, Pillow itself warns of a bomb

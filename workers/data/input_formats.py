@@ -29,8 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from shoal.scheduler_plugins.protocol import SlicePayload, StorageOptions
-
+from ...scheduler_plugins.protocol import SlicePayload, StorageOptions
 from .parquet_slices import InputError, read_slice
 from .storage import open_fs
 

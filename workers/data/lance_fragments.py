@@ -20,7 +20,7 @@ import json
 
 import pyarrow as pa
 
-from shoal.scheduler_plugins.protocol import StorageOptions
+from ...scheduler_plugins.protocol import StorageOptions
 
 FRAGMENT_KEY = b"lance.fragment"
 SCHEMA_KEY = b"lance.schema"

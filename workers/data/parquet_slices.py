@@ -15,8 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shoal.scheduler_plugins.protocol import ItemResult, SlicePayload, StorageOptions
-
+from ...scheduler_plugins.protocol import ItemResult, SlicePayload, StorageOptions
 from .storage import atomic_write, open_fs
 
 REPORTED_REJECTIONS = 20  # rejected rows listed per part (ack and manifest); the count is always exact

@@ -13,7 +13,7 @@ import uuid
 
 import fsspec
 
-from shoal.scheduler_plugins.protocol import StorageOptions
+from ...scheduler_plugins.protocol import StorageOptions
 
 # A store that answers these to one write answers them to the next: read-only, no permission,
 # a file where a folder should be, no space left.

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shoal.scheduler_plugins.protocol import PRECISIONS as PRECISIONS  # the names, defined with the messages
-from shoal.scheduler_plugins.protocol import Precision, VectorFields
+from ...scheduler_plugins.protocol import PRECISIONS as PRECISIONS  # the names, defined with the messages
+from ...scheduler_plugins.protocol import Precision, VectorFields
 
 CALIBRATED = ("int8", "uint8")
 ARROW_TYPES = {

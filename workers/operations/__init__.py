@@ -29,12 +29,12 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any, Protocol, TypeVar, cast
 
-from shoal.configs import ModelSpec
-from shoal.configs.kinds import operation_module
-from shoal.scheduler_plugins.protocol import ItemResult, OnlineResult
-from shoal.workers.data.parquet_slices import InputError
-from shoal.workers.data.storage import OutputRefused
-from shoal.workers.model_pool import ModelTooLarge
+from ...configs import ModelSpec
+from ...configs.kinds import operation_module
+from ...scheduler_plugins.protocol import ItemResult, OnlineResult
+from ..data.parquet_slices import InputError
+from ..data.storage import OutputRefused
+from ..model_pool import ModelTooLarge
 
 P = TypeVar("P", contravariant=True)  # the payload
 R = TypeVar("R", contravariant=True)  # the runtime

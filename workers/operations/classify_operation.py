@@ -19,12 +19,11 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import ClassifyPayload, ClassifyTexts, ItemResult, OnlineResult
-from shoal.workers.batching.token_batching import Adapters, Measured
-from shoal.workers.data.chunking import Windows
-from shoal.workers.runtimes.classifier import DEFAULT_TEMPLATE, SequenceClassifier
-
+from ...configs import ModelSpec
+from ...scheduler_plugins.protocol import ClassifyPayload, ClassifyTexts, ItemResult, OnlineResult
+from ..batching.token_batching import Adapters, Measured
+from ..data.chunking import Windows
+from ..runtimes.classifier import DEFAULT_TEMPLATE, SequenceClassifier
 from .embed_operation import read as read_texts
 from .online_texts import answer_texts
 from .row_parts import KindInput, row_texts, write_rows

@@ -18,15 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from shoal.configs import ModelSpec
-from shoal.configs.prompts import PromptError
-from shoal.scheduler_plugins.protocol import EmbedPayload, EncodePayload, ItemResult, OnlineResult
-from shoal.workers.data.chunking import ChunkSettings, Windows
-from shoal.workers.data.input_formats import read_input
-from shoal.workers.data.parquet_slices import rejection, text_column
-from shoal.workers.data.vector_precision import VectorFormat, compact
-from shoal.workers.runtimes import Embedder
-
+from ...configs import ModelSpec
+from ...configs.prompts import PromptError
+from ...scheduler_plugins.protocol import EmbedPayload, EncodePayload, ItemResult, OnlineResult
+from ..data.chunking import ChunkSettings, Windows
+from ..data.input_formats import read_input
+from ..data.parquet_slices import rejection, text_column
+from ..data.vector_precision import VectorFormat, compact
+from ..runtimes import Embedder
 from .online_texts import encoded, input_adapters, too_long
 from .row_parts import row_texts, within_window, write_rows
 

@@ -23,12 +23,11 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import ClassifyPayload, ClassifyTexts, ItemResult, OnlineResult
-from shoal.workers.batching.token_batching import Measured
-from shoal.workers.runtimes.span_extractor import SpanExtractor
-from shoal.workers.runtimes.token_classifier import Aggregation, Entity, TokenClassifier
-
+from ...configs import ModelSpec
+from ...scheduler_plugins.protocol import ClassifyPayload, ClassifyTexts, ItemResult, OnlineResult
+from ..batching.token_batching import Measured
+from ..runtimes.span_extractor import SpanExtractor
+from ..runtimes.token_classifier import Aggregation, Entity, TokenClassifier
 from .embed_operation import read as read_texts
 from .online_texts import answer_texts
 from .row_parts import KindInput, row_texts, write_rows

@@ -24,14 +24,13 @@ from typing import cast
 import numpy as np
 import pyarrow as pa
 
-from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import EncodePayload, ImagePayload, ItemResult, OnlineResult
-from shoal.workers.data.images import MAX_BYTES, MAX_PIXELS, ImageLimits, ImageRejected, fetch
-from shoal.workers.data.input_formats import read_input
-from shoal.workers.data.lance_fragments import write_fragment
-from shoal.workers.data.parquet_slices import InputError, identity_columns, part_ack, part_table, rejection, write_part
-from shoal.workers.data.vector_precision import VectorFormat, compact
-
+from ...configs import ModelSpec
+from ...scheduler_plugins.protocol import EncodePayload, ImagePayload, ItemResult, OnlineResult
+from ..data.images import MAX_BYTES, MAX_PIXELS, ImageLimits, ImageRejected, fetch
+from ..data.input_formats import read_input
+from ..data.lance_fragments import write_fragment
+from ..data.parquet_slices import InputError, identity_columns, part_ack, part_table, rejection, write_part
+from ..data.vector_precision import VectorFormat, compact
 from . import embed_operation
 from .embed_operation import EmbedInput
 from .online_texts import encoded

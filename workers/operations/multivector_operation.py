@@ -22,12 +22,11 @@ from typing import cast
 import numpy as np
 import pyarrow as pa
 
-from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import EncodePayload, ItemResult, KindPayload, OnlineResult, TextsPayload
-from shoal.workers.data.chunking import Windows
-from shoal.workers.data.vector_precision import VectorFormat, compact
-from shoal.workers.runtimes.multi_vector import InputType, MultiVectorEmbedder
-
+from ...configs import ModelSpec
+from ...scheduler_plugins.protocol import EncodePayload, ItemResult, KindPayload, OnlineResult, TextsPayload
+from ..data.chunking import Windows
+from ..data.vector_precision import VectorFormat, compact
+from ..runtimes.multi_vector import InputType, MultiVectorEmbedder
 from .embed_operation import read as read_texts
 from .online_texts import answer_texts, encoded
 from .row_parts import KindInput, row_texts, within_window, write_rows

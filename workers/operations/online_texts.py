@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from shoal.configs.kinds.embedder import WIRE_DTYPES
-from shoal.scheduler_plugins.protocol import EncodePayload, OnlineResult, TextsPayload
-from shoal.workers.batching.token_batching import Measured
-from shoal.workers.data.vector_precision import VectorFormat, compact
+from ...configs.kinds.embedder import WIRE_DTYPES
+from ...scheduler_plugins.protocol import EncodePayload, OnlineResult, TextsPayload
+from ..batching.token_batching import Measured
+from ..data.vector_precision import VectorFormat, compact
 
 A = TypeVar("A")  # one text's answer
 K = TypeVar("K", bound=Hashable)  # the options requests share a call by

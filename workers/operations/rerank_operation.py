@@ -28,10 +28,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import ItemResult, OnlineResult, RerankPayload, ScorePayload
-from shoal.workers.data.input_formats import read_input
-from shoal.workers.data.parquet_slices import (
+from ...configs import ModelSpec
+from ...scheduler_plugins.protocol import ItemResult, OnlineResult, RerankPayload, ScorePayload
+from ..data.input_formats import read_input
+from ..data.parquet_slices import (
     InputError,
     identity_columns,
     part_ack,
@@ -40,8 +40,7 @@ from shoal.workers.data.parquet_slices import (
     text_column,
     write_part,
 )
-from shoal.workers.runtimes import Runtime, Scorer
-
+from ..runtimes import Runtime, Scorer
 from .online_texts import input_adapters, too_long
 
 

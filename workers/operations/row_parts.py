@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from shoal.scheduler_plugins.protocol import EmbedPayload, ItemResult, KindPayload
-from shoal.workers.data.chunking import ChunkSettings, Windows, token_windows
-from shoal.workers.data.lance_fragments import write_fragment
-from shoal.workers.data.parquet_slices import identity_columns, part_ack, part_table, write_part
+from ...scheduler_plugins.protocol import EmbedPayload, ItemResult, KindPayload
+from ..data.chunking import ChunkSettings, Windows, token_windows
+from ..data.lance_fragments import write_fragment
+from ..data.parquet_slices import identity_columns, part_ack, part_table, write_part
 
 if TYPE_CHECKING:
     from .embed_operation import EmbedInput

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import ItemResult, SimPayload
-from shoal.workers.runtimes import Embedder
-from shoal.workers.runtimes.sim_runtime import CHARS_PER_TOKEN
+from ...configs import ModelSpec
+from ...scheduler_plugins.protocol import ItemResult, SimPayload
+from ..runtimes import Embedder
+from ..runtimes.sim_runtime import CHARS_PER_TOKEN
 
 # SimulatedRuntime counts 2 + len(text) // CHARS_PER_TOKEN tokens per text.
 _SPECIAL_TOKENS = 2

@@ -16,11 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import ItemResult, KindPayload, OnlineResult, TextsPayload
-from shoal.workers.data.chunking import Windows
-from shoal.workers.runtimes.sparse_encoder import SparseEmbedder, SparseRow
-
+from ...configs import ModelSpec
+from ...scheduler_plugins.protocol import ItemResult, KindPayload, OnlineResult, TextsPayload
+from ..data.chunking import Windows
+from ..runtimes.sparse_encoder import SparseEmbedder, SparseRow
 from .embed_operation import read as read_texts
 from .online_texts import answer_texts
 from .row_parts import KindInput, row_texts, within_window, write_rows

@@ -21,13 +21,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from shoal.configs import ModelSpec, RuntimeChoice
-from shoal.configs.adapters import base_of
-from shoal.configs.kinds import kind_of
-from shoal.configs.prompts import ModelPrompts
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Adapters, Measured
-from shoal.workers.devices import DevicePlan, apply_torch_threads
+from ...configs import ModelSpec, RuntimeChoice
+from ...configs.adapters import base_of
+from ...configs.kinds import kind_of
+from ...configs.prompts import ModelPrompts
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Adapters, Measured
+from ..devices import DevicePlan, apply_torch_threads
 
 logger = logging.getLogger("shoal.worker.runtimes")
 

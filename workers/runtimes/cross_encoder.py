@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.configs import ModelSpec
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Adapters, Measured
-from shoal.workers.devices import DevicePlan
-
+from ...configs import ModelSpec
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Adapters, Measured
+from ..devices import DevicePlan
 from .token_counts import TokenEncoder, Tokens, count_tokens
 from .torch_model import TorchModel
 

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.configs import ModelSpec
-from shoal.configs.prompts import model_prompts
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Adapters, Measured
-from shoal.workers.devices import DevicePlan
-
+from ...configs import ModelSpec
+from ...configs.prompts import model_prompts
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Adapters, Measured
+from ..devices import DevicePlan
 from .token_counts import TokenEncoder, Tokens, count_tokens
 from .torch_model import TorchModel
 

@@ -35,13 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from shoal.configs import ModelSpec
-from shoal.configs.prompts import model_prompts
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Adapters, BatchedRuntime, Measured
-from shoal.workers.data.images import DEFAULT_LIMITS, ImageLimits, ImageRejected, decode
-from shoal.workers.devices import DevicePlan
-
+from ...configs import ModelSpec
+from ...configs.prompts import model_prompts
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Adapters, BatchedRuntime, Measured
+from ..data.images import DEFAULT_LIMITS, ImageLimits, ImageRejected, decode
+from ..devices import DevicePlan
 from .token_counts import count_tokens
 from .torch_model import TorchModel
 

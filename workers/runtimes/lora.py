@@ -35,10 +35,9 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
 
-from shoal.configs import AdapterSpec, ModelSpec
-from shoal.configs.adapters import BASE_ROWS, PEFT_MODULE_BYTES, PEFT_PREFIX, lora_modules
-from shoal.workers.batching.device_thread import DeviceThread
-
+from ...configs import AdapterSpec, ModelSpec
+from ...configs.adapters import BASE_ROWS, PEFT_MODULE_BYTES, PEFT_PREFIX, lora_modules
+from ..batching.device_thread import DeviceThread
 from .torch_model import TorchModel
 
 # The PEFT modules that hold one entry per adapter (`...lora_A.NAME.weight`): an adapter's own parameters.

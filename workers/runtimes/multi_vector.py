@@ -24,11 +24,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shoal.configs import ModelSpec
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Measured
-from shoal.workers.devices import DevicePlan
-
+from ...configs import ModelSpec
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Measured
+from ..devices import DevicePlan
 from .text_model import TextModel
 from .token_counts import count_tokens
 

@@ -25,9 +25,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from shoal.configs import ModelSpec, cache_dir
-from shoal.configs.model_resolution import folder_digest
-
+from ...configs import ModelSpec, cache_dir
+from ...configs.model_resolution import folder_digest
 from .onnx_export import GRAPH_FILE, QUANTIZATION, GraphForm, quantize_graph
 from .onnx_tokenizer import TOKENIZER_FILE, TokenizerSettings
 

@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from shoal.configs import ModelSpec
-
+from ...configs import ModelSpec
 from .onnx_tokenizer import GraphTokenizer
 
 # Short, long (truncated at max_seq_length), non-ASCII and empty-ish inputs: what tokenization gets wrong first.

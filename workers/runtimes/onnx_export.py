@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shoal.configs import ModelSpec
-
+from ...configs import ModelSpec
 from .onnx_check import PAIRS, TEXTS, CheckInputs, ExportCheckFailed, check_export
 from .onnx_tokenizer import GRAPH_INPUTS, TOKENIZER_FILE, GraphTokenizer, TokenizerSettings
 

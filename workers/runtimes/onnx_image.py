@@ -28,14 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from shoal.configs import ModelSpec
-from shoal.configs.image_models import tower_folder
-from shoal.configs.prompts import model_prompts
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Adapters, Measured
-from shoal.workers.data.images import DEFAULT_LIMITS, ImageLimits, decode
-from shoal.workers.devices import DevicePlan
-
+from ...configs import ModelSpec
+from ...configs.image_models import tower_folder
+from ...configs.prompts import model_prompts
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Adapters, Measured
+from ..data.images import DEFAULT_LIMITS, ImageLimits, decode
+from ..devices import DevicePlan
 from .image_embedder import ImageInput, ImageModel, ImageProcessing, drawn_images, load_towers, tower_vectors
 from .onnx_cache import ensure_artifact
 from .onnx_check import CHECK_TEXTS, check_eval, check_vectors

@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 
-from shoal.configs import ModelSpec
-from shoal.configs.prompts import model_prompts
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Adapters, BatchedRuntime, Measured
-from shoal.workers.devices import DevicePlan
+from ...configs import ModelSpec
+from ...configs.prompts import model_prompts
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Adapters, BatchedRuntime, Measured
+from ..devices import DevicePlan
 
 CHARS_PER_TOKEN = 4
 

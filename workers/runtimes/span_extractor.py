@@ -16,11 +16,10 @@ transformers Shoal installs, so it is installed without its dependencies
 
 from __future__ import annotations
 
-from shoal.configs import ModelSpec
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Measured
-from shoal.workers.devices import DevicePlan
-
+from ...configs import ModelSpec
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Measured
+from ..devices import DevicePlan
 from .text_model import TextModel
 from .token_classifier import Entity
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.configs import ModelSpec
-from shoal.configs.prompts import model_prompts
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Measured
-from shoal.workers.devices import DevicePlan
-
+from ...configs import ModelSpec
+from ...configs.prompts import model_prompts
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Measured
+from ..devices import DevicePlan
 from .text_model import TextModel
 
 # One row's sparse vector: term ids (int32, ascending) and their weights (float32).

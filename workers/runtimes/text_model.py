@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from shoal.configs import ModelSpec
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Adapters, Measured, plan_batches
-from shoal.workers.devices import DevicePlan
-
+from ...configs import ModelSpec
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Adapters, Measured, plan_batches
+from ..devices import DevicePlan
 from .token_counts import count_tokens
 from .torch_model import TorchModel
 

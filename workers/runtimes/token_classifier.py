@@ -18,12 +18,11 @@ from typing import Any, get_args
 
 import numpy as np
 
-from shoal.configs import ModelSpec
-from shoal.scheduler_plugins.protocol import Aggregation
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import Adapters, plan_batches
-from shoal.workers.devices import DevicePlan
-
+from ...configs import ModelSpec
+from ...scheduler_plugins.protocol import Aggregation
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import Adapters, plan_batches
+from ..devices import DevicePlan
 from .classifier import labels_of
 from .text_model import TextModel
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.configs import ModelSpec
-from shoal.workers.batching.device_thread import DeviceThread
-from shoal.workers.batching.token_batching import BatchedRuntime
-from shoal.workers.devices import DevicePlan
+from ...configs import ModelSpec
+from ..batching.device_thread import DeviceThread
+from ..batching.token_batching import BatchedRuntime
+from ..devices import DevicePlan
 
 
 class TorchModel(BatchedRuntime):
