@@ -301,8 +301,10 @@ async def submit_job(client, job: str, items: list, options: dict) -> None:
 
 
 def part_a(args) -> list[dict]:
-    if args.code:
+    if args.code:  # Shoal is imported already (this tree's: the meter): forgotten, to be imported from --code
         sys.path.insert(0, str(Path(args.code).resolve()))
+        for name in [name for name in sys.modules if name == "shoal" or name.startswith("shoal.")]:
+            del sys.modules[name]
     from shoal import scheduler_plugins
 
     print(f"(a) plugin alone, code from {Path(scheduler_plugins.__file__).parent.parent}", flush=True)
