@@ -501,7 +501,8 @@ class Gateway:
         """Queue the call as online items, one per part of at most the model's online batch, and wait for
         the workers' answers."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout(request, call.inputs)  # the request's, whenever a part is asked
+        timeout = self._timeout(request, call.inputs)
+        deadline = loop.time() + timeout  # the request's, whenever a part is asked
 
         def answer(part: OnlinePayload, inputs: int, flow: str | None) -> Coroutine[Any, Any, OnlineResult]:
             return self.backend.answer(call.model, op, part, inputs, deadline - loop.time(), self.settings, flow)
@@ -510,7 +511,10 @@ class Gateway:
         in_flight = self.settings.max_inputs_in_flight
         result = await request_parts.answer_in_parts(answer, call.payload(), size, in_flight)
         if "error" in result:
-            raise RequestError(int(result.get("status", 422)), result["error"])
+            status = int(result.get("status", 422))
+            if status == 504:  # a part's answer counts its own time left; the client asked for the request's
+                raise RequestError(504, f"no answer within {timeout:g} s")
+            raise RequestError(status, result["error"])
         request[TIMING] = result.get("timing") or {}
         return result
 
