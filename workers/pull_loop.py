@@ -120,7 +120,13 @@ class PullLoop:
                 self._learn_specs(reply)
                 self.contexts.update(reply.get("contexts", {}))
                 self.pool.demand = reply.get("demand", self.pool.demand)
-                if self._start_online(reply["items"]) or self.retiring:  # batch items: handed back by retire
+                if self._start_online(reply["items"]):
+                    # No more pulls here until they are answered: requests arriving meanwhile wait in the
+                    # scheduler's fair queue (or go to an idle worker), not behind a large request's parts
+                    # drained into this worker by pull after pull.
+                    await self.online.quiet.wait()
+                    continue
+                if self.retiring:  # batch items: handed back by retire
                     continue
                 for message in reply["items"]:
                     self._leased(message)
