@@ -79,7 +79,6 @@ def input_names(tokenizer: Any) -> list[str]:
 def export_graph(spec: ModelSpec, folder: Path, form: TokenGraph) -> TracedGraph:
     """Trace `spec`'s fp32 model as `form` builds it, on its example, into ``folder/model.onnx``, its tokenizer
     beside it."""
-    import torch
 
     example = form.example
     model, wrapper = form.build(spec)
@@ -88,20 +87,28 @@ def export_graph(spec: ModelSpec, folder: Path, form: TokenGraph) -> TracedGraph
     names = input_names(model.tokenizer)
     features = example.feeds(tokenizer, names, spec.max_seq_length)
     wrapper.eval()  # the trap: export restores the wrapper's mode onto the shared model
+    trace_to_onnx(wrapper, features, names, {0: "batch", 1: "tokens"}, folder)
+    return TracedGraph(model, tokenizer, settings, names)
+
+
+def trace_to_onnx(module: Any, feeds: dict[str, Any], names: list[str], axes: dict[int, str], folder: Path) -> None:
+    """Trace `module` (in eval mode) on `feeds` into `folder`'s graph: its inputs `names`, each with dynamic
+    `axes`, one output "output" of dynamic batch; the settings every graph of the cache is exported with."""
+    import torch
+
     with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer notes on shapes the dynamic axes cover
         torch.onnx.export(
-            wrapper,
-            tuple(torch.from_numpy(features[n]) for n in names),
+            module,
+            tuple(torch.from_numpy(feeds[n]) for n in names),
             str(folder / GRAPH_FILE),
             input_names=names,
             output_names=["output"],
-            dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names}, "output": {0: "batch"}},
+            dynamic_axes={**{n: axes for n in names}, "output": {0: "batch"}},
             opset_version=OPSET,
             dynamo=False,
             external_data=False,
         )
-    return TracedGraph(model, tokenizer, settings, names)
 
 
 QUANTIZATION = "dynamic-s8-per-channel"  # part of an int8 entry's cache key: a change here is a new entry

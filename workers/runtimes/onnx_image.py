@@ -38,7 +38,7 @@ from ..devices import DevicePlan
 from .image_embedder import ImageInput, ImageModel, ImageProcessing, drawn_images, load_towers, tower_vectors
 from .onnx_cache import ensure_artifact
 from .onnx_check import CHECK_TEXTS, check_eval, check_vectors
-from .onnx_export import GRAPH_FILE, OPSET, GraphForm, TracedGraph
+from .onnx_export import GraphForm, TracedGraph, trace_to_onnx
 from .onnx_runtime import open_session
 
 
@@ -79,8 +79,6 @@ class TowerForm(GraphForm):
         return towers.prepare_texts(CHECK_TEXTS, "")
 
     def export(self, spec: ModelSpec, folder: Path) -> TracedGraph:
-        import warnings
-
         import torch
 
         towers = load_towers(spec, "cpu")
@@ -92,19 +90,7 @@ class TowerForm(GraphForm):
         axes = {0: "batch"} if self.tower == "image" else {0: "batch", 1: "tokens"}
         graph = _tower_graph(towers, spec, names, constants)
         graph.eval()
-        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # tracer notes on shapes the dynamic axes cover
-            torch.onnx.export(
-                graph,
-                tuple(torch.from_numpy(feeds[n]) for n in names),
-                str(folder / GRAPH_FILE),
-                input_names=names,
-                output_names=["output"],
-                dynamic_axes={**{n: axes for n in names}, "output": {0: "batch"}},
-                opset_version=OPSET,
-                dynamo=False,
-                external_data=False,
-            )
+        trace_to_onnx(graph, feeds, names, axes, folder)
         return TracedGraph(towers, None, None, names)
 
     def check(self, spec: ModelSpec, traced: TracedGraph, graph: Path) -> None:
