@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from ...configs import ModelSpec
 from ..batching.device_thread import DeviceThread
-from ..batching.token_batching import Adapters, Measured, plan_batches
+from ..batching.token_batching import Adapters, Measured
 from ..devices import DevicePlan
 from .token_counts import count_tokens
 from .torch_model import TorchModel
@@ -58,7 +58,7 @@ class TextModel(TorchModel):
         if not texts:
             return out, 0
         lengths, truncated = measured or self.token_lengths(texts)
-        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
+        for batch in self.forward_batches(lengths):
             with self.device_thread.turn(), self.through(adapters, batch):
                 for i, row in zip(batch, forward([texts[i] for i in batch]), strict=True):
                     out[i] = row

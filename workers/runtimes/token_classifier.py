@@ -21,7 +21,7 @@ import numpy as np
 from ...configs import ModelSpec
 from ...scheduler_plugins.protocol import Aggregation
 from ..batching.device_thread import DeviceThread
-from ..batching.token_batching import Adapters, plan_batches
+from ..batching.token_batching import Adapters
 from ..devices import DevicePlan
 from .classifier import labels_of
 from .text_model import TextModel
@@ -98,7 +98,7 @@ class TokenClassifier(TextModel):
         truncated = 0 if stride is not None else len(np.unique(source[~firsts]))
         logits: dict[int, np.ndarray] = {}
         lengths = np.fromiter((len(encoded["input_ids"][w]) for w in windows), dtype=np.int64, count=len(windows))
-        for batch in plan_batches(lengths, self.token_budget, self.spec.max_batch_size):
+        for batch in self.forward_batches(lengths):
             with self.device_thread.turn(), self.through(adapters, source[windows[batch]]):
                 rows = self._logits(encoded, windows[batch])
             logits.update(zip(windows[batch].tolist(), rows))
