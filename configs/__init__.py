@@ -187,8 +187,8 @@ class ModelSpec(BaseModel):
 
     @property
     def online_batch(self) -> int:
-        """Online requests one pull leases, and their inputs in all (a request has a text or more): a forward
-        batch's worth."""
+        """Online requests one pull leases at most, and their inputs in all (a request has a text or more): a
+        forward batch's worth. A worker that has measured its rounds asks for fewer (Profile.online_round_seconds)."""
         return min(self.max_batch_size, MAX_ONLINE_BATCH)
 
     def budget_for(self, device_kind: str) -> int:
@@ -280,6 +280,11 @@ class GatewaySettings(BaseModel):
     # queue takes online work in fair shares across requests (scheduler_plugins/model_queues.py) whatever this
     # is; it bounds what one large request holds in the queue, and of `max_queue_depth`.
     max_inputs_in_flight: int = Field(default=2048, gt=0)
+    # A request of more inputs is queued as parts of at most this many (and of the model's online batch), each
+    # an online item: a worker's round takes as many parts as it computes within its `online_round_seconds`.
+    # A request that comes waits behind at most about one part of each large request (the fair queue), so
+    # small parts keep its wait short beside several large requests; a part costs the queue one item.
+    max_part_inputs: int = Field(default=8, gt=0)
     request_timeout_seconds: float = Field(default=30.0, gt=0)  # then 504; for each DEADLINE_INPUTS inputs begun
     retry_after_seconds: int = Field(default=1, ge=0)
     # Leases of one request, as for batch items: a request survives two lost, frozen or starved workers.
@@ -326,6 +331,10 @@ class Profile(BaseModel):
     max_attempts: int = Field(default=MAX_ATTEMPTS, gt=0)
     unplaceable_seconds: float = Field(default=UNPLACEABLE_SECONDS, ge=0)
     pull_timeout_seconds: float = Field(default=2.0, gt=0)
+    # How long one online round of a model may compute on a worker: its pulls lease the inputs it computes in
+    # this long, by its last rounds' rate (workers/batching/round_sizes.py). A round is not preempted, so a
+    # request that comes while one computes waits for it: this bounds that wait, at little cost in throughput.
+    online_round_seconds: float = Field(default=0.25, gt=0)
     memory_fraction: float = Field(default=0.5, gt=0, le=1)
     pinned: list[str] = Field(default_factory=list)
     token_budgets: dict[str, int] = Field(default_factory=dict)

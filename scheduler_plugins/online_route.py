@@ -138,9 +138,11 @@ class OnlineRoute:
         busy: bool = False,
         loaded: list[str] | None = None,
         acks: Sequence[OnlineAck] = (),
+        online_rows: dict[str, int] | None = None,
     ) -> PullReply:
         """Answer `acks` (the worker's last groups), then lease the waiting requests of one model to
-        `worker`, about a forward batch of them, waiting up to `timeout`.
+        `worker`, the inputs it computes in one round (`online_rows`, per model it measured; else a forward
+        batch's worth), waiting up to `timeout`.
 
         Workers keep one of these waiting besides their batch pulls while no
         group of theirs computes, so a request is taken the moment it is
@@ -150,7 +152,7 @@ class OnlineRoute:
         """
         self.ack_all(worker, acks)
         state = self.state
-        view = state.reported(worker, held, loaded)
+        view = state.reported(worker, held, loaded, online_rows=online_rows)
         if view is None:
             return {"items": [], "reason": "unknown worker"}
         claim: str | None = None  # the model whose requests woke this pull

@@ -280,11 +280,16 @@ class Placement:
     ) -> LeaseDecision | None:
         """What a pull of `view`'s worker leases now, or None: a batch pull (`room` for items, none in hand
         when `idle`), or an online pull (`busy`: batch work computes there), which takes `claim`'s requests
-        (the model whose requests woke it) while any wait, else those online_model_for picks."""
-        if route is Lane.ONLINE and claim and self.queues.waiting_items(claim, Lane.ONLINE):
-            return self._decision(view, claim, Lane.ONLINE)
-        model = self.online_model_for(view, busy, waiting, claimed)  # a batch pull, too, takes online work first
-        if model is not None or route is Lane.ONLINE:
+        (the model whose requests woke it) while any wait, else those online_model_for picks.
+
+        A batch pull takes batch work only. A worker sends its online pull whenever no round of its computes,
+        and requests that come during a round wait here for the next (or for an idle worker): a batch pull
+        that took them too would start a second round beside it, and a small request would wait for both.
+        """
+        if route is Lane.ONLINE:
+            if claim and self.queues.waiting_items(claim, Lane.ONLINE):
+                return self._decision(view, claim, Lane.ONLINE)
+            model = self.online_model_for(view, busy, waiting, claimed)
             return self._decision(view, model, Lane.ONLINE) if model is not None else None
         heads = [(head.enqueued_at, m) for m in view.held if (head := self.queues.head(m, Lane.BATCH)) is not None]
         model = min(heads)[1] if heads else self._steal(view)
@@ -294,8 +299,9 @@ class Placement:
         return LeaseDecision(item.model, Lane.BATCH, 1, None, load_grace(view, item.model), item) if item else None
 
     def _decision(self, view: WorkerView, model: str, lane: Lane, room: int = 1) -> LeaseDecision:
-        if lane is Lane.ONLINE:  # a forward batch's worth: the parts of a large request go to as many pulls
-            count = rows = self.specs[model].online_batch
+        if lane is Lane.ONLINE:  # a round's worth: the parts of a large request go to as many pulls
+            most = self.specs[model].online_batch
+            count = rows = max(1, min(most, view.online_rows.get(model, most)))
             return LeaseDecision(model, lane, count, rows, load_grace(view, model))
         count = min(room, self.fair_share(model)) if model in view.held else 1  # a steal: one item
         return LeaseDecision(model, lane, max(1, count), None, load_grace(view, model))

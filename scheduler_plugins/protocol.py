@@ -407,6 +407,7 @@ class ItemMessage(TypedDict):
     op: str
     lane: Lane  # an online request or a batch item: which stages run it
     payload: Payload
+    rows: int  # its inputs: rows of a batch item's slice, texts (documents, images) of an online request
     attempt: int
     lease_seconds: float
 
@@ -539,10 +540,18 @@ class PullQueueClient:
         busy: bool,
         timeout: float,
         acks: list[OnlineAck] | None = None,
+        online_rows: dict[str, int] | None = None,
     ) -> PullReply:
-        """Every waiting online request of one model; `acks`: the worker's last groups, answered first."""
+        """The waiting online requests of one model, as many inputs as the worker computes in a round
+        (`online_rows`); `acks`: the worker's last groups, answered first."""
         return await self.scheduler.shoal_pull_online(
-            worker=address, held=held, loaded=loaded, busy=busy, timeout=timeout, acks=acks or []
+            worker=address,
+            held=held,
+            loaded=loaded,
+            busy=busy,
+            timeout=timeout,
+            acks=acks or [],
+            online_rows=online_rows,
         )
 
     # -- gateways in their own processes -------------------------------------------------------

@@ -78,6 +78,7 @@ class WorkItem:
             "op": self.op,
             "lane": self.lane,
             "payload": self.payload,
+            "rows": self.rows,
             "attempt": self.attempts,
             "lease_seconds": self.owner.lease_seconds,
         }

@@ -37,6 +37,9 @@ class WorkerView:
     # Being retired (scale-down, retire_workers, SIGTERM): silent for good, so it takes no new work and
     # holds no model for placement, while what it started finishes (elastic.py).
     retiring: bool = False
+    # Per model it has measured: the inputs it computes within its online round time (its online pulls say):
+    # what an online pull of it leases, at most the model's online batch.
+    online_rows: dict[str, int] = field(default_factory=dict)
 
     @property
     def capability(self) -> tuple[int | None, frozenset[tuple[str, float]]]:
@@ -93,12 +96,16 @@ class WorkerViews:
         """A pull's report, and whether its held or loaded models changed.
 
         A worker that does not say what is loaded counts all it holds.
-        `capability`: budget, free_bytes, resources, load_seconds and pinned, where the pull sent them.
+        `capability`: budget, free_bytes, resources, load_seconds and pinned, where the pull sent them;
+        `online_rows`, where an online pull sent them.
         """
         view = self.views.get(address)
         if view is None:
             view = self.views[address] = WorkerView(address)
             self._count_capability(view, +1)
+        online_rows = capability.pop("online_rows", None)
+        if online_rows is not None:
+            view.online_rows = dict(online_rows)
         now_held = set(held or [])
         now_loaded = set(loaded) if loaded is not None else now_held
         changed = now_held != view.held or now_loaded != view.loaded

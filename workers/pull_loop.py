@@ -29,13 +29,13 @@ from ..scheduler_plugins.protocol import (
     REVOKE,
     ItemMessage,
     JobContext,
-    Lane,
     PullQueueClient,
     PullReply,
     WorkerReport,
 )
 from .batching.device_thread import DeviceThread
 from .batching.online_groups import OnlineGroups
+from .batching.round_sizes import RoundSizes
 from .model_pool import ModelPool
 from .operations import PERMANENT_ERRORS, batch_operation
 from .scheduler_stream import SchedulerStream
@@ -83,7 +83,8 @@ class PullLoop:
         self.drain = DrainRate()
         self._room = asyncio.Event()
         self.retiring = False  # pulls no more: its work goes back or finishes (retire)
-        self.online = OnlineGroups(dask_worker.address, pool, device_thread, self.specs, self.stream)
+        self.round_sizes = RoundSizes(profile.online_round_seconds)
+        self.online = OnlineGroups(dask_worker.address, pool, device_thread, self.specs, self.stream, self.round_sizes)
         dask_worker.stream_handlers[REVOKE] = self._revoked
 
     async def run(self) -> None:
@@ -120,12 +121,6 @@ class PullLoop:
                 self._learn_specs(reply)
                 self.contexts.update(reply.get("contexts", {}))
                 self.pool.demand = reply.get("demand", self.pool.demand)
-                if self._start_online(reply["items"]):
-                    # No more pulls here until they are answered: requests arriving meanwhile wait in the
-                    # scheduler's fair queue (or go to an idle worker), not behind a large request's parts
-                    # drained into this worker by pull after pull.
-                    await self.online.quiet.wait()
-                    continue
                 if self.retiring:  # batch items: handed back by retire
                     continue
                 for message in reply["items"]:
@@ -270,18 +265,11 @@ class PullLoop:
         """
         self.specs.add(reply.get("models", {}), "the scheduler's pull reply")
 
-    def _start_online(self, messages: list[ItemMessage]) -> bool:
-        """A pull answered with online requests: they join the next online group here."""
-        if not messages or messages[0]["lane"] != Lane.ONLINE:
-            return False
-        self.online.add(messages)
-        return True
-
     async def _pull_online(self) -> None:
         """Keep an online pull waiting while no online group computes here; it carries the last groups' acks.
 
         While a group computes, requests wait at the scheduler (an idle worker
-        may take them); the pull that follows the group takes them all.
+        may take them); the pull that follows the group takes a round's worth (`online_rows`).
         """
         while not self.retiring:
             await self.online.quiet.wait()
@@ -295,6 +283,7 @@ class PullLoop:
                     timeout=self.profile.pull_timeout_seconds,
                     busy=self.item_lock.locked(),
                     acks=acks,
+                    online_rows=self.round_sizes.rows(),
                 )
             except asyncio.CancelledError:
                 raise
@@ -309,4 +298,5 @@ class PullLoop:
                 await asyncio.sleep(RECONNECT_SECONDS)
                 continue
             self._learn_specs(reply)
-            self._start_online(reply["items"])
+            if reply["items"]:
+                self.online.add(reply["items"])  # they join the next online group here

@@ -498,8 +498,8 @@ class Gateway:
     async def _run(
         self, request: web.Request, op: str, call: api.EncodeCall | api.ScoreCall | TextsCall
     ) -> OnlineResult:
-        """Queue the call as online items, one per part of at most the model's online batch, and wait for
-        the workers' answers."""
+        """Queue the call as online items, one per part of at most `max_part_inputs` inputs (and the model's
+        online batch), and wait for the workers' answers."""
         loop = asyncio.get_running_loop()
         timeout = self._timeout(request, call.inputs)
         deadline = loop.time() + timeout  # the request's, whenever a part is asked
@@ -507,7 +507,7 @@ class Gateway:
         def answer(part: OnlinePayload, inputs: int, flow: str | None) -> Coroutine[Any, Any, OnlineResult]:
             return self.backend.answer(call.model, op, part, inputs, deadline - loop.time(), self.settings, flow)
 
-        size = self.backend.specs()[call.model].online_batch
+        size = min(self.backend.specs()[call.model].online_batch, self.settings.max_part_inputs)
         in_flight = self.settings.max_inputs_in_flight
         result = await request_parts.answer_in_parts(answer, call.payload(), size, in_flight)
         if "error" in result:

@@ -161,6 +161,23 @@ async def test_the_gateway_queues_a_large_request_as_parts_and_answers_in_input_
         await plugin.gateway_stop()
 
 
+async def test_a_large_request_is_queued_as_parts_of_at_most_max_part_inputs():
+    """Issue 45: parts of the model's online batch (512 inputs) made a worker's round seconds long on a CPU, and
+    a one-text request waited for it whole; `max_part_inputs` cuts finer, a round taking as many as it computes."""
+    import aiohttp
+
+    async with running_queue(models={"m": spec("m", max_batch_size=512)}) as plugin:
+        url = (await plugin.gateway_start({"port": 0, "max_part_inputs": 3, "request_timeout_seconds": 5}))["url"]
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "m", "input": [f"t{i}" for i in range(10)]}
+            request = asyncio.create_task(session.post(f"{url}/v1/embeddings", json=body))
+            await async_wait_for(lambda: plugin.online.pending("m") == 4, what="four parts queued")
+            queued = [item for item in plugin.state.items.values() if item.model == "m"]
+            assert sorted(item.rows for item in queued) == [1, 3, 3, 3] and len({item.flow for item in queued}) == 1
+            request.cancel()
+        await plugin.gateway_stop()
+
+
 def test_token_arrays_are_cl100k_base_from_the_shipped_file_checked_against_openais_hash():
     import tiktoken_ext
 

@@ -68,16 +68,16 @@ async def test_a_renewal_moves_the_deadline_on_and_an_id_not_held_is_revoked(clo
     assert plugin.state.counts["expired"] == 1
 
 
-async def test_a_batch_pull_leases_online_requests_of_a_model_nobody_holds_with_the_load_grace(clocked):
-    """Issue 46: online requests leave the queue by batch pulls too; those leased them with no grace, so a
-    worker that must load the model lost its short lease while loading (failed before the one decision)."""
-    plugin, clock = clocked
+async def test_a_batch_pull_leaves_online_requests_to_the_online_pulls(clocked):
+    """Issue 45: a worker's online requests come by its online pull, sent whenever no round of its computes.
+    A batch pull took them too, right after each round: a second round's worth beside the one the online pull
+    took, so a one-text request waited for both (failed before: the batch pull leased the request)."""
+    plugin, _ = clocked
     request, _ = plugin.online.submit("m", "embed", {"texts": ["x"]}, 1, SETTINGS)
-    (message,) = (await plugin.batch.pull("w1", timeout=0))["items"]  # a batch pull; w1 must load m first
-    assert message["id"] == request.id
-    clock.advance(10.0)  # far past the 0.2 s lease, within a first load's grace
-    assert request.state is ItemState.LEASED and request.worker == "w1"
-    assert request.deadline - request.leased_at == pytest.approx(0.2 + FIRST_LOAD_GRACE_SECONDS)
+    assert (await plugin.batch.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"] == []
+    assert request.state is ItemState.QUEUED
+    (message,) = (await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0))["items"]
+    assert message["id"] == request.id and request.worker == "w1"
 
 
 async def test_a_worker_that_must_load_the_model_gets_the_load_on_top_of_its_first_lease_only(clocked):

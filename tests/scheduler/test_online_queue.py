@@ -73,6 +73,22 @@ async def test_the_parts_of_a_large_request_interleave_with_one_text_requests_in
         assert [await pull() for _ in range(3)] == [[other[0]], [third[0]], [other[1]]]
 
 
+async def test_an_online_pull_takes_the_inputs_its_worker_computes_in_a_round():
+    """Issue 45: a worker that measured its rounds says how many inputs one takes (`online_rows`); its pull
+    leases no more (at least one request), and never more than the model's online batch."""
+    async with running_queue(models={"m": spec("m", max_batch_size=8)}) as plugin:
+        submitted = [plugin.online.submit("m", "embed", {"texts": ["t"]}, 1, SETTINGS)[0].id for _ in range(20)]
+
+        async def pull(rows: dict[str, int] | None) -> list[str]:
+            reply = await plugin.online.pull("w1", held=["m"], loaded=["m"], timeout=0, online_rows=rows)
+            return [m["id"] for m in reply["items"]]
+
+        assert await pull({"m": 3}) == submitted[:3]
+        assert await pull({"m": 100}) == submitted[3:11]  # the online batch caps it
+        assert await pull(None) == submitted[11:19]  # nothing said: the last it said (100), capped again
+        assert await pull({"m": 0}) == submitted[19:]  # always one
+
+
 async def test_an_online_pull_takes_requests_of_at_most_a_batch_of_texts_but_always_one():
     async with running_queue(models={"m": spec("m", max_batch_size=4)}) as plugin:
         sizes = [1, 2, 1, 3, 6, 1]

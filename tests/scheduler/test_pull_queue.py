@@ -188,17 +188,19 @@ async def test_long_poll_wakes_when_work_arrives(plugin):
     assert empty == {"items": []}
 
 
-async def test_online_before_batch_and_held_models_first(plugin):
+async def test_held_models_first_and_online_items_to_online_pulls_only(plugin):
     plugin.batch.submit("batch-m", items("m", 2), SPECS)
     plugin.batch.submit("batch-n", items("n", 2), SPECS)
     # held model first, even though m's backlog is older
     assert (await plugin.batch.pull("w1", held=["n"], timeout=0))["items"][0]["model"] == "n"
     plugin.batch.submit("online", items("n", 3, rows=1), {**SPECS, "lane": Lane.ONLINE})
     # w2 does not hold n while w1 does: the online items wait for w1
-    assert [m["model"] for m in (await plugin.batch.pull("w2", held=["m"], room=1, timeout=0))["items"]] == ["m"]
+    assert [m["model"] for m in (await plugin.online.pull("w2", held=["m"], timeout=0))["items"]] == []
+    # a batch pull takes batch work (issue 45: online items come by the worker's online pull, a round at a time)
     reply = await plugin.batch.pull("w1", held=["n"], room=1, timeout=0)
-    # online items come first, every waiting one in one pull
-    assert [m["model"] for m in reply["items"]] == ["n", "n", "n"]
+    assert [(m["model"], m["lane"]) for m in reply["items"]] == [("n", Lane.BATCH)]
+    reply = await plugin.online.pull("w1", held=["n"], timeout=0)
+    assert [(m["model"], m["lane"]) for m in reply["items"]] == [("n", Lane.ONLINE)] * 3  # every one, one pull
 
 
 async def test_a_spec_without_memory_bytes_needs_the_catalog_default_not_zero(plugin):
@@ -217,15 +219,6 @@ async def test_a_job_with_a_bad_spec_is_refused_naming_the_job_model_and_field(p
     ):
         plugin.batch.submit("j", items("m", 1), {"models": bad})
     assert "j" not in plugin.batch.jobs and not plugin.state.items and "m" not in plugin.state.model_specs
-
-
-async def test_a_batch_pull_of_online_items_takes_the_models_max_batch_size(plugin):
-    plugin.batch.submit(
-        "online",
-        items("m", 5, rows=1),
-        {"models": {"m": spec("m", max_batch_size=2).model_dump()}, "lane": Lane.ONLINE},
-    )
-    assert len((await plugin.batch.pull("w1", held=["m"], room=1, timeout=0))["items"]) == 2
 
 
 async def test_metrics_serve_the_latest_queue_still_running():

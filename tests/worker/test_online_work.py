@@ -17,6 +17,7 @@ import pytest
 from shoal.configs import ModelSpec
 from shoal.workers.batching.device_thread import DeviceThread
 from shoal.workers.batching.online_groups import OnlineGroups
+from shoal.workers.batching.round_sizes import RoundSizes
 from shoal.workers.model_pool import ModelPool
 from shoal.workers.operations import embed_operation, rerank_operation
 from shoal.workers.runtimes.sim_runtime import SimulatedRuntime
@@ -126,7 +127,8 @@ def groups_on_a_recorded_stream(
     """A worker's online groups whose event stream to the scheduler is recorded; on exit they are closed
     and the device thread shut down, whether the test passed or not."""
     sent = RecordingStream()
-    groups = OnlineGroups("w", pool, device, specs, SchedulerStream(SimpleNamespace(batched_stream=sent), 0.25))
+    stream = SchedulerStream(SimpleNamespace(batched_stream=sent), 0.25)
+    groups = OnlineGroups("w", pool, device, specs, stream, RoundSizes(0.25))
     try:
         yield groups, sent
     finally:
@@ -187,3 +189,53 @@ async def test_a_request_whose_computation_raises_fails_alone_and_its_group_is_a
         await async_wait_for(everything_answered, what="every request answered")
     assert sorted(acked) == ["a", "b", "c"]
     assert failed == [("poison", "RuntimeError: cannot compute 'poison'", False)]
+
+
+def test_round_sizes_converge_on_the_inputs_one_round_computes_in_its_time():
+    """Issue 45: a round of a + b x n seconds (a fixed cost, b per input): the size asked settles where the round
+    takes its time, from above (the online batch) or below (a lone query's round) alike."""
+    fixed, per_input, seconds = 0.02, 0.005, 0.25
+    for first in (512, 1):
+        sizes = RoundSizes(seconds)
+        rows = first
+        for _ in range(40):
+            sizes.measured("m", rows, fixed + per_input * rows)
+            rows = sizes.rows()["m"]
+        assert rows == pytest.approx((seconds - fixed) / per_input, abs=1)  # 46 inputs: 0.25 s
+    sizes.measured("m", 1, fixed + per_input)  # a lone query among them
+    assert sizes.rows()["m"] == pytest.approx(46, abs=1)
+    assert "m" not in RoundSizes(seconds).rows()  # nothing measured: not named (its first round: the online batch)
+
+
+def test_a_model_whose_call_alone_outlasts_the_round_time_is_not_cut_to_one_input_a_round():
+    """A call's own cost of 0.4 s (a large model's, or a simulated one's) makes any round longer than 0.25 s;
+    rounds of one input would only make requests wait in line for it, each paying it (failed before: one)."""
+    sizes = RoundSizes(0.25)
+    sizes.measured("fixed", 1, 0.4)
+    assert sizes.rows() == {"fixed": 2}  # one size alone: a second one tells the call's cost from an input's
+    sizes.measured("fixed", 2, 0.4)
+    assert sizes.rows()["fixed"] >= 512  # its time does not grow with its inputs
+    slow = RoundSizes(0.25)
+    for inputs in (1, 2, 1):
+        slow.measured("slow", inputs, 3.0 * inputs)  # 3 s an input: one at a time
+    assert slow.rows() == {"slow": 1}
+    both = RoundSizes(0.25)
+    for inputs in (1, 8, 4):
+        both.measured("both", inputs, 0.4 + 0.01 * inputs)  # 0.4 s a call: the inputs may take as long again
+    assert both.rows()["both"] == pytest.approx(40, abs=1)
+
+
+async def test_an_online_round_measures_its_rate_for_the_next_pulls():
+    spec = ModelSpec(name="r", kind="sim", dim=8, max_seq_length=16, per_token_seconds=0.001)
+    device = DeviceThread()
+    pool = ModelPool(10**9, lambda s: SimulatedRuntime(s, device_thread=device), ThreadPoolExecutor(1))
+    with groups_on_a_recorded_stream(pool, device, {"r": spec}) as (groups, sent):
+        await pool.pin(spec)
+        payload = {"texts": ["a few words"] * 10, "truncate": True, "dtype": "float32"}
+        groups.add([{"id": "x", "model": "r", "op": "embed", "payload": payload, "rows": 10, "lease_seconds": 1.0}])
+        kept: list[str] = []
+        await async_wait_for(lambda: answered(groups, sent, kept) == ["x"], what="the request answered")
+        rows = groups.sizes.rows()["r"]
+    # Ten inputs of a few tokens each (padded alike) at 1 ms a token: about 0.25 s / (tokens x 1 ms) inputs.
+    (tokens,), _ = SimulatedRuntime(spec).token_lengths(["a few words"])
+    assert rows == pytest.approx(0.25 / (tokens * 0.001), rel=0.3)

@@ -90,8 +90,7 @@ def test_requests_in_flight_on_a_killed_worker_are_answered_by_the_survivor_with
     # online pull timed out would answer them seconds late.
     fields = {"name": "kill-burst", "lease_seconds": 30, "pull_timeout_seconds": 10}
     with serving_pinned(tmp_path, model, request_timeout=30, **fields) as (cluster, client, plugin, url):
-        # Batch work fills every worker's batch slots, so only its waiting online pull can take
-        # the requeued requests (a waiting batch pull would take them too).
+        # Batch work fills every worker's batch slots: its waiting online pull takes the requeued requests.
         batch = [
             {"key": str(i), "model": "steady", "op": "sim", "rows": 8, "payload": {"tokens": [16] * 8}}
             for i in range(400)

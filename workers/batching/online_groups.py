@@ -13,8 +13,8 @@ computes them in shared forward batches. A round's acks ride on the
 worker's next online pull, sent as soon as the round ends (pull_loop): one
 round trip per round. While a round runs no online pull waits, so requests
 that come meanwhile wait at the scheduler, where an idle worker may take
-them, and the next pull brings them all. Rounds may still overlap (a round
-after a model's load, requests a batch pull brought): a round that ends
+them, and the next pull brings a round's worth (`round_sizes`). Rounds may
+still overlap (a round after a model's load): a round that ends
 while another runs, or while a pull waits, sends its acks at once on the
 worker's event stream instead.
 
@@ -46,6 +46,7 @@ from ..runtimes import Runtime
 from ..runtimes.lora import AdapterRuntime
 from ..scheduler_stream import SchedulerStream
 from .device_thread import DeviceThread
+from .round_sizes import RoundSizes
 
 logger = logging.getLogger("shoal.worker.online")
 
@@ -68,12 +69,14 @@ class OnlineGroups:
         device_thread: DeviceThread,
         specs: dict[str, ModelSpec],
         stream: SchedulerStream,
+        sizes: RoundSizes,
     ) -> None:
         self.address = address  # this worker's, as the queue knows it
         self.pool = pool
         self.device_thread = device_thread
         self.specs = specs  # the pull loop's, filled by every pull reply
         self.stream = stream
+        self.sizes = sizes  # each round's rate, so that pulls ask for a round's worth
         self.quiet = asyncio.Event()  # no round of requests taken here is running: time for an online pull
         self.quiet.set()
         self.pulling = False  # an online pull is on its way: acks cannot wait for the next one
@@ -175,6 +178,7 @@ class OnlineGroups:
             if not runtimes:
                 return
             outcomes = await asyncio.wrap_future(self.device_thread.run_online(partial(self._compute, runtimes)))
+            self._measured(outcomes)
             acks: list[OnlineAck] = [
                 (message["id"], result, outcome.seconds)
                 for outcome in outcomes
@@ -211,6 +215,14 @@ class OnlineGroups:
                 continue
             outcomes.append(Outcome(group, results, time.perf_counter() - began))
         return outcomes
+
+    def _measured(self, outcomes: list[Outcome]) -> None:
+        """Each group call's inputs and time, for its models' round sizes (adapters share their base's)."""
+        for outcome in outcomes:
+            if outcome.error is None and outcome.seconds > 0:
+                inputs = sum(message.get("rows") or 1 for message in outcome.group)
+                for model in {message["model"] for message in outcome.group}:
+                    self.sizes.measured(model, inputs, outcome.seconds)
 
     @staticmethod
     def _one_by_one(runtime: Any, op: str, group: list[Message], payloads: list[Any]) -> list[Outcome]:
