@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from ..configs import GatewaySettings, ModelSpec
 from .clock import Clock, Timer
@@ -124,7 +125,10 @@ class OnlineRoute:
             return {"status": 404, "error": f"unknown model {model!r}"}
         if not self.state.scheduler.workers and not self.workers_coming():
             return {"status": 503, "error": "no workers are connected"}
-        if self.pending(model) >= settings.max_queue_depth:
+        # A large request's later part is not refused for the depth: its request was let in with its first part,
+        # and a 429 now would throw away the parts already computed.
+        later_part = bool(payload and cast(dict[str, Any], payload).get("first_input"))
+        if self.pending(model) >= settings.max_queue_depth and not later_part:
             return {"status": 429, "error": f"too many requests waiting for {model!r}"}
         return None
 

@@ -89,6 +89,20 @@ async def test_an_online_pull_takes_the_inputs_its_worker_computes_in_a_round():
         assert await pull({"m": 0}) == submitted[19:]  # always one
 
 
+async def test_a_full_queue_refuses_new_requests_not_the_later_parts_of_one_let_in(plugin):
+    """A 2,048-input request is 256 parts of 8: refused 429 at its 200th part, its first 199 were computed for
+    nothing. The depth is checked for a request as it comes (its first part)."""
+    settings = GatewaySettings(max_queue_depth=2)
+    first = plugin.online.refusal("m", settings, {"texts": ["a"], "first_input": 0})
+    assert first is None
+    for i in range(3):
+        plugin.online.submit("m", "embed", {"texts": ["t"], "first_input": i}, 1, settings, "big")
+    assert plugin.online.refusal("m", settings, {"texts": ["t"], "first_input": 3}) is None  # its request: let in
+    refused = plugin.online.refusal("m", settings, {"texts": ["t"]})  # a new request
+    assert refused is not None and refused["status"] == 429
+    assert plugin.online.refusal("m", settings, {"texts": ["t"], "first_input": 0})["status"] == 429  # a new one
+
+
 async def test_an_online_pull_takes_requests_of_at_most_a_batch_of_texts_but_always_one():
     async with running_queue(models={"m": spec("m", max_batch_size=4)}) as plugin:
         sizes = [1, 2, 1, 3, 6, 1]
