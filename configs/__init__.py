@@ -332,8 +332,9 @@ class Profile(BaseModel):
     unplaceable_seconds: float = Field(default=UNPLACEABLE_SECONDS, ge=0)
     pull_timeout_seconds: float = Field(default=2.0, gt=0)
     # How long one online round of a model may compute on a worker: its pulls lease the inputs it computes in
-    # this long, by its last rounds' rate (workers/batching/round_sizes.py). A round is not preempted, so a
-    # request that comes while one computes waits for it: this bounds that wait, at little cost in throughput.
+    # this long, by a fit of its last rounds' times (workers/batching/round_sizes.py). A round is not preempted,
+    # so a request that comes while one computes waits for it: this bounds that wait. On a slow device it costs
+    # large requests some throughput (2 CPU cores, MiniLM: a 2,048-text request alone 0.72x; docs/BENCHMARKS.md).
     online_round_seconds: float = Field(default=0.25, gt=0)
     memory_fraction: float = Field(default=0.5, gt=0, le=1)
     pinned: list[str] = Field(default_factory=list)

@@ -76,7 +76,7 @@ class OnlineGroups:
         self.device_thread = device_thread
         self.specs = specs  # the pull loop's, filled by every pull reply
         self.stream = stream
-        self.sizes = sizes  # each round's rate, so that pulls ask for a round's worth
+        self.sizes = sizes  # each group call's inputs and time, so that pulls ask for a round's worth
         self.quiet = asyncio.Event()  # no round of requests taken here is running: time for an online pull
         self.quiet.set()
         self.pulling = False  # an online pull is on its way: acks cannot wait for the next one
