@@ -212,13 +212,20 @@ def test_a_model_whose_call_alone_outlasts_the_round_time_is_not_cut_to_one_inpu
     rounds of one input would only make requests wait in line for it, each paying it (failed before: one)."""
     sizes = RoundSizes(0.25)
     sizes.measured("fixed", 1, 0.4)
-    assert sizes.rows() == {"fixed": 2}  # one size alone: a second one tells the call's cost from an input's
+    assert sizes.rows() == {"fixed": 2}  # two at least: a second size tells the call's cost from an input's
     sizes.measured("fixed", 2, 0.4)
     assert sizes.rows()["fixed"] >= 512  # its time does not grow with its inputs
     slow = RoundSizes(0.25)
     for inputs in (1, 2, 1):
-        slow.measured("slow", inputs, 3.0 * inputs)  # 3 s an input: one at a time
-    assert slow.rows() == {"slow": 1}
+        slow.measured("slow", inputs, 3.0 * inputs)  # 3 s an input: the least a round takes
+    assert slow.rows() == {"slow": 2}
+    held = RoundSizes(0.25)
+    for inputs, seconds in ((1, 0.2), (1, 0.2), (2, 0.4)):  # a 0.2 s call, one round slowed by another's turn
+        held.measured("held", inputs, seconds)
+    assert held.rows() == {"held": 2}  # not one a round: a burst waited in line (test_worker_loss, failed before)
+    for _ in range(3):
+        held.measured("held", 2, 0.2)
+    assert held.rows()["held"] > 2  # the rounds of two tell its cost apart
     both = RoundSizes(0.25)
     for inputs in (1, 8, 4):
         both.measured("both", inputs, 0.4 + 0.01 * inputs)  # 0.4 s a call: the inputs may take as long again

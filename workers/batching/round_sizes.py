@@ -14,8 +14,10 @@ b an input. The last rounds of a model give a and b (least squares; one size
 alone gives b = seconds / inputs), and a round takes the inputs that fill
 what the round time leaves after a, but never less than a's worth: for a
 model whose call alone outlasts the round time, fewer inputs would not make
-a round short, only make more of them. Sizes of one input alone tell the two
-apart by nothing, so a model measured only in rounds of one is asked for two.
+a round short, only make more of them. A round takes two inputs at least:
+rounds of one alone never tell the call's cost from an input's, and one slow
+outlier among few rounds (a round run inside another's device turn) would hold
+a model at one input a round, a burst of requests then answered one by one.
 A model not measured yet is not named: its first round is the online batch.
 """
 
@@ -25,10 +27,11 @@ from collections import deque
 
 WINDOW = 16  # rounds per model the fit is taken over
 MOST = 1 << 20  # an unbounded size, as an int (placement caps it at the online batch)
+LEAST = 2  # inputs a round may take at least (see above)
 
 
 class RoundSizes:
-    """Per model, the inputs of one online round: `seconds` of it at its measured costs, at least one."""
+    """Per model, the inputs of one online round: `seconds` of it at its measured costs, at least LEAST."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -47,10 +50,7 @@ class RoundSizes:
         fixed, per_input = fit(rounds)
         if per_input <= 0:  # its time does not grow with its inputs: nothing to gain from a small round
             return MOST
-        size = max(1, min(MOST, int(max(self.seconds - fixed, fixed) / per_input)))
-        if size == 1 and all(inputs == 1 for inputs, _ in rounds):
-            return 2  # a second size tells the call's own cost from an input's
-        return size
+        return max(LEAST, min(MOST, int(max(self.seconds - fixed, fixed) / per_input)))
 
 
 def fit(rounds: deque[tuple[int, float]]) -> tuple[float, float]:
