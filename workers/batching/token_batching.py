@@ -34,7 +34,7 @@ HEAD_ROWS = 256
 # On a CPU a forward costs about its padded tokens, and little besides: a batch there holds only sequences at
 # least this fraction of its longest one's length. A small call of mixed lengths (an online round of a few
 # dozen texts) pads to ~1.8x its tokens as one batch, ~1.1x as several (MiniLM fp32 on 2 AVX2 cores: calls of
-# 32 texts 120 -> 155 texts/s, of 512 texts 165 -> 181). Not on a GPU, where each forward's own cost counts.
+# 32 texts 117 -> 142 texts/s, of 512 texts 174 -> 191). Not on a GPU, where each forward's own cost counts.
 CPU_SIMILAR_LENGTHS = 0.7
 # The adapter each input of a call goes through, on a base with LoRA layers (workers/runtimes/lora.py): one
 # adapter's name for every input, a name per input (None: that input through the base alone), or None: the
